@@ -1,0 +1,136 @@
+"""Feature extraction from an embedder, with an on-disk cache of all layers.
+
+A cache entry holds every representation layer of one dataset under one model,
+so new probes (or a new scalar mix) can be trained without re-running the LM.
+The key hashes the model identity, the dataset file contents, the feature kind
+and the example selection; a changed weight file or dataset gives a new entry.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from elmo_jax.evaluation import readers
+
+
+class EmbedderLike(Protocol):
+  """What the probes need from `elmo_jax.embedder.Embedder`."""
+  n_layers: int
+  options: dict
+
+  def embed_sentences(self, sentences: list[list[str]],
+                      batch_size: int = 64) -> list[np.ndarray]:
+    ...
+
+
+def model_key_from_files(options_file: str, weight_file: str) -> str:
+  """Identity of a model on disk: options content + weight file path/size/mtime.
+
+  Hashing a multi-GB weight file on every run would be slow, so its identity is
+  (real path, size, mtime); a rewritten file changes at least the mtime.
+  """
+  h = hashlib.sha256()
+  h.update(readers.file_digest(options_file).encode())
+  st = os.stat(weight_file)
+  h.update(f"{os.path.realpath(weight_file)}|{st.st_size}|{st.st_mtime_ns}".encode())
+  return h.hexdigest()[:16]
+
+
+def model_key_from_workdir(workdir: str) -> str:
+  """Identity of a trained run: every file under workdir/export (path/size/mtime)."""
+  export = os.path.join(workdir, "export")
+  if not os.path.isdir(export):
+    raise readers.InputError(f"{export}: no exported model (directory not found)")
+  h = hashlib.sha256()
+  for root, _, files in sorted(os.walk(export)):
+    for name in sorted(files):
+      path = os.path.join(root, name)
+      st = os.stat(path)
+      h.update(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+  return h.hexdigest()[:16]
+
+
+def dataset_key(paths: Sequence[str], **selection: Any) -> str:
+  """Hash of the dataset files' contents plus how examples were selected."""
+  h = hashlib.sha256()
+  for path in paths:
+    h.update(readers.file_digest(path).encode())
+  h.update(json.dumps(selection, sort_keys=True, default=str).encode())
+  return h.hexdigest()[:16]
+
+
+def cached(cache_dir: str | None, name: str, compute: Callable[[], np.ndarray]
+           ) -> np.ndarray:
+  """Returns `compute()`, memoised as `cache_dir/name.npz` (atomic write)."""
+  if not cache_dir:
+    return compute()
+  path = os.path.join(cache_dir, name + ".npz")
+  if os.path.exists(path):
+    try:
+      with np.load(path) as data:
+        return data["features"]
+    except (OSError, ValueError, KeyError):
+      pass  # A corrupt entry (e.g. a killed run on a non-atomic fs): recompute.
+  features = compute()
+  os.makedirs(cache_dir, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      np.savez(f, features=features)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+  return features
+
+
+def _embed(embedder: EmbedderLike, sentences: Sequence[Sequence[str]],
+           batch_size: int) -> list[np.ndarray]:
+  """Embeds sentences; checks the (n_layers, n_tokens, dim) contract."""
+  out = embedder.embed_sentences([list(s) for s in sentences], batch_size=batch_size)
+  if len(out) != len(sentences):
+    raise RuntimeError(f"embedder returned {len(out)} results for {len(sentences)} sentences")
+  for s, e in zip(sentences, out):
+    if e.ndim != 3 or e.shape[0] != embedder.n_layers or e.shape[1] != len(s):
+      raise RuntimeError(f"embedder returned shape {e.shape} for a sentence of "
+                         f"{len(s)} tokens; expected ({embedder.n_layers}, {len(s)}, dim)")
+  return out
+
+
+def token_features(embedder: EmbedderLike, sentences: Sequence[Sequence[str]],
+                   batch_size: int = 64) -> np.ndarray:
+  """All tokens of all sentences, concatenated.
+
+  Returns:
+    float32 (n_tokens_total, n_layers, dim), tokens in sentence order.
+  """
+  out = _embed(embedder, sentences, batch_size)
+  return np.concatenate([np.transpose(e, (1, 0, 2)) for e in out]).astype(np.float32)
+
+
+def mean_features(embedder: EmbedderLike, sentences: Sequence[Sequence[str]],
+                  batch_size: int = 64) -> np.ndarray:
+  """Mean over tokens of each sentence.
+
+  Returns:
+    float32 (n_sentences, n_layers, dim).
+  """
+  out = _embed(embedder, sentences, batch_size)
+  return np.stack([e.mean(axis=1) for e in out]).astype(np.float32)
+
+
+def target_features(embedder: EmbedderLike, sentences: Sequence[Sequence[str]],
+                    indices: Sequence[int], batch_size: int = 64) -> np.ndarray:
+  """The vector of one target token per sentence.
+
+  Returns:
+    float32 (n_sentences, n_layers, dim).
+  """
+  out = _embed(embedder, sentences, batch_size)
+  return np.stack([e[:, i] for e, i in zip(out, indices)]).astype(np.float32)

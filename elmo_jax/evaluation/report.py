@@ -1,0 +1,72 @@
+"""Plain-text/markdown tables of probe results and the `report.md` of `--task=all`."""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from elmo_jax.evaluation.plots import score_keys
+
+
+def _fmt(value: Any) -> str:
+  return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def table(result: dict[str, Any]) -> str:
+  """Markdown table: one row per layer (+ mix), trained vs untrained columns."""
+  trained, untrained = result["trained"], result.get("untrained", {})
+  has_ties = any(k.endswith("_ties") for k in trained)
+  head = ["", "trained", "untrained"]
+  if has_ties:
+    head += ["ties (trained)", "ties (untrained)"]
+  if trained.get("mix_weights"):
+    head += ["mix weight (trained)", "mix weight (untrained)"]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for key in score_keys(trained):
+    row = [key, _fmt(trained.get(key)), _fmt(untrained.get(key))]
+    if has_ties:
+      row += [_fmt(trained.get(f"{key}_ties")), _fmt(untrained.get(f"{key}_ties"))]
+    if trained.get("mix_weights"):
+      i = int(key[6:]) if key.startswith("layer_") else None
+      pick = lambda r: r.get("mix_weights")[i] if i is not None and r.get("mix_weights") else None  # noqa: E731
+      row += [_fmt(pick(trained)), _fmt(pick(untrained))]
+    lines.append("| " + " | ".join(row) + " |")
+  lines.append(f"\nn = {trained.get('n')} examples scored")
+  return "\n".join(lines)
+
+
+def write_atomic(path: str, text: str) -> None:
+  """Writes text to path via a temp file in the same directory and a rename."""
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def markdown_report(results: dict[str, dict[str, Any]], out_dir: str) -> str:
+  """The report.md text: per task a table, extra protocol tables and plot links."""
+  parts = ["# ELMo evaluation report", ""]
+  for task, result in results.items():
+    parts.append(f"## {task}")
+    parts.append("")
+    if "skipped" in result:
+      parts += [f"Skipped: {result['skipped']}", ""]
+      continue
+    if "trained" in result:
+      parts += [table(result), ""]
+    if "centroid" in result:
+      parts += ["Sense-centroid protocol (train centroids, 1-NN on test):", "",
+                table(result["centroid"]), ""]
+    if result.get("rule"):
+      parts += [f"Rule: {result['rule']}", ""]
+    for plot in result.get("plots", []):
+      rel = os.path.relpath(plot, out_dir)
+      parts += [f"![{os.path.basename(plot)}]({rel})", ""]
+  return "\n".join(parts)

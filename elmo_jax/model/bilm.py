@@ -1,0 +1,164 @@
+"""The bidirectional language model: char CNN token encoder + forward and backward LSTM stacks.
+
+`BiLM.__call__` is the inference path (AllenNLP/bilm-tf `BidirectionalLanguageModel`): it wraps each
+sentence in `<S>`/`</S>`, reads the backward direction reversed within each sentence's length and returns
+`[batch, n_layers + 1, time, 2 * P]` with the boundary tokens removed again. `BiLM.lm` is the training path
+over windows that already contain the boundaries, in each direction's reading order.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from elmo_jax import chars
+from elmo_jax.model.char_cnn import CharCNN
+from elmo_jax.model.lstm import BiLSTMStack, LSTMState
+
+
+@dataclasses.dataclass(frozen=True)
+class BiLMConfig:
+  """The model-shaping part of options.json, hashable so it can be a Flax module attribute."""
+  filters: tuple[tuple[int, int], ...]
+  char_dim: int
+  n_highway: int
+  activation: str
+  max_characters_per_token: int
+  lstm_dim: int
+  projection_dim: int
+  n_layers: int
+  cell_clip: float | None
+  proj_clip: float | None
+  use_skip_connections: bool
+
+  @classmethod
+  def from_options(cls, options: dict[str, Any]) -> "BiLMConfig":
+    cnn, lstm = options["char_cnn"], options["lstm"]
+    return cls(
+        filters=tuple((int(w), int(n)) for w, n in cnn["filters"]),
+        char_dim=int(cnn["embedding"]["dim"]),
+        n_highway=int(cnn.get("n_highway") or 0),
+        activation=cnn.get("activation", "relu"),
+        max_characters_per_token=int(cnn["max_characters_per_token"]),
+        lstm_dim=int(lstm["dim"]),
+        projection_dim=int(lstm["projection_dim"]),
+        n_layers=int(lstm["n_layers"]),
+        cell_clip=lstm.get("cell_clip"),
+        proj_clip=lstm.get("proj_clip"),
+        use_skip_connections=bool(lstm.get("use_skip_connections", False)),
+    )
+
+  @property
+  def output_dim(self) -> int:
+    return 2 * self.projection_dim
+
+
+def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
+  """Reverses `x [batch, time, ...]` along time within each row's length; padding stays in place."""
+  t = jnp.arange(x.shape[1])[None, :]
+  idx = jnp.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)
+  idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, idx, axis=1)
+
+
+class BiLM(nn.Module):
+  """ELMo's biLM.
+
+  Attributes:
+    config: model shape (see `BiLMConfig.from_options`).
+    dropout_rate: dropout on LSTM inputs and on the LM output while training.
+    dtype: matmul dtype (float32 or bfloat16); params stay float32.
+    unroll: scan unroll factor.
+  """
+  config: BiLMConfig
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+  unroll: int = 1
+
+  def setup(self):
+    cfg = self.config
+    self.char_cnn = CharCNN(cfg.filters, cfg.char_dim, cfg.n_highway, cfg.projection_dim, cfg.activation,
+                            dtype=self.dtype)
+    self.lstm = BiLSTMStack(cfg.n_layers, cfg.lstm_dim, cfg.projection_dim, cfg.cell_clip, cfg.proj_clip,
+                            cfg.use_skip_connections, self.dropout_rate, self.dtype, self.unroll)
+
+  def embed_tokens(self, char_ids: jax.Array) -> jax.Array:
+    """Context-independent token embeddings: `[..., max_chars]` -> `[..., P]` (0 where no token)."""
+    mask = jnp.any(char_ids > 0, axis=-1, keepdims=True)
+    return jnp.where(mask, self.char_cnn(char_ids), 0.0)
+
+  def zero_state(self, batch_size: int) -> LSTMState:
+    cfg = self.config
+    return (jnp.zeros((cfg.n_layers, 2, batch_size, cfg.lstm_dim), jnp.float32),
+            jnp.zeros((cfg.n_layers, 2, batch_size, cfg.projection_dim), jnp.float32))
+
+  def __call__(self, char_ids: jax.Array | None = None, *, token_embeddings: jax.Array | None = None,
+               mask: jax.Array | None = None, state: LSTMState | None = None, add_bos_eos: bool = True,
+               deterministic: bool = True) -> dict[str, Any]:
+    """Contextual representations of whole sentences.
+
+    Args:
+      char_ids: [batch, time, max_chars] from `batch_to_ids` (without `<S>`/`</S>`), or None when
+        `token_embeddings` [batch, time, P] and `mask` [batch, time] are given (precomputed, e.g. deduped).
+      state: initial LSTMState (stateful use) or None for zeros.
+      add_bos_eos: wrap each sentence in `<S>`/`</S>` and remove them from the output.
+    Returns:
+      {"layers": [batch, n_layers + 1, time, 2P] (layer 0 = [tok; tok]), "mask": [batch, time] bool,
+       "state": final LSTMState}.
+    """
+    if token_embeddings is None:
+      mask = jnp.any(char_ids > 0, axis=-1)
+      token_embeddings = self.embed_tokens(char_ids)
+    elif mask is None:
+      raise ValueError("token_embeddings needs a mask [batch, time]")
+    mask = mask.astype(bool)
+    emb = jnp.where(mask[..., None], token_embeddings.astype(jnp.float32), 0.0)
+    lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
+    if add_bos_eos:
+      special = np.stack([chars.token_to_ids(chars.BOS_TOKEN, self.config.max_characters_per_token),
+                          chars.token_to_ids(chars.EOS_TOKEN, self.config.max_characters_per_token)])
+      bos, eos = self.char_cnn(jnp.asarray(special))
+      batch, time = mask.shape
+      t = jnp.arange(time + 2)[None, :, None]
+      shifted = jnp.pad(emb, ((0, 0), (1, 1), (0, 0)))
+      emb = jnp.where(t == 0, bos, jnp.where(t == lengths[:, None, None] + 1, eos, shifted))
+      lengths = jnp.where(lengths > 0, lengths + 2, 0)  # an empty row stays empty
+      mask = jnp.arange(time + 2)[None, :] < lengths[:, None]
+      emb = jnp.where(mask[..., None], emb, 0.0)
+    bwd = reverse_within_length(emb, lengths)
+    outputs, new_state = self.lstm(emb, bwd, mask, mask, state, deterministic)
+    fwd_layers = outputs[:, 0]  # [L, B, T, P]
+    bwd_layers = jax.vmap(reverse_within_length, in_axes=(0, None))(outputs[:, 1], lengths)
+    contextual = jnp.concatenate([fwd_layers, bwd_layers], axis=-1)  # [L, B, T, 2P]
+    token_layer = jnp.concatenate([emb, emb], axis=-1)[None]
+    layers = jnp.transpose(jnp.concatenate([token_layer, contextual], 0), (1, 0, 2, 3))
+    if add_bos_eos:
+      layers = layers[:, :, 1:-1]
+      mask = mask[:, 1:-1] & (jnp.arange(layers.shape[2])[None, :] < (lengths[:, None] - 2))
+      layers = jnp.where(mask[:, None, :, None], layers, 0.0)
+    return {"layers": layers, "mask": mask, "state": new_state}
+
+  def lm(self, fwd_char_ids: jax.Array, bwd_char_ids: jax.Array, state: LSTMState | None = None,
+         deterministic: bool = True) -> tuple[jax.Array, jax.Array, LSTMState]:
+    """Training path over windows that already hold `<S>`/`</S>` (bilm-tf's training graph).
+
+    Args:
+      fwd_char_ids, bwd_char_ids: [batch, unroll, max_chars], each in its direction's reading order.
+      state: LSTMState carried from the previous window (truncated BPTT) or None.
+    Returns:
+      top-layer outputs forward [batch, unroll, P] and backward [batch, unroll, P] (dropout applied while
+      training, as bilm-tf does before the softmax), and the final LSTMState.
+    """
+    both = self.embed_tokens(jnp.concatenate([fwd_char_ids, bwd_char_ids], 0))
+    fwd_emb, bwd_emb = jnp.split(both, 2, axis=0)
+    fwd_mask = jnp.any(fwd_char_ids > 0, axis=-1)
+    bwd_mask = jnp.any(bwd_char_ids > 0, axis=-1)
+    outputs, new_state = self.lstm(fwd_emb, bwd_emb, fwd_mask, bwd_mask, state, deterministic)
+    top = outputs[-1]
+    if self.dropout_rate > 0.0:
+      top = nn.Dropout(self.dropout_rate)(top, deterministic=deterministic)
+    return top[0], top[1], new_state

@@ -1,0 +1,120 @@
+"""Character CNN token encoder of bilm-tf: char embedding -> convolutions -> max -> highway -> projection.
+
+Parameter names follow the original hdf5 datasets (`W_cnn_i`, `CNN_high_i/W_carry`, `CNN_proj/W_proj`, ...)
+so that weight interop is a reshape, not a translation table.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+Dtype = Any
+
+
+def _normal(stddev: float):
+  return nn.initializers.normal(stddev=stddev)
+
+
+def symmetric_uniform(limit: float):
+  """U(-limit, limit), TF's random_uniform_initializer (flax's uniform starts at 0)."""
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -limit, limit)
+  return init
+
+
+def _dot(x: jax.Array, w: jax.Array, dtype: Dtype) -> jax.Array:
+  return jnp.dot(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+class Highway(nn.Module):
+  """bilm-tf's highway layer: the sigmoid "carry" gate multiplies the ReLU transform branch.
+
+  out = g * relu(x W_t + b_t) + (1 - g) * x,  g = sigmoid(x W_c + b_c); b_c starts at -2 (mostly pass x).
+  """
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:  # [n, d] -> [n, d]
+    d = x.shape[-1]
+    init = _normal(float(np.sqrt(1.0 / d)))
+    w_c = self.param("W_carry", init, (d, d))
+    b_c = self.param("b_carry", nn.initializers.constant(-2.0), (d,))
+    w_t = self.param("W_transform", init, (d, d))
+    b_t = self.param("b_transform", nn.initializers.zeros, (d,))
+    gate = jax.nn.sigmoid(_dot(x, w_c, self.dtype) + b_c)
+    transform = jax.nn.relu(_dot(x, w_t, self.dtype) + b_t)
+    return gate * transform + (1.0 - gate) * x
+
+
+class Projection(nn.Module):
+  """Linear projection of the filters down to the LSTM projection size (bilm-tf's CNN_proj)."""
+  features: int
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:  # [n, d] -> [n, features]
+    d = x.shape[-1]
+    w = self.param("W_proj", _normal(float(np.sqrt(1.0 / d))), (d, self.features))
+    b = self.param("b_proj", nn.initializers.zeros, (self.features,))
+    return _dot(x, w, self.dtype) + b
+
+
+class CharCNN(nn.Module):
+  """Maps char ids `[..., max_chars]` (0 = no token) to token embeddings `[..., projection_dim]`.
+
+  Attributes:
+    filters: (width, n_filters) per convolution.
+    char_dim: character embedding size.
+    n_highway: number of highway layers.
+    projection_dim: output size; bilm-tf projects only when it differs from the total filter count.
+    activation: 'relu' or 'tanh', applied after the max over positions (as bilm-tf does).
+    n_characters: rows of the id space including the zero row for id 0.
+    dtype: computation dtype of the matmuls/convolutions (params stay float32).
+  """
+  filters: Sequence[Sequence[int]]
+  char_dim: int
+  n_highway: int
+  projection_dim: int
+  activation: str = "relu"
+  n_characters: int = 262
+  dtype: Dtype = jnp.float32
+
+  @property
+  def n_filters(self) -> int:
+    return sum(n for _, n in self.filters)
+
+  @nn.compact
+  def __call__(self, char_ids: jax.Array) -> jax.Array:
+    lead, max_chars = char_ids.shape[:-1], char_ids.shape[-1]
+    ids = char_ids.reshape(-1, max_chars)
+    # The stored table has no row for id 0 ("no token"); a constant zero row keeps it out of training.
+    table = self.param("char_embed", symmetric_uniform(1.0), (self.n_characters - 1, self.char_dim))
+    table = jnp.concatenate([jnp.zeros((1, self.char_dim), table.dtype), table], 0)
+    x = jnp.take(table, ids, axis=0).astype(self.dtype)  # [n, max_chars, char_dim]
+
+    act = jax.nn.relu if self.activation == "relu" else jnp.tanh
+    pooled = []
+    for i, (width, num) in enumerate(self.filters):
+      if self.activation == "relu":
+        init = symmetric_uniform(0.05)  # Kim et al. 2015, as bilm-tf
+      else:
+        init = _normal(float(np.sqrt(1.0 / (width * self.char_dim))))
+      w = self.param(f"W_cnn_{i}", init, (width, self.char_dim, num))
+      b = self.param(f"b_cnn_{i}", nn.initializers.zeros, (num,))
+      y = jax.lax.conv_general_dilated(
+          x, w.astype(self.dtype), window_strides=(1,), padding="VALID",
+          dimension_numbers=("NWC", "WIO", "NWC"), preferred_element_type=jnp.float32)
+      # max-pool before the activation, as bilm-tf; identical for monotone activations.
+      pooled.append(act(jnp.max(y, axis=1) + b))
+    h = jnp.concatenate(pooled, axis=-1)  # [n, n_filters]
+
+    d = self.n_filters
+    for i in range(self.n_highway):
+      h = Highway(dtype=self.dtype, name=f"CNN_high_{i}")(h)
+    if self.projection_dim != d:
+      h = Projection(self.projection_dim, dtype=self.dtype, name="CNN_proj")(h)
+    return h.reshape(*lead, h.shape[-1])

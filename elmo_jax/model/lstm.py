@@ -1,0 +1,137 @@
+"""Stacked LSTMs with projection (TF1 `LSTMCell(num_proj=...)`), both directions in one `lax.scan`.
+
+Exactly bilm-tf's cell: gates from [x; h_prev] @ W_0 + B in TF order (i, j, f, o), +1.0 on the forget gate
+(TF's forget_bias, not stored in the weight file), cell clip, h = clip(sigmoid(o) * tanh(c) @ W_P_0),
+no peepholes. Padded steps leave (c, h) unchanged and output zeros, like `dynamic_rnn(sequence_length=...)`.
+
+Speed: the input half of the gate matmul runs for all time steps at once outside the scan; the scan only
+does the recurrent `h @ W_h`, with the forward and backward directions batched into one einsum.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+Dtype = Any
+FORGET_BIAS = 1.0
+# (c [n_layers, 2, batch, hidden], h [n_layers, 2, batch, projection]); direction 0 = forward.
+LSTMState = tuple[jax.Array, jax.Array]
+
+
+class LSTMWeights(nn.Module):
+  """One direction of one layer; names match the hdf5 datasets `.../LSTMCell/{W_0,B,W_P_0}`."""
+  input_dim: int
+  hidden_dim: int
+  projection_dim: int
+
+  @nn.compact
+  def __call__(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+    glorot = nn.initializers.glorot_uniform()  # TF1 get_variable's default
+    w = self.param("W_0", glorot, (self.input_dim + self.projection_dim, 4 * self.hidden_dim))
+    b = self.param("B", nn.initializers.zeros, (4 * self.hidden_dim,))
+    w_p = self.param("W_P_0", glorot, (self.hidden_dim, self.projection_dim))
+    return w, b, w_p
+
+
+def lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip=None, proj_clip=None, dtype=jnp.float32, unroll=1):
+  """Runs the recurrence for D directions at once.
+
+  Args:
+    gx: [T, D, B, 4H] input contribution x @ W_x + B + forget bias, float32.
+    w_h: [D, P, 4H] recurrent weights; w_p: [D, H, P] projection.
+    mask: [T, D, B] bool, False on padded steps.
+    c0: [D, B, H]; h0: [D, B, P] initial state.
+  Returns:
+    outputs [T, D, B, P] (0 on padded steps) and the final (c, h).
+  """
+  w_h = w_h.astype(dtype)
+  w_p = w_p.astype(dtype)
+
+  def step(carry, inputs):
+    c, h = carry
+    g, m = inputs
+    g = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, preferred_element_type=jnp.float32)
+    i, j, f, o = jnp.split(g, 4, axis=-1)
+    c_new = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(j)
+    if cell_clip:
+      c_new = jnp.clip(c_new, -cell_clip, cell_clip)
+    m_new = jax.nn.sigmoid(o) * jnp.tanh(c_new)
+    h_new = jnp.einsum("dbh,dhp->dbp", m_new.astype(dtype), w_p, preferred_element_type=jnp.float32)
+    if proj_clip:
+      h_new = jnp.clip(h_new, -proj_clip, proj_clip)
+    keep = m[..., None]
+    c = jnp.where(keep, c_new, c)
+    h = jnp.where(keep, h_new, h)
+    return (c, h), jnp.where(keep, h_new, 0.0)
+
+  (c, h), outputs = jax.lax.scan(step, (c0, h0), (gx, mask), unroll=unroll)
+  return outputs, (c, h)
+
+
+class BiLSTMStack(nn.Module):
+  """Separate forward and backward LSTM stacks, run together.
+
+  Attributes:
+    n_layers, hidden_dim, projection_dim, cell_clip, proj_clip: the `lstm` section of options.json.
+    use_skip_connections: residual connection on every layer but the first (bilm-tf's ResidualWrapper).
+    dropout_rate: dropout on each layer's input while training (bilm-tf's DropoutWrapper).
+    dtype: matmul dtype; the cell state and gates stay float32.
+    unroll: `lax.scan` unroll factor.
+  """
+  n_layers: int
+  hidden_dim: int
+  projection_dim: int
+  cell_clip: float | None = None
+  proj_clip: float | None = None
+  use_skip_connections: bool = False
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  unroll: int = 1
+
+  def zero_state(self, batch_size: int) -> LSTMState:
+    return (jnp.zeros((self.n_layers, 2, batch_size, self.hidden_dim), jnp.float32),
+            jnp.zeros((self.n_layers, 2, batch_size, self.projection_dim), jnp.float32))
+
+  @nn.compact
+  def __call__(self, fwd_x: jax.Array, bwd_x: jax.Array, fwd_mask: jax.Array, bwd_mask: jax.Array,
+               state: LSTMState | None = None, deterministic: bool = True):
+    """Runs both stacks, each over its own reading order.
+
+    Args:
+      fwd_x, bwd_x: [batch, time, P] inputs; the backward ones already reversed (reading order).
+      fwd_mask, bwd_mask: [batch, time] bool.
+      state: initial LSTMState or None for zeros.
+    Returns:
+      outputs [n_layers, 2, batch, time, P] in reading order, and the final LSTMState.
+    """
+    batch = fwd_x.shape[0]
+    c0, h0 = self.zero_state(batch) if state is None else state
+    x = jnp.stack([fwd_x, bwd_x]).astype(jnp.float32)  # [2, B, T, P]
+    mask = jnp.stack([fwd_mask, bwd_mask]).astype(bool)  # [2, B, T]
+    mask_t = jnp.transpose(mask, (2, 0, 1))  # [T, 2, B]
+    forget = jnp.zeros((4 * self.hidden_dim,), jnp.float32).at[2 * self.hidden_dim:3 * self.hidden_dim].set(
+        FORGET_BIAS)
+    outputs, cs, hs = [], [], []
+    for k in range(self.n_layers):
+      in_dim = x.shape[-1]
+      weights = [LSTMWeights(in_dim, self.hidden_dim, self.projection_dim, name=f"{d}_layer_{k}")()
+                 for d in ("forward", "backward")]
+      w, b, w_p = (jnp.stack(t) for t in zip(*weights))  # [2, ...]
+      inp = x
+      if self.dropout_rate > 0.0:
+        inp = nn.Dropout(self.dropout_rate)(inp, deterministic=deterministic)
+      gx = jnp.einsum("dbti,dig->tdbg", inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype),
+                      preferred_element_type=jnp.float32) + (b + forget)[None, :, None, :]
+      out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], self.cell_clip, self.proj_clip,
+                              self.dtype, self.unroll)
+      out = jnp.transpose(out, (1, 2, 0, 3))  # [2, B, T, P]
+      if self.use_skip_connections and k > 0:
+        out = out + jnp.where(mask[..., None], inp, 0.0)
+      outputs.append(out)
+      cs.append(c)
+      hs.append(h)
+      x = out
+    return jnp.stack(outputs), (jnp.stack(cs), jnp.stack(hs))

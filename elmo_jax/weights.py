@@ -1,0 +1,110 @@
+"""Original ELMo weight files (bilm-tf `dump_weights` / AllenNLP hdf5) <-> Flax params of `BiLM`.
+
+Dataset names are bilm-tf's: `char_embed`, `CNN/W_cnn_i`, `CNN/b_cnn_i`, `CNN_high_i/{W,b}_{carry,transform}`,
+`CNN_proj/{W,b}_proj`, `RNN_{0,1}/RNN/MultiRNNCell/Cell{k}/LSTMCell/{W_0,B,W_P_0}` (RNN_0 = forward).
+We also write `softmax/W` [vocab, P] and `softmax/b` [vocab] when a trained softmax exists; AllenNLP and
+bilm-tf ignore datasets they do not read, so the file stays loadable there.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import h5py
+import numpy as np
+
+from elmo_jax import options as options_lib
+
+_LSTM = "RNN_{d}/RNN/MultiRNNCell/Cell{k}/LSTMCell/{name}"
+
+
+class WeightFileError(ValueError):
+  """A weight file that does not match its options; the message names the file and dataset."""
+
+
+def _layout(options: dict[str, Any]) -> Iterator[tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]]]:
+  """Yields (hdf5 dataset, param path, hdf5 shape, param shape) for every tensor of the biLM."""
+  cnn, lstm = options["char_cnn"], options["lstm"]
+  dim = cnn["embedding"]["dim"]
+  yield "char_embed", ("char_cnn", "char_embed"), (261, dim), (261, dim)
+  for i, (width, num) in enumerate(cnn["filters"]):
+    yield f"CNN/W_cnn_{i}", ("char_cnn", f"W_cnn_{i}"), (1, width, dim, num), (width, dim, num)
+    yield f"CNN/b_cnn_{i}", ("char_cnn", f"b_cnn_{i}"), (num,), (num,)
+  nf = options_lib.n_filters(options)
+  for i in range(cnn.get("n_highway") or 0):
+    for name in ("W_carry", "W_transform"):
+      yield f"CNN_high_{i}/{name}", ("char_cnn", f"CNN_high_{i}", name), (nf, nf), (nf, nf)
+    for name in ("b_carry", "b_transform"):
+      yield f"CNN_high_{i}/{name}", ("char_cnn", f"CNN_high_{i}", name), (nf,), (nf,)
+  proj, hidden = lstm["projection_dim"], lstm["dim"]
+  if proj != nf:
+    yield "CNN_proj/W_proj", ("char_cnn", "CNN_proj", "W_proj"), (nf, proj), (nf, proj)
+    yield "CNN_proj/b_proj", ("char_cnn", "CNN_proj", "b_proj"), (proj,), (proj,)
+  for d, direction in enumerate(("forward", "backward")):
+    for k in range(lstm["n_layers"]):
+      layer = ("lstm", f"{direction}_layer_{k}")
+      shapes = {"W_0": (2 * proj, 4 * hidden), "B": (4 * hidden,), "W_P_0": (hidden, proj)}
+      for name, shape in shapes.items():
+        yield _LSTM.format(d=d, k=k, name=name), layer + (name,), shape, shape
+
+
+def _set(tree: dict, path: tuple[str, ...], value: np.ndarray) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _get(tree: dict, path: tuple[str, ...]) -> np.ndarray:
+  for key in path:
+    tree = tree[key]
+  return np.asarray(tree)
+
+
+def load_hdf5(weight_file: str | os.PathLike, options: dict[str, Any]) -> dict[str, Any]:
+  """Reads an original ELMo hdf5 into `BiLM` params (float32 numpy). Also returns `softmax` if stored.
+
+  Returns {"params": bilm params, "softmax": {"W": [V, P], "b": [V]} or None}.
+  """
+  if not os.path.exists(weight_file):
+    raise WeightFileError(f"{weight_file}: weight file not found")
+  try:
+    f = h5py.File(weight_file, "r")
+  except OSError as e:
+    raise WeightFileError(f"{weight_file}: not a readable HDF5 file ({e})") from None
+  params: dict[str, Any] = {}
+  with f:
+    for name, path, file_shape, param_shape in _layout(options):
+      if name not in f:
+        raise WeightFileError(f"{weight_file}: dataset '{name}' is missing (options expect shape {file_shape})")
+      try:
+        value = np.asarray(f[name][...], dtype=np.float32)
+      except (OSError, TypeError, ValueError) as e:
+        raise WeightFileError(f"{weight_file}: dataset '{name}' cannot be read ({e})") from None
+      if name == "char_embed" and value.shape[:1] == (262,):
+        value = value[1:]  # some converters also store the zero row of the padding id
+      if value.shape != file_shape:
+        raise WeightFileError(
+            f"{weight_file}: dataset '{name}' has shape {value.shape}, options expect {file_shape}")
+      if not np.all(np.isfinite(value)):
+        raise WeightFileError(f"{weight_file}: dataset '{name}' holds non-finite values")
+      _set(params, path, value.reshape(param_shape))
+    softmax = None
+    if "softmax/W" in f and "softmax/b" in f:
+      softmax = {"W": np.asarray(f["softmax/W"][...], np.float32), "b": np.asarray(f["softmax/b"][...], np.float32)}
+      if softmax["W"].shape != (softmax["b"].shape[0], options["lstm"]["projection_dim"]):
+        raise WeightFileError(f"{weight_file}: dataset 'softmax/W' has shape {softmax['W'].shape}, "
+                              f"expected ({softmax['b'].shape[0]}, {options['lstm']['projection_dim']})")
+  return {"params": params, "softmax": softmax}
+
+
+def save_hdf5(weight_file: str | os.PathLike, params: dict[str, Any], options: dict[str, Any],
+              softmax: dict[str, Any] | None = None) -> None:
+  """Writes `BiLM` params (and optionally the softmax) in the original layout, atomically."""
+  tmp = f"{weight_file}.tmp"
+  with h5py.File(tmp, "w") as f:
+    for name, path, file_shape, _ in _layout(options):
+      f.create_dataset(name, data=_get(params, path).astype(np.float32).reshape(file_shape))
+    if softmax is not None:
+      f.create_dataset("softmax/W", data=np.asarray(softmax["W"], np.float32))
+      f.create_dataset("softmax/b", data=np.asarray(softmax["b"], np.float32))
+  os.replace(tmp, weight_file)
