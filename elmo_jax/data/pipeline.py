@@ -238,6 +238,8 @@ def make_lm_iterator(
     raise ValueError(f"num_epochs={num_epochs} must be >= 1 or None (repeat forever)")
   if max_token_chars < 1:
     raise ValueError(f"max_token_chars={max_token_chars} must be >= 1")
+  if min(vocab.bos, vocab.eos, vocab.unk) < 0:
+    raise ValueError("training vocab must contain <S>, </S> and <UNK>; load it with require_specials=True")
   if len(source) < process_count:
     raise ValueError(f"source has {len(source)} sentences, fewer than process_count={process_count} shards")
   ds = grain.MapDataset.source(source)[process_index::process_count]

@@ -40,7 +40,13 @@ class Vocab:
     bos, eos, unk: ids of `<S>`, `</S>`, `<UNK>`.
   """
 
-  def __init__(self, tokens: Sequence[str], counts: Sequence[int] | None = None, source: str = "<memory>"):
+  def __init__(
+      self,
+      tokens: Sequence[str],
+      counts: Sequence[int] | None = None,
+      source: str = "<memory>",
+      require_specials: bool = True,
+  ):
     self.tokens = list(tokens)
     self.counts = None if counts is None else np.asarray(counts, dtype=np.int64)
     self._ids = {}
@@ -49,11 +55,12 @@ class Vocab:
         raise ValueError(f"{source}: token {token!r} appears twice (line {self._ids[token] + 1} and {i + 1})")
       self._ids[token] = i
     missing = [s for s in _SPECIALS if s not in self._ids]
-    if missing:
+    if missing and require_specials:
       raise ValueError(f"{source}: vocabulary lacks required special token(s) {missing}; add them as lines")
     if self.counts is not None and len(self.counts) != len(self.tokens):
       raise ValueError(f"{source}: {len(self.counts)} counts for {len(self.tokens)} tokens")
-    self.bos, self.eos, self.unk = (self._ids[s] for s in _SPECIALS)
+    # -1 like bilm-tf's Vocabulary(validate_file=False): fine for inference, never for training targets.
+    self.bos, self.eos, self.unk = (self._ids.get(s, -1) for s in _SPECIALS)
 
   @classmethod
   def build(cls, sentences: Iterable[Sequence[str]], max_size: int | None = None, min_count: int = 1) -> "Vocab":
@@ -83,14 +90,20 @@ class Vocab:
     return cls(tokens, counts)
 
   @classmethod
-  def load(cls, path: str) -> "Vocab":
-    """Reads a `vocab.txt` (or a directory holding one); counts come from a sibling `vocab_counts.tsv`."""
+  def load(cls, path: str, require_specials: bool = True) -> "Vocab":
+    """Reads a `vocab.txt` (or a directory holding one); counts come from a sibling `vocab_counts.tsv`.
+
+    `<S>`, `</S>`, `<UNK>` may sit on any line (bilm-tf files) but must all be present unless
+    `require_specials=False` (bilm-tf's own `vocab_test.txt` has no `<UNK>`; missing ids become -1).
+    bilm-tf's `!!!MAXTERMID` marker line is dropped as bilm-tf does.
+    """
     if os.path.isdir(path):
       path = os.path.join(path, VOCAB_FILE)
     if not os.path.exists(path):
       raise FileNotFoundError(f"vocab file {path} does not exist; build one with Vocab.build(...).save(workdir)")
     with open(path, encoding="utf-8") as f:
-      tokens = [line.strip() for line in f]  # bilm-tf's Vocabulary strips each line too
+      # bilm-tf's Vocabulary strips each line too.
+      tokens = [t for t in (line.strip() for line in f) if t != "!!!MAXTERMID"]
     while tokens and not tokens[-1]:  # a trailing blank line is an editor artefact, not a token
       tokens.pop()
     for i, token in enumerate(tokens):
@@ -100,7 +113,7 @@ class Vocab:
     counts_path = os.path.join(os.path.dirname(path), COUNTS_FILE)
     if os.path.exists(counts_path):
       counts = cls._read_counts(counts_path, tokens)
-    return cls(tokens, counts, source=path)
+    return cls(tokens, counts, source=path, require_specials=require_specials)
 
   @staticmethod
   def _read_counts(counts_path: str, tokens: list[str]) -> list[int] | None:
@@ -135,11 +148,15 @@ class Vocab:
     return token in self._ids
 
   def id(self, token: str) -> int:
-    return self._ids.get(token, self.unk)
+    return int(self.encode([token])[0])
 
   def encode(self, tokens: Sequence[str]) -> np.ndarray:
     """Tokens -> `[len(tokens)]` int32 ids, unknown tokens -> `<UNK>`."""
     get, unk = self._ids.get, self.unk
+    if unk < 0:
+      missing = [t for t in tokens if t not in self._ids]
+      if missing:
+        raise KeyError(f"token {missing[0]!r} not in a vocabulary without <UNK>; load one that has <UNK>")
     return np.fromiter((get(t, unk) for t in tokens), dtype=np.int32, count=len(tokens))
 
   def decode(self, ids: Iterable[int]) -> list[str]:
