@@ -46,7 +46,7 @@ class LabelledSentence:
 # Splits punctuation and English clitics off words, like the tokenizer that
 # produced the WSD/POS files, so raw sentiment text looks like the LM's input.
 _TOKEN_RE = re.compile(
-    r"[A-Za-z]+(?=n't\b)|n't\b|'(?:s|re|ve|ll|d|m)\b|\w+(?:[-.'/]\w+)*|[^\w\s]",
+    r"[A-Za-z]+(?=n't\b)|n't\b|'(?:s|re|ve|ll|d|m)\b|\w+(?:[-./]\w+)*|[^\w\s]",
     re.UNICODE)
 
 

@@ -1,0 +1,274 @@
+"""The evaluation tasks and their dispatch table.
+
+Each task reads (and validates) its data before asking for the models, so bad
+input fails fast without loading weights. A task returns a JSON-able dict with
+`trained`/`untrained` scores and the paths of the plots it wrote.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from elmo_jax.evaluation import features, plots, probes, readers, report, wsd
+
+_PROBES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "..", "shared", "data", "probes")
+DEFAULTS = {
+    "wsd_file": os.path.join(_PROBES, "wsd", "wsd.tsv"),
+    "pos_train_file": os.path.join(_PROBES, "pos", "train.conll"),
+    "pos_test_file": os.path.join(_PROBES, "pos", "test.conll"),
+    "sentiment_train_file": os.path.join(_PROBES, "sentiment", "train.tsv"),
+    "sentiment_test_file": os.path.join(_PROBES, "sentiment", "test.tsv"),
+}
+
+
+class TaskUnavailable(RuntimeError):
+  """A task that cannot run in this setup (e.g. not implemented yet)."""
+
+
+@dataclasses.dataclass
+class Models:
+  """The model under test, its untrained twin and a cache identity for each."""
+  trained: features.EmbedderLike
+  untrained: features.EmbedderLike
+  key: str            # identity of the trained weights (cache key part)
+  untrained_key: str  # identity of the random twin (config + seed)
+  description: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class EvalConfig:
+  output_dir: str
+  workdir: str | None = None
+  wsd_file: str = DEFAULTS["wsd_file"]
+  wsd_train_file: str | None = None
+  wsd_lemma: str | None = None  # lemma for the PCA plot (default: most frequent)
+  pos_train_file: str = DEFAULTS["pos_train_file"]
+  pos_test_file: str = DEFAULTS["pos_test_file"]
+  sentiment_train_file: str = DEFAULTS["sentiment_train_file"]
+  sentiment_test_file: str = DEFAULTS["sentiment_test_file"]
+  max_examples: int | None = None  # cap on sentences/rows per file (first N)
+  batch_size: int = 64
+  use_cache: bool = True
+  probe: probes.ProbeConfig = dataclasses.field(default_factory=probes.ProbeConfig)
+
+
+class _LazyModels:
+  """Loads the models on first use and only once across tasks."""
+
+  def __init__(self, load: Callable[[], Models]):
+    self._load, self._models = load, None
+
+  def __call__(self) -> Models:
+    if self._models is None:
+      self._models = self._load()
+    return self._models
+
+
+def _cap(items: list, cap: int | None) -> list:
+  return items if not cap or cap <= 0 else items[:cap]
+
+
+def _features(cfg: EvalConfig, models: Models, name: str, data_key: str,
+              compute: Callable[[features.EmbedderLike], np.ndarray]
+              ) -> dict[str, np.ndarray]:
+  """{'trained': (N, L, D), 'untrained': (N, L, D)}, via the cache."""
+  cache_dir = os.path.join(cfg.output_dir, "cache") if cfg.use_cache else None
+  return {
+      "trained": features.cached(cache_dir, f"{name}-trained-{models.key}-{data_key}",
+                                 lambda: compute(models.trained)),
+      "untrained": features.cached(
+          cache_dir, f"{name}-untrained-{models.untrained_key}-{data_key}",
+          lambda: compute(models.untrained)),
+  }
+
+
+def run_wsd(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]:
+  """Leave-one-out 1-NN sense probe (+ centroid protocol with a train file)."""
+  test = _cap(readers.read_wsd(cfg.wsd_file), cfg.max_examples)
+  train = (_cap(readers.read_wsd(cfg.wsd_train_file), cfg.max_examples)
+           if cfg.wsd_train_file else None)
+  if not wsd.eligible_groups(test):
+    raise readers.InputError(f"{cfg.wsd_file}: no lemma with >= 2 senses and >= 2 occurrences")
+  models = get_models()
+
+  def extract(rows):
+    return lambda emb: features.target_features(
+        emb, [r.tokens for r in rows], [r.token_index for r in rows], cfg.batch_size)
+
+  key = features.dataset_key([cfg.wsd_file], cap=cfg.max_examples)
+  feats = _features(cfg, models, "wsd", key, extract(test))
+  result: dict[str, Any] = {"task": "wsd", "rule": wsd.TIE_RULE,
+                            "data": {"file": cfg.wsd_file, "rows": len(test)}}
+  for model in ("trained", "untrained"):
+    result[model] = wsd.nearest_neighbour(test, feats[model])
+  if train is not None:
+    train_key = features.dataset_key([cfg.wsd_train_file], cap=cfg.max_examples)
+    train_feats = _features(cfg, models, "wsd_train", train_key, extract(train))
+    result["centroid"] = {m: wsd.sense_centroids(train, train_feats[m], test, feats[m])
+                          for m in ("trained", "untrained")}
+    result["data"]["train_file"] = cfg.wsd_train_file
+  out = cfg.output_dir
+  result["plots"] = [plots.plot_layer_scores(
+      result, os.path.join(out, "wsd_layers.png"),
+      "WSD 1-NN sense accuracy (ties scored as wrong)")]
+  label, senses, coords = wsd.pca_example(test, feats["trained"], cfg.wsd_lemma)
+  result["pca_lemma"] = label
+  result["plots"].append(plots.plot_wsd_pca(label, senses, coords,
+                                            os.path.join(out, "wsd_pca.png")))
+  return result
+
+
+def _label_ids(labels: list[str]) -> dict[str, int]:
+  return {label: i for i, label in enumerate(sorted(set(labels)))}
+
+
+def _probe_both(cfg: EvalConfig, feats: dict[str, np.ndarray], n_train: int,
+                y_train: np.ndarray, y_test: np.ndarray, n_classes: int,
+                dev_mask: np.ndarray) -> dict[str, Any]:
+  out = {}
+  for model in ("trained", "untrained"):
+    x = feats[model]
+    out[model] = probes.probe_all_layers(x[:n_train], y_train, x[n_train:], y_test,
+                                         n_classes, dev_mask=dev_mask, config=cfg.probe)
+  return out
+
+
+def _probe_plots(cfg: EvalConfig, task: str, result: dict[str, Any], what: str) -> list[str]:
+  out = cfg.output_dir
+  return [plots.plot_layer_scores(result, os.path.join(out, f"{task}_layers.png"),
+                                  f"{task}: {what} per layer (linear probe)"),
+          plots.plot_mix_weights(result, os.path.join(out, f"{task}_mix.png"),
+                                 f"{task}: learned scalar-mix weights")]
+
+
+def run_pos(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]:
+  """Token-level softmax-regression POS probe per layer and on a learned mix."""
+  train_all = readers.read_conll(cfg.pos_train_file)
+  test = _cap(readers.read_conll(cfg.pos_test_file), cfg.max_examples)
+  # The label set comes from the whole train file, so a cap cannot reject a test tag.
+  ids = _label_ids([t for s in train_all for t in s.tags])
+  readers.check_labels(cfg.pos_test_file, [(t, s.line + j) for s in test
+                                           for j, t in enumerate(s.tags)], list(ids))
+  train = _cap(train_all, cfg.max_examples)
+  models = get_models()
+  sentences = [s.tokens for s in train] + [s.tokens for s in test]
+  key = features.dataset_key([cfg.pos_train_file, cfg.pos_test_file], cap=cfg.max_examples)
+  feats = _features(cfg, models, "pos", key,
+                    lambda emb: features.token_features(emb, sentences, cfg.batch_size))
+  y_train = np.array([ids[t] for s in train for t in s.tags], np.int32)
+  y_test = np.array([ids[t] for s in test for t in s.tags], np.int32)
+  # Dev split by sentence: tokens of one sentence are not independent.
+  sent_dev = probes.dev_split(len(train), cfg.probe.dev_fraction, cfg.probe.seed)
+  dev_mask = np.repeat(sent_dev, [len(s.tokens) for s in train])
+  result = {"task": "pos", "probe": "softmax regression on standardised token vectors",
+            "data": {"train_file": cfg.pos_train_file, "test_file": cfg.pos_test_file,
+                     "train_sentences": len(train), "train_tokens": int(len(y_train)),
+                     "test_sentences": len(test), "n_tags": len(ids)}}
+  result.update(_probe_both(cfg, feats, len(y_train), y_train, y_test, len(ids), dev_mask))
+  result["plots"] = _probe_plots(cfg, "pos", result, "token accuracy")
+  return result
+
+
+def run_sentiment(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]:
+  """Sentence polarity: mean-pooled vectors per layer / learned mix, logistic regression."""
+  train_all = readers.read_labelled(cfg.sentiment_train_file)
+  test = _cap(readers.read_labelled(cfg.sentiment_test_file), cfg.max_examples)
+  ids = _label_ids([r.label for r in train_all])
+  if len(ids) < 2:
+    raise readers.InputError(f"{cfg.sentiment_train_file}: needs >= 2 labels, got {sorted(ids)}")
+  readers.check_labels(cfg.sentiment_test_file, [(r.label, r.line) for r in test], list(ids))
+  train = _cap(train_all, cfg.max_examples)
+  models = get_models()
+  sentences = [r.tokens for r in train] + [r.tokens for r in test]
+  key = features.dataset_key([cfg.sentiment_train_file, cfg.sentiment_test_file],
+                             cap=cfg.max_examples, tokenizer=1)
+  feats = _features(cfg, models, "sentiment", key,
+                    lambda emb: features.mean_features(emb, sentences, cfg.batch_size))
+  y_train = np.array([ids[r.label] for r in train], np.int32)
+  y_test = np.array([ids[r.label] for r in test], np.int32)
+  dev_mask = probes.dev_split(len(train), cfg.probe.dev_fraction, cfg.probe.seed)
+  result = {"task": "sentiment",
+            "probe": "logistic (softmax) regression on standardised mean-pooled vectors",
+            "data": {"train_file": cfg.sentiment_train_file,
+                     "test_file": cfg.sentiment_test_file, "train": len(train),
+                     "test": len(test), "labels": sorted(ids)}}
+  result.update(_probe_both(cfg, feats, len(train), y_train, y_test, len(ids), dev_mask))
+  result["plots"] = _probe_plots(cfg, "sentiment", result, "accuracy")
+  return result
+
+
+def run_perplexity(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]:
+  """Placeholder until the perplexity evaluation lands (plugs into TASKS)."""
+  raise TaskUnavailable("perplexity: not implemented yet")
+
+
+TASKS: dict[str, Callable[[EvalConfig, Callable[[], Models]], dict[str, Any]]] = {
+    "perplexity": run_perplexity,
+    "wsd": run_wsd,
+    "pos": run_pos,
+    "sentiment": run_sentiment,
+}
+
+
+def _jsonable(obj: Any) -> Any:
+  if isinstance(obj, dict):
+    return {k: _jsonable(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [_jsonable(v) for v in obj]
+  if isinstance(obj, (np.floating, float)):
+    return None if not np.isfinite(obj) else float(obj)
+  if isinstance(obj, np.integer):
+    return int(obj)
+  return obj
+
+
+def run(task: str, cfg: EvalConfig, load_models: Callable[[], Models],
+        echo: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+  """Runs one task or `all`; writes OUT/TASK.json (and OUT/report.md for `all`).
+
+  Args:
+    task: a key of TASKS or "all".
+    cfg: paths and options.
+    load_models: builds the Models; called at most once, after inputs are read.
+    echo: where the short tables go.
+
+  Returns:
+    {task: result}; for `all`, unavailable tasks appear as {"skipped": reason}.
+  """
+  if task != "all" and task not in TASKS:
+    raise readers.InputError(f"unknown task {task!r}; choose one of {sorted(TASKS) + ['all']}")
+  names = list(TASKS) if task == "all" else [task]
+  get_models = _LazyModels(load_models)
+  results: dict[str, dict[str, Any]] = {}
+  os.makedirs(cfg.output_dir, exist_ok=True)
+  for name in names:
+    start = time.time()
+    try:
+      result = TASKS[name](cfg, get_models)
+    except TaskUnavailable as e:
+      if task != "all":
+        raise
+      results[name] = {"skipped": str(e)}
+      echo(f"{name}: skipped ({e})")
+      continue
+    models = get_models()
+    result["model"] = {**models.description, "key": models.key,
+                       "untrained_key": models.untrained_key}
+    result["probe_config"] = cfg.probe.as_dict()
+    result["seconds"] = round(time.time() - start, 2)
+    result = _jsonable(result)
+    report.write_atomic(os.path.join(cfg.output_dir, f"{name}.json"),
+                        json.dumps(result, indent=2) + "\n")
+    results[name] = result
+    if "trained" in result:
+      echo(f"\n{name} ({result['seconds']} s)\n" + report.table(result))
+  if task == "all":
+    report.write_atomic(os.path.join(cfg.output_dir, "report.md"),
+                        report.markdown_report(results, cfg.output_dir) + "\n")
+  return results

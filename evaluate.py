@@ -1,0 +1,139 @@
+"""Evaluates an ELMo model: probing tasks (wsd, pos, sentiment) and perplexity.
+
+  python evaluate.py --task=all --workdir=runs/small
+  python evaluate.py --task=pos --options_file=O --weight_file=W --output_dir=OUT \
+      --max_examples=500
+
+Each task writes OUT/TASK.json and PNG plots and prints a short table; `all`
+also writes OUT/report.md. Bad input exits non-zero with one line on stderr.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from typing import Callable, Sequence
+
+from absl import app, flags
+
+from elmo_jax.evaluation import readers
+from elmo_jax.options import OptionsError
+from elmo_jax.evaluation import tasks as tasks_lib
+
+_TASK_NAMES = ["perplexity", "wsd", "pos", "sentiment", "all"]
+_D = tasks_lib.DEFAULTS
+
+_TASK = flags.DEFINE_enum("task", None, _TASK_NAMES, "What to evaluate.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training run (uses WORKDIR/export/).")
+_OPTIONS = flags.DEFINE_string("options_file", None, "ELMo options.json (with --weight_file).")
+_WEIGHTS = flags.DEFINE_string("weight_file", None, "ELMo hdf5 weights (with --options_file).")
+_OUTPUT = flags.DEFINE_string("output_dir", None, "Output directory; default WORKDIR/eval.")
+_TRAIN = flags.DEFINE_string("train_file", None,
+                             "Train file of the single task given (pos or sentiment).")
+_TEST = flags.DEFINE_string("test_file", None,
+                            "Test file of the single task given (pos or sentiment).")
+_WSD = flags.DEFINE_string("wsd_file", _D["wsd_file"],
+                           "WSD TSV: lemma, pos, sense, token_index, sentence.")
+_WSD_TRAIN = flags.DEFINE_string("wsd_train_file", None,
+                                 "Optional WSD TSV for the sense-centroid protocol.")
+_WSD_LEMMA = flags.DEFINE_string("wsd_lemma", None, "Lemma of the WSD PCA plot.")
+_POS_TRAIN = flags.DEFINE_string("pos_train_file", _D["pos_train_file"], "CoNLL word<TAB>TAG.")
+_POS_TEST = flags.DEFINE_string("pos_test_file", _D["pos_test_file"], "CoNLL word<TAB>TAG.")
+_SENT_TRAIN = flags.DEFINE_string("sentiment_train_file", _D["sentiment_train_file"],
+                                  "TSV label<TAB>sentence.")
+_SENT_TEST = flags.DEFINE_string("sentiment_test_file", _D["sentiment_test_file"],
+                                 "TSV label<TAB>sentence.")
+_MAX = flags.DEFINE_integer("max_examples", None,
+                            "Use only the first N sentences/rows of each file (quick runs).")
+_BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences per embedder call.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the probes and of the untrained twin.")
+_NO_CACHE = flags.DEFINE_bool("no_cache", False, "Do not read/write OUT/cache.")
+_MAX_EPOCHS = flags.DEFINE_integer("probe_max_epochs", 60, "Probe epoch limit.")
+_PROBE_LR = flags.DEFINE_float("probe_learning_rate", 1e-2, "Probe Adam learning rate.")
+
+
+def _resolve_tfds(path: str | None) -> str | None:
+  """`tfds:NAME` arguments need TensorFlow Datasets, which this setup lacks."""
+  if path and path.startswith("tfds:"):
+    raise readers.InputError(
+        f"{path}: TFDS datasets are not supported yet (tensorflow_datasets is not a "
+        "dependency); export it to the TSV/CoNLL format and pass the file")
+  return path
+
+
+def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
+  """Validates flag combinations; returns (task, config)."""
+  task = _TASK.value
+  if task is None:
+    raise readers.InputError("--task is required: one of " + ", ".join(_TASK_NAMES))
+  if bool(_OPTIONS.value) != bool(_WEIGHTS.value):
+    raise readers.InputError("--options_file and --weight_file go together")
+  if _WORKDIR.value and _OPTIONS.value:
+    raise readers.InputError("give either --workdir or --options_file/--weight_file")
+  for path in (_OPTIONS.value, _WEIGHTS.value):
+    if path and not os.path.isfile(path):
+      raise readers.InputError(f"{path}: file not found")
+  output_dir = _OUTPUT.value or (os.path.join(_WORKDIR.value, "eval") if _WORKDIR.value
+                                 else None)
+  if not output_dir:
+    raise readers.InputError("--output_dir is required without --workdir")
+  probe = tasks_lib.probes.ProbeConfig(seed=_SEED.value, max_epochs=_MAX_EPOCHS.value,
+                                       learning_rate=_PROBE_LR.value)
+  cfg = tasks_lib.EvalConfig(
+      output_dir=output_dir, workdir=_WORKDIR.value, wsd_file=_WSD.value,
+      wsd_train_file=_WSD_TRAIN.value, wsd_lemma=_WSD_LEMMA.value,
+      pos_train_file=_POS_TRAIN.value, pos_test_file=_POS_TEST.value,
+      sentiment_train_file=_SENT_TRAIN.value, sentiment_test_file=_SENT_TEST.value,
+      max_examples=_MAX.value, batch_size=_BATCH.value, use_cache=not _NO_CACHE.value,
+      probe=probe)
+  if _TRAIN.value or _TEST.value:
+    if task not in ("pos", "sentiment"):
+      raise readers.InputError("--train_file/--test_file need --task=pos or --task=sentiment")
+    if _TRAIN.value:
+      setattr(cfg, f"{task}_train_file", _TRAIN.value)
+    if _TEST.value:
+      setattr(cfg, f"{task}_test_file", _TEST.value)
+  for field in ("pos_train_file", "pos_test_file", "sentiment_train_file",
+                "sentiment_test_file", "wsd_file", "wsd_train_file"):
+    setattr(cfg, field, _resolve_tfds(getattr(cfg, field)))
+  return task, cfg
+
+
+def load_models_from_flags() -> tasks_lib.Models:
+  """Builds the real Embedder and its untrained twin (imported lazily: slow)."""
+  from elmo_jax.embedder import Embedder  # pylint: disable=g-import-not-at-top
+  from elmo_jax.evaluation import features  # pylint: disable=g-import-not-at-top
+
+  if _WORKDIR.value:
+    emb = Embedder.from_workdir(_WORKDIR.value)
+    key = features.model_key_from_workdir(_WORKDIR.value)
+    description = {"workdir": _WORKDIR.value}
+  elif _OPTIONS.value:
+    emb = Embedder.from_files(_OPTIONS.value, _WEIGHTS.value)
+    key = features.model_key_from_files(_OPTIONS.value, _WEIGHTS.value)
+    description = {"options_file": _OPTIONS.value, "weight_file": _WEIGHTS.value}
+  else:
+    raise readers.InputError("give --workdir or --options_file and --weight_file")
+  twin = emb.untrained_twin(seed=_SEED.value)
+  # The twin is a function of the config and the seed only.
+  twin_key = hashlib.sha256((json.dumps(emb.options, sort_keys=True)
+                             + f"|seed={_SEED.value}").encode()).hexdigest()[:16]
+  description["n_layers"] = emb.n_layers
+  return tasks_lib.Models(emb, twin, key, twin_key, description)
+
+
+def main(argv: Sequence[str],
+         load_models: Callable[[], tasks_lib.Models] | None = None) -> None:
+  """Entry point; `load_models` lets tests inject a stand-in embedder."""
+  if len(argv) > 1:
+    sys.exit(f"evaluate.py: unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    task, cfg = config_from_flags()
+    tasks_lib.run(task, cfg, load_models or load_models_from_flags)
+  except (readers.InputError, tasks_lib.TaskUnavailable, OptionsError, OSError) as e:
+    sys.exit(f"evaluate.py: error: {e}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,284 @@
+"""Tests of the probing suite (evaluate.py, elmo_jax/evaluation) with a fake embedder."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from absl import flags
+
+import evaluate
+from elmo_jax.evaluation import features, plots, probes, readers, tasks, wsd
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = probes.ProbeConfig(max_epochs=25, patience=4)
+
+
+class FakeEmbedder:
+  """Deterministic stand-in for elmo_jax.embedder.Embedder (3 layers, dim 16).
+
+  layer 0: a fixed random vector per word type (context-free, like the char CNN);
+  layer 1: the type vector plus the sum of the other tokens' vectors (context);
+  layer 2: noise that depends on the token's position only.
+  """
+  n_layers = 3
+  dim = 16
+
+  def __init__(self, seed: int = 0):
+    self.seed = seed
+    self.options = {"lstm": {"n_layers": 2}, "fake_seed": seed}
+    self.calls = 0
+
+  def _vec(self, word: str) -> np.ndarray:
+    digest = hashlib.sha256(f"{self.seed}|{word}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    return rng.normal(size=self.dim).astype(np.float32)
+
+  def embed_sentences(self, sentences, batch_size=64):
+    self.calls += 1
+    out = []
+    for s in sentences:
+      types = np.stack([self._vec(w) for w in s])
+      context = types.sum(0, keepdims=True) - types
+      noise = np.stack([self._vec(f"<pos{i}>") for i in range(len(s))])
+      out.append(np.stack([types, types + context, noise]).astype(np.float32))
+    return out
+
+  def untrained_twin(self, seed: int = 0):
+    return FakeEmbedder(seed=1000 + seed)
+
+
+def fake_models(counter: list | None = None):
+  def load():
+    if counter is not None:
+      counter.append(1)
+    emb = FakeEmbedder()
+    return tasks.Models(emb, emb.untrained_twin(), "fake", "fake-twin", {"fake": True})
+  return load
+
+
+def write(path, text: str) -> str:
+  path.write_text(text, encoding="utf-8")
+  return str(path)
+
+
+def wsd_tsv() -> str:
+  rows = []
+  for i, ctx in enumerate(["river water", "water river", "river flows water"]):
+    rows.append(f"bank\tnoun\tbank%river\t0\tbank {ctx}")
+  for ctx in ["money cash", "cash money", "money loan cash"]:
+    rows.append(f"bank\tnoun\tbank%money\t0\tbank {ctx}")
+  rows.append("solo\tnoun\tsolo%1\t0\tsolo only one sense")  # 1 sense: not eligible
+  return "\n".join(rows) + "\n"
+
+
+def pos_conll(rng: np.random.Generator, n: int) -> str:
+  nouns, verbs, dets = ["cat", "dog", "bird", "fish"], ["runs", "eats", "sees"], ["the", "a"]
+  lines = []
+  for _ in range(n):
+    lines += [f"{rng.choice(dets)}\tDT", f"{rng.choice(nouns)}\tNN",
+              f"{rng.choice(verbs)}\tVBZ", ""]
+  return "\n".join(lines) + "\n"
+
+
+def sentiment_tsv(rng: np.random.Generator, n: int) -> str:
+  filler = ["movie", "plot", "actor", "story", "film", "scene"]
+  lines = []
+  for _ in range(n):
+    label = int(rng.integers(2))
+    cue = rng.choice(["good", "great", "fine"] if label else ["bad", "awful", "dull"])
+    words = list(rng.choice(filler, size=3)) + [cue]
+    rng.shuffle(words)
+    lines.append(f"{label}\t{' '.join(words)}.")
+  return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- readers
+
+
+def test_readers_name_the_bad_line(tmp_path):
+  bad = write(tmp_path / "w.tsv", "bank\tnoun\ts1\t0\tbank x\nbank\tnoun\ts2\t0\n")
+  with pytest.raises(readers.InputError, match=r"w\.tsv:2: expected 5 tab-separated"):
+    readers.read_wsd(bad)
+  bad = write(tmp_path / "i.tsv", "bank\tnoun\ts1\t7\tbank x\n")
+  with pytest.raises(readers.InputError, match=r"i\.tsv:1: token_index 7"):
+    readers.read_wsd(bad)
+  bad = write(tmp_path / "p.conll", "the\tDT\ncat\tNN\n\ndog NN\n")
+  with pytest.raises(readers.InputError, match=r"p\.conll:4: expected 2"):
+    readers.read_conll(bad)
+  bad = write(tmp_path / "s.tsv", "1\tgood film\n0\tbad\tfilm\n")
+  with pytest.raises(readers.InputError, match=r"s\.tsv:2: expected 2"):
+    readers.read_labelled(bad)
+  with pytest.raises(readers.InputError, match="nope.tsv: file not found"):
+    readers.read_labelled(str(tmp_path / "nope.tsv"))
+
+
+def test_conll_sentences_and_tokenizer(tmp_path):
+  sents = readers.read_conll(write(tmp_path / "p.conll", "the\tDT\ncat\tNN\n\n\nit\tPRP\n"))
+  assert [s.tokens for s in sents] == [("the", "cat"), ("it",)]
+  assert [s.line for s in sents] == [1, 5]
+  assert readers.tokenize("It's not bad, isn't it?") == [
+      "It", "'s", "not", "bad", ",", "is", "n't", "it", "?"]
+
+
+# ---------------------------------------------------------------- wsd
+
+
+def test_wsd_known_answer_and_ties(tmp_path):
+  rows = readers.read_wsd(write(tmp_path / "w.tsv", wsd_tsv()))
+  emb = FakeEmbedder()
+  feats = features.target_features(emb, [r.tokens for r in rows],
+                                   [r.token_index for r in rows])
+  res = wsd.nearest_neighbour(rows, feats)
+  assert res["n"] == 6 and res["n_groups"] == 1  # 'solo' has one sense: excluded
+  assert res["layer_0"] == 0.0 and res["layer_0_ties"] == 1.0  # one vector per type
+  assert res["layer_0_excluding_ties"] is None
+  assert res["layer_1"] == 1.0 and res["layer_1_ties"] == 0.0  # context separates
+  # Centroids from the same rows: the contextual layer picks the right sense.
+  cent = wsd.sense_centroids(rows, feats, rows, feats)
+  assert cent["layer_1"] == 1.0 and cent["layer_0_ties"] == 1.0
+  label, senses, coords = wsd.pca_example(rows, feats)
+  assert label == "bank/noun" and coords.shape == (3, 6, 2)
+
+
+# ---------------------------------------------------------------- probes
+
+
+def _synthetic(rng, n, informative_layer=1, n_classes=4):
+  y = rng.integers(0, n_classes, n)
+  x = rng.normal(size=(n, 3, 12)).astype(np.float32)
+  x[:, informative_layer] += 3.0 * rng.normal(size=(n_classes, 12))[y]
+  return x, y
+
+
+def test_probe_separable_high_and_random_near_chance():
+  rng = np.random.default_rng(0)
+  x, y = _synthetic(rng, 2400)
+  res = probes.probe_all_layers(x[:1600], y[:1600], x[1600:], y[1600:], 4, config=FAST)
+  assert res["layer_1"] > 0.95 and res["mix"] > 0.95
+  assert res["layer_0"] < 0.4 and res["layer_2"] < 0.4
+  # Mix weights concentrate on the informative layer.
+  assert int(np.argmax(res["mix_weights"])) == 1 and res["mix_weights"][1] > 0.6
+  assert abs(sum(res["mix_weights"]) - 1) < 1e-5
+  y_rand = rng.integers(0, 2, 2400)
+  res = probes.fit_probe(x[:1600], y_rand[:1600], x[1600:], y_rand[1600:], 2, mix=True,
+                         config=FAST)
+  assert 0.4 < res.accuracy < 0.6
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def _cfg(tmp_path, **kw) -> tasks.EvalConfig:
+  rng = np.random.default_rng(1)
+  return tasks.EvalConfig(
+      output_dir=str(tmp_path / "out"),
+      wsd_file=write(tmp_path / "w.tsv", wsd_tsv()),
+      pos_train_file=write(tmp_path / "tr.conll", pos_conll(rng, 150)),
+      pos_test_file=write(tmp_path / "te.conll", pos_conll(rng, 40)),
+      sentiment_train_file=write(tmp_path / "tr.tsv", sentiment_tsv(rng, 300)),
+      sentiment_test_file=write(tmp_path / "te.tsv", sentiment_tsv(rng, 100)),
+      probe=FAST, **kw)
+
+
+def test_run_all_writes_json_plots_report_and_caches(tmp_path):
+  cfg = _cfg(tmp_path)
+  loads = []
+  lines = []
+  results = tasks.run("all", cfg, fake_models(loads), echo=lines.append)
+  out = cfg.output_dir
+  assert results["perplexity"] == {"skipped": "perplexity: not implemented yet"}
+  for task in ("wsd", "pos", "sentiment"):
+    with open(os.path.join(out, f"{task}.json")) as f:
+      data = json.load(f)
+    for model in ("trained", "untrained"):
+      scores = data[model]
+      for key in ("layer_0", "layer_1", "layer_2", "mix_weights", "n"):
+        assert key in scores, (task, model, key)
+      for key in ("layer_0", "layer_1", "layer_2"):
+        assert 0.0 <= scores[key] <= 1.0
+      if task != "wsd":
+        assert 0.0 <= scores["mix"] <= 1.0 and len(scores["mix_weights"]) == 3
+    for plot in data["plots"]:
+      with open(plot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  wsd_res = json.load(open(os.path.join(out, "wsd.json")))
+  assert "layer_0_ties" in wsd_res["trained"] and "tie" in wsd_res["rule"]
+  pos_res = json.load(open(os.path.join(out, "pos.json")))
+  assert pos_res["trained"]["layer_0"] > 0.95  # tags are a function of the word
+  sent_res = json.load(open(os.path.join(out, "sentiment.json")))
+  assert sent_res["trained"]["layer_0"] > 0.85 and sent_res["trained"]["n"] == 100
+  report = open(os.path.join(out, "report.md")).read()
+  assert "## pos" in report and "](pos_layers.png)" in report and "wsd_pca.png" in report
+  assert loads == [1] and any("layer_1" in line for line in lines)
+  # Second run: features come from the cache, the embedder is never called.
+  models = fake_models()()
+  tasks.run("wsd", cfg, lambda: models, echo=lambda _: None)
+  assert models.trained.calls == 0 and models.untrained.calls == 0
+  assert any(n.startswith("wsd-trained-fake-") for n in os.listdir(os.path.join(out, "cache")))
+
+
+def test_unknown_test_label_fails_before_loading_models(tmp_path):
+  cfg = _cfg(tmp_path)
+  cfg.sentiment_test_file = write(tmp_path / "bad.tsv", "1\tgood.\nneutral\tso so.\n")
+  loads = []
+  with pytest.raises(readers.InputError, match=r"bad\.tsv:2: unknown label 'neutral'"):
+    tasks.run("sentiment", cfg, fake_models(loads))
+  assert loads == []
+
+
+@pytest.fixture
+def parsed_flags():
+  def parse(*args):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["evaluate.py", *args])
+  yield parse
+  flags.FLAGS.unparse_flags()
+
+
+def test_main_with_injected_embedder(tmp_path, parsed_flags):
+  cfg = _cfg(tmp_path)
+  parsed_flags("--task=pos", f"--output_dir={cfg.output_dir}",
+               f"--train_file={cfg.pos_train_file}", f"--test_file={cfg.pos_test_file}",
+               "--max_examples=60", "--probe_max_epochs=10")
+  evaluate.main(["evaluate.py"], load_models=fake_models())
+  data = json.load(open(os.path.join(cfg.output_dir, "pos.json")))
+  assert data["data"]["train_sentences"] == 60 and data["probe_config"]["max_epochs"] == 10
+  assert os.path.exists(os.path.join(cfg.output_dir, "pos_mix.png"))
+  parsed_flags("--task=wsd", f"--options_file={tmp_path}/missing.json",
+               f"--weight_file={tmp_path}/w.hdf5")
+  with pytest.raises(SystemExit, match="missing.json: file not found"):
+    evaluate.main(["evaluate.py"], load_models=fake_models())
+  parsed_flags("--task=wsd")
+  with pytest.raises(SystemExit, match="--output_dir is required"):
+    evaluate.main(["evaluate.py"], load_models=fake_models())
+
+
+def test_cli_bad_input_exits_with_one_line(tmp_path):
+  bad = write(tmp_path / "bad.conll", "the\tDT\ncat\tNN\tX\n")
+  proc = subprocess.run(
+      [sys.executable, os.path.join(REPO, "evaluate.py"), "--task=pos",
+       f"--output_dir={tmp_path}/out", f"--train_file={bad}", f"--test_file={bad}"],
+      capture_output=True, text=True, cwd=REPO, timeout=120,
+      env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode != 0
+  err = proc.stderr.strip().splitlines()
+  assert len(err) == 1 and "bad.conll:2: expected 2 tab-separated" in err[0], proc.stderr
+
+
+def test_plot_perplexity(tmp_path):
+  metrics = [{"step": s, "train_loss": 5.0 - s / 100, "train_ppl_forward": 200 - s,
+              "train_ppl_backward": 210 - s} for s in range(0, 100, 10)]
+  metrics += [{"step": 50, "eval_ppl_forward": 150.0, "eval_ppl_backward": 160.0,
+               "eval_ppl": 155.0}, {"step": 100, "eval_ppl_forward": 120.0,
+                                    "eval_ppl_backward": 125.0, "eval_ppl": 122.5}]
+  path = write(tmp_path / "metrics.jsonl", "\n".join(json.dumps(m) for m in metrics) + "\n")
+  png = plots.plot_perplexity(path, str(tmp_path / "ppl.png"))
+  assert os.path.getsize(png) > 1000
+  bad = write(tmp_path / "bad.jsonl", '{"step": 1}\nnot json\n')
+  with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
+    plots.plot_perplexity(bad, str(tmp_path / "x.png"))
