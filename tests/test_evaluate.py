@@ -134,7 +134,7 @@ def test_wsd_known_answer_and_ties(tmp_path):
   feats = features.target_features(emb, [r.tokens for r in rows],
                                    [r.token_index for r in rows])
   res = wsd.nearest_neighbour(rows, feats)
-  assert res["n"] == 6 and res["n_groups"] == 1  # 'solo' has one sense: excluded
+  assert res["n"] == 6 and res["n_groups"] == 1 and res["n_answerable"] == 6  # 'solo' has one sense: excluded
   assert res["layer_0"] == 0.0 and res["layer_0_ties"] == 1.0  # one vector per type
   assert res["layer_0_excluding_ties"] is None
   assert res["layer_1"] == 1.0 and res["layer_1_ties"] == 0.0  # context separates

@@ -98,7 +98,7 @@ def plot_wsd_pca(label: str, senses: Sequence[str], coords: np.ndarray,
     ax.set_xticks([])
     ax.set_yticks([])
   axes[0][-1].legend(fontsize=6, loc="best")
-  fig.suptitle(f"WSD: occurrences of '{label}' by sense (PCA)")
+  fig.suptitle(f"WSD: occurrences of '{label}' by sense (PCA)", y=1.04)
   return _save(fig, path)
 
 

@@ -32,6 +32,9 @@ def table(result: dict[str, Any]) -> str:
       row += [_fmt(pick(trained)), _fmt(pick(untrained))]
     lines.append("| " + " | ".join(row) + " |")
   lines.append(f"\nn = {trained.get('n')} examples scored")
+  majority = result.get("data", {}).get("majority_baseline")
+  if majority is not None:
+    lines[-1] += f"; majority-class baseline {majority:.3f}"
   return "\n".join(lines)
 
 

@@ -70,8 +70,26 @@ class _LazyModels:
     return self._models
 
 
-def _cap(items: list, cap: int | None) -> list:
+def _cap(items: list, cap: int | None, seed: int = 0) -> list:
+  """A seeded random subset of `cap` items, kept in file order.
+
+  The first N would be biased: the sentiment files are sorted by source id,
+  which groups the labels.
+  """
+  if not cap or cap <= 0 or cap >= len(items):
+    return items
+  keep = np.sort(np.random.default_rng(seed).choice(len(items), cap, replace=False))
+  return [items[i] for i in keep]
+
+
+def _first(items: list, cap: int | None) -> list:
+  """The first `cap` items (WSD rows are sorted by lemma, so groups stay whole)."""
   return items if not cap or cap <= 0 else items[:cap]
+
+
+def _majority(y_train: np.ndarray, y_test: np.ndarray) -> float:
+  """Test accuracy of always predicting the most frequent training label."""
+  return float(np.mean(y_test == np.bincount(y_train).argmax())) if len(y_test) else 0.0
 
 
 def _features(cfg: EvalConfig, models: Models, name: str, data_key: str,
@@ -90,8 +108,8 @@ def _features(cfg: EvalConfig, models: Models, name: str, data_key: str,
 
 def run_wsd(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]:
   """Leave-one-out 1-NN sense probe (+ centroid protocol with a train file)."""
-  test = _cap(readers.read_wsd(cfg.wsd_file), cfg.max_examples)
-  train = (_cap(readers.read_wsd(cfg.wsd_train_file), cfg.max_examples)
+  test = _first(readers.read_wsd(cfg.wsd_file), cfg.max_examples)
+  train = (_first(readers.read_wsd(cfg.wsd_train_file), cfg.max_examples)
            if cfg.wsd_train_file else None)
   if not wsd.eligible_groups(test):
     raise readers.InputError(f"{cfg.wsd_file}: no lemma with >= 2 senses and >= 2 occurrences")
@@ -158,7 +176,8 @@ def run_pos(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]
   train = _cap(train_all, cfg.max_examples)
   models = get_models()
   sentences = [s.tokens for s in train] + [s.tokens for s in test]
-  key = features.dataset_key([cfg.pos_train_file, cfg.pos_test_file], cap=cfg.max_examples)
+  key = features.dataset_key([cfg.pos_train_file, cfg.pos_test_file], cap=cfg.max_examples,
+                             sample="seeded-0")
   feats = _features(cfg, models, "pos", key,
                     lambda emb: features.token_features(emb, sentences, cfg.batch_size))
   y_train = np.array([ids[t] for s in train for t in s.tags], np.int32)
@@ -169,7 +188,8 @@ def run_pos(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]
   result = {"task": "pos", "probe": "softmax regression on standardised token vectors",
             "data": {"train_file": cfg.pos_train_file, "test_file": cfg.pos_test_file,
                      "train_sentences": len(train), "train_tokens": int(len(y_train)),
-                     "test_sentences": len(test), "n_tags": len(ids)}}
+                     "test_sentences": len(test), "n_tags": len(ids),
+                     "majority_baseline": _majority(y_train, y_test)}}
   result.update(_probe_both(cfg, feats, len(y_train), y_train, y_test, len(ids), dev_mask))
   result["plots"] = _probe_plots(cfg, "pos", result, "token accuracy")
   return result
@@ -187,7 +207,7 @@ def run_sentiment(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str
   models = get_models()
   sentences = [r.tokens for r in train] + [r.tokens for r in test]
   key = features.dataset_key([cfg.sentiment_train_file, cfg.sentiment_test_file],
-                             cap=cfg.max_examples, tokenizer=1)
+                             cap=cfg.max_examples, tokenizer=1, sample="seeded-0")
   feats = _features(cfg, models, "sentiment", key,
                     lambda emb: features.mean_features(emb, sentences, cfg.batch_size))
   y_train = np.array([ids[r.label] for r in train], np.int32)
@@ -197,7 +217,8 @@ def run_sentiment(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str
             "probe": "logistic (softmax) regression on standardised mean-pooled vectors",
             "data": {"train_file": cfg.sentiment_train_file,
                      "test_file": cfg.sentiment_test_file, "train": len(train),
-                     "test": len(test), "labels": sorted(ids)}}
+                     "test": len(test), "labels": sorted(ids),
+                     "majority_baseline": _majority(y_train, y_test)}}
   result.update(_probe_both(cfg, feats, len(train), y_train, y_test, len(ids), dev_mask))
   result["plots"] = _probe_plots(cfg, "sentiment", result, "accuracy")
   return result

@@ -91,6 +91,11 @@ def nearest_neighbour(examples: Sequence[WsdExample], features: np.ndarray
                                       senses[q]))
   out = _summarise(outcomes)
   out["n_groups"] = len(groups)
+  # Occurrences whose sense occurs again in the group: the only ones a perfect
+  # representation could get right (many WordNet senses have one example).
+  out["n_answerable"] = sum(
+      sum(1 for i in rows if sum(examples[j].sense == examples[i].sense for j in rows) > 1)
+      for rows in groups.values())
   return out
 
 
