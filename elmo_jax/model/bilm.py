@@ -85,6 +85,7 @@ class BiLM(nn.Module):
                             dtype=self.dtype)
     self.lstm = BiLSTMStack(cfg.n_layers, cfg.lstm_dim, cfg.projection_dim, cfg.cell_clip, cfg.proj_clip,
                             cfg.use_skip_connections, self.dropout_rate, self.dtype, self.unroll)
+    self.output_dropout = nn.Dropout(self.dropout_rate)
 
   def embed_tokens(self, char_ids: jax.Array) -> jax.Array:
     """Context-independent token embeddings: `[..., max_chars]` -> `[..., P]` (0 where no token)."""
@@ -160,5 +161,5 @@ class BiLM(nn.Module):
     outputs, new_state = self.lstm(fwd_emb, bwd_emb, fwd_mask, bwd_mask, state, deterministic)
     top = outputs[-1]
     if self.dropout_rate > 0.0:
-      top = nn.Dropout(self.dropout_rate)(top, deterministic=deterministic)
+      top = self.output_dropout(top, deterministic=deterministic)
     return top[0], top[1], new_state

@@ -1,0 +1,33 @@
+"""The original ELMo recipe on the 1B Word Benchmark from TFDS (`lm1b`, ArrayRecord, no TensorFlow).
+
+bilm-tf trained 10 epochs of ~800M tokens with batch 128 per GPU on 3 GPUs (global 384), unroll 20,
+vocabulary of 793,471 words, 8192 sampled negatives. Prepare the data once with network access:
+  python -c "import tensorflow_datasets as tfds; tfds.data_source('lm1b', download=True)"
+(or `tfds build lm1b --file_format=array_record`), then train with --config.data.tfds_data_dir if not default.
+"""
+import ml_collections
+
+from elmo_jax import options as options_lib
+from elmo_jax.training.config import base_config
+
+
+def get_config():
+  c = base_config()
+  c.options = ml_collections.ConfigDict(options_lib.preset("original"))
+  c.batch_size = 384
+  c.unroll_steps = 20
+  # 10 epochs of ~800M tokens at 384 x 20 tokens per step.
+  c.num_train_steps = 10 * 800_000_000 // (384 * 20)
+  c.eval_every_steps = 10_000
+  c.checkpoint_every_steps = 5_000
+  c.log_every_steps = 100
+  c.eval_max_batches = 200
+  c.data.tfds_name = "lm1b"
+  c.data.tfds_train_split = "train"
+  c.data.tfds_eval_split = "test"
+  c.data.tfds_text_key = "text"
+  c.data.pretokenized = True  # lm1b is already tokenized
+  c.data.vocab_max_size = 793_471
+  c.data.vocab_min_count = 3
+  c.dtype = "bfloat16"
+  return c

@@ -1,0 +1,1 @@
+"""Training the biLM: losses, train state and sharded step, checkpoints, export, the train loop."""

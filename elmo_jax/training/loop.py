@@ -1,0 +1,177 @@
+"""The train loop, top to bottom: data -> vocab -> sharded state -> steps -> logs, evals, checkpoints, export."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from elmo_jax import options as options_lib
+from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
+from elmo_jax.training import lm_eval, step as step_lib
+from elmo_jax.training.checkpoint import Checkpointer, abstract_like
+from elmo_jax.training.export import export_model
+from elmo_jax.training.metrics import MetricWriter, progress_line, say
+
+
+def make_sources(data: ml_collections.ConfigDict):
+  """(train, eval) sentence sources from text files or a TFDS dataset; eval may be None."""
+  if data.tfds_name:
+    kw = dict(data_dir=data.tfds_data_dir or None, text_key=data.tfds_text_key, download=data.tfds_download)
+    train = TfdsSource(data.tfds_name, data.tfds_train_split, **kw)
+    evals = TfdsSource(data.tfds_name, data.tfds_eval_split, **kw) if data.tfds_eval_split else None
+    return train, evals
+  if not data.train_files:
+    raise ValueError("config.data.train_files is empty and config.data.tfds_name is not set: no training data")
+  split = lambda s: [p.strip() for p in s.split(",") if p.strip()]
+  train = TextSource(split(data.train_files))
+  evals = TextSource(split(data.eval_files)) if data.eval_files else None
+  return train, evals
+
+
+def prepare_vocab(config, workdir: str, train_source, tokenizer: Tokenizer) -> Vocab:
+  """The run's vocabulary: the workdir's (resume), else config.data.vocab_file, else built from train."""
+  saved = os.path.join(workdir, "vocab.txt")
+  if os.path.exists(saved):
+    return Vocab.load(saved)
+  if config.data.vocab_file:
+    vocab = Vocab.load(config.data.vocab_file)
+  else:
+    started = time.time()
+    vocab = Vocab.build((tokenizer(train_source[i]) for i in range(len(train_source))),
+                        max_size=config.data.vocab_max_size, min_count=config.data.vocab_min_count)
+    say(f"built vocabulary of {len(vocab):,} tokens from {len(train_source):,} training lines "
+        f"in {time.time() - started:.1f}s")
+  if jax.process_index() == 0:
+    vocab.save(workdir)
+  return vocab
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains per `config` in `workdir`, resuming if it holds a checkpoint; returns the last metrics."""
+  workdir = os.path.abspath(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  is_main = jax.process_index() == 0
+  options = options_lib.validate(config.options.to_dict(), "config.options")
+  n_devices, n_proc = jax.device_count(), jax.process_count()
+  if config.batch_size % n_devices:
+    raise ValueError(f"config.batch_size={config.batch_size} must be divisible by the {n_devices} devices")
+
+  tokenizer = Tokenizer(pretokenized=config.data.pretokenized)
+  train_source, eval_source = make_sources(config.data)
+  vocab = prepare_vocab(config, workdir, train_source, tokenizer)
+  if is_main:
+    _write_json(os.path.join(workdir, "config.json"), config.to_dict())
+
+  mesh = step_lib.make_mesh()
+  model = step_lib.make_model(options, config)
+  optimizer = step_lib.make_optimizer(config)
+  num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < len(vocab) - 1 else 0
+  create = lambda: step_lib.create_train_state(model, optimizer, len(vocab), config.batch_size, config.seed)
+  shardings = step_lib.state_shardings(jax.eval_shape(create), mesh)
+  state = jax.jit(create, out_shardings=shardings)()
+  train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
+  eval_step = step_lib.make_eval_step(model, mesh, shardings)
+  to_global = lambda b: step_lib.global_batch(b, mesh)
+
+  local_rows = config.batch_size // n_proc
+  train_iter = make_lm_iterator(train_source, vocab, tokenizer, batch_size=local_rows,
+                                unroll_steps=config.unroll_steps, seed=config.seed,
+                                max_token_chars=config.data.max_token_chars)
+  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints)
+  restored = checkpointer.restore(abstract_like(state))
+  if restored is not None:
+    state, meta = restored
+    if meta["vocab_sha256"] != vocab.sha256():
+      raise ValueError(f"{workdir}: the checkpoint was trained with another vocabulary than {workdir}/vocab.txt")
+    train_iter.set_state(meta["data"][jax.process_index()] if isinstance(meta["data"], list) else meta["data"])
+    say(f"resumed from step {int(state.step)} in {checkpointer.directory}")
+  start_step = int(state.step)
+
+  def run_eval(params) -> dict[str, Any]:
+    if eval_source is None:
+      return {}
+    batches = make_lm_iterator(eval_source, vocab, tokenizer, batch_size=local_rows,
+                               unroll_steps=config.unroll_steps, seed=config.seed, shuffle=False, num_epochs=1,
+                               max_token_chars=config.data.max_token_chars)
+    zero = jax.device_put(model.zero_state(config.batch_size), shardings.lstm_state)
+    result = lm_eval.perplexity(eval_step, params, zero, batches, to_global, config.eval_max_batches)
+    return {"eval_ppl_forward": result["ppl_forward"], "eval_ppl_backward": result["ppl_backward"],
+            "eval_ppl": result["ppl"], "eval_tokens": result["n_tokens"]}
+
+  def save(step: int) -> None:
+    data_states = [train_iter.get_state()]
+    if n_proc > 1:
+      from jax.experimental import multihost_utils
+      gathered = multihost_utils.process_allgather(np.frombuffer(
+          json.dumps(data_states[0]).encode().ljust(1 << 16), np.uint8))
+      data_states = [json.loads(bytes(row).rstrip(b" ")) for row in np.asarray(gathered)]
+    checkpointer.save(step, state, {"data": data_states, "vocab_sha256": vocab.sha256(),
+                                    "config": config.to_dict()})
+    if is_main:
+      export_model(workdir, state.params, options)
+
+  writer = MetricWriter(workdir, enabled=is_main)
+  if is_main and eval_source is not None and start_step == 0:
+    base = lm_eval.unigram_perplexity(vocab, tokenizer, (eval_source[i] for i in range(len(eval_source))))
+    writer.write({"step": 0, **base})
+    say(f"unigram baseline on the eval split: ppl {base['unigram_ppl']:.1f}, OOV rate {base['oov_rate']:.2%}")
+  say(f"training {config.num_train_steps} steps of {config.batch_size} x {config.unroll_steps} tokens on "
+      f"{n_devices} device(s) / {n_proc} process(es); vocab {len(vocab):,}; "
+      f"{'sampled softmax ' + str(num_sampled) if num_sampled else 'full softmax'}")
+
+  started = time.time()
+  window_start, window = time.time(), {"loss_f": 0.0, "loss_b": 0.0, "loss": 0.0, "grad_norm": 0.0, "n": 0, "tok": 0.0}
+  record: dict[str, Any] = {}
+  for step in range(start_step, config.num_train_steps):
+    batch = next(train_iter)
+    state, metrics = train_step(state, to_global(batch))
+    metrics = jax.device_get(metrics)
+    if not math.isfinite(float(metrics["loss"])):
+      raise FloatingPointError(f"non-finite loss {float(metrics['loss'])} at step {step + 1}; nothing was saved "
+                               "for this step (lower config.learning_rate or use config.grad_clip)")
+    for key, name in (("loss_f", "loss_forward"), ("loss_b", "loss_backward"), ("loss", "loss"),
+                      ("grad_norm", "grad_norm")):
+      window[key] += float(metrics[name])
+    window["n"] += 1
+    window["tok"] += float(metrics["n_tokens"])
+    done = step + 1
+    if done % config.log_every_steps == 0 or done == config.num_train_steps:
+      n, now = window["n"], time.time()
+      record = {"step": done, "train_loss": window["loss"] / n,
+                "train_ppl_forward": math.exp(window["loss_f"] / n),
+                "train_ppl_backward": math.exp(window["loss_b"] / n),
+                "learning_rate": step_lib.learning_rate_at(config, done), "grad_norm": window["grad_norm"] / n,
+                "tokens_per_sec": window["tok"] / max(now - window_start, 1e-9), "elapsed_sec": now - started}
+      writer.write(record)
+      if is_main:
+        say(progress_line(done, config.num_train_steps, record, started, start_step))
+      window_start, window = now, {k: 0.0 for k in window}
+    if done % config.eval_every_steps == 0 or done == config.num_train_steps:
+      result = run_eval(state.params)
+      if result:
+        writer.write({"step": done, **result})
+        say(f"step {done}: eval ppl {result['eval_ppl']:.1f} (forward {result['eval_ppl_forward']:.1f}, "
+            f"backward {result['eval_ppl_backward']:.1f})")
+        record = {**record, **result}
+    if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps:
+      save(done)
+  if start_step < config.num_train_steps or checkpointer.latest_step() is None:
+    pass
+  checkpointer.wait()
+  checkpointer.close()
+  writer.close()
+  say(f"done: step {int(state.step)}; checkpoints in {checkpointer.directory}; export in {workdir}/export")
+  return record

@@ -1,0 +1,164 @@
+"""Train state, optimizer and the jit-compiled, data-parallel train/eval steps.
+
+Data parallelism is plain GSPMD: one `Mesh` axis "data" over every device of every process; the global
+batch (and the carried LSTM state, whose rows belong to batch rows) is split along it, params and optimizer
+state are replicated, and `jax.jit` inserts the gradient all-reduce. No `pmap`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from elmo_jax.model import BiLM, BiLMConfig
+from elmo_jax.training import losses
+
+DATA_AXIS = "data"
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any  # {"bilm": BiLM params, "softmax": {"W": [V, P], "b": [V]}}
+  opt_state: Any
+  lstm_state: Any  # (c [L, 2, B, H], h [L, 2, B, P]) carried across windows per batch row
+  rng: jax.Array  # raw uint32 key, so checkpoints hold plain arrays
+
+
+def make_mesh(devices=None) -> Mesh:
+  devices = np.asarray(jax.devices() if devices is None else devices)
+  return Mesh(devices.reshape(-1), (DATA_AXIS,))
+
+
+def compute_dtype(name: str):
+  if name not in ("float32", "bfloat16"):
+    raise ValueError(f"config.dtype must be 'float32' or 'bfloat16', got {name!r}")
+  return jnp.bfloat16 if name == "bfloat16" else jnp.float32
+
+
+def make_model(options: dict[str, Any], config) -> BiLM:
+  return BiLM(BiLMConfig.from_options(options), dropout_rate=float(config.dropout),
+              dtype=compute_dtype(config.dtype), unroll=int(config.get("scan_unroll", 1)))
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  """bilm-tf's recipe by default: Adagrad(lr 0.2, initial accumulator 1.0) after global-norm clip 10."""
+  name = config.optimizer
+  lr = config.learning_rate
+  if config.get("warmup_steps", 0):
+    lr = optax.linear_schedule(0.0, config.learning_rate, int(config.warmup_steps))
+  if name == "adagrad":
+    opt = optax.adagrad(lr, initial_accumulator_value=config.adagrad_initial_accumulator, eps=0.0)
+  elif name == "adam":
+    opt = optax.adam(lr)
+  elif name == "adamw":
+    opt = optax.adamw(lr, weight_decay=config.weight_decay)
+  else:
+    raise ValueError(f"config.optimizer must be 'adagrad', 'adam' or 'adamw', got {name!r}")
+  return optax.chain(optax.clip_by_global_norm(config.grad_clip), opt)
+
+
+def learning_rate_at(config, step: int) -> float:
+  warmup = int(config.get("warmup_steps", 0) or 0)
+  if warmup and step < warmup:
+    return float(config.learning_rate) * step / warmup
+  return float(config.learning_rate)
+
+
+def init_params(model: BiLM, vocab_size: int, rng: jax.Array) -> dict[str, Any]:
+  cfg = model.config
+  k_model, k_softmax = jax.random.split(rng)
+  dummy = jnp.zeros((1, 1, cfg.max_characters_per_token), jnp.int32)
+  bilm = model.init(k_model, dummy, dummy, method=BiLM.lm)["params"]
+  # bilm-tf: softmax W ~ N(0, 1/sqrt(P)), b = 0.
+  w = jax.random.normal(k_softmax, (vocab_size, cfg.projection_dim)) / np.sqrt(cfg.projection_dim)
+  return {"bilm": bilm, "softmax": {"W": w, "b": jnp.zeros((vocab_size,))}}
+
+
+def create_train_state(model: BiLM, optimizer, vocab_size: int, global_batch: int, seed: int,
+                       params: dict[str, Any] | None = None) -> TrainState:
+  rng = jax.random.PRNGKey(seed)
+  rng, k_init = jax.random.split(rng)
+  if params is None:
+    params = init_params(model, vocab_size, k_init)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                    lstm_state=model.zero_state(global_batch), rng=rng)
+
+
+def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
+  replicated = NamedSharding(mesh, P())
+  rows = NamedSharding(mesh, P(None, None, DATA_AXIS))
+  shardings = jax.tree_util.tree_map(lambda _: replicated, state)
+  return shardings.replace(lstm_state=jax.tree_util.tree_map(lambda _: rows, state.lstm_state))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def _lm_nll(model, params, batch, lstm_state, rng, num_sampled, deterministic):
+  rngs = {} if deterministic else {"dropout": rng}
+  fwd, bwd, new_state = model.apply({"params": params["bilm"]}, batch["fwd_chars"], batch["bwd_chars"],
+                                    lstm_state, deterministic, method=BiLM.lm, rngs=rngs)
+  w, b = params["softmax"]["W"], params["softmax"]["b"]
+  if num_sampled and not deterministic:
+    k_f, k_b = jax.random.split(jax.random.fold_in(rng, 1))
+    nll_f = losses.sampled_softmax_nll(fwd, batch["fwd_targets"], w, b, k_f, num_sampled, model.dtype)
+    nll_b = losses.sampled_softmax_nll(bwd, batch["bwd_targets"], w, b, k_b, num_sampled, model.dtype)
+  else:
+    nll_f = losses.full_softmax_nll(fwd, batch["fwd_targets"], w, b, model.dtype)
+    nll_b = losses.full_softmax_nll(bwd, batch["bwd_targets"], w, b, model.dtype)
+  return nll_f, nll_b, new_state
+
+
+def make_train_step(model: BiLM, optimizer, mesh: Mesh, state_sharding: TrainState, num_sampled: int = 0):
+  """Returns jitted `step(state, batch) -> (state, metrics)`; the state is donated."""
+
+  def step(state: TrainState, batch: dict[str, jax.Array]):
+    rng, k_step = jax.random.split(state.rng)
+
+    def loss_fn(params):
+      nll_f, nll_b, new_state = _lm_nll(model, params, batch, state.lstm_state, k_step, num_sampled, False)
+      weights = batch["weights"]
+      n = jnp.maximum(jnp.sum(weights), 1.0)
+      loss_f = jnp.sum(nll_f * weights) / n
+      loss_b = jnp.sum(nll_b * weights) / n
+      return 0.5 * (loss_f + loss_b), (loss_f, loss_b, new_state, jnp.sum(weights))
+
+    (loss, (loss_f, loss_b, new_lstm, n_tokens)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_lstm = jax.tree_util.tree_map(jax.lax.stop_gradient, new_lstm)
+    metrics = {"loss": loss, "loss_forward": loss_f, "loss_backward": loss_b,
+               "grad_norm": optax.global_norm(grads), "n_tokens": n_tokens}
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state, lstm_state=new_lstm,
+                         rng=rng), metrics
+
+  replicated = NamedSharding(mesh, P())
+  return jax.jit(step, in_shardings=(state_sharding, batch_sharding(mesh)),
+                 out_shardings=(state_sharding, replicated), donate_argnums=(0,))
+
+
+def make_eval_step(model: BiLM, mesh: Mesh, state_sharding: TrainState):
+  """Returns jitted `eval_step(params, lstm_state, batch) -> (lstm_state, sums)` with full softmax."""
+
+  def eval_step(params, lstm_state, batch):
+    nll_f, nll_b, new_state = _lm_nll(model, params, batch, lstm_state, None, 0, True)
+    w = batch["weights"]
+    return new_state, {"nll_forward": jnp.sum(nll_f * w), "nll_backward": jnp.sum(nll_b * w),
+                       "n_tokens": jnp.sum(w)}
+
+  replicated = NamedSharding(mesh, P())
+  return jax.jit(eval_step, in_shardings=(state_sharding.params, state_sharding.lstm_state, batch_sharding(mesh)),
+                 out_shardings=(state_sharding.lstm_state, replicated))
+
+
+def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """This process's rows -> global arrays split over the mesh (works for one or many processes)."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
