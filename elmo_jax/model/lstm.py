@@ -123,8 +123,11 @@ class BiLSTMStack(nn.Module):
       inp = x
       if self.dropout_rate > 0.0:
         inp = nn.Dropout(self.dropout_rate)(inp, deterministic=deterministic)
-      gx = jnp.einsum("dbti,dig->tdbg", inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype),
-                      preferred_element_type=jnp.float32) + (b + forget)[None, :, None, :]
+      # Einsum to [D, B, T, 4H] and transpose after: XLA:CPU has no DotThunk for the bf16 x bf16 -> f32
+      # dot that "dbti,dig->tdbg" lowers to ("Unsupported element type ... BF16 x BF16 = F32").
+      gx = jnp.einsum("dbti,dig->dbtg", inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype),
+                      preferred_element_type=jnp.float32)
+      gx = jnp.transpose(gx, (2, 0, 1, 3)) + (b + forget)[None, :, None, :]
       out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], self.cell_clip, self.proj_clip,
                               self.dtype, self.unroll)
       out = jnp.transpose(out, (1, 2, 0, 3))  # [2, B, T, P]

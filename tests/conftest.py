@@ -1,0 +1,53 @@
+"""Shared fixtures of the model-core tests: bilm-tf's fixture model and a tiny random configuration."""
+from __future__ import annotations
+
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from elmo_jax import options as options_lib
+from elmo_jax import weights as weights_lib
+
+FIXTURE_DIR = os.path.join(os.path.dirname(__file__), "fixtures", "bilm_tf")
+FIXTURE_OPTIONS = os.path.join(FIXTURE_DIR, "options.json")
+FIXTURE_WEIGHTS = os.path.join(FIXTURE_DIR, "lm_weights.hdf5")
+
+
+@pytest.fixture(scope="session")
+def fixture_options():
+  return options_lib.load(FIXTURE_OPTIONS)
+
+
+@pytest.fixture(scope="session")
+def fixture_params(fixture_options):
+  return weights_lib.load_hdf5(FIXTURE_WEIGHTS, fixture_options)["params"]
+
+
+@pytest.fixture(scope="session")
+def fixture_sentences():
+  """sentences[k][i]: row k of batch i (whitespace tokenized)."""
+  with open(os.path.join(FIXTURE_DIR, "lm_embeddings_sentences.json")) as f:
+    return [[s.split() for s in row] for row in json.load(f)]
+
+
+@pytest.fixture(scope="session")
+def fixture_expected():
+  """expected[k][i]: bilm-tf's top layer [n_tokens, 32] (forward ; backward) of sentences[k][i]."""
+  out = []
+  for k in range(3):
+    with h5py.File(os.path.join(FIXTURE_DIR, f"lm_embeddings_{k}.hdf5"), "r") as f:
+      out.append([np.concatenate([f[str(i)][0], f[str(i)][1]], -1) for i in range(10)])
+  return out
+
+
+def tiny_options(skip: bool = True, cell_clip=3.0, proj_clip=3.0, n_layers: int = 2) -> dict:
+  """A tiny biLM: 16 filters projected to P=6, 2 highway layers, LSTM 8 units."""
+  return options_lib.validate({
+      "char_cnn": {"activation": "relu", "embedding": {"dim": 4}, "filters": [[1, 4], [2, 4], [3, 8]],
+                   "max_characters_per_token": 50, "n_characters": 262, "n_highway": 2},
+      "lstm": {"cell_clip": cell_clip, "dim": 8, "n_layers": n_layers, "proj_clip": proj_clip,
+               "projection_dim": 6, "use_skip_connections": skip},
+  })
