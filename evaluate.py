@@ -3,6 +3,7 @@
   python evaluate.py --task=all --workdir=runs/small
   python evaluate.py --task=pos --options_file=O --weight_file=W --output_dir=OUT \
       --max_examples=500
+  python evaluate.py --task=perplexity --workdir=runs/small --text_file=test.txt.gz
 
 Each task writes OUT/TASK.json and PNG plots and prints a short table; `all`
 also writes OUT/report.md. Bad input exits non-zero with one line on stderr.
@@ -51,6 +52,20 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the probes and of the untrained
 _NO_CACHE = flags.DEFINE_bool("no_cache", False, "Do not read/write OUT/cache.")
 _MAX_EPOCHS = flags.DEFINE_integer("probe_max_epochs", 60, "Probe epoch limit.")
 _PROBE_LR = flags.DEFINE_float("probe_learning_rate", 1e-2, "Probe Adam learning rate.")
+# Perplexity; None means "the workdir's training config, else the built-in default".
+_TEXT = flags.DEFINE_string("text_file", None,
+                            "Perplexity text, one sentence per line (.gz ok; comma-separated "
+                            "files); default: the workdir config's data.eval_files.")
+_TFDS_NAME = flags.DEFINE_string("tfds_name", None, "Perplexity on a TFDS dataset (e.g. lm1b).")
+_TFDS_SPLIT = flags.DEFINE_string("tfds_split", "test", "Split of --tfds_name.")
+_VOCAB = flags.DEFINE_string("vocab_file", None,
+                             "Vocabulary of the softmax; default WORKDIR/vocab.txt or vocab.txt "
+                             "next to --weight_file (vocab_counts.tsv beside it feeds unigram_ppl).")
+_UNROLL = flags.DEFINE_integer("unroll_steps", None,
+                               "Perplexity window length; default the run's, else 20.")
+_MAX_BATCHES = flags.DEFINE_integer("max_batches", 0, "Perplexity batches to score; 0 = all.")
+_PRETOK = flags.DEFINE_bool("pretokenized", None,
+                            "Perplexity text is whitespace-tokenized; default the run's, else Moses.")
 
 
 def _resolve_tfds(path: str | None) -> str | None:
@@ -87,6 +102,15 @@ def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
       sentiment_train_file=_SENT_TRAIN.value, sentiment_test_file=_SENT_TEST.value,
       max_examples=_MAX.value, batch_size=_BATCH.value, use_cache=not _NO_CACHE.value,
       probe=probe)
+  cfg.perplexity = tasks_lib.perplexity.PerplexityConfig(
+      text_file=_TEXT.value, tfds_name=_TFDS_NAME.value, tfds_split=_TFDS_SPLIT.value,
+      options_file=_OPTIONS.value, weight_file=_WEIGHTS.value, vocab_file=_VOCAB.value,
+      # --batch_size defaults to 64 for the probes; perplexity matches the run's batch unless given.
+      batch_size=_BATCH.value if _BATCH.present else None, unroll_steps=_UNROLL.value,
+      max_batches=_MAX_BATCHES.value, pretokenized=_PRETOK.value)
+  cfg.perplexity_required = task == "perplexity"
+  if _VOCAB.value and not os.path.isfile(_VOCAB.value):
+    raise readers.InputError(f"{_VOCAB.value}: file not found")
   if _TRAIN.value or _TEST.value:
     if task not in ("pos", "sentiment"):
       raise readers.InputError("--train_file/--test_file need --task=pos or --task=sentiment")

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from elmo_jax.evaluation import features, plots, probes, readers, report, wsd
+from elmo_jax.evaluation import features, perplexity, plots, probes, readers, report, wsd
 
 _PROBES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "..", "shared", "data", "probes")
@@ -56,6 +56,9 @@ class EvalConfig:
   batch_size: int = 64
   use_cache: bool = True
   probe: probes.ProbeConfig = dataclasses.field(default_factory=probes.ProbeConfig)
+  perplexity: perplexity.PerplexityConfig = dataclasses.field(
+      default_factory=perplexity.PerplexityConfig)
+  perplexity_required: bool = True  # False for `all`: no text file skips the task with a note
 
 
 class _LazyModels:
@@ -225,8 +228,13 @@ def run_sentiment(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str
 
 
 def run_perplexity(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]:
-  """Placeholder until the perplexity evaluation lands (plugs into TASKS)."""
-  raise TaskUnavailable("perplexity: not implemented yet")
+  """Held-out LM perplexity of the exported model (its own hdf5 + softmax; no Embedder)."""
+  del get_models  # the LM is loaded with its softmax by perplexity.run
+  try:
+    return perplexity.run(cfg.perplexity, cfg.workdir, cfg.output_dir,
+                          text_required=cfg.perplexity_required)
+  except (perplexity.NoSoftmax, perplexity.NoText) as e:
+    raise TaskUnavailable(str(e)) from None
 
 
 TASKS: dict[str, Callable[[EvalConfig, Callable[[], Models]], dict[str, Any]]] = {
@@ -278,10 +286,11 @@ def run(task: str, cfg: EvalConfig, load_models: Callable[[], Models],
       results[name] = {"skipped": str(e)}
       echo(f"{name}: skipped ({e})")
       continue
-    models = get_models()
-    result["model"] = {**models.description, "key": models.key,
-                       "untrained_key": models.untrained_key}
-    result["probe_config"] = cfg.probe.as_dict()
+    if "model" not in result:  # perplexity describes its own LM and needs no Embedder
+      models = get_models()
+      result["model"] = {**models.description, "key": models.key,
+                         "untrained_key": models.untrained_key}
+      result["probe_config"] = cfg.probe.as_dict()
     result["seconds"] = round(time.time() - start, 2)
     result = _jsonable(result)
     report.write_atomic(os.path.join(cfg.output_dir, f"{name}.json"),
@@ -289,6 +298,8 @@ def run(task: str, cfg: EvalConfig, load_models: Callable[[], Models],
     results[name] = result
     if "trained" in result:
       echo(f"\n{name} ({result['seconds']} s)\n" + report.table(result))
+    elif name == "perplexity":
+      echo(f"\n{name} ({result['seconds']} s)\n" + perplexity.table(result))
   if task == "all":
     report.write_atomic(os.path.join(cfg.output_dir, "report.md"),
                         report.markdown_report(results, cfg.output_dir) + "\n")

@@ -1,0 +1,300 @@
+"""Held-out perplexity of a trained biLM (the `perplexity` task of evaluate.py).
+
+The model is read back from its exported hdf5 (options + weights + `softmax/W`, `softmax/b`) and run
+with the trainer's own jitted eval step (`step.make_eval_step`) over bilm-tf-style batches
+(`make_lm_iterator(shuffle=False, num_epochs=1)`), so with the run's batch size and unroll length the
+numbers equal the trainer's `eval_ppl` records in `metrics.jsonl`.
+
+The unigram baseline is scored on exactly the forward targets the model predicts (`w1..wn </S>` per
+sentence), from the training counts in `vocab_counts.tsv`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from elmo_jax.evaluation import plots
+from elmo_jax.evaluation.readers import InputError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_UNROLL_STEPS = 20
+NO_COUNTS_NOTE = ("no vocab_counts.tsv next to the vocabulary: the unigram baseline needs the training "
+                  "counts (a workdir has them; pass --vocab_file=WORKDIR/vocab.txt)")
+
+
+class NoSoftmax(RuntimeError):
+  """The weight file has no trained softmax (e.g. original ELMo weights): no perplexity possible."""
+
+
+@dataclasses.dataclass
+class PerplexityConfig:
+  """What to score and how; None fields default to the workdir's training config, else the constants."""
+  text_file: str | None = None
+  tfds_name: str | None = None
+  tfds_split: str = "test"
+  options_file: str | None = None
+  weight_file: str | None = None
+  vocab_file: str | None = None
+  batch_size: int | None = None
+  unroll_steps: int | None = None
+  max_batches: int = 0  # 0 = the whole text
+  pretokenized: bool | None = None
+
+
+@dataclasses.dataclass
+class LanguageModel:
+  """An exported biLM with its softmax and vocabulary, ready for `score`."""
+  options: dict[str, Any]
+  params: dict[str, Any]  # {"bilm": ..., "softmax": {"W", "b"}} as the eval step wants it
+  vocab: Any  # elmo_jax.data.Vocab
+  files: dict[str, str]
+  train_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # workdir/config.json or {}
+
+
+def _check_file(path: str) -> str:
+  if not os.path.isfile(path):
+    raise InputError(f"{path}: file not found")
+  return path
+
+
+def read_train_config(workdir: str) -> dict[str, Any]:
+  """The run's config.json (the trainer writes it at start), or InputError."""
+  path = _check_file(os.path.join(workdir, "config.json"))
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise InputError(f"{path}: not JSON ({e.msg})") from None
+
+
+def model_files(pcfg: PerplexityConfig, workdir: str | None) -> dict[str, str]:
+  """options/weights/vocab paths; the workdir's vocab.txt carries the counts, export/ has none."""
+  if workdir:
+    export = os.path.join(workdir, "export")
+    files = {"options_file": os.path.join(export, "options.json"),
+             "weight_file": os.path.join(export, "weights.hdf5"),
+             "vocab_file": pcfg.vocab_file or os.path.join(workdir, "vocab.txt")}
+  else:
+    if not (pcfg.options_file and pcfg.weight_file):
+      raise InputError("perplexity needs --workdir or --options_file and --weight_file")
+    files = {"options_file": pcfg.options_file, "weight_file": pcfg.weight_file,
+             "vocab_file": pcfg.vocab_file or os.path.join(os.path.dirname(pcfg.weight_file), "vocab.txt")}
+  for path in files.values():
+    _check_file(path)
+  return files
+
+
+def load_language_model(pcfg: PerplexityConfig, workdir: str | None) -> LanguageModel:
+  """Reads options, weights (with softmax) and vocabulary; one-line errors for every mismatch."""
+  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.data import Vocab  # pylint: disable=g-import-not-at-top
+
+  files = model_files(pcfg, workdir)
+  options = options_lib.load(files["options_file"])
+  try:
+    loaded = weights_lib.load_hdf5(files["weight_file"], options)
+  except weights_lib.WeightFileError as e:
+    raise InputError(str(e)) from None
+  if loaded["softmax"] is None:
+    raise NoSoftmax(f"{files['weight_file']}: has no softmax/W, softmax/b (original ELMo weights ship "
+                    "without the LM softmax), so it cannot be scored for perplexity")
+  try:
+    vocab = Vocab.load(files["vocab_file"])
+  except (ValueError, FileNotFoundError) as e:
+    raise InputError(f"{files['vocab_file']}: {e}") from None
+  rows = loaded["softmax"]["W"].shape[0]
+  if rows != len(vocab):
+    raise InputError(f"{files['vocab_file']}: {len(vocab)} tokens but the softmax in "
+                     f"{files['weight_file']} has {rows} rows; pass the vocabulary the model was trained with")
+  train_config = read_train_config(workdir) if workdir else {}
+  return LanguageModel(options, {"bilm": loaded["params"], "softmax": loaded["softmax"]}, vocab,
+                       files, train_config)
+
+
+def default_text(workdir: str | None, train_config: dict[str, Any]) -> tuple[str | None, str | None, str]:
+  """(text_files, tfds_name, tfds_split) of the run's eval split; relative paths resolve to the repo."""
+  data = train_config.get("data", {}) if workdir else {}
+  if data.get("tfds_name") and data.get("tfds_eval_split"):
+    return None, data["tfds_name"], data["tfds_eval_split"]
+  files = [p.strip() for p in str(data.get("eval_files") or "").split(",") if p.strip()]
+  if not files:
+    return None, None, "test"
+  return ",".join(p if os.path.isabs(p) else os.path.join(REPO, p) for p in files), None, "test"
+
+
+def open_source(text_file: str | None, tfds_name: str | None, tfds_split: str, tfds_data_dir: str = ""):
+  """A TextSource / TfdsSource, with one-line errors."""
+  from elmo_jax.data import TextSource, TfdsSource  # pylint: disable=g-import-not-at-top
+
+  if tfds_name:
+    try:
+      return TfdsSource(tfds_name, tfds_split, data_dir=tfds_data_dir or None)
+    except ImportError:
+      raise InputError(f"--tfds_name={tfds_name}: tensorflow_datasets is not installed; "
+                       "export the split to a text file and pass --text_file") from None
+    except ValueError as e:
+      raise InputError(str(e).splitlines()[0]) from None
+  try:
+    return TextSource([p for p in text_file.split(",") if p])
+  except FileNotFoundError as e:
+    raise InputError(str(e)) from None
+  except ValueError as e:
+    raise InputError(str(e)) from None
+
+
+def unigram_log_probs(vocab) -> np.ndarray:
+  """Natural-log unigram probabilities; as lm_eval: an unseen `<UNK>` gets one count, not probability 0."""
+  log_probs = vocab.unigram_log_probs().copy()
+  if not np.isfinite(log_probs[vocab.unk]):
+    log_probs[vocab.unk] = -math.log(float(vocab.counts.sum()) + 1.0)
+  return log_probs
+
+
+class _Tally:
+  """Passes batches through while summing the unigram NLL and OOV share of their forward targets."""
+
+  def __init__(self, batches: Iterable[dict[str, np.ndarray]], vocab):
+    self._batches, self._vocab = batches, vocab
+    self._log_probs = unigram_log_probs(vocab) if vocab.counts is not None else None
+    self.nll, self.targets, self.words, self.oov = 0.0, 0, 0, 0
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    for batch in self._batches:
+      targets = batch["fwd_targets"][batch["weights"] > 0]
+      words = targets[targets != self._vocab.eos]  # </S> is a target but not a word
+      self.targets += targets.size
+      self.words += words.size
+      self.oov += int(np.sum(words == self._vocab.unk))
+      if self._log_probs is not None:
+        self.nll -= float(np.sum(self._log_probs[targets]))
+      yield batch
+
+
+def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_batches: int = 0,
+          pretokenized: bool = False, dtype: str = "float32", scan_unroll: int = 1,
+          max_token_chars: int = 50) -> dict[str, Any]:
+  """Forward/backward/mean perplexity with lm_eval.perplexity, plus the unigram baseline on the same targets."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  from elmo_jax.data import Tokenizer, make_lm_iterator  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import lm_eval, step as step_lib  # pylint: disable=g-import-not-at-top
+
+  devices = jax.devices()
+  # All devices when the rows split evenly, else one: evaluation is cheap next to a wrong error.
+  mesh = step_lib.make_mesh(devices if batch_size % len(devices) == 0 else devices[:1])
+  model = step_lib.make_model(lm.options, ml_collections.ConfigDict(
+      {"dropout": 0.0, "dtype": dtype, "scan_unroll": scan_unroll}))
+  zero = model.zero_state(batch_size)
+  template = step_lib.TrainState(step=0, params=lm.params, opt_state=(), lstm_state=zero, rng=0)
+  shardings = step_lib.state_shardings(template, mesh)
+  eval_step = step_lib.make_eval_step(model, mesh, shardings)
+  params = jax.device_put(lm.params, shardings.params)
+  zero = jax.device_put(zero, shardings.lstm_state)
+  batches = make_lm_iterator(source, lm.vocab, Tokenizer(pretokenized=pretokenized), batch_size=batch_size,
+                             unroll_steps=unroll_steps, seed=0, shuffle=False, num_epochs=1,
+                             process_index=0, process_count=1, max_token_chars=max_token_chars,
+                             max_characters_per_token=lm.options["char_cnn"]["max_characters_per_token"])
+  tally = _Tally(batches, lm.vocab)
+  result = lm_eval.perplexity(eval_step, params, zero, tally, lambda b: step_lib.global_batch(b, mesh),
+                              max_batches)
+  result.update({"oov_rate": tally.oov / max(tally.words, 1), "n_words": tally.words,
+                 "n_sentences": batches.counters["sentences"], "n_batches": batches.counters["batches"],
+                 "unigram_ppl": (math.exp(tally.nll / max(tally.targets, 1)) if lm.vocab.counts is not None
+                                 else None)})
+  if lm.vocab.counts is None:
+    result["unigram_note"] = NO_COUNTS_NOTE
+  return result
+
+
+def plot_bars(result: dict[str, Any], path: str) -> str:
+  """Bars: model forward / backward / mean perplexity vs the unigram baseline."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (plots set the Agg backend)
+
+  names = ["forward", "backward", "mean", "unigram"]
+  values = [result["ppl_forward"], result["ppl_backward"], result["ppl"], result.get("unigram_ppl")]
+  keep = [(n, v) for n, v in zip(names, values) if v is not None and np.isfinite(v)]
+  fig, ax = plt.subplots(figsize=(5, 3.4))
+  colours = {"forward": "tab:blue", "backward": "tab:orange", "mean": "black", "unigram": "tab:grey"}
+  bars = ax.bar([n for n, _ in keep], [v for _, v in keep], color=[colours[n] for n, _ in keep])
+  ax.bar_label(bars, fmt="%.1f", fontsize=8)
+  ax.set_ylim(0, 1.12 * max(v for _, v in keep))  # linear from 0: log bars exaggerate gaps
+  ax.set_ylabel("perplexity (lower is better)")
+  ax.set_title(f"biLM vs unigram perplexity ({result['n_tokens']:,} targets per direction)", fontsize=9)
+  return plots._save(fig, path)  # pylint: disable=protected-access  (shared atomic PNG writer)
+
+
+def table(result: dict[str, Any]) -> str:
+  """A short markdown table of the perplexity result."""
+  fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+  rows = [("biLM forward", result["ppl_forward"]), ("biLM backward", result["ppl_backward"]),
+          ("biLM mean", result["ppl"]), ("unigram", result.get("unigram_ppl"))]
+  lines = ["| model | perplexity |", "|---|---|"] + [f"| {n} | {fmt(v)} |" for n, v in rows]
+  lines.append(f"\n{result['n_tokens']:,} targets per direction, {result['n_sentences']:,} sentences, "
+               f"OOV rate {result['oov_rate']:.2%}")
+  if result.get("unigram_note"):
+    lines.append(f"unigram: {result['unigram_note']}")
+  return "\n".join(lines)
+
+
+def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str, *,
+        text_required: bool = True) -> dict[str, Any]:
+  """The task: resolve inputs, load the LM, score, plot; returns the JSON-able result.
+
+  Args:
+    pcfg: flags of the task.
+    workdir: a training run, or None with pcfg.options_file/weight_file.
+    output_dir: where the PNGs go (the caller writes perplexity.json).
+    text_required: False (`--task=all`) turns "no text to score" into NoText instead of InputError.
+  """
+  start = time.time()
+  train_config = read_train_config(workdir) if workdir else {}
+  text_file, tfds_name, tfds_split = pcfg.text_file, pcfg.tfds_name, pcfg.tfds_split
+  if not text_file and not tfds_name:
+    text_file, tfds_name, tfds_split = default_text(workdir, train_config)
+  if not text_file and not tfds_name:
+    message = "perplexity: no text to score; pass --text_file (or --tfds_name)"
+    raise (InputError if text_required else NoText)(message)
+  source = open_source(text_file, tfds_name, tfds_split,
+                       train_config.get("data", {}).get("tfds_data_dir", ""))
+  lm = load_language_model(pcfg, workdir)
+  data_cfg = train_config.get("data", {})
+  batch_size = pcfg.batch_size or train_config.get("batch_size") or DEFAULT_BATCH_SIZE
+  unroll = pcfg.unroll_steps or train_config.get("unroll_steps") or DEFAULT_UNROLL_STEPS
+  pretok = pcfg.pretokenized if pcfg.pretokenized is not None else bool(data_cfg.get("pretokenized", False))
+  if batch_size < 1 or unroll < 1 or pcfg.max_batches < 0:
+    raise InputError(f"batch_size={batch_size}, unroll_steps={unroll} must be >= 1 and max_batches >= 0")
+  scores = score(lm, source, batch_size=batch_size, unroll_steps=unroll, max_batches=pcfg.max_batches,
+                 pretokenized=pretok, dtype=train_config.get("dtype", "float32"),
+                 scan_unroll=int(train_config.get("scan_unroll", 1)),
+                 max_token_chars=int(data_cfg.get("max_token_chars", 50)))
+  from elmo_jax.training import lm_eval  # pylint: disable=g-import-not-at-top
+  result: dict[str, Any] = {
+      "task": "perplexity", "convention": lm_eval.CONVENTION, **scores,
+      "data": {"text_file": text_file, "tfds_name": tfds_name,
+               "tfds_split": tfds_split if tfds_name else None, "batch_size": batch_size,
+               "unroll_steps": unroll, "max_batches": pcfg.max_batches, "pretokenized": pretok},
+      "model": {"workdir": workdir, **lm.files, "vocab_size": len(lm.vocab)},
+  }
+  result["plots"] = []
+  metrics = os.path.join(workdir, "metrics.jsonl") if workdir else None
+  if metrics and os.path.exists(metrics):
+    try:
+      result["plots"].append(plots.plot_perplexity(metrics, os.path.join(output_dir, "perplexity_curves.png")))
+    except ValueError as e:  # a run that never evaluated: the bar chart still says what we measured
+      result["curves_note"] = str(e)
+  result["plots"].append(plot_bars(result, os.path.join(output_dir, "perplexity_bars.png")))
+  result["seconds"] = round(time.time() - start, 2)
+  return result
+
+
+class NoText(RuntimeError):
+  """`--task=all` without a text file to score: the task is skipped with this note."""

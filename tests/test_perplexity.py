@@ -1,0 +1,168 @@
+"""Tests of `evaluate.py --task=perplexity` (elmo_jax/evaluation/perplexity.py) on a tiny trained run."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from absl import flags
+
+import evaluate
+from elmo_jax import options as options_lib
+from elmo_jax import weights as weights_lib
+from elmo_jax.data import Tokenizer, Vocab, make_lm_iterator
+from elmo_jax.evaluation import perplexity, tasks
+from elmo_jax.training import lm_eval
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_WORDS = ("the bank of the river flooded . she sat on the river bank . the bank lent money . "
+          "they plant trees near the plant . a power plant makes power . money is in the bank .").split(" . ")
+
+
+def _lines(n: int, seed: int) -> list[str]:
+  rng = np.random.default_rng(seed)
+  return [f"{_WORDS[i]} ." for i in rng.integers(len(_WORDS), size=n)]
+
+
+def train_tiny(workdir: str, steps: int = 10) -> str:
+  """Trains a tiny biLM (LSTM 32, projection 8) on a synthetic corpus; returns the workdir."""
+  from elmo_jax.training.config import base_config  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
+
+  data = os.path.join(workdir, "data")
+  os.makedirs(data, exist_ok=True)
+  for name, n, seed in (("train.txt", 200, 0), ("valid.txt", 30, 1)):
+    with open(os.path.join(data, name), "w", encoding="utf-8") as f:
+      f.write("\n".join(_lines(n, seed)) + "\n")
+  c = base_config()
+  c.options.char_cnn.embedding.dim = 4
+  c.options.char_cnn.filters = [[1, 8], [2, 8]]
+  c.options.lstm.dim, c.options.lstm.projection_dim = 32, 8
+  c.batch_size, c.unroll_steps = 4, 5
+  c.num_train_steps, c.eval_every_steps, c.checkpoint_every_steps, c.log_every_steps = steps, 5, steps, 5
+  c.n_negative_samples = 0
+  c.data.train_files = os.path.join(data, "train.txt")
+  c.data.eval_files = os.path.join(data, "valid.txt")
+  train_and_evaluate(c, workdir)
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+  return train_tiny(str(tmp_path_factory.mktemp("tiny_run")))
+
+
+@pytest.fixture
+def parsed_flags():
+  def parse(*args):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["evaluate.py", *args])
+  yield parse
+  flags.FLAGS.unparse_flags()
+
+
+def _last_eval(workdir: str) -> dict:
+  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if line.strip()]
+  return [r for r in rows if "eval_ppl" in r][-1]
+
+
+def test_matches_trainer_eval_and_writes_json_and_plots(tiny_run, tmp_path, parsed_flags):
+  out = str(tmp_path / "out")
+  parsed_flags("--task=perplexity", f"--workdir={tiny_run}", f"--output_dir={out}")
+  evaluate.main(["evaluate.py"])
+  result = json.load(open(os.path.join(out, "perplexity.json")))
+  for key in ("ppl_forward", "ppl_backward", "ppl", "oov_rate", "n_tokens", "unigram_ppl", "convention",
+              "data", "model", "plots"):
+    assert key in result, key
+  assert result["convention"] == lm_eval.CONVENTION
+  # Default text, batch and unroll come from the run's config: the trainer's last eval, recomputed.
+  expected = _last_eval(tiny_run)
+  assert result["n_tokens"] == expected["eval_tokens"]
+  for ours, theirs in (("ppl", "eval_ppl"), ("ppl_forward", "eval_ppl_forward"),
+                       ("ppl_backward", "eval_ppl_backward")):
+    assert result[ours] == pytest.approx(expected[theirs], rel=1e-4)
+  assert result["ppl"] == pytest.approx(math.sqrt(result["ppl_forward"] * result["ppl_backward"]))
+  # Unigram on the model's forward targets == lm_eval's baseline over the whole file (the trainer's step-0 row).
+  vocab = Vocab.load(os.path.join(tiny_run, "vocab.txt"))
+  lines = open(os.path.join(tiny_run, "data", "valid.txt")).read().splitlines()
+  base = lm_eval.unigram_perplexity(vocab, Tokenizer(), lines)
+  assert result["unigram_ppl"] == pytest.approx(base["unigram_ppl"], rel=1e-9)
+  assert result["oov_rate"] == pytest.approx(base["oov_rate"])
+  names = sorted(os.path.basename(p) for p in result["plots"])
+  assert names == ["perplexity_bars.png", "perplexity_curves.png"]
+  assert all(os.path.getsize(p) > 1000 for p in result["plots"])
+  # Explicit files without counts next to the vocab: same model numbers, unigram null with a note.
+  export = os.path.join(tiny_run, "export")
+  parsed_flags("--task=perplexity", f"--options_file={export}/options.json",
+               f"--weight_file={export}/weights.hdf5", f"--text_file={tiny_run}/data/valid.txt",
+               f"--output_dir={out}/files", "--batch_size=4", "--unroll_steps=5", "--max_batches=2")
+  evaluate.main(["evaluate.py"])
+  files = json.load(open(os.path.join(out, "files", "perplexity.json")))
+  assert files["unigram_ppl"] is None and "vocab_counts.tsv" in files["unigram_note"]
+  assert files["n_tokens"] == 2 * 4 * 5 and files["data"]["max_batches"] == 2
+  assert [os.path.basename(p) for p in files["plots"]] == ["perplexity_bars.png"]
+
+
+def test_unigram_by_hand(tmp_path):
+  vocab = Vocab(["<S>", "</S>", "<UNK>", "a", "b"], counts=[0, 2, 1, 3, 2])
+  lines = ["a b", "a c"]
+  batches = make_lm_iterator(lines, vocab, Tokenizer(pretokenized=True), batch_size=1, unroll_steps=4,
+                             seed=0, shuffle=False, num_epochs=1, process_index=0, process_count=1)
+  tally = perplexity._Tally(batches, vocab)  # pylint: disable=protected-access
+  assert len(list(tally)) == 2
+  # Forward targets: a b </S> a <UNK> </S>; total count 8.
+  probs = [3 / 8, 2 / 8, 2 / 8, 3 / 8, 1 / 8, 2 / 8]
+  expected = math.exp(-np.mean(np.log(probs)))
+  assert math.exp(tally.nll / tally.targets) == pytest.approx(expected, rel=1e-12)
+  assert (tally.oov, tally.words) == (1, 4)
+  assert lm_eval.unigram_perplexity(vocab, Tokenizer(pretokenized=True), lines)["unigram_ppl"] == \
+      pytest.approx(expected, rel=1e-12)
+
+
+def test_bad_inputs_exit_with_one_line(tiny_run, tmp_path, parsed_flags):
+  export = os.path.join(tiny_run, "export")
+  options = options_lib.load(os.path.join(export, "options.json"))
+  loaded = weights_lib.load_hdf5(os.path.join(export, "weights.hdf5"), options)
+  bare = str(tmp_path / "bare.hdf5")
+  weights_lib.save_hdf5(bare, loaded["params"], options)  # like original ELMo files: no softmax
+  text = os.path.join(tiny_run, "data", "valid.txt")
+  common = [f"--options_file={export}/options.json", f"--output_dir={tmp_path}/out", f"--text_file={text}"]
+  cases = [
+      ([f"--weight_file={bare}", f"--vocab_file={tiny_run}/vocab.txt"], "has no softmax"),
+      ([f"--weight_file={export}/weights.hdf5", f"--vocab_file={tmp_path}/nope.txt"], "nope.txt: file not found"),
+  ]
+  short = tmp_path / "short" / "vocab.txt"
+  short.parent.mkdir()
+  short.write_text("<S>\n</S>\n<UNK>\nthe\n")
+  cases.append(([f"--weight_file={export}/weights.hdf5", f"--vocab_file={short}"], "4 tokens but the softmax"))
+  for extra, message in cases:
+    parsed_flags("--task=perplexity", *common, *extra)
+    with pytest.raises(SystemExit, match=message):
+      evaluate.main(["evaluate.py"])
+  parsed_flags("--task=perplexity", f"--workdir={tiny_run}", f"--output_dir={tmp_path}/out",
+               f"--text_file={tmp_path}/missing.txt")
+  with pytest.raises(SystemExit, match="missing.txt"):
+    evaluate.main(["evaluate.py"])
+  # The real CLI: non-zero exit and exactly one line on stderr.
+  proc = subprocess.run(
+      [sys.executable, os.path.join(REPO, "evaluate.py"), "--task=perplexity", *common,
+       f"--weight_file={bare}", f"--vocab_file={tiny_run}/vocab.txt"],
+      capture_output=True, text=True, cwd=REPO, timeout=300,
+      env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode != 0
+  err = [line for line in proc.stderr.splitlines() if line.strip() and "xla_bridge" not in line]
+  assert len(err) == 1 and "has no softmax" in err[0], proc.stderr
+
+
+def test_all_skips_without_text(tmp_path):
+  cfg = tasks.EvalConfig(output_dir=str(tmp_path), perplexity_required=False)
+  cfg.perplexity = perplexity.PerplexityConfig(options_file="o.json", weight_file="w.hdf5")
+  with pytest.raises(tasks.TaskUnavailable, match="--text_file"):
+    tasks.run_perplexity(cfg, lambda: None)
+  cfg.perplexity_required = True
+  with pytest.raises(perplexity.InputError, match="--text_file"):
+    tasks.run_perplexity(cfg, lambda: None)
