@@ -166,7 +166,10 @@ class Embedder:
     for start in range(0, len(order), batch_size):
       chunk = order[start:start + batch_size]
       batch = [list(sentences[i]) for i in chunk]
-      layers = self.embed_batch(batch, pad_batch_to=batch_size)
+      # A short last batch is padded to a power of two of rows, not to batch_size: it holds the longest
+      # sentences, so full padding would dominate the cost; this adds at most log2(batch_size) shapes.
+      rows = batch_size if self.stateful else min(batch_size, _pow2_at_least(len(chunk), floor=1))
+      layers = self.embed_batch(batch, pad_batch_to=rows)
       for row, i in enumerate(chunk):
         results[i] = layers[row, :, :len(batch[row])]
       done += len(chunk)
