@@ -86,8 +86,12 @@ class LMIterator(Iterator[dict[str, np.ndarray]]):
       batch_size: int,
       unroll_steps: int,
       max_characters_per_token: int,
+      stride: int | None = None,
+      first_row: int = 0,
   ):
     self._ds = dataset
+    # Row r reads stream positions first_row + r + k * stride (stride = rows of the whole stream).
+    self._stride, self._row0 = stride or batch_size, first_row
     self._len = len(dataset)  # sys.maxsize when repeating forever
     self._source = source
     self._config = config
@@ -110,7 +114,7 @@ class LMIterator(Iterator[dict[str, np.ndarray]]):
     k = self._cur[r]
     while True:
       k += 1
-      index = k * self._b + r
+      index = k * self._stride + self._row0 + r
       if index >= self._len:
         self._cur[r], self._sent[r], self._done[r] = k, None, True
         return False
@@ -185,7 +189,7 @@ class LMIterator(Iterator[dict[str, np.ndarray]]):
     for r in range(self._b):
       k, pos = int(state["cur"][r]), int(state["pos"][r])
       self._cur[r], self._pos[r] = k, pos
-      index = k * self._b + r
+      index = k * self._stride + self._row0 + r
       self._done[r] = index >= self._len
       # Re-read the sentence in progress; the map is pure, so it encodes to the same arrays.
       self._sent[r] = self._ds[index] if k >= 0 and not self._done[r] else None
@@ -206,6 +210,7 @@ def make_lm_iterator(
     process_count: int | None = None,
     max_token_chars: int = 50,
     max_characters_per_token: int = MAX_CHARS,
+    shard: str = "sentences",
 ) -> LMIterator:
   """Builds the bilm-tf batch iterator for this process's shard of `source`.
 
@@ -222,6 +227,11 @@ def make_lm_iterator(
       default `jax.process_index()` / `jax.process_count()`.
     max_token_chars: longer tokens are cut to this many characters (counted in `truncated_tokens`).
     max_characters_per_token: char ids per token (the model's `max_characters_per_token`).
+    shard: how processes split the data. "sentences": process p reads `source[p::P]` into its own
+      `batch_size` rows. "rows": every process walks the same shuffled stream of all of `source`, laid
+      out over `P * batch_size` global rows, and process p produces global rows
+      `[p * batch_size, (p + 1) * batch_size)`; the global batch is then the same for any process count
+      (what a 1-process run would see), at no extra cost since the stream is random access.
 
   Returns:
     An `LMIterator` yielding `{"fwd_chars": int32 [b, U, 50], "fwd_targets": int32 [b, U],
@@ -242,7 +252,14 @@ def make_lm_iterator(
     raise ValueError("training vocab must contain <S>, </S> and <UNK>; load it with require_specials=True")
   if len(source) < process_count:
     raise ValueError(f"source has {len(source)} sentences, fewer than process_count={process_count} shards")
-  ds = grain.MapDataset.source(source)[process_index::process_count]
+  if shard not in ("sentences", "rows"):
+    raise ValueError(f"shard must be 'sentences' or 'rows', got {shard!r}")
+  ds = grain.MapDataset.source(source)
+  stride, first_row = batch_size, 0
+  if shard == "sentences":
+    ds = ds[process_index::process_count]
+  else:
+    stride, first_row = batch_size * process_count, batch_size * process_index
   if shuffle:
     ds = ds.shuffle(seed=seed % 2**32)
   ds = ds.repeat(num_epochs)  # after shuffle, so each epoch gets its own permutation
@@ -261,4 +278,6 @@ def make_lm_iterator(
       "max_token_chars": max_token_chars,
       "max_characters_per_token": max_characters_per_token,
   }
-  return LMIterator(ds, source, config, batch_size, unroll_steps, max_characters_per_token)
+  if shard != "sentences":  # only when set, so states saved before this option existed still load
+    config["shard"] = shard
+  return LMIterator(ds, source, config, batch_size, unroll_steps, max_characters_per_token, stride, first_row)

@@ -1,52 +1,232 @@
-"""Orbax checkpoints of the whole training run: train state + data-iterator state + run metadata."""
+"""Orbax checkpoints of the whole training run, with checksums, verification and quarantine of bad steps.
+
+Layout under `directory` (normally `workdir/checkpoints`):
+  <step>/{state,meta}/...      Orbax's step folders: "state" is the TrainState (params, optimizer state, step,
+                               RNG, carried LSTM state), "meta" a JSON item (data-iterator states, vocab hash,
+                               config, the open metrics window).
+  checksums/<step>.json        sha256 of every file of the finalized step folder, written by process 0 right
+                               after Orbax finalizes the (asynchronous) save.
+  bad/<step>-<reason>/         steps found unreadable or corrupt on restore, moved aside (never deleted) so that
+                               `max_to_keep` garbage collection cannot drop the last good step in their favour.
+
+Orbax itself has no checksums (a flipped byte restores silently) and takes any integer-named folder as a step
+(an empty one becomes "latest" and fails to restore); `restore` handles both by falling back to the newest
+step that verifies.
+"""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from typing import Any
+import re
+import threading
+import time
+from typing import Any, Callable
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+
+from elmo_jax.training.metrics import say
+
+
+class IncompatibleCheckpointError(ValueError):
+  """The checkpoint is intact but belongs to another configuration (vocab, model shape, batch)."""
+
+
+def _is_main() -> bool:
+  return jax.process_index() == 0
+
+
+def _barrier(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
+
+
+def hash_tree(directory: str) -> dict[str, str]:
+  """{relative path: sha256} of every regular file under `directory`."""
+  out = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(root, name)
+      digest = hashlib.sha256()
+      with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+          digest.update(chunk)
+      out[os.path.relpath(path, directory)] = digest.hexdigest()
+  return dict(sorted(out.items()))
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {text[0][:200] if text else ''}"
 
 
 class Checkpointer:
-  """Saves every `checkpoint_every_steps` (asynchronously) and at the end; keeps the last `keep`.
+  """Saves asynchronously (the step loop does not wait for the disk) and keeps the last `keep` steps."""
 
-  A checkpoint holds params, optimizer state, step, RNG and the carried LSTM state ("state"), and a JSON
-  item ("meta") with the data-iterator state, the vocab hash and the config.
-  """
-
-  def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
+  def __init__(self, directory: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
     self.directory = os.path.abspath(directory)
+    self.checksum_dir = os.path.join(self.directory, "checksums")
+    self.bad_dir = os.path.join(self.directory, "bad")
+    self.read_only = read_only
+    self._lock = threading.Lock()
+    self._unhashed: set[int] = set()  # steps this process saved whose checksum is not written yet
     self.manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
-                                             create=True),
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=async_save, create=not read_only,
+            read_only=read_only),
     )
 
+  # --- saving -----------------------------------------------------------------------------------------
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
+  def all_steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    with self._lock:
+      self._unhashed.add(step)
     self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                     meta=ocp.args.JsonSave(meta)), force=True)
+    if _is_main():
+      # Hash from a background thread as soon as Orbax has committed the step, so a checksum never
+      # stalls a train step. (Orbax's post_finalization_callback runs before the tmp folder is renamed.)
+      threading.Thread(target=self._checksum_when_committed, args=(step,), daemon=True).start()
 
-  def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]] | None:
-    """Restores `step` (default: latest) into the shapes/shardings of `abstract_state`; None if no checkpoint."""
-    step = self.latest_step() if step is None else step
-    if step is None:
-      return None
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-    return restored["state"], restored["meta"]
+  def _checksum_when_committed(self, step: int, poll_s: float = 0.05, give_up_s: float = 600.0) -> None:
+    deadline = time.time() + give_up_s
+    while step in self._unhashed and time.time() < deadline:
+      if not self.manager.is_saving_in_progress():
+        self._write_checksums()
+      time.sleep(poll_s)  # not committed yet; `wait()` writes it at the latest
+
+  def _write_checksums(self) -> None:
+    """Writes checksums/<step>.json for finalized steps saved by this run; drops those of collected steps."""
+    if not _is_main() or self.read_only:
+      return
+    with self._lock:
+      os.makedirs(self.checksum_dir, exist_ok=True)
+      for step in sorted(self._unhashed):
+        step_dir = os.path.join(self.directory, str(step))
+        if not os.path.exists(os.path.join(step_dir, "_CHECKPOINT_METADATA")):
+          continue  # not finalized yet (or already garbage-collected); a later callback handles it
+        _write_json(os.path.join(self.checksum_dir, f"{step}.json"), {"step": step, "sha256": hash_tree(step_dir)})
+        self._unhashed.discard(step)
+      for name in os.listdir(self.checksum_dir):
+        stem = name.split(".")[0]
+        if stem.isdigit() and not os.path.isdir(os.path.join(self.directory, stem)):
+          os.remove(os.path.join(self.checksum_dir, name))  # step removed by max_to_keep
 
   def wait(self) -> None:
+    """Blocks until the last save is on disk and checksummed."""
     self.manager.wait_until_finished()
+    self._write_checksums()
 
   def close(self) -> None:
+    self.wait()
     self.manager.close()
+
+  # --- restoring --------------------------------------------------------------------------------------
+  def verify(self, step: int) -> str | None:
+    """None if `step` matches its stored checksums; else why not. 'no checksum' when none was written."""
+    path = os.path.join(self.checksum_dir, f"{step}.json")
+    if not os.path.exists(path):
+      return "no checksum"
+    try:
+      with open(path) as f:
+        expected = json.load(f)["sha256"]
+    except (OSError, ValueError, KeyError) as e:
+      return f"unreadable checksum file ({_first_line(e)})"
+    actual = hash_tree(os.path.join(self.directory, str(step)))
+    for name, digest in expected.items():
+      if name not in actual:
+        return f"file {name} is missing"
+      if actual[name] != digest:
+        return f"file {name} fails its sha256 checksum"
+    extra = sorted(set(actual) - set(expected))
+    return f"unexpected file {extra[0]}" if extra else None
+
+  def restore(self, abstract_state: Any,
+              check_meta: Callable[[dict[str, Any]], None] | None = None) -> tuple[int, Any, dict[str, Any]] | None:
+    """Restores the newest good step into the shapes/shardings of `abstract_state`; None if there is none.
+
+    A step that fails its checksum, or has none and cannot be restored (empty or truncated folder), is
+    reported, moved to bad/ (unless read-only) and the previous step is tried. `check_meta(meta)` may raise
+    `IncompatibleCheckpointError` to refuse a checkpoint of another configuration; that is not a fault of
+    the checkpoint, so it propagates. A step that verifies but fails to restore also propagates: the
+    bytes are the ones we wrote, so the config must differ, and moving good checkpoints aside would be wrong.
+    """
+    for step in reversed(self.all_steps()):
+      reason = self.verify(step)
+      verified = reason is None
+      if reason is None or reason == "no checksum":
+        try:
+          meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+          if check_meta is not None:
+            check_meta(meta)
+          state = self.manager.restore(step, args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(abstract_state)))["state"]
+          if not verified:
+            say(f"warning: checkpoint step {step} has no checksum (the run stopped before writing it); "
+                "restored it unverified")
+          return step, state, meta
+        except IncompatibleCheckpointError:
+          raise
+        except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many types for unreadable data
+          if verified:
+            raise IncompatibleCheckpointError(
+                f"{self.directory}/{step} verifies but does not restore into this config's state "
+                f"({_first_line(e)}); was the workdir trained with another config?") from None
+          reason = f"cannot be restored ({_first_line(e)})"
+      self._set_aside(step, reason)
+    return None
+
+  def _set_aside(self, step: int, reason: str) -> None:
+    if self.read_only:
+      say(f"warning: checkpoint step {step} in {self.directory} is unusable: {reason}; skipping it")
+      return
+    slug = re.sub(r"[^a-z0-9]+", "-", reason.lower()).strip("-")[:60]
+    target = os.path.join(self.bad_dir, f"{step}-{slug}")
+    say(f"warning: checkpoint step {step} is unusable: {reason}; moved it to {target} and trying the "
+        "previous step")
+    _barrier(f"ckpt_bad_{step}_a")  # every process has decided before process 0 moves the folder
+    if _is_main():
+      os.makedirs(self.bad_dir, exist_ok=True)
+      suffix = 0
+      while os.path.exists(target + (f".{suffix}" if suffix else "")):
+        suffix += 1
+      target += f".{suffix}" if suffix else ""
+      os.replace(os.path.join(self.directory, str(step)), target)
+      checksum = os.path.join(self.checksum_dir, f"{step}.json")
+      if os.path.exists(checksum):
+        os.replace(checksum, os.path.join(target, "checksum.json"))
+    _barrier(f"ckpt_bad_{step}_b")
+    self.manager.reload()
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = f"{path}.tmp.{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
 
 
 def abstract_like(state: Any) -> Any:
   """ShapeDtypeStructs (with shardings) of a live state, the restore target."""
   return jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), state)
+
+
+def gather_process_states(local: dict[str, Any]) -> list[dict[str, Any]]:
+  """Every process's JSON-able `local` (e.g. its data-iterator state), in process order, on all processes."""
+  if jax.process_count() == 1:
+    return [local]
+  from jax.experimental import multihost_utils
+  raw = json.dumps(local).encode()
+  size = int(np.max(multihost_utils.process_allgather(np.array([len(raw)], np.int64))))
+  rows = multihost_utils.process_allgather(np.frombuffer(raw.ljust(size), np.uint8))
+  return [json.loads(bytes(row).rstrip(b" ")) for row in np.asarray(rows)]

@@ -9,12 +9,12 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
 from elmo_jax import options as options_lib
 from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
-from elmo_jax.training import lm_eval, step as step_lib
-from elmo_jax.training.checkpoint import Checkpointer, abstract_like
+from elmo_jax.training import init_from, lm_eval, resume, step as step_lib
+from elmo_jax.training.checkpoint import Checkpointer, abstract_like, gather_process_states
+from elmo_jax.training.distributed import StopRequest
 from elmo_jax.training.export import export_model
 from elmo_jax.training.metrics import MetricWriter, progress_line, say
 
@@ -59,8 +59,18 @@ def _write_json(path: str, obj: Any) -> None:
   os.replace(tmp, path)
 
 
+def _new_window() -> dict[str, float]:
+  """Sums over the steps since the last log line (part of a checkpoint, so resumed averages are exact)."""
+  return {"loss_f": 0.0, "loss_b": 0.0, "loss": 0.0, "grad_norm": 0.0, "n": 0, "tok": 0.0}
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains per `config` in `workdir`, resuming if it holds a checkpoint; returns the last metrics."""
+  """Trains per `config` in `workdir`, resuming if it holds a checkpoint; returns the last metrics.
+
+  Resuming is exact: the checkpoint holds the train state (incl. RNG and carried LSTM state), every
+  process's data position and the open log window, and metrics.jsonl is rewound to the restored step.
+  SIGTERM/SIGINT finish the current step, save and return normally.
+  """
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   is_main = jax.process_index() == 0
@@ -89,15 +99,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   local_rows = config.batch_size // n_proc
   train_iter = make_lm_iterator(train_source, vocab, tokenizer, batch_size=local_rows,
                                 unroll_steps=config.unroll_steps, seed=config.seed,
-                                max_token_chars=config.data.max_token_chars)
+                                max_token_chars=config.data.max_token_chars,
+                                shard=config.data.get("shard", "sentences"))
+  # Resume if the workdir has a good checkpoint (bad newest steps are set aside), else maybe init_from.
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints)
-  restored = checkpointer.restore(abstract_like(state))
+  compatible = lambda meta: resume.check_compatible(meta, config, options, vocab.sha256(), n_proc, workdir)
+  restored = checkpointer.restore(abstract_like(state), compatible)
+  window = _new_window()
   if restored is not None:
-    state, meta = restored
-    if meta["vocab_sha256"] != vocab.sha256():
-      raise ValueError(f"{workdir}: the checkpoint was trained with another vocabulary than {workdir}/vocab.txt")
-    train_iter.set_state(meta["data"][jax.process_index()] if isinstance(meta["data"], list) else meta["data"])
-    say(f"resumed from step {int(state.step)} in {checkpointer.directory}")
+    restored_step, state, meta = restored
+    train_iter.set_state(meta["data"][jax.process_index()])
+    window = meta.get("log_window", window)
+    dropped = resume.rewind_metrics(workdir, restored_step) if is_main else 0
+    say(f"resumed from step {restored_step} in {checkpointer.directory}"
+        + (f" (dropped {dropped} metrics.jsonl records written after it)" if dropped else ""))
+  elif config.init_from:
+    state, source = init_from.apply(config.init_from, state, options, vocab.sha256(), optimizer, shardings)
+    say(f"initialised from {source}; fresh optimizer")
   start_step = int(state.step)
 
   def run_eval(params) -> dict[str, Any]:
@@ -112,14 +130,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             "eval_ppl": result["ppl"], "eval_tokens": result["n_tokens"]}
 
   def save(step: int) -> None:
-    data_states = [train_iter.get_state()]
-    if n_proc > 1:
-      from jax.experimental import multihost_utils
-      gathered = multihost_utils.process_allgather(np.frombuffer(
-          json.dumps(data_states[0]).encode().ljust(1 << 16), np.uint8))
-      data_states = [json.loads(bytes(row).rstrip(b" ")) for row in np.asarray(gathered)]
-    checkpointer.save(step, state, {"data": data_states, "vocab_sha256": vocab.sha256(),
-                                    "config": config.to_dict()})
+    checkpointer.save(step, state, {"data": gather_process_states(train_iter.get_state()),
+                                    "vocab_sha256": vocab.sha256(), "config": config.to_dict(),
+                                    "log_window": window})
     if is_main:
       export_model(workdir, state.params, options)
 
@@ -132,9 +145,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       f"{n_devices} device(s) / {n_proc} process(es); vocab {len(vocab):,}; "
       f"{'sampled softmax ' + str(num_sampled) if num_sampled else 'full softmax'}")
 
-  started = time.time()
-  window_start, window = time.time(), {"loss_f": 0.0, "loss_b": 0.0, "loss": 0.0, "grad_norm": 0.0, "n": 0, "tok": 0.0}
+  started = window_start = time.time()
   record: dict[str, Any] = {}
+  stop = StopRequest()
   for step in range(start_step, config.num_train_steps):
     batch = next(train_iter)
     state, metrics = train_step(state, to_global(batch))
@@ -158,7 +171,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       writer.write(record)
       if is_main:
         say(progress_line(done, config.num_train_steps, record, started, start_step))
-      window_start, window = now, {k: 0.0 for k in window}
+      window_start, window = now, _new_window()
     if done % config.eval_every_steps == 0 or done == config.num_train_steps:
       result = run_eval(state.params)
       if result:
@@ -166,12 +179,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         say(f"step {done}: eval ppl {result['eval_ppl']:.1f} (forward {result['eval_ppl_forward']:.1f}, "
             f"backward {result['eval_ppl_backward']:.1f})")
         record = {**record, **result}
-    if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps:
+    saved = done % config.checkpoint_every_steps == 0 or done == config.num_train_steps
+    if saved:
       save(done)
-  if start_step < config.num_train_steps or checkpointer.latest_step() is None:
-    pass
-  checkpointer.wait()
-  checkpointer.close()
+    if stop.requested():  # every process asks at every step, so all of them stop after the same one
+      if not saved:
+        save(done)
+      checkpointer.close()
+      writer.close()
+      say(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
+          f"{checkpointer.directory}/{done}; run the same command again to resume")
+      stop.restore()
+      return record
+  stop.restore()
+  checkpointer.close()  # waits for the last asynchronous save and its checksum
   writer.close()
   say(f"done: step {int(state.step)}; checkpoints in {checkpointer.directory}; export in {workdir}/export")
   return record
