@@ -99,3 +99,48 @@ def unknown_override_error(argv: list[str], default_config_file: str, flag_name:
       hint = f"; did you mean '{close[0]}'?" if close else f"; {where} has: {', '.join(known)}"
       return f"unknown config key '{flag_name}.{m.group(1)}' in {arg!r} ({file}){hint}"
   return None
+
+
+def unknown_override_error(argv: list[str], default_config_file: str, flag_name: str = "config") -> str | None:
+  """One line naming the first `--config.a.b=...` of `argv` that the config file lacks, else None.
+
+  ml_collections' config_flags meets an unknown key with a 50-line traceback, raised while the flag is
+  defined (when the config file is not given explicitly) or parsed, where no `main` can catch it; scripts
+  call this before `DEFINE_config_file`. Ill-typed values need nothing: absl already reports them in one
+  line naming the flag. Anything unusual (a config file that does not load, indexed keys) returns None and
+  is left to config_flags.
+  """
+  import difflib
+  import importlib.util
+  import re
+
+  path = default_config_file
+  for i, arg in enumerate(argv):
+    m = re.match(rf"^--?{flag_name}(?:=(.*))?$", arg)
+    if m:
+      path = m.group(1) if m.group(1) is not None else (argv[i + 1] if i + 1 < len(argv) else path)
+  file, _, arg = path.partition(":")
+  try:
+    spec = importlib.util.spec_from_file_location("_config_for_override_check", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  for arg in argv:
+    m = re.match(rf"^--?(?:no)?{flag_name}\.([^=]+)", arg)
+    if not m or "[" in m.group(1):
+      continue
+    node = config
+    for depth, part in enumerate(m.group(1).split(".")):
+      if isinstance(node, ml_collections.ConfigDict) and part in node:
+        node = node[part]
+        continue
+      if not isinstance(node, ml_collections.ConfigDict):
+        break  # a leaf that config_flags may still index (e.g. a dict field); not ours to judge
+      known = sorted(node.keys())
+      close = difflib.get_close_matches(part, known, n=1)
+      where = ".".join([flag_name, *m.group(1).split(".")[:depth]])
+      hint = f"; did you mean '{close[0]}'?" if close else f"; {where} has: {', '.join(known)}"
+      return f"unknown config key '{flag_name}.{m.group(1)}' in {arg!r} ({file}){hint}"
+  return None

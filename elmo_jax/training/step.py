@@ -50,8 +50,12 @@ def make_optimizer(config) -> optax.GradientTransformation:
   """bilm-tf's recipe by default: Adagrad(lr 0.2, initial accumulator 1.0) after global-norm clip 10."""
   name = config.optimizer
   lr = config.learning_rate
-  if config.get("warmup_steps", 0):
-    lr = optax.linear_schedule(0.0, config.learning_rate, int(config.warmup_steps))
+  warmup = int(config.get("warmup_steps", 0) or 0)
+  if warmup:
+    # Update k (1-based; optax counts from 0) uses lr * min(k, warmup) / warmup: the first update is not
+    # wasted at rate 0, and `learning_rate_at(config, k)` is exactly the rate the k-th update applied.
+    peak = float(config.learning_rate)
+    lr = lambda count: peak * jnp.minimum(count + 1, warmup).astype(jnp.float32) / warmup
   if name == "adagrad":
     opt = optax.adagrad(lr, initial_accumulator_value=config.adagrad_initial_accumulator, eps=0.0)
   elif name == "adam":
@@ -64,6 +68,7 @@ def make_optimizer(config) -> optax.GradientTransformation:
 
 
 def learning_rate_at(config, step: int) -> float:
+  """The learning rate the `step`-th update (1-based) applied."""
   warmup = int(config.get("warmup_steps", 0) or 0)
   if warmup and step < warmup:
     return float(config.learning_rate) * step / warmup
