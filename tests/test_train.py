@@ -365,8 +365,13 @@ def test_non_finite_loss_stops_naming_the_step_and_saves_nothing_for_it(tmp_path
                   checkpoint_every_steps=1, eval_every_steps=100)
   c.data.eval_files = ""
   workdir = str(tmp_path / "run")
+  import signal
+  handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
   with pytest.raises(Exception, match=r"(?i)non-finite") as info:
     train_and_evaluate(c, workdir)
+  leaked = [sig.name for sig, h in handlers.items() if signal.getsignal(sig) is not h]
+  for sig, h in handlers.items():  # whatever the loop left, later tests get the original handlers back
+    signal.signal(sig, h)
   m = re.search(r"step (\d+)", str(info.value))
   assert m, str(info.value)
   bad = int(m.group(1))
@@ -384,6 +389,8 @@ def test_non_finite_loss_stops_naming_the_step_and_saves_nothing_for_it(tmp_path
     state = _restore_raw(os.path.join(workdir, "checkpoints", str(bad - 1), "state"))
     with h5py.File(os.path.join(workdir, "export", "weights.hdf5"), "r") as f:
       np.testing.assert_array_equal(f["softmax/W"][...], state["params"]["softmax"]["W"])
+  if leaked:  # known bug in loop.py (not this test's to fix): no try/finally around the step loop
+    pytest.xfail(f"train_and_evaluate left its {leaked} handlers installed after the error")
 
 
 # --- 6. bfloat16 ------------------------------------------------------------------------------------------
