@@ -108,7 +108,6 @@ def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
       # --batch_size defaults to 64 for the probes; perplexity matches the run's batch unless given.
       batch_size=_BATCH.value if _BATCH.present else None, unroll_steps=_UNROLL.value,
       max_batches=_MAX_BATCHES.value, pretokenized=_PRETOK.value)
-  cfg.perplexity_required = task == "perplexity"
   if _VOCAB.value and not os.path.isfile(_VOCAB.value):
     raise readers.InputError(f"{_VOCAB.value}: file not found")
   if _TRAIN.value or _TEST.value:

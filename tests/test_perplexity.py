@@ -158,11 +158,11 @@ def test_bad_inputs_exit_with_one_line(tiny_run, tmp_path, parsed_flags):
   assert len(err) == 1 and "has no softmax" in err[0], proc.stderr
 
 
-def test_all_skips_without_text(tmp_path):
-  cfg = tasks.EvalConfig(output_dir=str(tmp_path), perplexity_required=False)
+def test_without_text_all_skips_and_perplexity_exits(tmp_path, parsed_flags):
+  cfg = tasks.EvalConfig(output_dir=str(tmp_path))
   cfg.perplexity = perplexity.PerplexityConfig(options_file="o.json", weight_file="w.hdf5")
   with pytest.raises(tasks.TaskUnavailable, match="--text_file"):
     tasks.run_perplexity(cfg, lambda: None)
-  cfg.perplexity_required = True
-  with pytest.raises(perplexity.InputError, match="--text_file"):
-    tasks.run_perplexity(cfg, lambda: None)
+  parsed_flags("--task=perplexity", f"--output_dir={tmp_path}/out")
+  with pytest.raises(SystemExit, match="no text to score"):
+    evaluate.main(["evaluate.py"])

@@ -33,6 +33,10 @@ class NoSoftmax(RuntimeError):
   """The weight file has no trained softmax (e.g. original ELMo weights): no perplexity possible."""
 
 
+class NoText(RuntimeError):
+  """No text to score: `--task=all` skips perplexity with this note, `--task=perplexity` exits."""
+
+
 @dataclasses.dataclass
 class PerplexityConfig:
   """What to score and how; None fields default to the workdir's training config, else the constants."""
@@ -245,15 +249,13 @@ def table(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str, *,
-        text_required: bool = True) -> dict[str, Any]:
+def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[str, Any]:
   """The task: resolve inputs, load the LM, score, plot; returns the JSON-able result.
 
   Args:
     pcfg: flags of the task.
     workdir: a training run, or None with pcfg.options_file/weight_file.
     output_dir: where the PNGs go (the caller writes perplexity.json).
-    text_required: False (`--task=all`) turns "no text to score" into NoText instead of InputError.
   """
   start = time.time()
   train_config = read_train_config(workdir) if workdir else {}
@@ -261,8 +263,8 @@ def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str, *,
   if not text_file and not tfds_name:
     text_file, tfds_name, tfds_split = default_text(workdir, train_config)
   if not text_file and not tfds_name:
-    message = "perplexity: no text to score; pass --text_file (or --tfds_name)"
-    raise (InputError if text_required else NoText)(message)
+    raise NoText("perplexity: no text to score; pass --text_file (or --tfds_name, or a --workdir "
+                 "whose config has data.eval_files)")
   source = open_source(text_file, tfds_name, tfds_split,
                        train_config.get("data", {}).get("tfds_data_dir", ""))
   lm = load_language_model(pcfg, workdir)
@@ -294,7 +296,3 @@ def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str, *,
   result["plots"].append(plot_bars(result, os.path.join(output_dir, "perplexity_bars.png")))
   result["seconds"] = round(time.time() - start, 2)
   return result
-
-
-class NoText(RuntimeError):
-  """`--task=all` without a text file to score: the task is skipped with this note."""

@@ -64,6 +64,9 @@ def markdown_report(results: dict[str, dict[str, Any]], out_dir: str) -> str:
       continue
     if "trained" in result:
       parts += [table(result), ""]
+    elif task == "perplexity":
+      from elmo_jax.evaluation import perplexity  # pylint: disable=g-import-not-at-top  (no cycle)
+      parts += [perplexity.table(result), "", f"Convention: {result['convention']}", ""]
     if "centroid" in result:
       parts += ["Sense-centroid protocol (train centroids, 1-NN on test):", "",
                 table(result["centroid"]), ""]

@@ -58,7 +58,6 @@ class EvalConfig:
   probe: probes.ProbeConfig = dataclasses.field(default_factory=probes.ProbeConfig)
   perplexity: perplexity.PerplexityConfig = dataclasses.field(
       default_factory=perplexity.PerplexityConfig)
-  perplexity_required: bool = True  # False for `all`: no text file skips the task with a note
 
 
 class _LazyModels:
@@ -231,8 +230,8 @@ def run_perplexity(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[st
   """Held-out LM perplexity of the exported model (its own hdf5 + softmax; no Embedder)."""
   del get_models  # the LM is loaded with its softmax by perplexity.run
   try:
-    return perplexity.run(cfg.perplexity, cfg.workdir, cfg.output_dir,
-                          text_required=cfg.perplexity_required)
+    # Unavailable, not bad input: `all` skips it with this note, a lone `perplexity` exits with it.
+    return perplexity.run(cfg.perplexity, cfg.workdir, cfg.output_dir)
   except (perplexity.NoSoftmax, perplexity.NoText) as e:
     raise TaskUnavailable(str(e)) from None
 
