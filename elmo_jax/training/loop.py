@@ -148,50 +148,51 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   started = window_start = time.time()
   record: dict[str, Any] = {}
   stop = StopRequest()
-  for step in range(start_step, config.num_train_steps):
-    batch = next(train_iter)
-    state, metrics = train_step(state, to_global(batch))
-    metrics = jax.device_get(metrics)
-    if not math.isfinite(float(metrics["loss"])):
-      raise FloatingPointError(f"non-finite loss {float(metrics['loss'])} at step {step + 1}; nothing was saved "
-                               "for this step (lower config.learning_rate or use config.grad_clip)")
-    for key, name in (("loss_f", "loss_forward"), ("loss_b", "loss_backward"), ("loss", "loss"),
-                      ("grad_norm", "grad_norm")):
-      window[key] += float(metrics[name])
-    window["n"] += 1
-    window["tok"] += float(metrics["n_tokens"])
-    done = step + 1
-    if done % config.log_every_steps == 0 or done == config.num_train_steps:
-      n, now = window["n"], time.time()
-      record = {"step": done, "train_loss": window["loss"] / n,
-                "train_ppl_forward": math.exp(window["loss_f"] / n),
-                "train_ppl_backward": math.exp(window["loss_b"] / n),
-                "learning_rate": step_lib.learning_rate_at(config, done), "grad_norm": window["grad_norm"] / n,
-                "tokens_per_sec": window["tok"] / max(now - window_start, 1e-9), "elapsed_sec": now - started}
-      writer.write(record)
-      if is_main:
-        say(progress_line(done, config.num_train_steps, record, started, start_step))
-      window_start, window = now, _new_window()
-    if done % config.eval_every_steps == 0 or done == config.num_train_steps:
-      result = run_eval(state.params)
-      if result:
-        writer.write({"step": done, **result})
-        say(f"step {done}: eval ppl {result['eval_ppl']:.1f} (forward {result['eval_ppl_forward']:.1f}, "
-            f"backward {result['eval_ppl_backward']:.1f})")
-        record = {**record, **result}
-    saved = done % config.checkpoint_every_steps == 0 or done == config.num_train_steps
-    if saved:
-      save(done)
-    if stop.requested():  # every process asks at every step, so all of them stop after the same one
-      if not saved:
+  try:  # the handlers are put back however the loop ends (a raise included)
+    for step in range(start_step, config.num_train_steps):
+      batch = next(train_iter)
+      state, metrics = train_step(state, to_global(batch))
+      metrics = jax.device_get(metrics)
+      if not math.isfinite(float(metrics["loss"])):
+        raise FloatingPointError(f"non-finite loss {float(metrics['loss'])} at step {step + 1}; nothing was saved "
+                                 "for this step (lower config.learning_rate or use config.grad_clip)")
+      for key, name in (("loss_f", "loss_forward"), ("loss_b", "loss_backward"), ("loss", "loss"),
+                        ("grad_norm", "grad_norm")):
+        window[key] += float(metrics[name])
+      window["n"] += 1
+      window["tok"] += float(metrics["n_tokens"])
+      done = step + 1
+      if done % config.log_every_steps == 0 or done == config.num_train_steps:
+        n, now = window["n"], time.time()
+        record = {"step": done, "train_loss": window["loss"] / n,
+                  "train_ppl_forward": math.exp(window["loss_f"] / n),
+                  "train_ppl_backward": math.exp(window["loss_b"] / n),
+                  "learning_rate": step_lib.learning_rate_at(config, done), "grad_norm": window["grad_norm"] / n,
+                  "tokens_per_sec": window["tok"] / max(now - window_start, 1e-9), "elapsed_sec": now - started}
+        writer.write(record)
+        if is_main:
+          say(progress_line(done, config.num_train_steps, record, started, start_step))
+        window_start, window = now, _new_window()
+      if done % config.eval_every_steps == 0 or done == config.num_train_steps:
+        result = run_eval(state.params)
+        if result:
+          writer.write({"step": done, **result})
+          say(f"step {done}: eval ppl {result['eval_ppl']:.1f} (forward {result['eval_ppl_forward']:.1f}, "
+              f"backward {result['eval_ppl_backward']:.1f})")
+          record = {**record, **result}
+      saved = done % config.checkpoint_every_steps == 0 or done == config.num_train_steps
+      if saved:
         save(done)
-      checkpointer.close()
-      writer.close()
-      say(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
-          f"{checkpointer.directory}/{done}; run the same command again to resume")
-      stop.restore()
-      return record
-  stop.restore()
+      if stop.requested():  # every process asks at every step, so all of them stop after the same one
+        if not saved:
+          save(done)
+        checkpointer.close()
+        writer.close()
+        say(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
+            f"{checkpointer.directory}/{done}; run the same command again to resume")
+        return record
+  finally:
+    stop.restore()
   checkpointer.close()  # waits for the last asynchronous save and its checksum
   writer.close()
   say(f"done: step {int(state.step)}; checkpoints in {checkpointer.directory}; export in {workdir}/export")
