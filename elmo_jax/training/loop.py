@@ -61,7 +61,7 @@ def _write_json(path: str, obj: Any) -> None:
 
 def _new_window() -> dict[str, float]:
   """Sums over the steps since the last log line (part of a checkpoint, so resumed averages are exact)."""
-  return {"loss_f": 0.0, "loss_b": 0.0, "loss": 0.0, "grad_norm": 0.0, "n": 0, "tok": 0.0}
+  return {"loss_f": 0.0, "loss_b": 0.0, "loss": 0.0, "grad_norm": 0.0, "n": 0, "tok": 0.0, "sec": 0.0}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -145,14 +145,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       f"{n_devices} device(s) / {n_proc} process(es); vocab {len(vocab):,}; "
       f"{'sampled softmax ' + str(num_sampled) if num_sampled else 'full softmax'}")
 
-  started = window_start = time.time()
+  started = time.time()
   record: dict[str, Any] = {}
   stop = StopRequest()
   try:  # the handlers are put back however the loop ends (a raise included)
     for step in range(start_step, config.num_train_steps):
+      step_started = time.time()
       batch = next(train_iter)
       state, metrics = train_step(state, to_global(batch))
       metrics = jax.device_get(metrics)
+      if step > start_step:  # tokens/s counts data + step time only: not compiling, evals or saves
+        window["tok"] += float(metrics["n_tokens"])
+        window["sec"] = window.get("sec", 0.0) + time.time() - step_started
       if not math.isfinite(float(metrics["loss"])):
         raise FloatingPointError(f"non-finite loss {float(metrics['loss'])} at step {step + 1}; nothing was saved "
                                  "for this step (lower config.learning_rate or use config.grad_clip)")
@@ -160,7 +164,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                         ("grad_norm", "grad_norm")):
         window[key] += float(metrics[name])
       window["n"] += 1
-      window["tok"] += float(metrics["n_tokens"])
       done = step + 1
       if done % config.log_every_steps == 0 or done == config.num_train_steps:
         n, now = window["n"], time.time()
@@ -168,11 +171,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                   "train_ppl_forward": math.exp(window["loss_f"] / n),
                   "train_ppl_backward": math.exp(window["loss_b"] / n),
                   "learning_rate": step_lib.learning_rate_at(config, done), "grad_norm": window["grad_norm"] / n,
-                  "tokens_per_sec": window["tok"] / max(now - window_start, 1e-9), "elapsed_sec": now - started}
+                  "tokens_per_sec": window["tok"] / max(window.get("sec", 0.0), 1e-9),
+                  "elapsed_sec": now - started}
         writer.write(record)
         if is_main:
           say(progress_line(done, config.num_train_steps, record, started, start_step))
-        window_start, window = now, _new_window()
+        window = _new_window()
       if done % config.eval_every_steps == 0 or done == config.num_train_steps:
         result = run_eval(state.params)
         if result:
@@ -191,6 +195,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         say(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
             f"{checkpointer.directory}/{done}; run the same command again to resume")
         return record
+  except BaseException:
+    checkpointer.close()  # let the previous step's asynchronous save finish; never leave it half-written
+    writer.close()
+    raise
   finally:
     stop.restore()
   checkpointer.close()  # waits for the last asynchronous save and its checksum
