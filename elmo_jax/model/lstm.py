@@ -9,6 +9,7 @@ does the recurrent `h @ W_h`, with the forward and backward directions batched i
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -47,6 +48,11 @@ def lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip=None, proj_clip=None, dtype=
   Returns:
     outputs [T, D, B, P] (0 on padded steps) and the final (c, h).
   """
+  return _lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip or None, proj_clip or None, dtype, int(unroll))
+
+
+def _forward(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll, save):
+  """The recurrence; with `save`, also the per-step values the hand-written backward pass needs."""
   w_h = w_h.astype(dtype)
   w_p = w_p.astype(dtype)
 
@@ -55,20 +61,69 @@ def lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip=None, proj_clip=None, dtype=
     g, m = inputs
     g = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, preferred_element_type=jnp.float32)
     i, j, f, o = jnp.split(g, 4, axis=-1)
-    c_new = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(j)
-    if cell_clip:
-      c_new = jnp.clip(c_new, -cell_clip, cell_clip)
-    m_new = jax.nn.sigmoid(o) * jnp.tanh(c_new)
-    h_new = jnp.einsum("dbh,dhp->dbp", m_new.astype(dtype), w_p, preferred_element_type=jnp.float32)
-    if proj_clip:
-      h_new = jnp.clip(h_new, -proj_clip, proj_clip)
+    si, tj, sf, so = jax.nn.sigmoid(i), jnp.tanh(j), jax.nn.sigmoid(f), jax.nn.sigmoid(o)
+    c_raw = sf * c + si * tj
+    c_new = jnp.clip(c_raw, -cell_clip, cell_clip) if cell_clip else c_raw
+    tc = jnp.tanh(c_new)
+    m_new = so * tc
+    h_raw = jnp.einsum("dbh,dhp->dbp", m_new.astype(dtype), w_p, preferred_element_type=jnp.float32)
+    h_new = jnp.clip(h_raw, -proj_clip, proj_clip) if proj_clip else h_raw
     keep = m[..., None]
-    c = jnp.where(keep, c_new, c)
-    h = jnp.where(keep, h_new, h)
-    return (c, h), jnp.where(keep, h_new, 0.0)
+    y = jnp.where(keep, h_new, 0.0)
+    carry = (jnp.where(keep, c_new, c), jnp.where(keep, h_new, h))
+    if save:
+      return carry, (y, (si, tj, sf, so, c, c_raw, tc, h, m_new, h_raw))
+    return carry, y
 
-  (c, h), outputs = jax.lax.scan(step, (c0, h0), (gx, mask), unroll=unroll)
-  return outputs, (c, h)
+  return jax.lax.scan(step, (c0, h0), (gx, mask), unroll=unroll)
+
+
+# Hand-written backward pass. Autodiff of `lax.scan` accumulates the weight gradients in the loop carry, i.e.
+# two small matmuls per step ([P, B] x [B, 4H] and [H, B] x [B, P]) plus the carry traffic; here the reverse
+# scan only propagates (dc, dh) and emits the per-step gate/projection gradients, and dW_h, dW_P are each one
+# large matmul over all T * B rows after the loop (what cuDNN does too).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll):
+  final, outputs = _forward(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll, save=False)
+  return outputs, final
+
+
+def _lstm_scan_fwd(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll):
+  final, (outputs, saved) = _forward(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll, save=True)
+  return (outputs, final), (w_h, w_p, mask, saved)
+
+
+def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
+  w_h, w_p, mask, saved = res
+  d_out, (d_c, d_h) = cts
+  w_h_c, w_p_c = w_h.astype(dtype), w_p.astype(dtype)
+
+  def step(carry, inputs):
+    dc, dh = carry
+    (si, tj, sf, so, c_prev, c_raw, tc, _, _, h_raw), dy, m = inputs
+    keep = m[..., None]
+    dh_new = jnp.where(keep, dh + dy, 0.0)
+    if proj_clip:  # jnp.clip's gradient: 0 outside the open interval
+      dh_new = jnp.where((h_raw > -proj_clip) & (h_raw < proj_clip), dh_new, 0.0)
+    dm = jnp.einsum("dbp,dhp->dbh", dh_new.astype(dtype), w_p_c, preferred_element_type=jnp.float32)
+    dc_new = jnp.where(keep, dc, 0.0) + dm * so * (1.0 - tc * tc)
+    if cell_clip:
+      dc_new = jnp.where((c_raw > -cell_clip) & (c_raw < cell_clip), dc_new, 0.0)
+    dg = jnp.concatenate([dc_new * tj * si * (1.0 - si), dc_new * si * (1.0 - tj * tj),
+                          dc_new * c_prev * sf * (1.0 - sf), dm * tc * so * (1.0 - so)], axis=-1)
+    dh_prev = jnp.einsum("dbg,dpg->dbp", dg.astype(dtype), w_h_c, preferred_element_type=jnp.float32)
+    dh_prev = dh_prev + jnp.where(keep, 0.0, dh)
+    dc_prev = dc_new * sf + jnp.where(keep, 0.0, dc)
+    return (dc_prev, dh_prev), (dg, dh_new)
+
+  (dc0, dh0), (dgx, dh_raw) = jax.lax.scan(step, (d_c, d_h), (saved, d_out, mask), reverse=True, unroll=unroll)
+  h_prev, m_new = saved[7], saved[8]
+  dw_h = jnp.einsum("tdbp,tdbg->dpg", h_prev.astype(dtype), dgx.astype(dtype), preferred_element_type=jnp.float32)
+  dw_p = jnp.einsum("tdbh,tdbp->dhp", m_new.astype(dtype), dh_raw.astype(dtype), preferred_element_type=jnp.float32)
+  return dgx, dw_h.astype(w_h.dtype), dw_p.astype(w_p.dtype), None, dc0, dh0
+
+
+_lstm_scan.defvjp(_lstm_scan_fwd, _lstm_scan_bwd)
 
 
 class BiLSTMStack(nn.Module):

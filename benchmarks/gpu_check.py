@@ -1,0 +1,142 @@
+"""One-shot accelerator check: train and embed throughput at the original ELMo size; prints one JSON object.
+
+    python benchmarks/gpu_check.py
+
+Runs without flags or edits. On a GPU/TPU: the `original` config (configs/original.py: LSTM 4096/512,
+char CNN up to width 7 x 1024 filters, 8192 sampled negatives of a 793,471-word vocabulary as the released
+model, Adagrad), global batch 128 x 20 tokens on ONE device, float32 and bfloat16 compute; then
+`Embedder.embed_sentences` of random-weight `original`-size ELMo over synthetic sentences. Compile time is
+reported apart from the timed steps. Budgeted to finish well under 8 minutes on an H100/H200-class GPU.
+On a CPU-only machine it says so (a warning on stderr and `"degraded": true`) and runs tiny sizes, so the
+script itself is still exercised.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import jax
+import numpy as np
+
+from elmo_jax import chars
+from elmo_jax import options as options_lib
+from elmo_jax.training import step as step_lib
+
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, _ROOT)
+
+ORIGINAL_VOCAB = 793_471  # the released ELMo's vocabulary size
+
+
+def _load_config(name):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(_ROOT, "configs", f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config()
+
+
+def _batches(n, batch, unroll, max_chars, vocab, seed=0):
+  rng = np.random.default_rng(seed)
+  words = ["w" + "".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(1, 12))) for _ in range(5000)]
+  ids = np.stack([chars.token_to_ids(w, max_chars) for w in words]).astype(np.int32)
+  out = []
+  for _ in range(n):
+    tok = rng.integers(0, len(words), (batch, unroll))
+    tgt = rng.integers(0, vocab, (batch, unroll)).astype(np.int32)
+    c = ids[tok]
+    out.append({"fwd_chars": c, "bwd_chars": c[:, ::-1].copy(), "fwd_targets": tgt,
+                "bwd_targets": tgt[:, ::-1].copy(), "weights": np.ones((batch, unroll), np.float32)})
+  return out
+
+
+def train_throughput(config_name, dtype, batch, vocab, steps):
+  config = _load_config(config_name)
+  config.dtype = dtype
+  config.batch_size = batch
+  options = config.options.to_dict()
+  num_sampled = int(config.n_negative_samples) if config.n_negative_samples < vocab else 0
+  model = step_lib.make_model(options, config)
+  optimizer = step_lib.make_optimizer(config)
+  mesh = step_lib.make_mesh(jax.devices()[:1])
+  state = step_lib.create_train_state(model, optimizer, vocab, batch, 0)
+  shardings = step_lib.state_shardings(state, mesh)
+  state = jax.device_put(state, shardings)
+  train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
+  unroll = int(config.unroll_steps)
+  batches = [step_lib.global_batch(b, mesh) for b in
+             _batches(3, batch, unroll, options["char_cnn"]["max_characters_per_token"], vocab)]
+  t0 = time.perf_counter()
+  compiled = train_step.lower(state, batches[0]).compile()
+  compile_s = time.perf_counter() - t0
+  state, m = compiled(state, batches[0])
+  jax.block_until_ready(m)
+  times = []
+  for k in range(steps):
+    t0 = time.perf_counter()
+    state, m = compiled(state, batches[k % len(batches)])
+    jax.block_until_ready(m)
+    times.append(time.perf_counter() - t0)
+  s = statistics.median(times)
+  return {"config": config_name, "dtype": dtype, "batch": batch, "unroll": unroll, "vocab": vocab,
+          "num_sampled": num_sampled, "lstm_dim": options["lstm"]["dim"], "compile_s": round(compile_s, 2),
+          "step_s_median": round(s, 5), "tokens_per_s": round(batch * unroll / s, 1),
+          "loss": float(m["loss"]), "finite": bool(np.isfinite(float(m["loss"])))}
+
+
+def embed_throughput(preset, n_sentences, batch_size):
+  from elmo_jax.embedder import Embedder  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  words = ["w" + "".join(rng.choice(list("abcdefghij"), rng.integers(1, 10))) for _ in range(3000)]
+  sentences = [[words[i] for i in rng.integers(0, len(words), rng.integers(5, 40))] for _ in range(n_sentences)]
+  emb = Embedder.random(options_lib.preset(preset), seed=0)
+  t0 = time.perf_counter()
+  emb.embed_sentences(sentences, batch_size=batch_size)  # compiles every bucket shape it meets
+  first = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  emb.embed_sentences(sentences, batch_size=batch_size)
+  s = time.perf_counter() - t0
+  n_tok = sum(len(x) for x in sentences)
+  return {"preset": preset, "sentences": n_sentences, "tokens": n_tok, "batch_size": batch_size,
+          "first_pass_s_incl_compile": round(first, 2), "timed_pass_s": round(s, 3),
+          "tokens_per_s": round(n_tok / s, 1), "sentences_per_s": round(n_sentences / s, 1)}
+
+
+def main():
+  t_start = time.perf_counter()
+  backend = jax.default_backend()
+  degraded = backend == "cpu"
+  result = {"backend": backend, "devices": [str(d) for d in jax.devices()][:8], "jax": jax.__version__,
+            "degraded": degraded}
+  if degraded:
+    warnings.warn("gpu_check: no accelerator found; running tiny CPU sizes (numbers are not meaningful)")
+    train_cfg, batch, vocab, steps, embed_preset, n_sent = "default", 8, 5_000, 2, "small", 64
+  else:
+    train_cfg, batch, vocab, steps, embed_preset, n_sent = "original", 128, ORIGINAL_VOCAB, 20, "original", 1000
+  result["train"] = []
+  for dtype in ("float32", "bfloat16"):
+    if time.perf_counter() - t_start > 270:  # keep the whole check under 8 minutes
+      result["train"].append({"config": train_cfg, "dtype": dtype, "skipped": "time budget"})
+      continue
+    try:
+      r = train_throughput(train_cfg, dtype, batch, vocab, steps)
+    except Exception as e:  # pylint: disable=broad-except
+      r = {"config": train_cfg, "dtype": dtype, "error": f"{type(e).__name__}: {e}"[:500]}
+    print(json.dumps(r), file=sys.stderr, flush=True)
+    result["train"].append(r)
+  try:
+    if time.perf_counter() - t_start > 330:
+      n_sent //= 4  # fewer sentences, fewer bucket shapes to compile
+    result["embed"] = embed_throughput(embed_preset, n_sent, 64)
+  except Exception as e:  # pylint: disable=broad-except
+    result["embed"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+  result["total_s"] = round(time.perf_counter() - t_start, 1)
+  print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+  main()
