@@ -126,6 +126,41 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
 _lstm_scan.defvjp(_lstm_scan_fwd, _lstm_scan_bwd)
 
 
+@jax.custom_vjp
+def input_gates(x: jax.Array, w_x: jax.Array, bias: jax.Array) -> jax.Array:
+  """Input half of the gates for all steps: x [D, B, T, I] @ w_x [D, I, 4H] + bias [D, 4H] -> [T, D, B, 4H] f32.
+
+  One 2-D dot per direction over the time-major rows of a transposed x (only I wide), written into
+  lstm_scan's layout; the backward pass is written out the same way (dW = x^T dG with the small x^T
+  materialized). Left to autodiff, the batch-major einsum + transpose made XLA:CPU transpose the 4H-wide
+  gate arrays element by element, forward and backward.
+  """
+  xt = jnp.transpose(x, (0, 2, 1, 3))  # [D, T, B, I]
+  d, t, b, i = xt.shape
+  return jnp.stack([(jnp.dot(xt[k].reshape(t * b, i), w_x[k], preferred_element_type=jnp.float32) + bias[k])
+                    .reshape(t, b, -1) for k in range(d)], axis=1)
+
+
+def _input_gates_fwd(x, w_x, bias):
+  return input_gates(x, w_x, bias), (x, w_x)
+
+
+def _input_gates_bwd(res, dg):
+  x, w_x = res
+  dbias = jnp.sum(dg, axis=(0, 2))
+  d, b, t, i = x.shape
+  dg = dg.astype(x.dtype)
+  xt = jnp.transpose(x, (0, 3, 2, 1)).reshape(d, i, t * b)  # [D, I, T*B]: rows in (t, b) order
+  dw = jnp.stack([jnp.dot(xt[k], dg[:, k].reshape(t * b, -1), preferred_element_type=jnp.float32)
+                  for k in range(d)])
+  dx = jnp.stack([jnp.dot(dg[:, k].reshape(t * b, -1), w_x[k].T, preferred_element_type=jnp.float32)
+                  .reshape(t, b, i) for k in range(d)])  # [D, T, B, I]
+  return jnp.transpose(dx, (0, 2, 1, 3)).astype(x.dtype), dw.astype(w_x.dtype), dbias
+
+
+input_gates.defvjp(_input_gates_fwd, _input_gates_bwd)
+
+
 class BiLSTMStack(nn.Module):
   """Separate forward and backward LSTM stacks, run together.
 
@@ -178,11 +213,7 @@ class BiLSTMStack(nn.Module):
       inp = x
       if self.dropout_rate > 0.0:
         inp = nn.Dropout(self.dropout_rate)(inp, deterministic=deterministic)
-      # Einsum to [D, B, T, 4H] and transpose after: XLA:CPU has no DotThunk for the bf16 x bf16 -> f32
-      # dot that "dbti,dig->tdbg" lowers to ("Unsupported element type ... BF16 x BF16 = F32").
-      gx = jnp.einsum("dbti,dig->dbtg", inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype),
-                      preferred_element_type=jnp.float32)
-      gx = jnp.transpose(gx, (2, 0, 1, 3)) + (b + forget)[None, :, None, :]
+      gx = input_gates(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype), b + forget)
       out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], self.cell_clip, self.proj_clip,
                               self.dtype, self.unroll)
       out = jnp.transpose(out, (1, 2, 0, 3))  # [2, B, T, P]
