@@ -5,15 +5,11 @@ vocabulary of 793,471 words, 8192 sampled negatives. Prepare the data once with 
   python -c "import tensorflow_datasets as tfds; tfds.data_source('lm1b', download=True)"
 (or `tfds build lm1b --file_format=array_record`), then train with --config.data.tfds_data_dir if not default.
 """
-import ml_collections
-
-from elmo_jax import options as options_lib
-from elmo_jax.training.config import base_config
+from elmo_jax.training.config import released_config
 
 
 def get_config():
-  c = base_config()
-  c.options = ml_collections.ConfigDict(options_lib.preset("original"))
+  c = released_config("original")
   c.batch_size = 384
   c.unroll_steps = 20
   # 10 epochs of ~800M tokens at 384 x 20 tokens per step.

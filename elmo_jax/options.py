@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any
 
+from elmo_jax import files
+
 # The released ELMo sizes (allennlp.org/elmo). The char CNN is the same for all three.
 _CHAR_CNN = {
     "activation": "relu",
@@ -83,10 +85,7 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def save(options: dict[str, Any], path: str | os.PathLike) -> None:
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(options, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  files.write_json(path, options)
 
 
 def n_filters(options: dict[str, Any]) -> int:

@@ -4,11 +4,11 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
-import tempfile
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from elmo_jax import files
 from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN
 
 VOCAB_FILE = "vocab.txt"
@@ -16,18 +16,6 @@ COUNTS_FILE = "vocab_counts.tsv"
 _SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 
 
-def _atomic_write(path: str, text: str) -> None:
-  """Writes via a temp file in the same directory + os.replace so readers never see a partial file."""
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".tmp")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
 
 
 class Vocab:
@@ -133,9 +121,9 @@ class Vocab:
     """Writes `workdir/vocab.txt` (+ `vocab_counts.tsv` when counts are known) atomically; returns the path."""
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, VOCAB_FILE)
-    _atomic_write(path, "".join(t + "\n" for t in self.tokens))
+    files.write_text(path, "".join(t + "\n" for t in self.tokens))
     if self.counts is not None:
-      _atomic_write(
+      files.write_text(
           os.path.join(workdir, COUNTS_FILE),
           "".join(f"{t}\t{c}\n" for t, c in zip(self.tokens, self.counts.tolist())),
       )

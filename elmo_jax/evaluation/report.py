@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any
 
 from elmo_jax.evaluation.plots import score_keys
@@ -38,19 +37,6 @@ def table(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def write_atomic(path: str, text: str) -> None:
-  """Writes text to path via a temp file in the same directory and a rename."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
 
 
 def markdown_report(results: dict[str, dict[str, Any]], out_dir: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from elmo_jax import files
 from elmo_jax.evaluation import features, perplexity, plots, probes, readers, report, wsd
 
 _PROBES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -292,7 +293,7 @@ def run(task: str, cfg: EvalConfig, load_models: Callable[[], Models],
       result["probe_config"] = cfg.probe.as_dict()
     result["seconds"] = round(time.time() - start, 2)
     result = _jsonable(result)
-    report.write_atomic(os.path.join(cfg.output_dir, f"{name}.json"),
+    files.write_text(os.path.join(cfg.output_dir, f"{name}.json"),
                         json.dumps(result, indent=2) + "\n")
     results[name] = result
     if "trained" in result:
@@ -300,6 +301,6 @@ def run(task: str, cfg: EvalConfig, load_models: Callable[[], Models],
     elif name == "perplexity":
       echo(f"\n{name} ({result['seconds']} s)\n" + perplexity.table(result))
   if task == "all":
-    report.write_atomic(os.path.join(cfg.output_dir, "report.md"),
+    files.write_text(os.path.join(cfg.output_dir, "report.md"),
                         report.markdown_report(results, cfg.output_dir) + "\n")
   return results

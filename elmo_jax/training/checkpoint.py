@@ -27,6 +27,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from elmo_jax import files
 from elmo_jax.training.metrics import say
 
 
@@ -47,8 +48,8 @@ def _barrier(name: str) -> None:
 def hash_tree(directory: str) -> dict[str, str]:
   """{relative path: sha256} of every regular file under `directory`."""
   out = {}
-  for root, _, files in os.walk(directory):
-    for name in files:
+  for root, _, names in os.walk(directory):
+    for name in names:
       path = os.path.join(root, name)
       digest = hashlib.sha256()
       with open(path, "rb") as f:
@@ -114,7 +115,7 @@ class Checkpointer:
         step_dir = os.path.join(self.directory, str(step))
         if not os.path.exists(os.path.join(step_dir, "_CHECKPOINT_METADATA")):
           continue  # not finalized yet (or already garbage-collected); a later callback handles it
-        _write_json(os.path.join(self.checksum_dir, f"{step}.json"), {"step": step, "sha256": hash_tree(step_dir)})
+        files.write_json(os.path.join(self.checksum_dir, f"{step}.json"), {"step": step, "sha256": hash_tree(step_dir)})
         self._unhashed.discard(step)
       for name in os.listdir(self.checksum_dir):
         stem = name.split(".")[0]
@@ -207,12 +208,6 @@ class Checkpointer:
     _barrier(f"ckpt_bad_{step}_b")
     self.manager.reload()
 
-
-def _write_json(path: str, obj: Any) -> None:
-  tmp = f"{path}.tmp.{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
 
 
 def abstract_like(state: Any) -> Any:

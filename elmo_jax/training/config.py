@@ -20,6 +20,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.options = ml_collections.ConfigDict(options_lib.preset("small"))
   c.dtype = "float32"  # compute dtype of the matmuls; params and optimizer state stay float32
   c.scan_unroll = 1
+  # Run the char CNN once per distinct token of each device's rows instead of on every position of both
+  # windows (exact; the step compiles once per table-size bucket). See elmo_jax/training/dedupe.py.
+  c.dedupe_tokens = True
   c.dropout = 0.1
   # --- softmax ----------------------------------------------------------------------------------------
   c.n_negative_samples = 8192  # sampled softmax (bilm-tf); 0 = full softmax. Full when vocab is smaller.
@@ -99,3 +102,15 @@ def unknown_override_error(argv: list[str], default_config_file: str, flag_name:
       hint = f"; did you mean '{close[0]}'?" if close else f"; {where} has: {', '.join(known)}"
       return f"unknown config key '{flag_name}.{m.group(1)}' in {arg!r} ({file}){hint}"
   return None
+
+
+def released_config(preset: str) -> ml_collections.ConfigDict:
+  """A released ELMo size (`small`/`medium`/`original`) with bilm-tf's recipe from `base_config`."""
+  c = base_config()
+  c.options = ml_collections.ConfigDict(options_lib.preset(preset))
+  c.batch_size = 128
+  c.num_train_steps = 100_000
+  c.eval_every_steps = 5_000
+  c.checkpoint_every_steps = 5_000
+  c.log_every_steps = 100
+  return c

@@ -1,7 +1,6 @@
 """The train loop, top to bottom: data -> vocab -> sharded state -> steps -> logs, evals, checkpoints, export."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -10,6 +9,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from elmo_jax import files
 from elmo_jax import options as options_lib
 from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
 from elmo_jax.training import init_from, lm_eval, resume, step as step_lib
@@ -52,12 +52,6 @@ def prepare_vocab(config, workdir: str, train_source, tokenizer: Tokenizer) -> V
   return vocab
 
 
-def _write_json(path: str, obj: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
-
 
 def _new_window() -> dict[str, float]:
   """Sums over the steps since the last log line (part of a checkpoint, so resumed averages are exact)."""
@@ -83,7 +77,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_source, eval_source = make_sources(config.data)
   vocab = prepare_vocab(config, workdir, train_source, tokenizer)
   if is_main:
-    _write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    files.write_json(os.path.join(workdir, "config.json"), config.to_dict())
 
   mesh = step_lib.make_mesh()
   model = step_lib.make_model(options, config)
@@ -94,7 +88,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   state = jax.jit(create, out_shardings=shardings)()
   train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
   eval_step = step_lib.make_eval_step(model, mesh, shardings)
-  to_global = lambda b: step_lib.global_batch(b, mesh)
+  dedupe = bool(config.get("dedupe_tokens", False))
+  to_global = lambda b: step_lib.global_batch(b, mesh, dedupe=dedupe)
 
   local_rows = config.batch_size // n_proc
   train_iter = make_lm_iterator(train_source, vocab, tokenizer, batch_size=local_rows,

@@ -7,6 +7,7 @@ from typing import Any
 
 import ml_collections
 
+from elmo_jax import files
 from elmo_jax.training.checkpoint import IncompatibleCheckpointError
 
 # Config keys that change the shape of the saved state or the meaning of the saved data position.
@@ -87,8 +88,5 @@ def rewind_metrics(workdir: str, step: int) -> int:
       else:
         dropped += 1
   if dropped:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-      f.writelines(kept)
-    os.replace(tmp, path)
+    files.write_text(path, "".join(kept))
   return dropped
