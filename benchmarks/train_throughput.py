@@ -9,8 +9,13 @@ Sections (each can be switched off):
     batch x unroll token positions (both directions process each), compile time reported separately;
     `mfu` = analytic model FLOPs per token (3x the forward matmul/conv FLOPs, both directions, both char
     CNN passes, the softmax as computed: sampled or full) x tokens/s / matmul peak.
+    The step runs on token-deduped batches (config.dedupe_tokens, `training/dedupe.py`, one shard);
+    `dedupe` has the distinct tokens per batch vs positions, the table size U, the host cost and, with
+    --dedupe_compare, the plain path's tokens/s measured interleaved and the speedup. The MFU counts the
+    plain path's FLOPs (every position through the char CNN), so it is an "effective" MFU with dedupe.
   * `split[config]`: time of the jitted forward+backward of each component alone (char CNN over both
-    directions' windows, the LSTM stack, the softmax) next to the whole step.
+    directions' windows, the LSTM stack, the softmax) next to the whole step (the plain step with
+    --dedupe_compare), and the char CNN on one deduped table.
   * `lstm_compare`: a 2-layer biLSTM with projection (skip connections, as ELMo), train step = forward +
     backward + SGD, ours (`BiLSTMStack`, jit) vs `torch.nn.LSTM(proj_size=P)` one per layer and direction,
     torch in its own process at 1 and at all threads (baseline: the faster), interleaved rounds, median
@@ -41,6 +46,7 @@ import optax
 from elmo_jax import chars
 from elmo_jax.model import BiLM
 from elmo_jax.model.lstm import BiLSTMStack
+from elmo_jax.training import dedupe as dedupe_lib
 from elmo_jax.training import losses
 from elmo_jax.training import step as step_lib
 
@@ -52,6 +58,7 @@ flags.DEFINE_integer("small_batch", 32, "Batch rows for the `small` config (its 
 flags.DEFINE_integer("small_vocab", 50_000, "Vocabulary size for the `small` config (sampled softmax).")
 flags.DEFINE_integer("default_vocab", 20_000, "Vocabulary size for the `default` config.")
 flags.DEFINE_integer("steps", 10, "Timed train steps per config.")
+flags.DEFINE_bool("dedupe_compare", True, "Also time the train step without token dedupe (interleaved).")
 flags.DEFINE_bool("split", True, "Also time char CNN / LSTM / softmax alone.")
 flags.DEFINE_bool("lstm_compare", True, "Compare the biLSTM train step with torch.nn.LSTM(proj_size=...).")
 flags.DEFINE_list("lstm_sizes", "512x128x64,1024x128x32", "hidden x projection x batch, comma-separated.")
@@ -165,19 +172,31 @@ def bench_train(name: str, peak: float) -> dict[str, Any]:
   state = jax.device_put(state, shardings)
   train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
   batches = make_batches(FLAGS.data, 4, b, t, options["char_cnn"]["max_characters_per_token"], vocab)
-  dev_batches = [step_lib.global_batch(x, mesh) for x in batches]
-
   t0 = time.perf_counter()
-  compiled = train_step.lower(state, dev_batches[0]).compile()
-  compile_s = time.perf_counter() - t0
-  state, m = compiled(state, dev_batches[0])
-  _block(m)
-  times = []
-  for k in range(FLAGS.steps):
+  deduped = [dedupe_lib.dedupe_batch(x, 1) for x in batches]
+  dedupe_ms = (time.perf_counter() - t0) / len(batches) * 1e3
+  variants = {"dedupe": [step_lib.global_batch(x, mesh) for x in deduped],
+              "plain": [step_lib.global_batch(x, mesh) for x in batches]}
+  if not FLAGS.dedupe_compare:
+    variants.pop("plain")
+
+  compiled, compile_s = {}, 0.0
+  for name, dev in variants.items():
     t0 = time.perf_counter()
-    state, m = compiled(state, dev_batches[k % len(dev_batches)])
+    compiled[name] = train_step.lower(state, dev[0]).compile()
+    compile_s += time.perf_counter() - t0
+    state, m = compiled[name](state, dev[0])
     _block(m)
-    times.append(time.perf_counter() - t0)
+  times: dict[str, list[float]] = {name: [] for name in variants}
+  for k in range(FLAGS.steps):  # interleaved, so both variants see the same machine load
+    for name, dev in variants.items():
+      t0 = time.perf_counter()
+      state, m = compiled[name](state, dev[k % len(dev)])
+      _block(m)
+      times[name].append(time.perf_counter() - t0)
+  if "plain" in times:
+    plain_s = statistics.median(times["plain"])
+  times = times["dedupe"]
   step_s = statistics.median(times)
   flops = forward_flops_per_token(options, vocab, num_sampled)
   tok_s = b * t / step_s
@@ -189,8 +208,17 @@ def bench_train(name: str, peak: float) -> dict[str, Any]:
          "achieved_gflops": round(3 * flops["total"] * tok_s / 1e9, 2),
          "mfu": round(3 * flops["total"] * tok_s / peak, 4), "loss": float(m["loss"]),
          "peak_rss_mb": round(peak_rss_mb(), 1)}
+  # Dedupe stats: distinct tokens of the batch's fwd+bwd windows (= char CNN rows with a token; the table
+  # is padded up to U) against the 2 * B * T positions the plain path embeds.
+  distinct = [dedupe_lib.distinct_tokens(x) for x in deduped]
+  out["dedupe"] = {"positions": 2 * b * t, "distinct_tokens": distinct,
+                   "table_u": [x["token_chars"].shape[1] for x in deduped], "host_ms_per_batch": round(dedupe_ms, 2)}
+  if FLAGS.dedupe_compare:
+    out["dedupe"].update(step_s_median_plain=round(plain_s, 4), tokens_per_s_plain=round(b * t / plain_s, 1),
+                         speedup=round(plain_s / step_s, 3))
   if FLAGS.split:
-    out["split"] = split_times(model, state.params, batches[0], num_sampled, step_s)
+    out["split"] = split_times(model, state.params, batches[0], num_sampled,
+                               plain_s if FLAGS.dedupe_compare else step_s)
   return out
 
 
@@ -229,6 +257,13 @@ def split_times(model: BiLM, params, batch, num_sampled: int, step_s: float) -> 
     s = _timeit(fn, args, 5)
     out[name] = {"fwd_bwd_s": round(s, 4), "share_of_step": round(s / step_s, 3)}
   out["rest_share"] = round(1.0 - sum(v["share_of_step"] for v in out.values()), 3)
+  # Not part of the shares above (they add up the plain path): the char CNN on the deduped table alone.
+  table = jnp.asarray(dedupe_lib.dedupe_batch(batch, 1)["token_chars"][0])
+  fn = jax.jit(jax.grad(lambda p: jnp.sum(model.apply({"params": p}, table, method=BiLM.embed_tokens) * 1e-3)))
+  _block(fn(bilm))
+  s = _timeit(fn, (bilm,), 5)
+  out["char_cnn_deduped_table"] = {"rows": int(table.shape[0]), "fwd_bwd_s": round(s, 4),
+                                   "share_of_plain_step": round(s / step_s, 3)}
   return out
 
 

@@ -113,7 +113,9 @@ _SHARDED_SCRIPT = textwrap.dedent(r"""
   model = step_lib.make_model(options_lib.validate(c.options.to_dict()), c)
   optimizer = step_lib.make_optimizer(c)
 
-  def run(devices, n_steps=5):
+  dedupe_8 = sys.argv[3] == "1"  # the 8-device run dedupes its tokens per shard; the 1-device run never does
+
+  def run(devices, dedupe, n_steps=5):
     mesh = step_lib.make_mesh(devices)
     create = lambda: step_lib.create_train_state(model, optimizer, len(vocab), c.batch_size, c.seed)
     shardings = step_lib.state_shardings(jax.eval_shape(create), mesh)
@@ -123,13 +125,17 @@ _SHARDED_SCRIPT = textwrap.dedent(r"""
                                seed=c.seed, process_index=0, process_count=1)
     out = []
     for _ in range(n_steps):
-      state, metrics = train_step(state, step_lib.global_batch(next(batches), mesh))
+      batch = step_lib.global_batch(next(batches), mesh, dedupe=dedupe)
+      assert ("token_chars" in batch) == dedupe
+      if dedupe:  # one table per device, each on the device that holds its rows
+        assert len(batch["token_chars"].sharding.device_set) == len(devices) == batch["token_chars"].shape[0]
+      state, metrics = train_step(state, batch)
       out.append({k: float(v) for k, v in jax.device_get(metrics).items()})
     n_shards = len(state.lstm_state[0].sharding.device_set)
     return out, jax.device_get(state.params), jax.device_get(state.lstm_state), n_shards
 
-  m8, p8, s8, shards8 = run(jax.devices())
-  m1, p1, s1, shards1 = run(jax.devices()[:1])
+  m8, p8, s8, shards8 = run(jax.devices(), dedupe_8)
+  m1, p1, s1, shards1 = run(jax.devices()[:1], False)
   diff = lambda a, b: max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
                           for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
   print(json.dumps({
@@ -145,12 +151,17 @@ _SHARDED_SCRIPT = textwrap.dedent(r"""
 """)
 
 
-def test_sharded_training_equals_single_device(tmp_path):
-  """8 devices vs 1, same global batch and seed, dropout and sampled softmax on: same losses and params."""
+@pytest.mark.parametrize("dedupe", [False, True], ids=["plain", "dedupe"])
+def test_sharded_training_equals_single_device(tmp_path, dedupe):
+  """8 devices vs 1, same global batch and seed, dropout and sampled softmax on: same losses and params.
+
+  With `dedupe`, the 8-device run embeds each shard's distinct tokens (training/dedupe.py) and the 1-device
+  run every position: also the deduped path against the plain one.
+  """
   script = tmp_path / "sharded.py"
   script.write_text(_SHARDED_SCRIPT)
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([PYTHON, str(script), os.path.dirname(__file__), str(tmp_path)], env=env,
+  proc = subprocess.run([PYTHON, str(script), os.path.dirname(__file__), str(tmp_path), str(int(dedupe))], env=env,
                         capture_output=True, text=True, timeout=600, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-4000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -143,23 +143,45 @@ class BiLM(nn.Module):
       layers = jnp.where(mask[:, None, :, None], layers, 0.0)
     return {"layers": layers, "mask": mask, "state": new_state}
 
-  def lm(self, fwd_char_ids: jax.Array, bwd_char_ids: jax.Array, state: LSTMState | None = None,
-         deterministic: bool = True) -> tuple[jax.Array, jax.Array, LSTMState]:
+  def lm(self, fwd_char_ids: jax.Array | None, bwd_char_ids: jax.Array | None, state: LSTMState | None = None,
+         deterministic: bool = True, *, token_chars: jax.Array | None = None, fwd_index: jax.Array | None = None,
+         bwd_index: jax.Array | None = None) -> tuple[jax.Array, jax.Array, LSTMState]:
     """Training path over windows that already hold `<S>`/`</S>` (bilm-tf's training graph).
 
     Args:
-      fwd_char_ids, bwd_char_ids: [batch, unroll, max_chars], each in its direction's reading order.
+      fwd_char_ids, bwd_char_ids: [batch, unroll, max_chars], each in its direction's reading order; or None
+        with the deduped form (`training/dedupe.py`) instead:
+      token_chars: [n_shards, U, max_chars] distinct tokens of each data shard (row 0 = no token);
+      fwd_index, bwd_index: [batch, unroll] indices into the table of the row's shard (rows split into
+        n_shards consecutive chunks); 0 = padding.
       state: LSTMState carried from the previous window (truncated BPTT) or None.
     Returns:
       top-layer outputs forward [batch, unroll, P] and backward [batch, unroll, P] (dropout applied while
       training, as bilm-tf does before the softmax), and the final LSTMState.
     """
-    both = self.embed_tokens(jnp.concatenate([fwd_char_ids, bwd_char_ids], 0))
-    fwd_emb, bwd_emb = jnp.split(both, 2, axis=0)
-    fwd_mask = jnp.any(fwd_char_ids > 0, axis=-1)
-    bwd_mask = jnp.any(bwd_char_ids > 0, axis=-1)
+    if token_chars is not None:
+      fwd_emb, bwd_emb = self._gather_embeddings(token_chars, fwd_index, bwd_index)
+      fwd_mask, bwd_mask = fwd_index > 0, bwd_index > 0
+    else:
+      both = self.embed_tokens(jnp.concatenate([fwd_char_ids, bwd_char_ids], 0))
+      fwd_emb, bwd_emb = jnp.split(both, 2, axis=0)
+      fwd_mask = jnp.any(fwd_char_ids > 0, axis=-1)
+      bwd_mask = jnp.any(bwd_char_ids > 0, axis=-1)
     outputs, new_state = self.lstm(fwd_emb, bwd_emb, fwd_mask, bwd_mask, state, deterministic)
     top = outputs[-1]
     if self.dropout_rate > 0.0:
       top = self.output_dropout(top, deterministic=deterministic)
     return top[0], top[1], new_state
+
+  def _gather_embeddings(self, token_chars: jax.Array, fwd_index: jax.Array, bwd_index: jax.Array
+                         ) -> tuple[jax.Array, jax.Array]:
+    """Embeds each shard's distinct tokens once, then gathers every position's embedding from its shard."""
+    n_shards, u, n_chars = token_chars.shape
+    table = self.embed_tokens(token_chars.reshape(n_shards * u, n_chars)).reshape(n_shards, u, -1)
+    batch, time = fwd_index.shape
+    # Both directions' indices per shard [S, 2 * rows * T, 1]: a gather batched over the shard axis, which
+    # GSPMD keeps local to each device when the shard axis and the rows are split over the same mesh axis.
+    idx = jnp.stack([fwd_index, bwd_index], 1).reshape(n_shards, -1, 1)
+    emb = jnp.take_along_axis(table, idx, axis=1, mode="clip")
+    emb = emb.reshape(batch, 2, time, -1)
+    return emb[:, 0], emb[:, 1]

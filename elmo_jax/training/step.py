@@ -13,9 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax.model import BiLM, BiLMConfig
+from elmo_jax.training import dedupe as dedupe_lib
 from elmo_jax.training import losses
 
 DATA_AXIS = "data"
@@ -108,8 +110,14 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def _lm_nll(model, params, batch, lstm_state, rng, num_sampled, deterministic):
   rngs = {} if deterministic else {"dropout": rng}
-  fwd, bwd, new_state = model.apply({"params": params["bilm"]}, batch["fwd_chars"], batch["bwd_chars"],
-                                    lstm_state, deterministic, method=BiLM.lm, rngs=rngs)
+  if "token_chars" in batch:  # deduped on the host (`global_batch(..., dedupe=True)`)
+    chars_in = {"token_chars": batch["token_chars"], "fwd_index": batch["fwd_index"],
+                "bwd_index": batch["bwd_index"]}
+    fwd, bwd, new_state = model.apply({"params": params["bilm"]}, None, None, lstm_state, deterministic,
+                                      method=BiLM.lm, rngs=rngs, **chars_in)
+  else:
+    fwd, bwd, new_state = model.apply({"params": params["bilm"]}, batch["fwd_chars"], batch["bwd_chars"],
+                                      lstm_state, deterministic, method=BiLM.lm, rngs=rngs)
   w, b = params["softmax"]["W"], params["softmax"]["b"]
   if num_sampled and not deterministic:
     k_f, k_b = jax.random.split(jax.random.fold_in(rng, 1))
@@ -163,7 +171,19 @@ def make_eval_step(model: BiLM, mesh: Mesh, state_sharding: TrainState):
                  out_shardings=(state_sharding.lstm_state, replicated))
 
 
-def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-  """This process's rows -> global arrays split over the mesh (works for one or many processes)."""
+def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, jax.Array]:
+  """This process's rows -> global arrays split over the mesh (works for one or many processes).
+
+  With `dedupe`, the char ids are first replaced by per-device tables of distinct tokens and indices
+  (`dedupe.dedupe_batch`): each of this process's devices gets its rows' table, so the char CNN runs once
+  per distinct token of each shard. A pure function of the batch; the step jits one variant per table size.
+  """
   sharding = batch_sharding(mesh)
+  if dedupe:
+    n_local = len(mesh.local_devices)
+    local_batch = dedupe_lib.dedupe_batch(local_batch, n_local)
+    if jax.process_count() > 1:  # the global table shape must agree: every process pads to the largest U
+      table = local_batch["token_chars"]
+      u = int(np.max(multihost_utils.process_allgather(np.array(table.shape[1]))))
+      local_batch["token_chars"] = np.pad(table, ((0, 0), (0, u - table.shape[1]), (0, 0)))
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
