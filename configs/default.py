@@ -12,9 +12,9 @@ def get_config():
   c = base_config()
   c.batch_size = 32
   c.unroll_steps = 20
-  c.num_train_steps = 800
-  c.eval_every_steps = 200
-  c.checkpoint_every_steps = 200
+  c.num_train_steps = 2000
+  c.eval_every_steps = 500
+  c.checkpoint_every_steps = 500
   c.log_every_steps = 25
   c.options.char_cnn.embedding.dim = 16
   c.options.char_cnn.filters = [[1, 32], [2, 32], [3, 64], [4, 64], [5, 64]]
