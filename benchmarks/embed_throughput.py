@@ -65,18 +65,17 @@ def load_sentences(path: str, n: int, tokenizer: str) -> list[list[str]]:
 def batch_stats(sentences: Sequence[Sequence[str]], batch_size: int, sort: bool) -> dict[str, int]:
   """Counts of the work `Embedder.embed_batch` does, and what naive padding / no dedupe would do."""
   order = sorted(range(len(sentences)), key=lambda i: len(sentences[i])) if sort else list(range(len(sentences)))
-  stats = {"tokens": 0, "bucketed_slots": 0, "pow2_rows_slots": 0, "naive_slots": 0, "cnn_unique_padded": 0,
+  stats = {"tokens": 0, "bucketed_slots": 0, "naive_slots": 0, "cnn_unique_padded": 0,
            "cnn_no_dedupe": 0}
   for start in range(0, len(order), batch_size):
     batch = [sentences[i] for i in order[start:start + batch_size]]
     longest = max(len(s) for s in batch)
     stats["tokens"] += sum(len(s) for s in batch)
-    stats["bucketed_slots"] += batch_size * bucket(longest)
+    # embed_sentences pads a short (last) batch to a power of two of rows, not to batch_size.
+    stats["bucketed_slots"] += min(batch_size, _pow2_at_least(len(batch), floor=1)) * bucket(longest)
     stats["naive_slots"] += len(batch) * longest
-    # What padding a short (last) batch only to a power of two of rows would cost instead of batch_size.
-    stats["pow2_rows_slots"] += min(batch_size, _pow2_at_least(len(batch), floor=1)) * bucket(longest)
     stats["cnn_unique_padded"] += _pow2_at_least(len({t for s in batch for t in s}))
-    stats["cnn_no_dedupe"] += batch_size * bucket(longest)
+    stats["cnn_no_dedupe"] += min(batch_size, _pow2_at_least(len(batch), floor=1)) * bucket(longest)
   return stats
 
 
@@ -149,7 +148,6 @@ def main(argv: list[str]) -> None:
       "sorted_bucketed_slots": sorted_stats["bucketed_slots"],
       "unsorted_bucketed_slots": unsorted_stats["bucketed_slots"],
       "naive_unsorted_batch_max_slots": unsorted_stats["naive_slots"],
-      "sorted_bucketed_slots_if_last_batch_rows_pow2": sorted_stats["pow2_rows_slots"],
       "lstm_efficiency_sorted_bucketed": round(n_tokens / sorted_stats["bucketed_slots"], 3),
       "lstm_efficiency_naive_unsorted": round(n_tokens / unsorted_stats["naive_slots"], 3),
   }
