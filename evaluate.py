@@ -4,6 +4,8 @@
   python evaluate.py --task=pos --options_file=O --weight_file=W --output_dir=OUT \
       --max_examples=500
   python evaluate.py --task=perplexity --workdir=runs/small --text_file=test.txt.gz
+  python evaluate.py --task=sentiment --workdir=runs/small --tfds_data_dir=~/tensorflow_datasets \
+      --train_file=tfds:glue/sst2:train --test_file=tfds:glue/sst2:validation
 
 Each task writes OUT/TASK.json and PNG plots and prints a short table; `all`
 also writes OUT/report.md. Bad input exits non-zero with one line on stderr.
@@ -31,20 +33,35 @@ _OPTIONS = flags.DEFINE_string("options_file", None, "ELMo options.json (with --
 _WEIGHTS = flags.DEFINE_string("weight_file", None, "ELMo hdf5 weights (with --options_file).")
 _OUTPUT = flags.DEFINE_string("output_dir", None, "Output directory; default WORKDIR/eval.")
 _TRAIN = flags.DEFINE_string("train_file", None,
-                             "Train file of the single task given (pos or sentiment).")
+                             "Train file of the single task given (pos or sentiment); "
+                             "sentiment also takes tfds:NAME:SPLIT, pos does not (TFDS has "
+                             "no standard POS dataset).")
 _TEST = flags.DEFINE_string("test_file", None,
-                            "Test file of the single task given (pos or sentiment).")
+                            "Test file of the single task given (pos or sentiment); "
+                            "sentiment also takes tfds:NAME:SPLIT.")
 _WSD = flags.DEFINE_string("wsd_file", _D["wsd_file"],
                            "WSD TSV: lemma, pos, sense, token_index, sentence.")
 _WSD_TRAIN = flags.DEFINE_string("wsd_train_file", None,
                                  "Optional WSD TSV for the sense-centroid protocol.")
 _WSD_LEMMA = flags.DEFINE_string("wsd_lemma", None, "Lemma of the WSD PCA plot.")
-_POS_TRAIN = flags.DEFINE_string("pos_train_file", _D["pos_train_file"], "CoNLL word<TAB>TAG.")
-_POS_TEST = flags.DEFINE_string("pos_test_file", _D["pos_test_file"], "CoNLL word<TAB>TAG.")
+_POS_TRAIN = flags.DEFINE_string("pos_train_file", _D["pos_train_file"],
+                                "CoNLL word<TAB>TAG (a file: TFDS has no standard POS dataset).")
+_POS_TEST = flags.DEFINE_string("pos_test_file", _D["pos_test_file"],
+                                "CoNLL word<TAB>TAG (a file: TFDS has no standard POS dataset).")
 _SENT_TRAIN = flags.DEFINE_string("sentiment_train_file", _D["sentiment_train_file"],
-                                  "TSV label<TAB>sentence.")
+                                  "TSV label<TAB>sentence, or tfds:NAME:SPLIT "
+                                  "(e.g. tfds:glue/sst2:train).")
 _SENT_TEST = flags.DEFINE_string("sentiment_test_file", _D["sentiment_test_file"],
-                                 "TSV label<TAB>sentence.")
+                                 "TSV label<TAB>sentence, or tfds:NAME:SPLIT "
+                                 "(e.g. tfds:glue/sst2:validation; sst2's test is unlabelled).")
+_TFDS_DIR = flags.DEFINE_string("tfds_data_dir", None,
+                                "TFDS data_dir of tfds:NAME:SPLIT inputs and --tfds_name; "
+                                "default TFDS's own. Datasets are never downloaded here.")
+_TFDS_TEXT = flags.DEFINE_string("tfds_text_key", None,
+                                 "Text feature of tfds: sentiment data; default sentence, "
+                                 "else text.")
+_TFDS_LABEL = flags.DEFINE_string("tfds_label_key", None,
+                                  "Integer label feature of tfds: sentiment data; default label.")
 _MAX = flags.DEFINE_integer("max_examples", None,
                             "Use only the first N sentences/rows of each file (quick runs).")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences per embedder call.")
@@ -68,13 +85,14 @@ _PRETOK = flags.DEFINE_bool("pretokenized", None,
                             "Perplexity text is whitespace-tokenized; default the run's, else Moses.")
 
 
-def _resolve_tfds(path: str | None) -> str | None:
-  """`tfds:NAME` arguments need TensorFlow Datasets, which this setup lacks."""
-  if path and path.startswith("tfds:"):
-    raise readers.InputError(
-        f"{path}: TFDS datasets are not supported yet (tensorflow_datasets is not a "
-        "dependency); export it to the TSV/CoNLL format and pass the file")
-  return path
+def _check_tfds(field: str, path: str | None) -> None:
+  """`tfds:NAME:SPLIT` is for sentiment data only (TFDS has no standard POS/WSD dataset)."""
+  if not readers.is_tfds(path):
+    return
+  if not field.startswith("sentiment_"):
+    raise readers.InputError(f"{path}: TFDS inputs are for sentiment only (TFDS has no "
+                             "standard POS/WSD dataset); export it to TSV/CoNLL and pass the file")
+  readers.parse_tfds(path)
 
 
 def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
@@ -100,10 +118,12 @@ def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
       wsd_train_file=_WSD_TRAIN.value, wsd_lemma=_WSD_LEMMA.value,
       pos_train_file=_POS_TRAIN.value, pos_test_file=_POS_TEST.value,
       sentiment_train_file=_SENT_TRAIN.value, sentiment_test_file=_SENT_TEST.value,
-      max_examples=_MAX.value, batch_size=_BATCH.value, use_cache=not _NO_CACHE.value,
-      probe=probe)
+      tfds_data_dir=_TFDS_DIR.value, tfds_text_key=_TFDS_TEXT.value,
+      tfds_label_key=_TFDS_LABEL.value, max_examples=_MAX.value, batch_size=_BATCH.value,
+      use_cache=not _NO_CACHE.value, probe=probe)
   cfg.perplexity = tasks_lib.perplexity.PerplexityConfig(
       text_file=_TEXT.value, tfds_name=_TFDS_NAME.value, tfds_split=_TFDS_SPLIT.value,
+      tfds_data_dir=_TFDS_DIR.value,
       options_file=_OPTIONS.value, weight_file=_WEIGHTS.value, vocab_file=_VOCAB.value,
       # --batch_size defaults to 64 for the probes; perplexity matches the run's batch unless given.
       batch_size=_BATCH.value if _BATCH.present else None, unroll_steps=_UNROLL.value,
@@ -119,7 +139,7 @@ def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
       setattr(cfg, f"{task}_test_file", _TEST.value)
   for field in ("pos_train_file", "pos_test_file", "sentiment_train_file",
                 "sentiment_test_file", "wsd_file", "wsd_train_file"):
-    setattr(cfg, field, _resolve_tfds(getattr(cfg, field)))
+    _check_tfds(field, getattr(cfg, field))
   return task, cfg
 
 

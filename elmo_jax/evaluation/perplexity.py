@@ -43,6 +43,7 @@ class PerplexityConfig:
   text_file: str | None = None
   tfds_name: str | None = None
   tfds_split: str = "test"
+  tfds_data_dir: str | None = None  # default: the run's data.tfds_data_dir
   options_file: str | None = None
   weight_file: str | None = None
   vocab_file: str | None = None
@@ -265,8 +266,8 @@ def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[st
   if not text_file and not tfds_name:
     raise NoText("perplexity: no text to score; pass --text_file (or --tfds_name, or a --workdir "
                  "whose config has data.eval_files)")
-  source = open_source(text_file, tfds_name, tfds_split,
-                       train_config.get("data", {}).get("tfds_data_dir", ""))
+  source = open_source(text_file, tfds_name, tfds_split, pcfg.tfds_data_dir
+                       or train_config.get("data", {}).get("tfds_data_dir", ""))
   lm = load_language_model(pcfg, workdir)
   data_cfg = train_config.get("data", {})
   batch_size = pcfg.batch_size or train_config.get("batch_size") or DEFAULT_BATCH_SIZE

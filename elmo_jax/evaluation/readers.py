@@ -5,14 +5,19 @@ Formats (UTF-8, no header):
     whitespace-tokenized, token_index 0-based.
   * CoNLL-like tagging: `word<TAB>TAG` per line, a blank line between sentences.
   * Labelled sentences TSV: `label<TAB>sentence` (raw text, tokenized here).
+  * Labelled sentences from TFDS: `tfds:NAME:SPLIT` (e.g. `tfds:glue/sst2:validation`),
+    read with `tfds.data_source` (ArrayRecord, no TensorFlow) from a locally prepared
+    copy; records with a text feature (`sentence` or `text`) and an integer `label`.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import logging
 import os
 import re
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 
 class InputError(ValueError):
@@ -53,6 +58,121 @@ _TOKEN_RE = re.compile(
 def tokenize(text: str) -> list[str]:
   """Simple rule tokenizer for raw sentences (punctuation and clitics split)."""
   return _TOKEN_RE.findall(text)
+
+
+TFDS_PREFIX = "tfds:"
+
+
+def is_tfds(path: str | None) -> bool:
+  return bool(path) and path.startswith(TFDS_PREFIX)
+
+
+def parse_tfds(spec: str) -> tuple[str, str]:
+  """`tfds:NAME[:VERSION]:SPLIT` -> (NAME[:VERSION], SPLIT); SPLIT may slice (`train[:10%]`)."""
+  name, _, split = spec[len(TFDS_PREFIX):].partition(":")
+  version, _, rest = split.partition(":")
+  if rest and re.fullmatch(r"\d+(\.(\d+|\*))*", version):
+    name, split = f"{name}:{version}", rest
+  if not name or not split:
+    raise InputError(f"{spec}: expected tfds:NAME:SPLIT, e.g. tfds:glue/sst2:validation")
+  return name, split
+
+
+@contextlib.contextmanager
+def _quiet_absl():
+  """Mutes TFDS's absl warnings (e.g. "Variant folder ... has no dataset_info.json"):
+  bad input must end in one line on stderr."""
+  logger = logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+def _tfds_unavailable(spec: str, name: str, data_dir: str | None, error: Exception) -> str:
+  """One line on why `tfds.data_source` failed; a missing dataset gets the preparation hint."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  where = f"--tfds_data_dir={data_dir}" if data_dir else "the default TFDS data_dir"
+  hint = (f"prepare it once with network access: python -c \"import tensorflow_datasets as tfds; "
+          f"tfds.data_source('{name}'{f', data_dir={data_dir!r}' if data_dir else ''}, "
+          f"download=True)\" or "
+          f"`tfds build {name} --file_format=array_record"
+          f"{f' --data_dir={data_dir}' if data_dir else ''}`")
+  if isinstance(error, tfds.core.registered.DatasetNotFoundError):
+    return f"{spec}: TFDS dataset {name!r} is not registered nor found under {where}; {hint}"
+  try:  # Unprepared data fails with a misleading "file format TFRECORD" error: check first.
+    prepared = tfds.builder(name, data_dir=data_dir).is_prepared()
+  except Exception:  # pylint: disable=broad-except
+    prepared = False
+  if not prepared:
+    return f"{spec}: TFDS dataset {name!r} is not prepared under {where}; {hint}"
+  first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return f"{spec}: cannot read TFDS split under {where}: {first}"
+
+
+def _tfds_text(value: Any, spec: str, index: int) -> str:
+  if isinstance(value, str):
+    return value
+  try:
+    return bytes(value).decode("utf-8")
+  except (TypeError, ValueError):
+    raise InputError(f"{spec}: record {index}: text is not UTF-8 bytes/str") from None
+
+
+def read_tfds_labelled(spec: str, data_dir: str | None = None, text_key: str | None = None,
+                       label_key: str | None = None) -> list[LabelledSentence]:
+  """Reads `tfds:NAME:SPLIT` like `read_labelled`; `line` is the 0-based record index.
+
+  The text is `text_key`, else `sentence` (glue/sst2), else `text` (imdb_reviews); the
+  label is the integer `label_key` (default `label`), as a string ("0", "1", ...) like
+  the TSV labels. A label < 0 (glue/sst2's test split) is refused: it is unlabelled.
+  """
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (slow, only when used)
+  except ImportError:
+    raise InputError(f"{spec}: tensorflow_datasets is not installed") from None
+  name, split = parse_tfds(spec)
+  with _quiet_absl():
+    try:
+      source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    except Exception as e:  # pylint: disable=broad-except  (tfds raises a zoo of types)
+      raise InputError(_tfds_unavailable(spec, name, data_dir, e)) from None
+  records = source.__getitems__(range(len(source))) if len(source) else []
+  if not records:
+    raise InputError(f"{spec}: no examples")
+  keys = sorted(records[0])
+  text_key = text_key or next((k for k in ("sentence", "text") if k in keys), "sentence")
+  label_key = label_key or "label"
+  for key, flag in ((text_key, "--tfds_text_key"), (label_key, "--tfds_label_key")):
+    if key not in keys:
+      raise InputError(f"{spec}: records have no feature {key!r} (features: {keys}); "
+                       f"choose one with {flag}")
+  out = []
+  for index, record in enumerate(records):
+    try:
+      label = int(record[label_key])
+    except (TypeError, ValueError):
+      raise InputError(f"{spec}: record {index}: label {record[label_key]!r} is not an "
+                       "integer") from None
+    if label < 0:
+      raise InputError(f"{spec}: record {index} has label {label}: an unlabelled split "
+                       "(glue/sst2's test labels are hidden); use a labelled split, "
+                       "e.g. validation, as the test set")
+    tokens = tuple(tokenize(_tfds_text(record[text_key], spec, index)))
+    if not tokens:
+      raise InputError(f"{spec}: record {index}: empty sentence")
+    out.append(LabelledSentence(str(label), tokens, index))
+  return out
+
+
+def labelled_digest(rows: Sequence[LabelledSentence]) -> str:
+  """sha256 of labels and tokens (keys the feature cache of data that is not a file)."""
+  h = hashlib.sha256()
+  for r in rows:
+    h.update(("\t".join((r.label,) + r.tokens) + "\n").encode())
+  return h.hexdigest()
 
 
 def file_digest(path: str) -> str:

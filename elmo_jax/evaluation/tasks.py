@@ -53,6 +53,10 @@ class EvalConfig:
   pos_test_file: str = DEFAULTS["pos_test_file"]
   sentiment_train_file: str = DEFAULTS["sentiment_train_file"]
   sentiment_test_file: str = DEFAULTS["sentiment_test_file"]
+  # Sentiment files may be `tfds:NAME:SPLIT` (readers.read_tfds_labelled); None keys: auto.
+  tfds_data_dir: str | None = None
+  tfds_text_key: str | None = None
+  tfds_label_key: str | None = None
   max_examples: int | None = None  # cap on sentences/rows per file (first N)
   batch_size: int = 64
   use_cache: bool = True
@@ -198,10 +202,17 @@ def run_pos(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]
   return result
 
 
+def _read_labelled(cfg: EvalConfig, path: str) -> list[readers.LabelledSentence]:
+  if readers.is_tfds(path):
+    return readers.read_tfds_labelled(path, cfg.tfds_data_dir, cfg.tfds_text_key,
+                                      cfg.tfds_label_key)
+  return readers.read_labelled(path)
+
+
 def run_sentiment(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]:
   """Sentence polarity: mean-pooled vectors per layer / learned mix, logistic regression."""
-  train_all = readers.read_labelled(cfg.sentiment_train_file)
-  test = _cap(readers.read_labelled(cfg.sentiment_test_file), cfg.max_examples)
+  train_all = _read_labelled(cfg, cfg.sentiment_train_file)
+  test = _cap(_read_labelled(cfg, cfg.sentiment_test_file), cfg.max_examples)
   ids = _label_ids([r.label for r in train_all])
   if len(ids) < 2:
     raise readers.InputError(f"{cfg.sentiment_train_file}: needs >= 2 labels, got {sorted(ids)}")
@@ -209,8 +220,13 @@ def run_sentiment(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str
   train = _cap(train_all, cfg.max_examples)
   models = get_models()
   sentences = [r.tokens for r in train] + [r.tokens for r in test]
-  key = features.dataset_key([cfg.sentiment_train_file, cfg.sentiment_test_file],
-                             cap=cfg.max_examples, tokenizer=1, sample="seeded-0")
+  paths = [cfg.sentiment_train_file, cfg.sentiment_test_file]
+  # A TFDS split is no file to digest: its records (and the keys chosen) key the cache.
+  tfds_rows = ({"records": readers.labelled_digest(train_all + test)}
+               if any(map(readers.is_tfds, paths)) else {})
+  key = features.dataset_key([p for p in paths if not readers.is_tfds(p)],
+                             cap=cfg.max_examples, tokenizer=1, sample="seeded-0",
+                             **tfds_rows)
   feats = _features(cfg, models, "sentiment", key,
                     lambda emb: features.mean_features(emb, sentences, cfg.batch_size))
   y_train = np.array([ids[r.label] for r in train], np.int32)
