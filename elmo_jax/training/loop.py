@@ -75,6 +75,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   tokenizer = Tokenizer(pretokenized=config.data.pretokenized)
   train_source, eval_source = make_sources(config.data)
+  for name, source in (("train", train_source), ("eval", eval_source)):
+    skipped = {k: v for k, v in getattr(source, "skipped", {}).items() if v}
+    if skipped:  # bad lines never stop a run, but the user should know they were dropped
+      first = getattr(source, "first_skipped", {})
+      say(f"{name} data: skipped " + ", ".join(
+          f"{n:,} {reason} lines" + (f" (first at {first[reason]})" if reason in first else "")
+          for reason, n in skipped.items()))
   vocab = prepare_vocab(config, workdir, train_source, tokenizer)
   if is_main:
     files.write_json(os.path.join(workdir, "config.json"), config.to_dict())
@@ -198,5 +205,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     stop.restore()
   checkpointer.close()  # waits for the last asynchronous save and its checksum
   writer.close()
-  say(f"done: step {int(state.step)}; checkpoints in {checkpointer.directory}; export in {workdir}/export")
+  counts = train_iter.counters
+  say(f"done: step {int(state.step)}; read {counts['sentences']:,} sentences, {counts['tokens']:,} words "
+      f"({counts['truncated_tokens']:,} over-long tokens truncated); checkpoints in {checkpointer.directory}; "
+      f"export in {workdir}/export")
   return record
