@@ -7,6 +7,7 @@ the current step, save and exit 0. Multi-process (TPU pod, several GPU hosts, or
 every process runs the same command; on TPU pods and SLURM `--distributed=auto` finds the cluster itself,
 elsewhere pass --coordinator_address=HOST:PORT --num_processes=N --process_id=I.
 """
+import os
 import sys
 
 from absl import app, flags, logging
@@ -38,6 +39,21 @@ def main(argv):
   distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   from elmo_jax.training.loop import train_and_evaluate
   train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  _exit_without_finalization()
+
+
+def _exit_without_finalization() -> None:
+  """Exits 0 once everything is saved and closed, skipping interpreter finalization.
+
+  Finalization can race native threads of tensorstore/Orbax calling back into Python, which aborts the
+  process ("terminate called after throwing an instance of ''", exit -6) after a successful run.
+  """
+  import jax
+  if jax.process_count() > 1:
+    jax.distributed.shutdown()  # the atexit hook that would do it is skipped too
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)
 
 
 if __name__ == "__main__":
