@@ -5,7 +5,6 @@ each row continuing from its own final state of the previous batch. Tolerance: a
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import jax
@@ -22,6 +21,7 @@ from elmo_jax.model import char_cnn as char_cnn_mod
 from elmo_jax.model import lstm as lstm_mod
 
 from conftest import FIXTURE_DIR, FIXTURE_OPTIONS, FIXTURE_WEIGHTS
+from plain_lstm import plain_lstm_scan
 
 ATOL = 1e-5
 MAX_BATCH = 4
@@ -142,24 +142,9 @@ def test_token_embedding_precompute_path(fixture_params, fixture_options, fixtur
 
 
 def _patched_lstm_scan(gate_order="ijfo"):
-  """A copy of lstm.lstm_scan whose fused gate matrix is split in `gate_order` (the correct one: 'ijfo')."""
+  """A plain lstm_scan whose fused gate matrix is split in `gate_order` (the correct one: 'ijfo')."""
   def lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip=None, proj_clip=None, dtype=jnp.float32, unroll=1):
-    def step(carry, inputs):
-      c, h = carry
-      g, m = inputs
-      g = g + jnp.einsum("dbp,dpg->dbg", h, w_h)
-      parts = dict(zip(gate_order, jnp.split(g, 4, axis=-1)))
-      i, j, f, o = parts["i"], parts["j"], parts["f"], parts["o"]
-      c_new = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(j)
-      if cell_clip:
-        c_new = jnp.clip(c_new, -cell_clip, cell_clip)
-      h_new = jnp.einsum("dbh,dhp->dbp", jax.nn.sigmoid(o) * jnp.tanh(c_new), w_p)
-      if proj_clip:
-        h_new = jnp.clip(h_new, -proj_clip, proj_clip)
-      keep = m[..., None]
-      return (jnp.where(keep, c_new, c), jnp.where(keep, h_new, h)), jnp.where(keep, h_new, 0.0)
-    (c, h), outputs = jax.lax.scan(step, (c0, h0), (gx, mask))
-    return outputs, (c, h)
+    return plain_lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, gate_order)
   return lstm_scan
 
 
