@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-from absl import flags
 
 import evaluate
 from elmo_jax import options as options_lib
@@ -56,15 +55,6 @@ def tiny_run(tmp_path_factory):
   return train_tiny(str(tmp_path_factory.mktemp("tiny_run")))
 
 
-@pytest.fixture
-def parsed_flags():
-  def parse(*args):
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["evaluate.py", *args])
-  yield parse
-  flags.FLAGS.unparse_flags()
-
-
 def _last_eval(workdir: str) -> dict:
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if line.strip()]
   return [r for r in rows if "eval_ppl" in r][-1]
@@ -86,12 +76,12 @@ def test_matches_trainer_eval_and_writes_json_and_plots(tiny_run, tmp_path, pars
                        ("ppl_backward", "eval_ppl_backward")):
     assert result[ours] == pytest.approx(expected[theirs], rel=1e-4)
   assert result["ppl"] == pytest.approx(math.sqrt(result["ppl_forward"] * result["ppl_backward"]))
-  # Unigram on the model's forward targets == lm_eval's baseline over the whole file (the trainer's step-0 row).
-  vocab = Vocab.load(os.path.join(tiny_run, "vocab.txt"))
-  lines = open(os.path.join(tiny_run, "data", "valid.txt")).read().splitlines()
-  base = lm_eval.unigram_perplexity(vocab, Tokenizer(), lines)
-  assert result["unigram_ppl"] == pytest.approx(base["unigram_ppl"], rel=1e-9)
-  assert result["oov_rate"] == pytest.approx(base["oov_rate"])
+  # Unigram on the model's forward targets == the trainer's step-0 baseline row over the same file.
+  rows = [json.loads(line) for line in open(os.path.join(tiny_run, "metrics.jsonl"))]
+  base = [r for r in rows if "unigram_ppl" in r]
+  assert len(base) == 1 and base[0]["step"] == 0
+  assert result["unigram_ppl"] == pytest.approx(base[0]["unigram_ppl"], rel=1e-9)
+  assert result["oov_rate"] == pytest.approx(base[0]["oov_rate"])
   names = sorted(os.path.basename(p) for p in result["plots"])
   assert names == ["perplexity_bars.png", "perplexity_curves.png"]
   assert all(os.path.getsize(p) > 1000 for p in result["plots"])
@@ -112,15 +102,17 @@ def test_unigram_by_hand(tmp_path):
   lines = ["a b", "a c"]
   batches = make_lm_iterator(lines, vocab, Tokenizer(pretokenized=True), batch_size=1, unroll_steps=4,
                              seed=0, shuffle=False, num_epochs=1, process_index=0, process_count=1)
-  tally = perplexity._Tally(batches, vocab)  # pylint: disable=protected-access
+  tally = lm_eval.UnigramTally(batches, vocab)
   assert len(list(tally)) == 2
   # Forward targets: a b </S> a <UNK> </S>; total count 8.
   probs = [3 / 8, 2 / 8, 2 / 8, 3 / 8, 1 / 8, 2 / 8]
   expected = math.exp(-np.mean(np.log(probs)))
   assert math.exp(tally.nll / tally.targets) == pytest.approx(expected, rel=1e-12)
   assert (tally.oov, tally.words) == (1, 4)
-  assert lm_eval.unigram_perplexity(vocab, Tokenizer(pretokenized=True), lines)["unigram_ppl"] == \
-      pytest.approx(expected, rel=1e-12)
+  assert tally.result() == {"unigram_ppl": pytest.approx(expected, rel=1e-12), "oov_rate": 0.25, "n_words": 4}
+  again = make_lm_iterator(lines, vocab, Tokenizer(pretokenized=True), batch_size=2, unroll_steps=3,
+                           seed=0, shuffle=False, num_epochs=1, process_index=0, process_count=1)
+  assert lm_eval.unigram_baseline(vocab, again)["unigram_ppl"] == pytest.approx(expected, rel=1e-12)
 
 
 def test_bad_inputs_exit_with_one_line(tiny_run, tmp_path, parsed_flags):

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -155,34 +154,6 @@ def open_source(text_file: str | None, tfds_name: str | None, tfds_split: str, t
     raise InputError(str(e)) from None
 
 
-def unigram_log_probs(vocab) -> np.ndarray:
-  """Natural-log unigram probabilities; as lm_eval: an unseen `<UNK>` gets one count, not probability 0."""
-  log_probs = vocab.unigram_log_probs().copy()
-  if not np.isfinite(log_probs[vocab.unk]):
-    log_probs[vocab.unk] = -math.log(float(vocab.counts.sum()) + 1.0)
-  return log_probs
-
-
-class _Tally:
-  """Passes batches through while summing the unigram NLL and OOV share of their forward targets."""
-
-  def __init__(self, batches: Iterable[dict[str, np.ndarray]], vocab):
-    self._batches, self._vocab = batches, vocab
-    self._log_probs = unigram_log_probs(vocab) if vocab.counts is not None else None
-    self.nll, self.targets, self.words, self.oov = 0.0, 0, 0, 0
-
-  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-    for batch in self._batches:
-      targets = batch["fwd_targets"][batch["weights"] > 0]
-      words = targets[targets != self._vocab.eos]  # </S> is a target but not a word
-      self.targets += targets.size
-      self.words += words.size
-      self.oov += int(np.sum(words == self._vocab.unk))
-      if self._log_probs is not None:
-        self.nll -= float(np.sum(self._log_probs[targets]))
-      yield batch
-
-
 def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_batches: int = 0,
           pretokenized: bool = False, dtype: str = "float32", scan_unroll: int = 1,
           max_token_chars: int = 50) -> dict[str, Any]:
@@ -208,13 +179,11 @@ def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_
                              unroll_steps=unroll_steps, seed=0, shuffle=False, num_epochs=1,
                              process_index=0, process_count=1, max_token_chars=max_token_chars,
                              max_characters_per_token=lm.options["char_cnn"]["max_characters_per_token"])
-  tally = _Tally(batches, lm.vocab)
+  tally = lm_eval.UnigramTally(batches, lm.vocab)
   result = lm_eval.perplexity(eval_step, params, zero, tally, lambda b: step_lib.global_batch(b, mesh),
                               max_batches)
-  result.update({"oov_rate": tally.oov / max(tally.words, 1), "n_words": tally.words,
-                 "n_sentences": batches.counters["sentences"], "n_batches": batches.counters["batches"],
-                 "unigram_ppl": (math.exp(tally.nll / max(tally.targets, 1)) if lm.vocab.counts is not None
-                                 else None)})
+  result.update({**tally.result(), "n_sentences": batches.counters["sentences"],
+                 "n_batches": batches.counters["batches"]})
   if lm.vocab.counts is None:
     result["unigram_note"] = NO_COUNTS_NOTE
   return result

@@ -7,13 +7,13 @@ The LSTM state is carried across windows within each batch row, as in training.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from elmo_jax.data import Tokenizer, Vocab
+from elmo_jax.data import Vocab
 
 CONVENTION = ("each sentence is <S> w1..wn </S>; forward predicts w1..wn </S>, backward predicts "
               "wn..w1 <S> (n+1 targets per direction, bilm-tf); LSTM state carried across windows")
@@ -59,23 +59,49 @@ def perplexity(eval_step: Callable, params: Any, zero_lstm_state: Any, batches: 
           "n_tokens": int(sums["n_tokens"])}
 
 
-def unigram_perplexity(vocab: Vocab, tokenizer: Tokenizer, sentences: Iterable[str]) -> dict[str, float]:
-  """Perplexity of the word-frequency model from the training counts over the forward targets.
+def unigram_log_probs(vocab: Vocab) -> np.ndarray:
+  """`[V]` natural-log unigram probabilities from the training counts.
 
-  Also the OOV rate (share of words, `</S>` excluded, mapped to `<UNK>`).
+  With no OOV in training `<UNK>` gets one count rather than probability 0 (an infinite perplexity).
   """
   log_probs = vocab.unigram_log_probs().copy()
-  if not np.isfinite(log_probs[vocab.unk]):  # no OOV in training: give <UNK> one count, not probability 0
+  if not np.isfinite(log_probs[vocab.unk]):
     log_probs[vocab.unk] = -math.log(float(vocab.counts.sum()) + 1.0)
-  total, n, oov, words = 0.0, 0, 0, 0
-  for text in sentences:
-    tokens = tokenizer(text)
-    if not tokens:
-      continue
-    ids = vocab.encode(tokens)
-    oov += int(np.sum(ids == vocab.unk))
-    words += len(ids)
-    targets = np.concatenate([ids, [vocab.eos]])
-    total += float(-np.sum(log_probs[targets]))
-    n += len(targets)
-  return {"unigram_ppl": math.exp(total / max(n, 1)), "oov_rate": oov / max(words, 1), "n_words": words}
+  return log_probs
+
+
+class UnigramTally:
+  """Passes LM batches through while scoring their forward targets with the unigram model.
+
+  The baseline thus sees exactly the targets the biLM is scored on (same convention, same
+  `max_batches` cut). Also counts the OOV share of words (`</S>` is a target but not a word).
+  """
+
+  def __init__(self, batches: Iterable[dict[str, np.ndarray]], vocab: Vocab):
+    self._batches, self._vocab = batches, vocab
+    self._log_probs = unigram_log_probs(vocab) if vocab.counts is not None else None
+    self.nll, self.targets, self.words, self.oov = 0.0, 0, 0, 0
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    for batch in self._batches:
+      targets = batch["fwd_targets"][batch["weights"] > 0]
+      words = targets[targets != self._vocab.eos]
+      self.targets += targets.size
+      self.words += words.size
+      self.oov += int(np.sum(words == self._vocab.unk))
+      if self._log_probs is not None:
+        self.nll -= float(np.sum(self._log_probs[targets]))
+      yield batch
+
+  def result(self) -> dict[str, Any]:
+    """`unigram_ppl` (None without vocabulary counts), `oov_rate`, `n_words`."""
+    ppl = math.exp(self.nll / max(self.targets, 1)) if self._log_probs is not None else None
+    return {"unigram_ppl": ppl, "oov_rate": self.oov / max(self.words, 1), "n_words": self.words}
+
+
+def unigram_baseline(vocab: Vocab, batches: Iterable[dict[str, np.ndarray]]) -> dict[str, Any]:
+  """The unigram baseline alone, over a finite stream of LM batches (no model needed)."""
+  tally = UnigramTally(batches, vocab)
+  for _ in tally:
+    pass
+  return tally.result()

@@ -1,6 +1,7 @@
 """The train loop, top to bottom: data -> vocab -> sharded state -> steps -> logs, evals, checkpoints, export."""
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -120,14 +121,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     say(f"initialised from {source}; fresh optimizer")
   start_step = int(state.step)
 
+  def eval_batches(**shard):
+    return make_lm_iterator(eval_source, vocab, tokenizer, batch_size=local_rows,
+                            unroll_steps=config.unroll_steps, seed=config.seed, shuffle=False, num_epochs=1,
+                            max_token_chars=config.data.max_token_chars, **shard)
+
   def run_eval(params) -> dict[str, Any]:
     if eval_source is None:
       return {}
-    batches = make_lm_iterator(eval_source, vocab, tokenizer, batch_size=local_rows,
-                               unroll_steps=config.unroll_steps, seed=config.seed, shuffle=False, num_epochs=1,
-                               max_token_chars=config.data.max_token_chars)
     zero = jax.device_put(model.zero_state(config.batch_size), shardings.lstm_state)
-    result = lm_eval.perplexity(eval_step, params, zero, batches, to_global, config.eval_max_batches)
+    result = lm_eval.perplexity(eval_step, params, zero, eval_batches(), to_global, config.eval_max_batches)
     return {"eval_ppl_forward": result["ppl_forward"], "eval_ppl_backward": result["ppl_backward"],
             "eval_ppl": result["ppl"], "eval_tokens": result["n_tokens"]}
 
@@ -140,7 +143,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   writer = MetricWriter(workdir, enabled=is_main)
   if is_main and eval_source is not None and start_step == 0:
-    base = lm_eval.unigram_perplexity(vocab, tokenizer, (eval_source[i] for i in range(len(eval_source))))
+    # Process 0 reads every shard; with one process these are exactly the targets the biLM's eval scores
+    # (several processes: the same number of batch rows, drawn from the unsharded split).
+    batches = eval_batches(process_index=0, process_count=1)
+    if config.eval_max_batches:
+      batches = itertools.islice(batches, config.eval_max_batches * n_proc)
+    base = lm_eval.unigram_baseline(vocab, batches)
     writer.write({"step": 0, **base})
     say(f"unigram baseline on the eval split: ppl {base['unigram_ppl']:.1f}, OOV rate {base['oov_rate']:.2%}")
   say(f"training {config.num_train_steps} steps of {config.batch_size} x {config.unroll_steps} tokens on "
