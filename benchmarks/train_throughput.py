@@ -41,7 +41,6 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from elmo_jax import chars
 from elmo_jax.model import BiLM

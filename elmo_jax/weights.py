@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import h5py
 import numpy as np
 
+from elmo_jax import files
 from elmo_jax import options as options_lib
 
 _LSTM = "RNN_{d}/RNN/MultiRNNCell/Cell{k}/LSTMCell/{name}"
@@ -100,11 +101,9 @@ def load_hdf5(weight_file: str | os.PathLike, options: dict[str, Any]) -> dict[s
 def save_hdf5(weight_file: str | os.PathLike, params: dict[str, Any], options: dict[str, Any],
               softmax: dict[str, Any] | None = None) -> None:
   """Writes `BiLM` params (and optionally the softmax) in the original layout, atomically."""
-  tmp = f"{weight_file}.tmp"
-  with h5py.File(tmp, "w") as f:
+  with files.atomic_path(weight_file) as tmp, h5py.File(tmp, "w") as f:
     for name, path, file_shape, _ in _layout(options):
       f.create_dataset(name, data=_get(params, path).astype(np.float32).reshape(file_shape))
     if softmax is not None:
       f.create_dataset("softmax/W", data=np.asarray(softmax["W"], np.float32))
       f.create_dataset("softmax/b", data=np.asarray(softmax["b"], np.float32))
-  os.replace(tmp, weight_file)

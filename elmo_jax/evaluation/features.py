@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from elmo_jax import files
 from elmo_jax.evaluation import readers
 
 
@@ -47,8 +47,8 @@ def model_key_from_workdir(workdir: str) -> str:
   if not os.path.isdir(export):
     raise readers.InputError(f"{export}: no exported model (directory not found)")
   h = hashlib.sha256()
-  for root, _, files in sorted(os.walk(export)):
-    for name in sorted(files):
+  for root, _, names in sorted(os.walk(export)):
+    for name in sorted(names):
       path = os.path.join(root, name)
       st = os.stat(path)
       h.update(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
@@ -77,16 +77,8 @@ def cached(cache_dir: str | None, name: str, compute: Callable[[], np.ndarray]
     except (OSError, ValueError, KeyError):
       pass  # A corrupt entry (e.g. a killed run on a non-atomic fs): recompute.
   features = compute()
-  os.makedirs(cache_dir, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      np.savez(f, features=features)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  with files.atomic_path(path) as tmp, open(tmp, "wb") as f:
+    np.savez(f, features=features)
   return features
 
 

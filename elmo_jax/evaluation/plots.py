@@ -6,8 +6,6 @@ rename) and returns its path.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from typing import Any, Sequence
 
 import matplotlib
@@ -16,18 +14,15 @@ matplotlib.use("Agg")  # Headless: no display on training/eval machines.
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from elmo_jax import files  # noqa: E402
+
 
 def _save(fig, path: str) -> str:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".png")
-  os.close(fd)
   try:
-    fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-    os.replace(tmp, path)
+    with files.atomic_path(path, suffix=".png") as tmp:
+      fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
   finally:
     plt.close(fig)
-    if os.path.exists(tmp):
-      os.remove(tmp)
   return path
 
 
