@@ -7,6 +7,7 @@ import os
 import h5py
 import numpy as np
 import pytest
+from absl import flags
 
 from elmo_jax import options as options_lib
 from elmo_jax import weights as weights_lib
@@ -51,3 +52,13 @@ def tiny_options(skip: bool = True, cell_clip=3.0, proj_clip=3.0, n_layers: int 
       "lstm": {"cell_clip": cell_clip, "dim": 8, "n_layers": n_layers, "proj_clip": proj_clip,
                "projection_dim": 6, "use_skip_connections": skip},
   })
+
+
+@pytest.fixture
+def parsed_flags():
+  """Parses evaluate.py's absl flags from the given args; unparses them afterwards."""
+  def parse(*args):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["evaluate.py", *args])
+  yield parse
+  flags.FLAGS.unparse_flags()

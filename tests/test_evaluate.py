@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-from absl import flags
 
 import evaluate
 from elmo_jax.evaluation import features, plots, probes, readers, tasks, wsd
@@ -229,15 +228,6 @@ def test_unknown_test_label_fails_before_loading_models(tmp_path):
   with pytest.raises(readers.InputError, match=r"bad\.tsv:2: unknown label 'neutral'"):
     tasks.run("sentiment", cfg, fake_models(loads))
   assert loads == []
-
-
-@pytest.fixture
-def parsed_flags():
-  def parse(*args):
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["evaluate.py", *args])
-  yield parse
-  flags.FLAGS.unparse_flags()
 
 
 def test_main_with_injected_embedder(tmp_path, parsed_flags):

@@ -11,7 +11,7 @@ import pytest
 
 import evaluate
 from elmo_jax.evaluation import readers
-from test_evaluate import REPO, fake_models, parsed_flags  # pylint: disable=unused-import
+from test_evaluate import REPO, fake_models
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
