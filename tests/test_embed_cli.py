@@ -61,6 +61,7 @@ def embedder() -> Embedder:
   return Embedder.from_files(OPTIONS, WEIGHTS)
 
 
+@pytest.mark.slow
 def test_stateless_matches_embedder_and_allennlp_layout(tmp_path, embedder):
   lines = SENTENCES[0][:4] + SENTENCES[1][:3] + [SENTENCES[0][0]]  # a duplicate: the later index wins
   out = tmp_path / "out.hdf5"
@@ -79,6 +80,7 @@ def test_stateless_matches_embedder_and_allennlp_layout(tmp_path, embedder):
   assert leftovers(tmp_path) == ["out.hdf5"]
 
 
+@pytest.mark.slow
 def test_stateful_reproduces_bilm_tf_fixture(tmp_path):
   # bilm-tf's protocol: batch i holds sentences[0][i], sentences[1][i], sentences[2][i].
   lines = [SENTENCES[k][i] for i in range(10) for k in range(3)]
@@ -94,6 +96,7 @@ def test_stateful_reproduces_bilm_tf_fixture(tmp_path):
         np.testing.assert_allclose(arrays[str(3 * i + k)][-1], want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_empty_line_gives_empty_entry_and_warning(tmp_path):
   lines = [SENTENCES[0][2], "", "   ", SENTENCES[0][3]]
   out = tmp_path / "out.hdf5"
@@ -107,6 +110,7 @@ def test_empty_line_gives_empty_entry_and_warning(tmp_path):
   assert index[""] == "2"
 
 
+@pytest.mark.slow
 def test_invalid_utf8_stops_naming_the_line(tmp_path):
   path = tmp_path / "in.txt"
   path.write_bytes(b"a good line .\nanother one .\nbad \xff\xfe bytes\nlast .\n")
@@ -119,6 +123,7 @@ def test_invalid_utf8_stops_naming_the_line(tmp_path):
   assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_missing_input_file(tmp_path):
   proc = run_cli(*model_args(), f"--input_file={tmp_path / 'nope.txt'}", f"--output_file={tmp_path / 'o.hdf5'}")
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
@@ -126,6 +131,7 @@ def test_missing_input_file(tmp_path):
   assert len(errors) == 1 and "nope.txt" in errors[0] and "not found" in errors[0]
 
 
+@pytest.mark.slow
 def test_truncated_weight_file(tmp_path):
   bad = tmp_path / "w.hdf5"
   with open(WEIGHTS, "rb") as f:
@@ -139,6 +145,7 @@ def test_truncated_weight_file(tmp_path):
   assert leftovers(tmp_path) == ["w.hdf5"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutation", ["wrong_shape", "missing"])
 def test_weight_file_naming_the_bad_dataset(tmp_path, mutation):
   bad = tmp_path / "w.hdf5"
@@ -159,6 +166,7 @@ def test_weight_file_naming_the_bad_dataset(tmp_path, mutation):
   assert not (tmp_path / "out.hdf5").exists()
 
 
+@pytest.mark.slow
 def test_workdir(tmp_path, embedder):
   export = tmp_path / "run" / "export"
   export.mkdir(parents=True)
@@ -179,6 +187,7 @@ def test_workdir(tmp_path, embedder):
   assert proc.returncode == 1 and len(error_lines(proc.stderr)) == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_leaves_no_output_or_temp(tmp_path):
   path = write_lines(tmp_path / "in.txt", [s for group in SENTENCES for s in group] * 1000)  # 30k lines
   out = tmp_path / "out.hdf5"

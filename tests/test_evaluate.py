@@ -184,6 +184,7 @@ def _cfg(tmp_path, **kw) -> tasks.EvalConfig:
       probe=FAST, **kw)
 
 
+@pytest.mark.slow
 def test_run_all_writes_json_plots_report_and_caches(tmp_path):
   cfg = _cfg(tmp_path)
   loads = []
@@ -248,6 +249,7 @@ def test_main_with_injected_embedder(tmp_path, parsed_flags):
     evaluate.main(["evaluate.py"], load_models=fake_models())
 
 
+@pytest.mark.slow
 def test_cli_bad_input_exits_with_one_line(tmp_path):
   bad = write(tmp_path / "bad.conll", "the\tDT\ncat\tNN\tX\n")
   proc = subprocess.run(

@@ -67,6 +67,7 @@ def test_reader_tokenizes_like_the_tsv_reader(data_dir):
     readers.read_tfds_labelled("tfds:tiny_sst2:train", data_dir, text_key="text")
 
 
+@pytest.mark.slow
 def test_sentiment_probe_on_tfds_splits(tmp_path, data_dir, parsed_flags):
   out = str(tmp_path / "out")
   parsed_flags("--task=sentiment", f"--output_dir={out}", f"--tfds_data_dir={data_dir}",
@@ -111,6 +112,7 @@ def test_bad_tfds_input_exits_with_one_line(tmp_path, data_dir, parsed_flags, ta
   assert "\n" not in str(e.value.code) and loads == []  # fails before loading any model
 
 
+@pytest.mark.slow
 def test_cli_missing_dataset_is_one_line_on_stderr(tmp_path):
   """No TFDS warning ("Variant folder ... has no dataset_info.json") joins the error line."""
   proc = subprocess.run(

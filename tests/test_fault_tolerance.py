@@ -52,6 +52,7 @@ def runs(tmp_path_factory):
           "config": config, "root": root, "train": train}
 
 
+@pytest.mark.slow
 def test_kill9_resume_sigterm_is_bit_exact(runs):
   resumed = int(re.search(r"resumed from step (\d+)", runs["log_b"]).group(1))
   assert resumed >= 8 and runs["killed_at"] >= 9
@@ -66,6 +67,7 @@ def test_kill9_resume_sigterm_is_bit_exact(runs):
   assert [r["step"] for r in lu.records(runs["b"])] == [3, 6, 9, 12, 15, 18, 20]
 
 
+@pytest.mark.slow
 def test_refuses_other_model_shape_or_vocab(runs):
   ckpt = Checkpointer(os.path.join(runs["a"], "checkpoints"), read_only=True)
   meta = ckpt.manager.restore(STEPS, args=init_from._composite(meta=None))["meta"]
@@ -160,6 +162,7 @@ def test_incompatible_checkpoint_is_refused_not_quarantined(tmp_path):
 
 
 # --- init_from ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_init_from_checkpoint_and_elmo_hdf5(runs):
   a = lu.exported(runs["a"])
   options = json.load(open(os.path.join(runs["a"], "export", "options.json")))
@@ -180,6 +183,7 @@ def test_init_from_checkpoint_and_elmo_hdf5(runs):
       init_from.load(path, wider, same)
 
 
+@pytest.mark.slow
 def test_init_from_trains_on_a_new_corpus(runs, tmp_path):
   """End to end: another corpus (another vocabulary) from run A's exported ELMo files, 2 steps."""
   from elmo_jax.training.loop import train_and_evaluate

@@ -14,6 +14,8 @@ import pytest
 
 import launch_util as lu
 
+pytestmark = pytest.mark.slow  # subprocess runs of train.py / a notebook kernel
+
 STEPS, EVERY = 12, 4
 
 

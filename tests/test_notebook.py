@@ -13,6 +13,8 @@ kernelspec = pytest.importorskip("ipykernel.kernelspec")
 
 from test_perplexity import train_tiny  # noqa: E402  (tests/ is on sys.path under pytest)
 
+pytestmark = pytest.mark.slow  # subprocess runs of train.py / a notebook kernel
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(REPO, "notebooks", "inspect_elmo.ipynb")
 KERNEL = "elmo-jax-test"

@@ -60,6 +60,7 @@ def _last_eval(workdir: str) -> dict:
   return [r for r in rows if "eval_ppl" in r][-1]
 
 
+@pytest.mark.slow
 def test_matches_trainer_eval_and_writes_json_and_plots(tiny_run, tmp_path, parsed_flags):
   out = str(tmp_path / "out")
   parsed_flags("--task=perplexity", f"--workdir={tiny_run}", f"--output_dir={out}")
@@ -115,6 +116,7 @@ def test_unigram_by_hand(tmp_path):
   assert lm_eval.unigram_baseline(vocab, again)["unigram_ppl"] == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_bad_inputs_exit_with_one_line(tiny_run, tmp_path, parsed_flags):
   export = os.path.join(tiny_run, "export")
   options = options_lib.load(os.path.join(export, "options.json"))

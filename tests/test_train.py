@@ -151,6 +151,7 @@ _SHARDED_SCRIPT = textwrap.dedent(r"""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dedupe", [False, True], ids=["plain", "dedupe"])
 def test_sharded_training_equals_single_device(tmp_path, dedupe):
   """8 devices vs 1, same global batch and seed, dropout and sampled softmax on: same losses and params.
@@ -181,6 +182,7 @@ def test_sharded_training_equals_single_device(tmp_path, dedupe):
     ("--config.options.lstm.dimm=3", "options.lstm.dimm", "did you mean 'dim'"),
     ("--config.batch_size=abc", "batch_size", "invalid literal"),
 ])
+@pytest.mark.slow
 def test_train_py_refuses_bad_overrides_in_one_line(tmp_path, flag, key, words):
   proc = subprocess.run([PYTHON, "train.py", f"--workdir={tmp_path / 'run'}", flag], cwd=REPO,
                         capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
@@ -273,6 +275,7 @@ def trained(tmp_path_factory):
   return {"workdir": workdir, "record": record, "config": c, "dir": str(base)}
 
 
+@pytest.mark.slow
 def test_metrics_jsonl_has_required_keys_and_loss_decreases(trained):
   records = _read_metrics(trained["workdir"])
   train = [r for r in records if "train_loss" in r]
@@ -297,6 +300,7 @@ def test_metrics_jsonl_has_required_keys_and_loss_decreases(trained):
   assert trained["record"]["eval_ppl"] == pytest.approx(evals[-1]["eval_ppl"])
 
 
+@pytest.mark.slow
 def test_run_learns_far_below_unigram(trained):
   records = _read_metrics(trained["workdir"])
   unigram = [r for r in records if "unigram_ppl" in r]
@@ -308,6 +312,7 @@ def test_run_learns_far_below_unigram(trained):
   assert final["eval_ppl_forward"] < 0.6 * unigram[0]["unigram_ppl"]
 
 
+@pytest.mark.slow
 def test_run_writes_config_vocab_tensorboard_checkpoints(trained):
   workdir = trained["workdir"]
   with open(os.path.join(workdir, "config.json")) as f:
@@ -324,6 +329,7 @@ def test_run_writes_config_vocab_tensorboard_checkpoints(trained):
   assert _checkpoint_steps(workdir) == [20, 40]
 
 
+@pytest.mark.slow
 def test_export_matches_trained_params_and_embeds(trained):
   from elmo_jax import weights as weights_lib
   from elmo_jax.embedder import Embedder
@@ -369,6 +375,7 @@ def test_export_matches_trained_params_and_embeds(trained):
 
 
 # --- 5. non-finite loss -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_non_finite_loss_stops_naming_the_step_and_saves_nothing_for_it(tmp_path):
   from elmo_jax.training.loop import train_and_evaluate
   # Adagrad moves every weight by ~lr on the first step: 1e38 overflows the logits of step 2.
@@ -405,6 +412,7 @@ def test_non_finite_loss_stops_naming_the_step_and_saves_nothing_for_it(tmp_path
 
 
 # --- 6. bfloat16 ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_bfloat16_trains_with_finite_loss_and_float32_params(tmp_path):
   from elmo_jax.training.loop import train_and_evaluate
   c = tiny_config(tmp_path, dtype="bfloat16", num_train_steps=4, log_every_steps=1, checkpoint_every_steps=4,
