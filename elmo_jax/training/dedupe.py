@@ -80,3 +80,33 @@ def dedupe_batch(batch: dict[str, np.ndarray], n_shards: int, table_size: int | 
 def distinct_tokens(batch: dict[str, np.ndarray]) -> int:
   """Distinct real tokens of a deduped batch (over all its shards, excluding the empty row)."""
   return int(sum(np.count_nonzero(t.any(axis=-1)) for t in batch["token_chars"]))
+
+
+def dedupe_type_ids(fwd_types: np.ndarray, bwd_types: np.ndarray, type_chars: np.ndarray, n_shards: int,
+                    table_size: int | None = None) -> dict[str, np.ndarray]:
+  """`dedupe_batch` from type ids ([B, T] each, -1 = padding) and the type table `type_chars` [n_types, C].
+
+  Distinct types instead of distinct char rows (a prepared corpus knows them): no [B, T, C] arrays and no
+  byte hashing. Two types with the same chars (cut long tokens) get two rows with equal embeddings, so the
+  model's output is the same as `dedupe_batch`'s.
+  """
+  rows, time = fwd_types.shape
+  if rows % n_shards:
+    raise ValueError(f"{rows} batch rows do not split over {n_shards} shards")
+  r = rows // n_shards
+  uniques, fwd_index, bwd_index = [], np.zeros((rows, time), np.int32), np.zeros((rows, time), np.int32)
+  for k in range(n_shards):
+    sl = slice(k * r, (k + 1) * r)
+    ids = np.concatenate([fwd_types[sl], bwd_types[sl]]).reshape(-1)
+    # -1 (padding) sorts first, so inverse 0 is padding iff the shard has any; shift so padding -> row 0.
+    uniq, inverse = np.unique(np.concatenate([[-1], ids]), return_inverse=True)
+    uniques.append(uniq[1:])
+    fwd_index[sl], bwd_index[sl] = inverse.reshape(-1)[1:].reshape(2, r, time)
+  needed = max(len(u) for u in uniques) + 1
+  u = bucket_size(needed, cap=2 * r * time + 1) if table_size is None else table_size
+  if u < needed:
+    raise ValueError(f"table_size {u} < {needed} distinct tokens (incl. the empty one) in a shard")
+  token_chars = np.zeros((n_shards, u, type_chars.shape[1]), np.int32)
+  for k, uniq in enumerate(uniques):
+    token_chars[k, 1 : len(uniq) + 1] = type_chars[uniq]
+  return {"token_chars": token_chars, "fwd_index": fwd_index, "bwd_index": bwd_index}
