@@ -171,6 +171,29 @@ def make_eval_step(model: BiLM, mesh: Mesh, state_sharding: TrainState):
                  out_shardings=(state_sharding.lstm_state, replicated))
 
 
+def host_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, np.ndarray]:
+  """This process's rows as the step wants them: with `dedupe`, char ids become per-device tables of
+  distinct tokens and indices (`dedupe.dedupe_batch`; a prepared corpus's batches arrive deduped already)."""
+  if dedupe and "fwd_chars" in local_batch:
+    local_batch = dedupe_lib.dedupe_batch(local_batch, len(mesh.local_devices))
+  return local_batch
+
+
+def agree_table_size(local_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Pads `token_chars` to the largest table of all processes (the global shape must agree): a collective."""
+  if "token_chars" not in local_batch or jax.process_count() == 1:
+    return local_batch
+  table = local_batch["token_chars"]
+  u = int(np.max(multihost_utils.process_allgather(np.array(table.shape[1]))))
+  return {**local_batch, "token_chars": np.pad(table, ((0, 0), (0, u - table.shape[1]), (0, 0)))}
+
+
+def to_devices(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Host rows (already deduped / agreed) -> global arrays split over the mesh. No collective."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
+
+
 def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, jax.Array]:
   """This process's rows -> global arrays split over the mesh (works for one or many processes).
 
@@ -178,12 +201,4 @@ def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = 
   (`dedupe.dedupe_batch`): each of this process's devices gets its rows' table, so the char CNN runs once
   per distinct token of each shard. A pure function of the batch; the step jits one variant per table size.
   """
-  sharding = batch_sharding(mesh)
-  if dedupe:
-    n_local = len(mesh.local_devices)
-    local_batch = dedupe_lib.dedupe_batch(local_batch, n_local)
-    if jax.process_count() > 1:  # the global table shape must agree: every process pads to the largest U
-      table = local_batch["token_chars"]
-      u = int(np.max(multihost_utils.process_allgather(np.array(table.shape[1]))))
-      local_batch["token_chars"] = np.pad(table, ((0, 0), (0, u - table.shape[1]), (0, 0)))
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
+  return to_devices(agree_table_size(host_batch(local_batch, mesh, dedupe)), mesh)
