@@ -144,6 +144,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   stop_every = 1 if n_proc == 1 else max(int(config.get("stop_check_every_steps", 10)), 1)
   feed = make_feed(train_iter, mesh, dedupe, int(config.get("prefetch_batches", 2)))
   stop = StopRequest()
+  waited, since = 0.0, time.time()  # the feed's wait time and the wall clock at the last log line
   try:  # the handlers, the feed thread and the writers are put back however the loop ends (a raise included)
     for step in range(start_step, last):
       batch, data_state = next_batch(feed, mesh)
@@ -151,8 +152,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       done = step + 1
       window.add(done, metrics)
       if _every(done, config.log_every_steps, last):
+        now = time.time()
         record = {**window.record(done), "learning_rate": step_lib.learning_rate_at(config, done),
-                  "elapsed_sec": time.time() - started}
+                  "elapsed_sec": now - started,
+                  # share of the wall time the loop waited for a batch (evals and saves included)
+                  "data_wait_share": (feed.wait_sec - waited) / max(now - since, 1e-9)}
+        waited, since = feed.wait_sec, now
         writer.write(record)
         if is_main:
           say(progress_line(done, last, record, started, start_step))
