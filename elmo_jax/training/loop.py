@@ -7,6 +7,7 @@ built and put on the devices ahead by `input.Prefetcher`, metrics stay on the de
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import time
@@ -142,7 +143,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   window = LogWindow(window_sums)
   last = config.num_train_steps
   stop_every = 1 if n_proc == 1 else max(int(config.get("stop_check_every_steps", 10)), 1)
-  feed = make_feed(train_iter, mesh, dedupe, int(config.get("prefetch_batches", 2)))
+  ahead = max(int(config.get("prefetch_batches", 2)), 1)
+  feed = make_feed(train_iter, mesh, dedupe, ahead)
+  in_flight: collections.deque = collections.deque()
   stop = StopRequest()
   waited, since = 0.0, time.time()  # the feed's wait time and the wall clock at the last log line
   try:  # the handlers, the feed thread and the writers are put back however the loop ends (a raise included)
@@ -151,6 +154,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       state, metrics = train_step(state, batch)
       done = step + 1
       window.add(done, metrics)
+      # The host stays `ahead` steps in front of the devices, no further: queued work stays bounded, and the
+      # time it waits for a batch (data_wait_share) is time the devices would wait too.
+      in_flight.append(metrics)
+      if len(in_flight) > ahead:
+        jax.block_until_ready(in_flight.popleft())
       if _every(done, config.log_every_steps, last):
         now = time.time()
         record = {**window.record(done), "learning_rate": step_lib.learning_rate_at(config, done),
