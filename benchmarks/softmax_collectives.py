@@ -18,6 +18,7 @@ import sys
 _parser = argparse.ArgumentParser()
 _parser.add_argument("--config", default="lm1b")
 _parser.add_argument("--devices", type=int, default=8)
+_parser.add_argument("--shard_softmax", type=int, default=0, help="1: the softmax split over the mesh")
 _parser.add_argument("--batch_size", type=int, default=0, help="0 = the config's")
 ARGS = _parser.parse_args()
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ARGS.devices}"
@@ -70,7 +71,7 @@ def main():
   optimizer = step_lib.make_optimizer(config)
   create = lambda: step_lib.create_train_state(model, optimizer, vocab, config.batch_size, config.seed)
   abstract = jax.eval_shape(create)
-  shardings = step_lib.state_shardings(abstract, mesh)
+  shardings = step_lib.state_shardings(abstract, mesh, shard_softmax=bool(ARGS.shard_softmax))
   num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < vocab - 1 else 0
   train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
   b, u, c = config.batch_size, config.unroll_steps, options["char_cnn"]["max_characters_per_token"]
@@ -86,7 +87,7 @@ def main():
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(abstract.params))
   softmax_params = vocab * (options["lstm"]["projection_dim"] + 1)
   total = result["softmax_bytes"] + result["other_bytes"]
-  print(json.dumps({"config": ARGS.config, "devices": n_dev, "global_batch": b, "vocab": vocab,
+  print(json.dumps({"config": ARGS.config, "shard_softmax": bool(ARGS.shard_softmax), "devices": n_dev, "global_batch": b, "vocab": vocab,
                     "num_sampled": num_sampled, "params": n_params, "softmax_params": softmax_params,
                     "collective_bytes_per_step": total, "softmax_collective_bytes": result["softmax_bytes"],
                     "softmax_share": round(result["softmax_bytes"] / max(total, 1), 4),

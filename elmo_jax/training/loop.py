@@ -92,7 +92,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   optimizer = step_lib.make_optimizer(config)
   num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < len(vocab) - 1 else 0
   create = lambda: step_lib.create_train_state(model, optimizer, len(vocab), config.batch_size, config.seed)
-  shardings = step_lib.state_shardings(jax.eval_shape(create), mesh)
+  shardings = step_lib.state_shardings(jax.eval_shape(create), mesh, bool(config.get("shard_softmax", False)))
   state = jax.jit(create, out_shardings=shardings)()
   train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
   eval_step = step_lib.make_eval_step(model, mesh, shardings)

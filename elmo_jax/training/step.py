@@ -97,10 +97,28 @@ def create_train_state(model: BiLM, optimizer, vocab_size: int, global_batch: in
                     lstm_state=model.zero_state(global_batch), rng=rng)
 
 
-def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
+def state_shardings(state: TrainState, mesh: Mesh, shard_softmax: bool = False) -> TrainState:
+  """Params and optimizer state replicated, carried LSTM state split by batch row.
+
+  With `shard_softmax`, the softmax `W` [V, P] and its optimizer state are split along P over the mesh
+  (V, 793,471 for lm1b, does not divide by device counts; P = 512 does): each device keeps 1/n of the
+  largest tensor and its Adagrad accumulator, and the step reduce-scatters the softmax gradient instead of
+  all-reducing it densely. Losses equal the replicated layout's.
+  """
   replicated = NamedSharding(mesh, P())
   rows = NamedSharding(mesh, P(None, None, DATA_AXIS))
-  shardings = jax.tree_util.tree_map(lambda _: replicated, state)
+  n = mesh.devices.size
+  split_p = NamedSharding(mesh, P(None, DATA_AXIS))
+
+  def place(path, leaf):
+    in_softmax = any(getattr(k, "key", None) == "softmax" for k in path)
+    if shard_softmax and in_softmax and len(leaf.shape) == 2 and leaf.shape[1] % n == 0:
+      return split_p
+    return replicated
+
+  shardings = state.replace(params=jax.tree_util.tree_map_with_path(place, state.params),
+                            opt_state=jax.tree_util.tree_map_with_path(place, state.opt_state))
+  shardings = jax.tree_util.tree_map(lambda x: x if isinstance(x, NamedSharding) else replicated, shardings)
   return shardings.replace(lstm_state=jax.tree_util.tree_map(lambda _: rows, state.lstm_state))
 
 
