@@ -201,3 +201,48 @@ class Prefetcher:
       except queue.Empty:
         pass
     self._thread.join()
+
+
+class AgreedFeed:
+  """Several processes: pads every process's deduped tables to one size and puts the batches on the devices.
+
+  The sizes are agreed for `block` batches at once (one small all-gather per block instead of one per step),
+  on the main thread, so every process runs the collective at the same point of the step sequence.
+  """
+
+  def __init__(self, feed: Prefetcher, mesh, block: int = 10):
+    import collections  # pylint: disable=g-import-not-at-top
+    self._feed, self._mesh, self._block = feed, mesh, max(block, 1)
+    self._ready: collections.deque = collections.deque()
+
+  @property
+  def wait_sec(self) -> float:
+    return self._feed.wait_sec
+
+  def next(self):
+    if not self._ready:
+      self._agree_block()
+    if not self._ready:
+      raise StopIteration
+    return self._ready.popleft()
+
+  def _agree_block(self) -> None:
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    from elmo_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+    items = []
+    for _ in range(self._block):  # the training stream repeats forever: every process gets `block` batches
+      try:
+        items.append(self._feed.next())
+      except StopIteration:
+        break
+    sizes = np.array([b["token_chars"].shape[1] if "token_chars" in b else 0 for b, _ in items], np.int64)
+    agreed = np.max(multihost_utils.process_allgather(sizes), axis=0) if len(sizes) else sizes
+    for (batch, data_state), u in zip(items, agreed.tolist()):
+      if "token_chars" in batch:
+        table = batch["token_chars"]
+        batch = {**batch, "token_chars": np.pad(table, ((0, 0), (0, u - table.shape[1]), (0, 0)))}
+      self._ready.append((step_lib.to_devices(batch, self._mesh), data_state))
+
+  def close(self) -> None:
+    self._feed.close()

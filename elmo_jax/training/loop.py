@@ -50,20 +50,16 @@ def restore_or_init(config, workdir, checkpointer, state, train_iter, check, opt
   return state, None
 
 
-def make_feed(train_iter, mesh, dedupe: bool, depth: int) -> input_lib.Prefetcher:
-  """Batches built (and, with one process, put on the devices) on a background thread, `depth` ahead."""
+def make_feed(train_iter, mesh, dedupe: bool, depth: int, block: int):
+  """Batches built (and, with one process, put on the devices) on a background thread, `depth` ahead.
+
+  Several processes: the thread builds the host batches; `AgreedFeed` agrees on the dedupe table sizes once
+  per `block` steps (a collective, so on the main thread) and puts the batches on the devices.
+  """
+  host = lambda b: step_lib.host_batch(b, mesh, dedupe)
   if jax.process_count() == 1:
-    transform = lambda b: step_lib.to_devices(step_lib.host_batch(b, mesh, dedupe), mesh)
-  else:  # the table-size agreement is a collective: it stays on the main thread, in step order
-    transform = lambda b: step_lib.host_batch(b, mesh, dedupe)
-  return input_lib.Prefetcher(train_iter, transform, depth)
-
-
-def next_batch(feed: input_lib.Prefetcher, mesh):
-  batch, data_state = feed.next()
-  if jax.process_count() > 1:
-    batch = step_lib.to_devices(step_lib.agree_table_size(batch), mesh)
-  return batch, data_state
+    return input_lib.Prefetcher(train_iter, lambda b: step_lib.to_devices(host(b), mesh), depth)
+  return input_lib.AgreedFeed(input_lib.Prefetcher(train_iter, host, max(depth, block)), mesh, block)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -144,13 +140,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   last = config.num_train_steps
   stop_every = 1 if n_proc == 1 else max(int(config.get("stop_check_every_steps", 10)), 1)
   ahead = max(int(config.get("prefetch_batches", 2)), 1)
-  feed = make_feed(train_iter, mesh, dedupe, ahead)
+  feed = make_feed(train_iter, mesh, dedupe, ahead, stop_every)
   in_flight: collections.deque = collections.deque()
   stop = StopRequest()
   waited, since = 0.0, time.time()  # the feed's wait time and the wall clock at the last log line
   try:  # the handlers, the feed thread and the writers are put back however the loop ends (a raise included)
     for step in range(start_step, last):
-      batch, data_state = next_batch(feed, mesh)
+      batch, data_state = feed.next()
       state, metrics = train_step(state, batch)
       done = step + 1
       window.add(done, metrics)
