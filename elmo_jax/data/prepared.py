@@ -15,10 +15,9 @@ import os
 from typing import Any
 
 import grain
-import jax
 import numpy as np
 
-from elmo_jax.data.pipeline import _STATE_VERSION
+from elmo_jax.data.pipeline import _STATE_VERSION, check_state, stream_order
 from elmo_jax.data.prepare import MANIFEST, read_manifest
 from elmo_jax.data.vocab import Vocab
 from elmo_jax.training import dedupe as dedupe_lib  # pure numpy, no training imports behind it
@@ -211,13 +210,8 @@ class PreparedLMIterator:
             "pos": list(self._pos), "counters": dict(self._counts)}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    if state.get("version") != _STATE_VERSION:
-      raise ValueError(f"data iterator state version {state.get('version')!r} != {_STATE_VERSION}; cannot resume")
-    mismatched = {k: (v, self._config.get(k)) for k, v in state["config"].items() if self._config.get(k) != v}
-    if mismatched or set(state["config"]) != set(self._config):
-      raise ValueError(f"data iterator state was saved with a different config (saved, now): {mismatched}")
-    if len(state["cur"]) != self._b:
-      raise ValueError(f"data iterator state has {len(state['cur'])} rows, iterator has batch_size={self._b}")
+    """Continues exactly where the iterator (raw or prepared) that produced `state` stopped."""
+    check_state(state, self._config, self._b)
     for r in range(self._b):
       k, pos = int(state["cur"][r]), int(state["pos"][r])
       index = k * self._stride + self._row0 + r
@@ -232,37 +226,10 @@ def make_prepared_iterator(corpus: PreparedCorpus, vocab: Vocab, *, batch_size: 
                            process_count: int | None = None, shard: str = "sentences",
                            dedupe_shards: int | None = None) -> PreparedLMIterator:
   """`make_lm_iterator`'s arguments and stream, from a `PreparedCorpus` (tokenizer settings come from it)."""
-  process_index = jax.process_index() if process_index is None else process_index
-  process_count = jax.process_count() if process_count is None else process_count
-  if not 0 <= process_index < process_count:
-    raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
-  if batch_size < 1 or unroll_steps < 1:
-    raise ValueError(f"batch_size={batch_size} and unroll_steps={unroll_steps} must be >= 1")
-  if num_epochs is not None and num_epochs < 1:
-    raise ValueError(f"num_epochs={num_epochs} must be >= 1 or None (repeat forever)")
-  if min(vocab.bos, vocab.eos, vocab.unk) < 0:
-    raise ValueError("training vocab must contain <S>, </S> and <UNK>; load it with require_specials=True")
-  if len(corpus) < process_count:
-    raise ValueError(f"source has {len(corpus)} sentences, fewer than process_count={process_count} shards")
-  if shard not in ("sentences", "rows"):
-    raise ValueError(f"shard must be 'sentences' or 'rows', got {shard!r}")
-  order = grain.MapDataset.range(len(corpus))  # the raw path's index pipeline on sentence numbers
-  stride, first_row = batch_size, 0
-  if shard == "sentences":
-    order = order[process_index::process_count]
-  else:
-    stride, first_row = batch_size * process_count, batch_size * process_index
-  if shuffle:
-    order = order.shuffle(seed=seed % 2**32)
-  order = order.repeat(num_epochs)
   settings = corpus.settings
-  config = {
-      "batch_size": batch_size, "unroll_steps": unroll_steps, "seed": seed, "shuffle": shuffle,
-      "num_epochs": num_epochs, "process_index": process_index, "process_count": process_count,
-      "source_len": len(corpus), "vocab_sha256": vocab.sha256(),
-      "pretokenized": settings["tokenizer"]["pretokenized"], "max_token_chars": settings["max_token_chars"],
-      "max_characters_per_token": settings["max_characters_per_token"],
-  }
-  if shard != "sentences":
-    config["shard"] = shard
+  order, stride, first_row, config = stream_order(
+      grain.MapDataset.range(len(corpus)), batch_size=batch_size, unroll_steps=unroll_steps, seed=seed,
+      shuffle=shuffle, num_epochs=num_epochs, process_index=process_index, process_count=process_count,
+      shard=shard, vocab=vocab, pretokenized=settings["tokenizer"]["pretokenized"],
+      max_token_chars=settings["max_token_chars"], max_characters_per_token=settings["max_characters_per_token"])
   return PreparedLMIterator(corpus, order, vocab, config, batch_size, unroll_steps, stride, first_row, dedupe_shards)

@@ -25,10 +25,6 @@ from elmo_jax.training.distributed import StopRequest
 from elmo_jax.training.export import export_model
 from elmo_jax.training.metrics import LogWindow, MetricWriter, progress_line, say
 
-# Kept for callers of the previous layout.
-make_sources = input_lib.make_sources
-
-
 def _every(step: int, n: int, last: int) -> bool:
   return step % n == 0 or step == last
 
