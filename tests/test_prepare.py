@@ -250,3 +250,33 @@ def test_training_from_prepared_equals_raw_for_5_steps(tmp_path):
   assert len(losses["raw"]["train_loss"]) == 5
   for key, values in losses["raw"].items():
     np.testing.assert_allclose(losses["prepared"][key], values, rtol=1e-6, err_msg=key)
+
+
+@pytest.mark.slow
+def test_prepare_from_tfds_equals_the_same_text(tmp_path):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  lines = [line for line in open(_corpus(tmp_path / "train.txt", n=120), encoding="utf-8").read().split("\n")
+           if line.strip()]
+
+  class TinyPrepText(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+          builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}), disable_shuffling=True)
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples(lines)}
+
+    def _generate_examples(self, rows):
+      for i, row in enumerate(rows):
+        yield i, {"text": row}
+
+  TinyPrepText(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare()
+  prepare(str(tmp_path / "from_tfds"), tfds_name="tiny_prep_text", tfds_data_dir=str(tmp_path / "tfds"),
+          num_workers=2, chunk_sentences=50, say=lambda _: None)
+  prepare(str(tmp_path / "from_text"), [str(tmp_path / "train.txt")], say=lambda _: None)
+  for name in OUTPUT_FILES:  # same sentences in the same order: the same ids, types and vocabulary
+    assert filecmp.cmp(tmp_path / "from_tfds" / name, tmp_path / "from_text" / name, shallow=False), name
+  manifest = json.load(open(tmp_path / "from_tfds" / "manifest.json"))
+  assert manifest["settings"]["source"]["kind"] == "tfds"

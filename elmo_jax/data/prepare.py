@@ -145,7 +145,11 @@ def _read_chunk(work: str, k: int) -> dict[str, np.ndarray]:
   return chunk
 
 
-def _tokenize_all(source, tokenizer, work: str, chunk: int, num_workers: int, say) -> None:
+def _open_in_worker(spec, tokenizer, work: str, chunk: int) -> None:
+  _WORKER.update(source=open_source(spec), tokenizer=tokenizer, work=work, chunk=chunk)
+
+
+def _tokenize_all(spec, source, tokenizer, work: str, chunk: int, num_workers: int, say) -> None:
   n_chunks = -(-len(source) // chunk)
   todo = [k for k in range(n_chunks) if not os.path.exists(_chunk_path(work, k))]
   if len(todo) < n_chunks:
@@ -158,8 +162,14 @@ def _tokenize_all(source, tokenizer, work: str, chunk: int, num_workers: int, sa
       for _ in results:
         bar.update(chunk)
     else:
-      # fork: workers inherit the opened source (a text corpus is read once, not once per worker).
-      with multiprocessing.get_context("fork").Pool(num_workers) as pool:
+      # Text: fork, the workers inherit the read corpus (read once, not once per worker). TFDS: ArrayRecord
+      # readers do not survive a fork; spawned workers open the dataset themselves.
+      if spec["kind"] == "text":
+        pool = multiprocessing.get_context("fork").Pool(num_workers)
+      else:
+        pool = multiprocessing.get_context("spawn").Pool(
+            num_workers, initializer=_open_in_worker, initargs=(spec, tokenizer, work, chunk))
+      with pool:
         for _ in pool.imap_unordered(_tokenize_chunk, todo):
           bar.update(chunk)
   finally:
@@ -290,7 +300,7 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
   started = time.time()
   source = open_source(spec)
   tokenizer = Tokenizer(pretokenized=pretokenized, lang=lang)
-  _tokenize_all(source, tokenizer, work, chunk_sentences, num_workers, say)
+  _tokenize_all(spec, source, tokenizer, work, chunk_sentences, num_workers, say)
   tokenized = time.time()
   n_chunks = -(-len(source) // chunk_sentences)
   counts = _merge(work, out, n_chunks, len(source), settings, say)
