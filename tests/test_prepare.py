@@ -50,7 +50,11 @@ def _assert_same_dirs(a, b):
 def test_prepare_is_byte_identical_for_any_worker_count_and_verifies(tmp_path):
   text = _corpus(tmp_path / "train.txt.gz", gz=True)
   a = prepare(str(tmp_path / "a"), [text], num_workers=1, chunk_sentences=1000, say=lambda _: None)
-  prepare(str(tmp_path / "b"), [text], num_workers=2, chunk_sentences=37, say=lambda _: None)
+  # Worker processes fork: do it from a fresh process, not from this JAX-initialized test process.
+  env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  subprocess.run([sys.executable, "-m", "elmo_jax.data.prepare", "--noprogress", f"--input={text}",
+                  f"--output_dir={tmp_path / 'b'}", "--num_workers=2", "--chunk_sentences=37"],
+                 env=env, check=True, capture_output=True)
   _assert_same_dirs(tmp_path / "a", tmp_path / "b")
   assert not os.path.exists(tmp_path / "a" / PARTIAL)
   assert verify(str(tmp_path / "a")) is None
@@ -212,7 +216,7 @@ def test_cli_refusal_and_resume_after_kill9(tmp_path):
   proc = subprocess.run(cli + args + [f"--output_dir={tmp_path}/killed"], env=env, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr
   assert f"kept {len(kept)} of 60 finished chunks" in proc.stdout
-  prepare(str(tmp_path / "clean"), [text], num_workers=2, chunk_sentences=1000, say=lambda _: None)
+  prepare(str(tmp_path / "clean"), [text], num_workers=1, chunk_sentences=1000, say=lambda _: None)
   _assert_same_dirs(tmp_path / "killed", tmp_path / "clean")
   assert not partial.exists()
   del mtimes
