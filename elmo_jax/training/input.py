@@ -182,6 +182,10 @@ class Prefetcher:
     except BaseException as e:  # pylint: disable=broad-except  (re-raised in the consumer)
       self._put(e)
 
+  def ready(self) -> bool:
+    """True if `next()` will not block."""
+    return not self._queue.empty()
+
   def next(self):
     started = time.perf_counter()
     item = self._queue.get()
@@ -218,6 +222,9 @@ class AgreedFeed:
   @property
   def wait_sec(self) -> float:
     return self._feed.wait_sec
+
+  def ready(self) -> bool:
+    return bool(self._ready) or self._feed.ready()
 
   def next(self):
     if not self._ready:

@@ -142,6 +142,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   waited, since = 0.0, time.time()  # the feed's wait time and the wall clock at the last log line
   try:  # the handlers, the feed thread and the writers are put back however the loop ends (a raise included)
     for step in range(start_step, last):
+      if in_flight and not feed.ready():
+        # Nothing to dispatch yet: let the devices finish first, so the wait timed next (data_wait_share)
+        # is time the devices sat idle for want of a batch. Costs nothing: the host could not go on anyway.
+        jax.block_until_ready(in_flight[-1])
       batch, data_state = feed.next()
       state, metrics = train_step(state, batch)
       done = step + 1
@@ -155,7 +159,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         now = time.time()
         record = {**window.record(done), "learning_rate": step_lib.learning_rate_at(config, done),
                   "elapsed_sec": now - started,
-                  # share of the wall time the loop waited for a batch (evals and saves included)
+                  # share of the wall time the devices waited for a batch
                   "data_wait_share": (feed.wait_sec - waited) / max(now - since, 1e-9)}
         waited, since = feed.wait_sec, now
         writer.write(record)
