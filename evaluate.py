@@ -72,7 +72,8 @@ _PROBE_LR = flags.DEFINE_float("probe_learning_rate", 1e-2, "Probe Adam learning
 # Perplexity; None means "the workdir's training config, else the built-in default".
 _TEXT = flags.DEFINE_string("text_file", None,
                             "Perplexity text, one sentence per line (.gz ok; comma-separated "
-                            "files); default: the workdir config's data.eval_files.")
+                            "files) or a directory made by `python -m elmo_jax.data.prepare`; default: "
+                            "the workdir config's data.eval_files.")
 _TFDS_NAME = flags.DEFINE_string("tfds_name", None, "Perplexity on a TFDS dataset (e.g. lm1b).")
 _TFDS_SPLIT = flags.DEFINE_string("tfds_split", "test", "Split of --tfds_name.")
 _VOCAB = flags.DEFINE_string("vocab_file", None,

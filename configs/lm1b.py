@@ -26,4 +26,5 @@ def get_config():
   c.data.vocab_max_size = 793_471
   c.data.vocab_min_count = 3
   c.dtype = "bfloat16"
+  c.shard_softmax = True  # 406M softmax params: never all-reduce them densely (see config.shard_softmax)
   return c

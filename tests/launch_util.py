@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMING_FIELDS = ("tokens_per_sec", "elapsed_sec")
+TIMING_FIELDS = ("tokens_per_sec", "elapsed_sec", "data_wait_share")
 
 # train.py with every train step slowed down by ELMO_TEST_STEP_SLEEP seconds (numerics untouched), so a test
 # can kill the run between two known steps. Patches the module attribute the loop looks up.

@@ -160,3 +160,17 @@ def test_without_text_all_skips_and_perplexity_exits(tmp_path, parsed_flags):
   parsed_flags("--task=perplexity", f"--output_dir={tmp_path}/out")
   with pytest.raises(SystemExit, match="no text to score"):
     evaluate.main(["evaluate.py"])
+
+
+def test_prepared_dir_scores_like_its_text(tiny_run, tmp_path, parsed_flags):
+  from elmo_jax.data.prepare import prepare  # pylint: disable=g-import-not-at-top
+  text = f"{tiny_run}/data/valid.txt"
+  prepare(str(tmp_path / "prep"), [text], say=lambda _: None)
+  results = {}
+  for name, source in (("text", text), ("prepared", str(tmp_path / "prep"))):
+    parsed_flags("--task=perplexity", f"--workdir={tiny_run}", f"--text_file={source}",
+                 f"--output_dir={tmp_path}/{name}")
+    evaluate.main(["evaluate.py"])
+    results[name] = json.load(open(os.path.join(tmp_path, name, "perplexity.json")))
+  for key in ("ppl_forward", "ppl_backward", "ppl", "n_tokens", "unigram_ppl", "oov_rate", "n_sentences"):
+    assert results["prepared"][key] == pytest.approx(results["text"][key], rel=1e-6), key

@@ -114,11 +114,14 @@ _SHARDED_SCRIPT = textwrap.dedent(r"""
   optimizer = step_lib.make_optimizer(c)
 
   dedupe_8 = sys.argv[3] == "1"  # the 8-device run dedupes its tokens per shard; the 1-device run never does
+  shard_softmax_8 = sys.argv[4] == "1"  # the 8-device run splits the softmax over the devices
 
-  def run(devices, dedupe, n_steps=5):
+  def run(devices, dedupe, n_steps=5, shard_softmax=False):
     mesh = step_lib.make_mesh(devices)
     create = lambda: step_lib.create_train_state(model, optimizer, len(vocab), c.batch_size, c.seed)
-    shardings = step_lib.state_shardings(jax.eval_shape(create), mesh)
+    shardings = step_lib.state_shardings(jax.eval_shape(create), mesh, shard_softmax)
+    if shard_softmax:
+      assert shardings.params["softmax"]["W"].spec == jax.sharding.PartitionSpec(None, "data")
     state = jax.jit(create, out_shardings=shardings)()
     train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
     batches = make_lm_iterator(sentences, vocab, tok, batch_size=c.batch_size, unroll_steps=c.unroll_steps,
@@ -134,7 +137,7 @@ _SHARDED_SCRIPT = textwrap.dedent(r"""
     n_shards = len(state.lstm_state[0].sharding.device_set)
     return out, jax.device_get(state.params), jax.device_get(state.lstm_state), n_shards
 
-  m8, p8, s8, shards8 = run(jax.devices(), dedupe_8)
+  m8, p8, s8, shards8 = run(jax.devices(), dedupe_8, shard_softmax=shard_softmax_8)
   m1, p1, s1, shards1 = run(jax.devices()[:1], False)
   diff = lambda a, b: max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
                           for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
@@ -152,17 +155,20 @@ _SHARDED_SCRIPT = textwrap.dedent(r"""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dedupe", [False, True], ids=["plain", "dedupe"])
-def test_sharded_training_equals_single_device(tmp_path, dedupe):
+@pytest.mark.parametrize("dedupe,shard_softmax", [(False, False), (True, False), (True, True)],
+                         ids=["plain", "dedupe", "dedupe-sharded-softmax"])
+def test_sharded_training_equals_single_device(tmp_path, dedupe, shard_softmax):
   """8 devices vs 1, same global batch and seed, dropout and sampled softmax on: same losses and params.
 
   With `dedupe`, the 8-device run embeds each shard's distinct tokens (training/dedupe.py) and the 1-device
-  run every position: also the deduped path against the plain one.
+  run every position: also the deduped path against the plain one. With `shard_softmax`, the 8-device run
+  splits the softmax W and its optimizer state over the devices (config.shard_softmax).
   """
   script = tmp_path / "sharded.py"
   script.write_text(_SHARDED_SCRIPT)
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([PYTHON, str(script), os.path.dirname(__file__), str(tmp_path), str(int(dedupe))], env=env,
+  proc = subprocess.run([PYTHON, str(script), os.path.dirname(__file__), str(tmp_path), str(int(dedupe)),
+                         str(int(shard_softmax))], env=env,
                         capture_output=True, text=True, timeout=600, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-4000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])

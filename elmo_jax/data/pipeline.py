@@ -179,13 +179,7 @@ class LMIterator(Iterator[dict[str, np.ndarray]]):
 
   def set_state(self, state: dict[str, Any]) -> None:
     """Continues exactly where the iterator that produced `state` (with the same config) stopped."""
-    if state.get("version") != _STATE_VERSION:
-      raise ValueError(f"data iterator state version {state.get('version')!r} != {_STATE_VERSION}; cannot resume")
-    mismatched = {k: (v, self._config.get(k)) for k, v in state["config"].items() if self._config.get(k) != v}
-    if mismatched or set(state["config"]) != set(self._config):
-      raise ValueError(f"data iterator state was saved with a different config (saved, now): {mismatched}")
-    if len(state["cur"]) != self._b or len(state["pos"]) != self._b:
-      raise ValueError(f"data iterator state has {len(state['cur'])} rows, iterator has batch_size={self._b}")
+    check_state(state, self._config, self._b)
     for r in range(self._b):
       k, pos = int(state["cur"][r]), int(state["pos"][r])
       self._cur[r], self._pos[r] = k, pos
@@ -194,6 +188,56 @@ class LMIterator(Iterator[dict[str, np.ndarray]]):
       # Re-read the sentence in progress; the map is pure, so it encodes to the same arrays.
       self._sent[r] = self._ds[index] if k >= 0 and not self._done[r] else None
     self._counts = {k: int(v) for k, v in state["counters"].items()}
+
+
+def check_state(state: dict[str, Any], config: dict[str, Any], batch_size: int) -> None:
+  """Raises ValueError unless `state` is a position of a stream with this `config` and batch size."""
+  if state.get("version") != _STATE_VERSION:
+    raise ValueError(f"data iterator state version {state.get('version')!r} != {_STATE_VERSION}; cannot resume")
+  mismatched = {k: (v, config.get(k)) for k, v in state["config"].items() if config.get(k) != v}
+  if mismatched or set(state["config"]) != set(config):
+    raise ValueError(f"data iterator state was saved with a different config (saved, now): {mismatched}")
+  if len(state["cur"]) != batch_size or len(state["pos"]) != batch_size:
+    raise ValueError(f"data iterator state has {len(state['cur'])} rows, iterator has batch_size={batch_size}")
+
+
+def stream_order(ds: grain.MapDataset, *, batch_size: int, unroll_steps: int, seed: int, shuffle: bool,
+                 num_epochs: int | None, process_index: int | None, process_count: int | None, shard: str,
+                 vocab: Vocab, **settings) -> tuple[grain.MapDataset, int, int, dict[str, Any]]:
+  """The sentence order of one process (shard -> per-epoch shuffle -> repeat) over `ds` (len = sentences).
+
+  Returns (ordered dataset, row stride, first row, the stream's config for `get_state`); shared by the raw
+  and the prepared pipelines, so both read the same sentences in the same places.
+  """
+  process_index = jax.process_index() if process_index is None else process_index
+  process_count = jax.process_count() if process_count is None else process_count
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
+  if batch_size < 1 or unroll_steps < 1:
+    raise ValueError(f"batch_size={batch_size} and unroll_steps={unroll_steps} must be >= 1")
+  if num_epochs is not None and num_epochs < 1:
+    raise ValueError(f"num_epochs={num_epochs} must be >= 1 or None (repeat forever)")
+  if min(vocab.bos, vocab.eos, vocab.unk) < 0:
+    raise ValueError("training vocab must contain <S>, </S> and <UNK>; load it with require_specials=True")
+  if len(ds) < process_count:
+    raise ValueError(f"source has {len(ds)} sentences, fewer than process_count={process_count} shards")
+  if shard not in ("sentences", "rows"):
+    raise ValueError(f"shard must be 'sentences' or 'rows', got {shard!r}")
+  n = len(ds)
+  stride, first_row = batch_size, 0
+  if shard == "sentences":
+    ds = ds[process_index::process_count]
+  else:
+    stride, first_row = batch_size * process_count, batch_size * process_index
+  if shuffle:
+    ds = ds.shuffle(seed=seed % 2**32)
+  ds = ds.repeat(num_epochs)  # after shuffle, so each epoch gets its own permutation
+  config = {"batch_size": batch_size, "unroll_steps": unroll_steps, "seed": seed, "shuffle": shuffle,
+            "num_epochs": num_epochs, "process_index": process_index, "process_count": process_count,
+            "source_len": n, "vocab_sha256": vocab.sha256(), **settings}
+  if shard != "sentences":  # only when set, so states saved before this option existed still load
+    config["shard"] = shard
+  return ds, stride, first_row, config
 
 
 def make_lm_iterator(
@@ -238,46 +282,12 @@ def make_lm_iterator(
     "bwd_chars": int32 [b, U, 50], "bwd_targets": int32 [b, U], "weights": float32 [b, U]}`; padded steps
     have all-0 chars, target 0 and weight 0.
   """
-  process_index = jax.process_index() if process_index is None else process_index
-  process_count = jax.process_count() if process_count is None else process_count
-  if not 0 <= process_index < process_count:
-    raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
-  if batch_size < 1 or unroll_steps < 1:
-    raise ValueError(f"batch_size={batch_size} and unroll_steps={unroll_steps} must be >= 1")
-  if num_epochs is not None and num_epochs < 1:
-    raise ValueError(f"num_epochs={num_epochs} must be >= 1 or None (repeat forever)")
   if max_token_chars < 1:
     raise ValueError(f"max_token_chars={max_token_chars} must be >= 1")
-  if min(vocab.bos, vocab.eos, vocab.unk) < 0:
-    raise ValueError("training vocab must contain <S>, </S> and <UNK>; load it with require_specials=True")
-  if len(source) < process_count:
-    raise ValueError(f"source has {len(source)} sentences, fewer than process_count={process_count} shards")
-  if shard not in ("sentences", "rows"):
-    raise ValueError(f"shard must be 'sentences' or 'rows', got {shard!r}")
-  ds = grain.MapDataset.source(source)
-  stride, first_row = batch_size, 0
-  if shard == "sentences":
-    ds = ds[process_index::process_count]
-  else:
-    stride, first_row = batch_size * process_count, batch_size * process_index
-  if shuffle:
-    ds = ds.shuffle(seed=seed % 2**32)
-  ds = ds.repeat(num_epochs)  # after shuffle, so each epoch gets its own permutation
+  ds, stride, first_row, config = stream_order(
+      grain.MapDataset.source(source), batch_size=batch_size, unroll_steps=unroll_steps, seed=seed,
+      shuffle=shuffle, num_epochs=num_epochs, process_index=process_index, process_count=process_count,
+      shard=shard, vocab=vocab, pretokenized=getattr(tokenizer, "pretokenized", None),
+      max_token_chars=max_token_chars, max_characters_per_token=max_characters_per_token)
   ds = ds.map(_Encode(tokenizer, vocab, max_token_chars, max_characters_per_token))
-  config = {
-      "batch_size": batch_size,
-      "unroll_steps": unroll_steps,
-      "seed": seed,
-      "shuffle": shuffle,
-      "num_epochs": num_epochs,
-      "process_index": process_index,
-      "process_count": process_count,
-      "source_len": len(source),
-      "vocab_sha256": vocab.sha256(),
-      "pretokenized": getattr(tokenizer, "pretokenized", None),
-      "max_token_chars": max_token_chars,
-      "max_characters_per_token": max_characters_per_token,
-  }
-  if shard != "sentences":  # only when set, so states saved before this option existed still load
-    config["shard"] = shard
   return LMIterator(ds, source, config, batch_size, unroll_steps, max_characters_per_token, stride, first_row)

@@ -126,6 +126,8 @@ def load_language_model(pcfg: PerplexityConfig, workdir: str | None) -> Language
 def default_text(workdir: str | None, train_config: dict[str, Any]) -> tuple[str | None, str | None, str]:
   """(text_files, tfds_name, tfds_split) of the run's eval split; relative paths resolve to the repo."""
   data = train_config.get("data", {}) if workdir else {}
+  if data.get("prepared_eval_dir"):
+    return data["prepared_eval_dir"], None, "test"
   if data.get("tfds_name") and data.get("tfds_eval_split"):
     return None, data["tfds_name"], data["tfds_eval_split"]
   files = [p.strip() for p in str(data.get("eval_files") or "").split(",") if p.strip()]
@@ -146,6 +148,12 @@ def open_source(text_file: str | None, tfds_name: str | None, tfds_split: str, t
                        "export the split to a text file and pass --text_file") from None
     except ValueError as e:
       raise InputError(str(e).splitlines()[0]) from None
+  if os.path.isdir(text_file):  # a corpus prepared by `python -m elmo_jax.data.prepare`
+    from elmo_jax.data.prepared import PreparedCorpus  # pylint: disable=g-import-not-at-top
+    try:
+      return PreparedCorpus(text_file)
+    except FileNotFoundError as e:
+      raise InputError(str(e)) from None
   try:
     return TextSource([p for p in text_file.split(",") if p])
   except FileNotFoundError as e:
@@ -175,10 +183,15 @@ def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_
   eval_step = step_lib.make_eval_step(model, mesh, shardings)
   params = jax.device_put(lm.params, shardings.params)
   zero = jax.device_put(zero, shardings.lstm_state)
-  batches = make_lm_iterator(source, lm.vocab, Tokenizer(pretokenized=pretokenized), batch_size=batch_size,
-                             unroll_steps=unroll_steps, seed=0, shuffle=False, num_epochs=1,
-                             process_index=0, process_count=1, max_token_chars=max_token_chars,
-                             max_characters_per_token=lm.options["char_cnn"]["max_characters_per_token"])
+  from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator  # pylint: disable=g-import-not-at-top
+  kw = dict(batch_size=batch_size, unroll_steps=unroll_steps, seed=0, shuffle=False, num_epochs=1,
+            process_index=0, process_count=1)
+  if isinstance(source, PreparedCorpus):  # its tokenizer settings are the ones it was prepared with
+    batches = make_prepared_iterator(source, lm.vocab, **kw)
+  else:
+    batches = make_lm_iterator(source, lm.vocab, Tokenizer(pretokenized=pretokenized), **kw,
+                               max_token_chars=max_token_chars,
+                               max_characters_per_token=lm.options["char_cnn"]["max_characters_per_token"])
   tally = lm_eval.UnigramTally(batches, lm.vocab)
   result = lm_eval.perplexity(eval_step, params, zero, tally, lambda b: step_lib.global_batch(b, mesh),
                               max_batches)

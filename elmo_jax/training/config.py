@@ -26,6 +26,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.dropout = 0.1
   # --- softmax ----------------------------------------------------------------------------------------
   c.n_negative_samples = 8192  # sampled softmax (bilm-tf); 0 = full softmax. Full when vocab is smaller.
+  # Split the softmax W [V, P] and its optimizer state along P over the devices instead of replicating it:
+  # the step then moves ~MBs of softmax gradient instead of all-reducing all of W (benchmarks/
+  # softmax_collectives.py: 3.3 GB -> 6 MB per step for lm1b on 8 devices). Same losses.
+  c.shard_softmax = False
   # --- optimizer (bilm-tf: Adagrad 0.2, initial accumulator 1.0, global-norm clip 10) -------------------
   c.optimizer = "adagrad"  # adagrad | adam | adamw
   c.learning_rate = 0.2
@@ -37,6 +41,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.train_files = "data/pd-small/train.txt.gz"  # comma-separated files or globs
   c.data.eval_files = "data/pd-small/valid.txt.gz"
+  # A corpus prepared by `python -m elmo_jax.data.prepare` (ids + type table): no tokenizing while training.
+  # Set, it replaces train_files/tfds_name (and prepared_eval_dir replaces eval_files / the TFDS eval split).
+  c.data.prepared_dir = ""
+  c.data.prepared_eval_dir = ""
+  # Text corpora up to this size are prepared automatically into workdir/prepared/ (0 = never).
+  c.data.auto_prepare_max_mb = 1024
   c.data.tfds_name = ""  # e.g. "lm1b": read TFDS (ArrayRecord) instead of text files
   c.data.tfds_data_dir = ""
   c.data.tfds_train_split = "train"
@@ -53,6 +63,9 @@ def base_config() -> ml_collections.ConfigDict:
   # the same for any process count).
   c.data.shard = "sentences"
   c.eval_max_batches = 0  # 0 = the whole eval split
+  # --- host/device overlap ------------------------------------------------------------------------------
+  c.prefetch_batches = 2  # batches built and put on the devices ahead of the step that uses them
+  c.stop_check_every_steps = 10  # several processes: how often they agree on a SIGTERM (a collective)
   # --- checkpoints ------------------------------------------------------------------------------------
   c.keep_checkpoints = 3
   c.init_from = ""  # another run's workdir/checkpoint, or an original ELMo options.json (weights beside)

@@ -54,29 +54,54 @@ def dedupe_batch(batch: dict[str, np.ndarray], n_shards: int, table_size: int | 
     n_shards: how many devices this process's rows are split over.
     table_size: U to use (must be >= every chunk's distinct tokens + 1); None = bucketed from this batch.
   """
-  fwd, bwd = batch["fwd_chars"], batch["bwd_chars"]
-  rows, time, n_chars = fwd.shape
+  n_chars = batch["fwd_chars"].shape[-1]
+  unique = lambda chars: _unique_rows(chars.reshape(-1, n_chars))
+  out = {k: v for k, v in batch.items() if k not in ("fwd_chars", "bwd_chars")}
+  out.update(_shard_tables(batch["fwd_chars"], batch["bwd_chars"], n_shards, unique, table_size))
+  return out
+
+
+def _shard_tables(fwd: np.ndarray, bwd: np.ndarray, n_shards: int, unique, table_size: int | None
+                  ) -> dict[str, np.ndarray]:
+  """Per-shard tables from `unique(shard's fwd + bwd) -> (table [n, C] with the empty row 0, inverse)`."""
+  rows, time = fwd.shape[:2]
   if rows % n_shards:
     raise ValueError(f"{rows} batch rows do not split over {n_shards} shards")
   r = rows // n_shards
   tables, fwd_index, bwd_index = [], np.empty((rows, time), np.int32), np.empty((rows, time), np.int32)
   for k in range(n_shards):
     sl = slice(k * r, (k + 1) * r)
-    table, inverse = _unique_rows(np.concatenate([fwd[sl], bwd[sl]]).reshape(-1, n_chars))
+    table, inverse = unique(np.concatenate([fwd[sl], bwd[sl]]))
     tables.append(table)
     fwd_index[sl], bwd_index[sl] = inverse.reshape(2, r, time)
   needed = max(len(t) for t in tables)
   u = bucket_size(needed, cap=2 * r * time + 1) if table_size is None else table_size
   if u < needed:
     raise ValueError(f"table_size {u} < {needed} distinct tokens (incl. the empty one) in a shard")
-  token_chars = np.zeros((n_shards, u, n_chars), np.int32)
+  token_chars = np.zeros((n_shards, u, tables[0].shape[1]), np.int32)
   for k, t in enumerate(tables):
     token_chars[k, :len(t)] = t
-  out = {k: v for k, v in batch.items() if k not in ("fwd_chars", "bwd_chars")}
-  out.update(token_chars=token_chars, fwd_index=fwd_index, bwd_index=bwd_index)
-  return out
+  return {"token_chars": token_chars, "fwd_index": fwd_index, "bwd_index": bwd_index}
 
 
 def distinct_tokens(batch: dict[str, np.ndarray]) -> int:
   """Distinct real tokens of a deduped batch (over all its shards, excluding the empty row)."""
   return int(sum(np.count_nonzero(t.any(axis=-1)) for t in batch["token_chars"]))
+
+
+def dedupe_type_ids(fwd_types: np.ndarray, bwd_types: np.ndarray, type_chars: np.ndarray, n_shards: int,
+                    table_size: int | None = None) -> dict[str, np.ndarray]:
+  """`dedupe_batch` from type ids ([B, T] each, -1 = padding) and the type table `type_chars` [n_types, C].
+
+  Distinct types instead of distinct char rows (a prepared corpus knows them): no [B, T, C] arrays and no
+  byte hashing. Two types with the same chars (cut long tokens) get two rows with equal embeddings, so the
+  model's output is the same as `dedupe_batch`'s.
+  """
+  zero = np.zeros((1, type_chars.shape[1]), type_chars.dtype)
+
+  def unique(ids: np.ndarray):
+    # -1 (padding) sorts first: prepending one makes index 0 the empty row whether or not the shard pads.
+    uniq, inverse = np.unique(np.concatenate([[-1], ids.reshape(-1)]), return_inverse=True)
+    return np.concatenate([zero, type_chars[uniq[1:]]]), inverse.reshape(-1)[1:]
+
+  return _shard_tables(fwd_types, bwd_types, n_shards, unique, table_size)

@@ -1,8 +1,14 @@
-"""The train loop, top to bottom: data -> vocab -> sharded state -> steps -> logs, evals, checkpoints, export."""
+"""The train loop, top to bottom: input -> sharded state -> restore or init -> steps -> logs, evals, saves.
+
+Shaped like flax's examples/lm1b/train.py. The host never waits on the devices between steps: batches are
+built and put on the devices ahead by `input.Prefetcher`, metrics stay on the devices until a log step
+(`metrics.LogWindow`), and with several processes the stop check is a collective only every
+`config.stop_check_every_steps` steps.
+"""
 from __future__ import annotations
 
+import collections
 import itertools
-import math
 import os
 import time
 from typing import Any
@@ -12,51 +18,44 @@ import ml_collections
 
 from elmo_jax import files
 from elmo_jax import options as options_lib
-from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
 from elmo_jax.training import init_from, lm_eval, resume, step as step_lib
+from elmo_jax.training import input as input_lib
 from elmo_jax.training.checkpoint import Checkpointer, abstract_like, gather_process_states
 from elmo_jax.training.distributed import StopRequest
 from elmo_jax.training.export import export_model
-from elmo_jax.training.metrics import MetricWriter, progress_line, say
+from elmo_jax.training.metrics import LogWindow, MetricWriter, progress_line, say
+
+def _every(step: int, n: int, last: int) -> bool:
+  return step % n == 0 or step == last
 
 
-def make_sources(data: ml_collections.ConfigDict):
-  """(train, eval) sentence sources from text files or a TFDS dataset; eval may be None."""
-  if data.tfds_name:
-    kw = dict(data_dir=data.tfds_data_dir or None, text_key=data.tfds_text_key, download=data.tfds_download)
-    train = TfdsSource(data.tfds_name, data.tfds_train_split, **kw)
-    evals = TfdsSource(data.tfds_name, data.tfds_eval_split, **kw) if data.tfds_eval_split else None
-    return train, evals
-  if not data.train_files:
-    raise ValueError("config.data.train_files is empty and config.data.tfds_name is not set: no training data")
-  split = lambda s: [p.strip() for p in s.split(",") if p.strip()]
-  train = TextSource(split(data.train_files))
-  evals = TextSource(split(data.eval_files)) if data.eval_files else None
-  return train, evals
+def restore_or_init(config, workdir, checkpointer, state, train_iter, check, optimizer, options, vocab,
+                    shardings):
+  """(state, open log-window sums) from the newest good checkpoint, else `config.init_from`, else fresh."""
+  restored = checkpointer.restore(abstract_like(state), check)
+  if restored is not None:
+    restored_step, state, meta = restored
+    train_iter.set_state(meta["data"][jax.process_index()])
+    dropped = resume.rewind_metrics(workdir, restored_step) if jax.process_index() == 0 else 0
+    say(f"resumed from step {restored_step} in {checkpointer.directory}"
+        + (f" (dropped {dropped} metrics.jsonl records written after it)" if dropped else ""))
+    return state, meta.get("log_window")
+  if config.init_from:
+    state, source = init_from.apply(config.init_from, state, options, vocab.sha256(), optimizer, shardings)
+    say(f"initialised from {source}; fresh optimizer")
+  return state, None
 
 
-def prepare_vocab(config, workdir: str, train_source, tokenizer: Tokenizer) -> Vocab:
-  """The run's vocabulary: the workdir's (resume), else config.data.vocab_file, else built from train."""
-  saved = os.path.join(workdir, "vocab.txt")
-  if os.path.exists(saved):
-    return Vocab.load(saved)
-  if config.data.vocab_file:
-    vocab = Vocab.load(config.data.vocab_file)
-  else:
-    started = time.time()
-    vocab = Vocab.build((tokenizer(train_source[i]) for i in range(len(train_source))),
-                        max_size=config.data.vocab_max_size, min_count=config.data.vocab_min_count)
-    say(f"built vocabulary of {len(vocab):,} tokens from {len(train_source):,} training lines "
-        f"in {time.time() - started:.1f}s")
-  if jax.process_index() == 0:
-    vocab.save(workdir)
-  return vocab
+def make_feed(train_iter, mesh, dedupe: bool, depth: int, block: int):
+  """Batches built (and, with one process, put on the devices) on a background thread, `depth` ahead.
 
-
-
-def _new_window() -> dict[str, float]:
-  """Sums over the steps since the last log line (part of a checkpoint, so resumed averages are exact)."""
-  return {"loss_f": 0.0, "loss_b": 0.0, "loss": 0.0, "grad_norm": 0.0, "n": 0, "tok": 0.0, "sec": 0.0}
+  Several processes: the thread builds the host batches; `AgreedFeed` agrees on the dedupe table sizes once
+  per `block` steps (a collective, so on the main thread) and puts the batches on the devices.
+  """
+  host = lambda b: step_lib.host_batch(b, mesh, dedupe)
+  if jax.process_count() == 1:
+    return input_lib.Prefetcher(train_iter, lambda b: step_lib.to_devices(host(b), mesh), depth)
+  return input_lib.AgreedFeed(input_lib.Prefetcher(train_iter, host, max(depth, block)), mesh, block)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -66,6 +65,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   process's data position and the open log window, and metrics.jsonl is rewound to the restored step.
   SIGTERM/SIGINT finish the current step, save and return normally.
   """
+  # --- setup ---------------------------------------------------------------------------------------------
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   is_main = jax.process_index() == 0
@@ -73,17 +73,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   n_devices, n_proc = jax.device_count(), jax.process_count()
   if config.batch_size % n_devices:
     raise ValueError(f"config.batch_size={config.batch_size} must be divisible by the {n_devices} devices")
-
-  tokenizer = Tokenizer(pretokenized=config.data.pretokenized)
-  train_source, eval_source = make_sources(config.data)
-  for name, source in (("train", train_source), ("eval", eval_source)):
-    skipped = {k: v for k, v in getattr(source, "skipped", {}).items() if v}
-    if skipped:  # bad lines never stop a run, but the user should know they were dropped
-      first = getattr(source, "first_skipped", {})
-      say(f"{name} data: skipped " + ", ".join(
-          f"{n:,} {reason} lines" + (f" (first at {first[reason]})" if reason in first else "")
-          for reason, n in skipped.items()))
-  vocab = prepare_vocab(config, workdir, train_source, tokenizer)
+  local_rows = config.batch_size // n_proc
+  data = input_lib.make_input(config, workdir, local_rows)
+  vocab = data.vocab
   if is_main:
     files.write_json(os.path.join(workdir, "config.json"), config.to_dict())
 
@@ -92,128 +84,110 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   optimizer = step_lib.make_optimizer(config)
   num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < len(vocab) - 1 else 0
   create = lambda: step_lib.create_train_state(model, optimizer, len(vocab), config.batch_size, config.seed)
-  shardings = step_lib.state_shardings(jax.eval_shape(create), mesh)
+  shardings = step_lib.state_shardings(jax.eval_shape(create), mesh, bool(config.get("shard_softmax", False)))
   state = jax.jit(create, out_shardings=shardings)()
   train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
   eval_step = step_lib.make_eval_step(model, mesh, shardings)
   dedupe = bool(config.get("dedupe_tokens", False))
-  to_global = lambda b: step_lib.global_batch(b, mesh, dedupe=dedupe)
+  train_iter = data.train(dedupe_shards=len(mesh.local_devices) if dedupe else None)
 
-  local_rows = config.batch_size // n_proc
-  train_iter = make_lm_iterator(train_source, vocab, tokenizer, batch_size=local_rows,
-                                unroll_steps=config.unroll_steps, seed=config.seed,
-                                max_token_chars=config.data.max_token_chars,
-                                shard=config.data.get("shard", "sentences"))
-  # Resume if the workdir has a good checkpoint (bad newest steps are set aside), else maybe init_from.
+  # --- restore or init -----------------------------------------------------------------------------------
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints)
   compatible = lambda meta: resume.check_compatible(meta, config, options, vocab.sha256(), n_proc, workdir)
-  restored = checkpointer.restore(abstract_like(state), compatible)
-  window = _new_window()
-  if restored is not None:
-    restored_step, state, meta = restored
-    train_iter.set_state(meta["data"][jax.process_index()])
-    window = meta.get("log_window", window)
-    dropped = resume.rewind_metrics(workdir, restored_step) if is_main else 0
-    say(f"resumed from step {restored_step} in {checkpointer.directory}"
-        + (f" (dropped {dropped} metrics.jsonl records written after it)" if dropped else ""))
-  elif config.init_from:
-    state, source = init_from.apply(config.init_from, state, options, vocab.sha256(), optimizer, shardings)
-    say(f"initialised from {source}; fresh optimizer")
+  state, window_sums = restore_or_init(config, workdir, checkpointer, state, train_iter, compatible, optimizer,
+                                       options, vocab, shardings)
   start_step = int(state.step)
-
-  def eval_batches(**shard):
-    return make_lm_iterator(eval_source, vocab, tokenizer, batch_size=local_rows,
-                            unroll_steps=config.unroll_steps, seed=config.seed, shuffle=False, num_epochs=1,
-                            max_token_chars=config.data.max_token_chars, **shard)
+  data_state = train_iter.get_state()  # the position after the last batch a step consumed
 
   def run_eval(params) -> dict[str, Any]:
-    if eval_source is None:
+    if data.eval is None:
       return {}
     zero = jax.device_put(model.zero_state(config.batch_size), shardings.lstm_state)
-    result = lm_eval.perplexity(eval_step, params, zero, eval_batches(), to_global, config.eval_max_batches)
+    to_global = lambda b: step_lib.global_batch(b, mesh, dedupe=dedupe)
+    result = lm_eval.perplexity(eval_step, params, zero, data.eval(), to_global, config.eval_max_batches)
     return {"eval_ppl_forward": result["ppl_forward"], "eval_ppl_backward": result["ppl_backward"],
             "eval_ppl": result["ppl"], "eval_tokens": result["n_tokens"]}
 
   def save(step: int) -> None:
-    checkpointer.save(step, state, {"data": gather_process_states(train_iter.get_state()),
-                                    "vocab_sha256": vocab.sha256(), "config": config.to_dict(),
-                                    "log_window": window})
+    window.pause()  # fetches and checks the pending steps: a checkpoint never holds a non-finite state
+    checkpointer.save(step, state, {"data": gather_process_states(data_state), "vocab_sha256": vocab.sha256(),
+                                    "config": config.to_dict(), "log_window": window.sums})
     if is_main:
       export_model(workdir, state.params, options)
 
   writer = MetricWriter(workdir, enabled=is_main)
-  if is_main and eval_source is not None and start_step == 0:
+  if is_main and data.eval is not None and start_step == 0:
     # Process 0 reads every shard; with one process these are exactly the targets the biLM's eval scores
     # (several processes: the same number of batch rows, drawn from the unsharded split).
-    batches = eval_batches(process_index=0, process_count=1)
+    batches = data.eval(process_index=0, process_count=1)
     if config.eval_max_batches:
       batches = itertools.islice(batches, config.eval_max_batches * n_proc)
     base = lm_eval.unigram_baseline(vocab, batches)
     writer.write({"step": 0, **base})
     say(f"unigram baseline on the eval split: ppl {base['unigram_ppl']:.1f}, OOV rate {base['oov_rate']:.2%}")
   say(f"training {config.num_train_steps} steps of {config.batch_size} x {config.unroll_steps} tokens on "
-      f"{n_devices} device(s) / {n_proc} process(es); vocab {len(vocab):,}; "
+      f"{n_devices} device(s) / {n_proc} process(es) from {data.description}; vocab {len(vocab):,}; "
       f"{'sampled softmax ' + str(num_sampled) if num_sampled else 'full softmax'}")
 
+  # --- the step loop -------------------------------------------------------------------------------------
   started = time.time()
   record: dict[str, Any] = {}
+  window = LogWindow(window_sums)
+  last = config.num_train_steps
+  stop_every = 1 if n_proc == 1 else max(int(config.get("stop_check_every_steps", 10)), 1)
+  ahead = max(int(config.get("prefetch_batches", 2)), 1)
+  feed = make_feed(train_iter, mesh, dedupe, ahead, stop_every)
+  in_flight: collections.deque = collections.deque()
   stop = StopRequest()
-  try:  # the handlers are put back however the loop ends (a raise included)
-    for step in range(start_step, config.num_train_steps):
-      step_started = time.time()
-      batch = next(train_iter)
-      state, metrics = train_step(state, to_global(batch))
-      metrics = jax.device_get(metrics)
-      if step > start_step:  # tokens/s counts data + step time only: not compiling, evals or saves
-        window["tok"] += float(metrics["n_tokens"])
-        window["sec"] = window.get("sec", 0.0) + time.time() - step_started
-      if not math.isfinite(float(metrics["loss"])):
-        raise FloatingPointError(f"non-finite loss {float(metrics['loss'])} at step {step + 1}; nothing was saved "
-                                 "for this step (lower config.learning_rate or use config.grad_clip)")
-      for key, name in (("loss_f", "loss_forward"), ("loss_b", "loss_backward"), ("loss", "loss"),
-                        ("grad_norm", "grad_norm")):
-        window[key] += float(metrics[name])
-      window["n"] += 1
+  waited, since = 0.0, time.time()  # the feed's wait time and the wall clock at the last log line
+  try:  # the handlers, the feed thread and the writers are put back however the loop ends (a raise included)
+    for step in range(start_step, last):
+      if in_flight and not feed.ready():
+        # Nothing to dispatch yet: let the devices finish first, so the wait timed next (data_wait_share)
+        # is time the devices sat idle for want of a batch. Costs nothing: the host could not go on anyway.
+        jax.block_until_ready(in_flight[-1])
+      batch, data_state = feed.next()
+      state, metrics = train_step(state, batch)
       done = step + 1
-      if done % config.log_every_steps == 0 or done == config.num_train_steps:
-        n, now = window["n"], time.time()
-        record = {"step": done, "train_loss": window["loss"] / n,
-                  "train_ppl_forward": math.exp(window["loss_f"] / n),
-                  "train_ppl_backward": math.exp(window["loss_b"] / n),
-                  "learning_rate": step_lib.learning_rate_at(config, done), "grad_norm": window["grad_norm"] / n,
-                  "tokens_per_sec": window["tok"] / max(window.get("sec", 0.0), 1e-9),
-                  "elapsed_sec": now - started}
+      window.add(done, metrics)
+      # The host stays `ahead` steps in front of the devices, no further: queued work stays bounded, and the
+      # time it waits for a batch (data_wait_share) is time the devices would wait too.
+      in_flight.append(metrics)
+      if len(in_flight) > ahead:
+        jax.block_until_ready(in_flight.popleft())
+      if _every(done, config.log_every_steps, last):
+        now = time.time()
+        record = {**window.record(done), "learning_rate": step_lib.learning_rate_at(config, done),
+                  "elapsed_sec": now - started,
+                  # share of the wall time the devices waited for a batch
+                  "data_wait_share": (feed.wait_sec - waited) / max(now - since, 1e-9)}
+        waited, since = feed.wait_sec, now
         writer.write(record)
         if is_main:
-          say(progress_line(done, config.num_train_steps, record, started, start_step))
-        window = _new_window()
-      if done % config.eval_every_steps == 0 or done == config.num_train_steps:
+          say(progress_line(done, last, record, started, start_step))
+      if _every(done, config.eval_every_steps, last) and data.eval is not None:
+        window.pause()
         result = run_eval(state.params)
-        if result:
-          writer.write({"step": done, **result})
-          say(f"step {done}: eval ppl {result['eval_ppl']:.1f} (forward {result['eval_ppl_forward']:.1f}, "
-              f"backward {result['eval_ppl_backward']:.1f})")
-          record = {**record, **result}
-      saved = done % config.checkpoint_every_steps == 0 or done == config.num_train_steps
+        writer.write({"step": done, **result})
+        say(f"step {done}: eval ppl {result['eval_ppl']:.1f} (forward {result['eval_ppl_forward']:.1f}, "
+            f"backward {result['eval_ppl_backward']:.1f})")
+        record = {**record, **result}
+      saved = _every(done, config.checkpoint_every_steps, last)
       if saved:
         save(done)
-      if stop.requested():  # every process asks at every step, so all of them stop after the same one
+      # Every process asks at the same steps, so all of them stop after the same one.
+      if (done % stop_every == 0 or done == last) and stop.requested():
         if not saved:
           save(done)
-        checkpointer.close()
-        writer.close()
         say(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
             f"{checkpointer.directory}/{done}; run the same command again to resume")
         return record
-  except BaseException:
-    checkpointer.close()  # let the previous step's asynchronous save finish; never leave it half-written
-    writer.close()
-    raise
   finally:
+    feed.close()
     stop.restore()
-  checkpointer.close()  # waits for the last asynchronous save and its checksum
-  writer.close()
-  counts = train_iter.counters
+    checkpointer.close()  # waits for the last asynchronous save and its checksum; never half-written
+    writer.close()
+  counts = data_state["counters"]
   say(f"done: step {int(state.step)}; read {counts['sentences']:,} sentences, {counts['tokens']:,} words "
       f"({counts['truncated_tokens']:,} over-long tokens truncated); checkpoints in {checkpointer.directory}; "
       f"export in {workdir}/export")

@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+import jax
+import numpy as np
 from tensorboardX import SummaryWriter
 
 
@@ -38,6 +40,76 @@ class MetricWriter:
     if self.enabled:
       self._jsonl.close()
       self._tb.close()
+
+
+class LogWindow:
+  """The steps since the last log line: device metrics kept on the device until a log step or a save.
+
+  `add` costs nothing on the host (no sync); `flush` fetches everything pending in one transfer, checks it
+  is finite and folds it into `sums`. `sums` (plain floats) goes into every checkpoint, so a resumed run's
+  first log line averages exactly the steps an uninterrupted run's would. tokens/s counts the wall time
+  of the steps only: `pause()` before evals and saves, and the step that compiles is never timed.
+  """
+
+  KEYS = (("loss_f", "loss_forward"), ("loss_b", "loss_backward"), ("loss", "loss"), ("grad_norm", "grad_norm"))
+
+  def __init__(self, sums: dict[str, float] | None = None):
+    self.sums = dict(sums) if sums else self._zero()
+    self._pending: list[tuple[int, Any]] = []
+    self._timed_from: float | None = None  # wall clock of the last step boundary being timed
+    self._timed_steps: set[int] = set()
+
+  @staticmethod
+  def _zero() -> dict[str, float]:
+    return {"loss_f": 0.0, "loss_b": 0.0, "loss": 0.0, "grad_norm": 0.0, "n": 0, "tok": 0.0, "sec": 0.0}
+
+  def add(self, step: int, metrics: Any) -> None:
+    """Metrics of 1-based `step`, still on the device."""
+    if self._timed_from is None:  # the first step after a start or pause: wait for it, time the rest
+      jax.block_until_ready(metrics)
+      self._timed_from = time.time()
+    else:
+      self._timed_steps.add(step)
+    self._pending.append((step, metrics))
+
+  def pause(self) -> None:
+    """Stops the clock (before an eval or a save); the next `add` waits for its step and restarts it."""
+    self.flush()
+    self._timed_from = None
+
+  def flush(self) -> None:
+    """Fetches pending metrics; raises FloatingPointError naming the first step whose loss is not finite."""
+    if not self._pending:
+      return
+    fetched = jax.device_get([m for _, m in self._pending])
+    now = time.time()
+    for (step, _), m in zip(self._pending, fetched):
+      loss = float(m["loss"])
+      if not math.isfinite(loss):
+        self._pending = []
+        raise FloatingPointError(
+            f"non-finite loss {loss} at step {step}; stopped, and no checkpoint holds it or any later step "
+            "(lower config.learning_rate or use config.grad_clip)")
+    for (step, _), m in zip(self._pending, fetched):
+      for key, name in self.KEYS:
+        self.sums[key] += float(m[name])
+      self.sums["n"] += 1
+      if step in self._timed_steps:
+        self.sums["tok"] += float(m["n_tokens"])
+    if self._timed_from is not None and self._timed_steps:
+      self.sums["sec"] += now - self._timed_from
+      self._timed_from = now
+    self._pending, self._timed_steps = [], set()
+
+  def record(self, step: int) -> dict[str, Any]:
+    """Flushes, returns the averages of the window and starts a new one."""
+    self.flush()
+    s, n = self.sums, max(self.sums["n"], 1)
+    record = {"step": step, "train_loss": s["loss"] / n, "train_ppl_forward": math.exp(s["loss_f"] / n),
+              "train_ppl_backward": math.exp(s["loss_b"] / n), "grad_norm": s["grad_norm"] / n,
+              "tokens_per_sec": s["tok"] / max(s["sec"], 1e-9)}
+    self.sums = self._zero()
+    return record
 
 
 def format_duration(seconds: float) -> str:

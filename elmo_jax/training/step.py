@@ -97,10 +97,28 @@ def create_train_state(model: BiLM, optimizer, vocab_size: int, global_batch: in
                     lstm_state=model.zero_state(global_batch), rng=rng)
 
 
-def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
+def state_shardings(state: TrainState, mesh: Mesh, shard_softmax: bool = False) -> TrainState:
+  """Params and optimizer state replicated, carried LSTM state split by batch row.
+
+  With `shard_softmax`, the softmax `W` [V, P] and its optimizer state are split along P over the mesh
+  (V, 793,471 for lm1b, does not divide by device counts; P = 512 does): each device keeps 1/n of the
+  largest tensor and its Adagrad accumulator, and the step reduce-scatters the softmax gradient instead of
+  all-reducing it densely. Losses equal the replicated layout's.
+  """
   replicated = NamedSharding(mesh, P())
   rows = NamedSharding(mesh, P(None, None, DATA_AXIS))
-  shardings = jax.tree_util.tree_map(lambda _: replicated, state)
+  n = mesh.devices.size
+  split_p = NamedSharding(mesh, P(None, DATA_AXIS))
+
+  def place(path, leaf):
+    in_softmax = any(getattr(k, "key", None) == "softmax" for k in path)
+    if shard_softmax and in_softmax and len(leaf.shape) == 2 and leaf.shape[1] % n == 0:
+      return split_p
+    return replicated
+
+  shardings = state.replace(params=jax.tree_util.tree_map_with_path(place, state.params),
+                            opt_state=jax.tree_util.tree_map_with_path(place, state.opt_state))
+  shardings = jax.tree_util.tree_map(lambda x: x if isinstance(x, NamedSharding) else replicated, shardings)
   return shardings.replace(lstm_state=jax.tree_util.tree_map(lambda _: rows, state.lstm_state))
 
 
@@ -171,6 +189,29 @@ def make_eval_step(model: BiLM, mesh: Mesh, state_sharding: TrainState):
                  out_shardings=(state_sharding.lstm_state, replicated))
 
 
+def host_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, np.ndarray]:
+  """This process's rows as the step wants them: with `dedupe`, char ids become per-device tables of
+  distinct tokens and indices (`dedupe.dedupe_batch`; a prepared corpus's batches arrive deduped already)."""
+  if dedupe and "fwd_chars" in local_batch:
+    local_batch = dedupe_lib.dedupe_batch(local_batch, len(mesh.local_devices))
+  return local_batch
+
+
+def agree_table_size(local_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Pads `token_chars` to the largest table of all processes (the global shape must agree): a collective."""
+  if "token_chars" not in local_batch or jax.process_count() == 1:
+    return local_batch
+  table = local_batch["token_chars"]
+  u = int(np.max(multihost_utils.process_allgather(np.array(table.shape[1]))))
+  return {**local_batch, "token_chars": np.pad(table, ((0, 0), (0, u - table.shape[1]), (0, 0)))}
+
+
+def to_devices(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Host rows (already deduped / agreed) -> global arrays split over the mesh. No collective."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
+
+
 def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, jax.Array]:
   """This process's rows -> global arrays split over the mesh (works for one or many processes).
 
@@ -178,12 +219,4 @@ def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = 
   (`dedupe.dedupe_batch`): each of this process's devices gets its rows' table, so the char CNN runs once
   per distinct token of each shard. A pure function of the batch; the step jits one variant per table size.
   """
-  sharding = batch_sharding(mesh)
-  if dedupe:
-    n_local = len(mesh.local_devices)
-    local_batch = dedupe_lib.dedupe_batch(local_batch, n_local)
-    if jax.process_count() > 1:  # the global table shape must agree: every process pads to the largest U
-      table = local_batch["token_chars"]
-      u = int(np.max(multihost_utils.process_allgather(np.array(table.shape[1]))))
-      local_batch["token_chars"] = np.pad(table, ((0, 0), (0, u - table.shape[1]), (0, 0)))
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
+  return to_devices(agree_table_size(host_batch(local_batch, mesh, dedupe)), mesh)

@@ -1,0 +1,380 @@
+"""Tokenize a corpus once: `python -m elmo_jax.data.prepare --input=... --output_dir=...`.
+
+  python -m elmo_jax.data.prepare --input='corpus/*.txt.gz' --output_dir=prepared/corpus --num_workers=8
+  python -m elmo_jax.data.prepare --tfds_name=lm1b --tfds_split=train --pretokenized --output_dir=prepared/lm1b
+
+Output directory (what `config.data.prepared_dir` points at):
+  tokens.npy       int32 [n_tokens]          every word of every sentence, as a type id, sentences back to back
+  offsets.npy      int64 [n_sentences + 1]   sentence s is tokens[offsets[s]:offsets[s + 1]] (may be empty)
+  types.txt        the full type inventory, one per line: ids 0, 1, 2 are <S>, </S>, <UNK>, then every
+                   distinct token by count (descending), then token -- so out-of-vocabulary words keep their
+                   own characters for the char CNN
+  type_counts.npy  int64 [n_types]
+  type_chars.npy   uint16 [n_types, max_characters_per_token] bilm-tf char ids of each type (cut to
+                   max_token_chars characters first, as the raw-text pipeline does)
+  vocab.txt, vocab_counts.tsv   the softmax vocabulary in bilm-tf's format (a prefix of the type ranking,
+                   exactly what `Vocab.build` makes from the same sentences), or a copy of --vocab_file
+  manifest.json    counts, settings, the input files, the sha256 of every file above (written last)
+
+Why flat `.npy` arrays: they memory-map, so a trainer opens an 800M-token corpus instantly and a batch is a
+handful of vectorized numpy gathers (no per-token Python, no record decoding); the sentence index stays the
+random-access line number, so the trainer's shuffle and data position are exactly the raw-text path's.
+
+The sentences are tokenized in fixed chunks (`--chunk_sentences`) by `--num_workers` processes; each finished
+chunk is kept in `output_dir/.partial/`, so a killed run resumes where it stopped, and the merge ranks types
+from the chunks' counts alone: the output is byte-identical for any number of workers.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from elmo_jax import files
+from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, token_to_ids
+from elmo_jax.data.sources import TextSource, TfdsSource, _expand
+from elmo_jax.data.tokenize import Tokenizer
+from elmo_jax.data.vocab import Vocab
+from elmo_jax.progress import progress
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PARTIAL = ".partial"
+SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
+OUTPUT_FILES = ("tokens.npy", "offsets.npy", "types.txt", "type_counts.npy", "type_chars.npy", "vocab.txt",
+                "vocab_counts.tsv")
+
+
+class PrepareError(ValueError):
+  """A user's mistake (bad input, a directory holding another corpus); the message is one line."""
+
+
+def source_spec(inputs: Sequence[str] = (), tfds_name: str = "", tfds_split: str = "train",
+                tfds_data_dir: str = "", tfds_text_key: str = "text") -> dict[str, Any]:
+  """What identifies the input: files with size and mtime, or the TFDS dataset and split."""
+  if tfds_name:
+    return {"kind": "tfds", "name": tfds_name, "split": tfds_split, "data_dir": tfds_data_dir or "",
+            "text_key": tfds_text_key}
+  if not inputs:
+    raise PrepareError("no input: pass --input=FILES_OR_GLOBS (comma-separated) or --tfds_name")
+  try:
+    paths = _expand(list(inputs))
+  except (FileNotFoundError, ValueError) as e:
+    raise PrepareError(str(e)) from None
+  return {"kind": "text", "files": [{"path": os.path.abspath(p), "size": os.path.getsize(p),
+                                     "mtime_ns": os.stat(p).st_mtime_ns} for p in paths]}
+
+
+def open_source(spec: dict[str, Any]):
+  try:
+    if spec["kind"] == "tfds":
+      return TfdsSource(spec["name"], spec["split"], data_dir=spec["data_dir"] or None, text_key=spec["text_key"])
+    return TextSource([f["path"] for f in spec["files"]])
+  except (ValueError, OSError) as e:
+    raise PrepareError(str(e).splitlines()[0]) from None
+
+
+def settings_of(spec, pretokenized: bool, lang: str, max_token_chars: int, max_characters_per_token: int,
+                vocab_max_size: int | None, vocab_min_count: int, vocab_file: str):
+  """Everything the output depends on (not the worker count or chunk size: they never change a byte)."""
+  vocab = ({"file": os.path.abspath(vocab_file), "sha256": _sha256(vocab_file)} if vocab_file
+           else {"max_size": vocab_max_size, "min_count": vocab_min_count})
+  return {"format_version": FORMAT_VERSION, "source": spec,
+          "tokenizer": {"pretokenized": bool(pretokenized), "lang": lang},
+          "max_token_chars": max_token_chars, "max_characters_per_token": max_characters_per_token,
+          "vocab": vocab}
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _first_difference(saved: dict, wanted: dict, prefix: str = "") -> str:
+  for key in sorted(set(saved) | set(wanted)):
+    a, b = saved.get(key), wanted.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      found = _first_difference(a, b, f"{prefix}{key}.")
+      if found:
+        return found
+    elif a != b:
+      return f"{prefix}{key} is {json.dumps(a)[:80]} there, {json.dumps(b)[:80]} here"
+  return ""
+
+
+# --- pass 1: tokenize fixed chunks in worker processes ------------------------------------------------
+_WORKER: dict[str, Any] = {}  # set before the pool forks; workers inherit the opened source
+
+
+def _chunk_path(work: str, k: int) -> str:
+  return os.path.join(work, f"chunk-{k:05d}.npz")
+
+
+def _tokenize_chunk(k: int) -> tuple[int, int]:
+  """Tokenizes sentences [k * C, (k + 1) * C) into chunk k's local types, counts, ids and lengths."""
+  source, tokenizer, work, size = (_WORKER[key] for key in ("source", "tokenizer", "work", "chunk"))
+  local: dict[str, int] = {}
+  ids: list[int] = []
+  lengths = []
+  for i in range(k * size, min((k + 1) * size, len(source))):
+    tokens = tokenizer(source[i])
+    lengths.append(len(tokens))
+    ids.extend(local.setdefault(t, len(local)) for t in tokens)
+  ids_arr = np.asarray(ids, np.int32)
+  counts = np.bincount(ids_arr, minlength=len(local)).astype(np.int64)
+  types = np.frombuffer("\n".join(local).encode("utf-8"), np.uint8)
+  with files.atomic_path(_chunk_path(work, k), suffix=".tmp.npz") as tmp:
+    np.savez(tmp, types=types, counts=counts, ids=ids_arr, lengths=np.asarray(lengths, np.int32))
+  return k, len(ids)
+
+
+def _read_chunk(work: str, k: int) -> dict[str, np.ndarray]:
+  with np.load(_chunk_path(work, k)) as z:
+    chunk = {key: z[key] for key in z.files}
+  chunk["types"] = bytes(chunk["types"]).decode("utf-8").split("\n") if len(chunk["counts"]) else []
+  return chunk
+
+
+def _open_in_worker(spec, tokenizer, work: str, chunk: int) -> None:
+  _WORKER.update(source=open_source(spec), tokenizer=tokenizer, work=work, chunk=chunk)
+
+
+def _tokenize_all(spec, source, tokenizer, work: str, chunk: int, num_workers: int, say) -> None:
+  n_chunks = -(-len(source) // chunk)
+  todo = [k for k in range(n_chunks) if not os.path.exists(_chunk_path(work, k))]
+  if len(todo) < n_chunks:
+    say(f"resuming: kept {n_chunks - len(todo)} of {n_chunks} finished chunks in {work}")
+  _WORKER.update(source=source, tokenizer=tokenizer, work=work, chunk=chunk)
+  bar = progress(desc="tokenizing", total=len(todo) * chunk, unit="sent")
+  try:
+    if num_workers <= 1 or len(todo) <= 1:
+      results = map(_tokenize_chunk, todo)
+      for _ in results:
+        bar.update(chunk)
+    else:
+      # Text: fork, the workers inherit the read corpus (read once, not once per worker). TFDS: ArrayRecord
+      # readers do not survive a fork; spawned workers open the dataset themselves.
+      if spec["kind"] == "text":
+        pool = multiprocessing.get_context("fork").Pool(num_workers)
+      else:
+        pool = multiprocessing.get_context("spawn").Pool(
+            num_workers, initializer=_open_in_worker, initargs=(spec, tokenizer, work, chunk))
+      with pool:
+        for _ in pool.imap_unordered(_tokenize_chunk, todo):
+          bar.update(chunk)
+  finally:
+    bar.close()
+    _WORKER.clear()
+
+
+# --- pass 2: rank the types from the chunk counts, remap the ids ---------------------------------------
+def _rank_types(work: str, n_chunks: int) -> tuple[list[str], np.ndarray]:
+  counter: dict[str, int] = {}
+  for k in progress(range(n_chunks), desc="counting types", unit="chunk"):
+    chunk = _read_chunk(work, k)
+    get = counter.get
+    for t, c in zip(chunk["types"], chunk["counts"].tolist()):
+      counter[t] = get(t, 0) + c
+  # A literal "<S>" in the text is the same token as the special one (same chars, same softmax id).
+  special_counts = [counter.pop(s, 0) for s in SPECIALS]
+  ranked = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
+  types = list(SPECIALS) + [t for t, _ in ranked]
+  counts = np.asarray(special_counts + [c for _, c in ranked], np.int64)
+  return types, counts
+
+
+def _build_vocab(types: list[str], counts: np.ndarray, n_sentences: int, max_size: int | None,
+                 min_count: int) -> Vocab:
+  """`Vocab.build` of the same sentences, from the ranked types (specials in the text are not counted)."""
+  body, body_counts = types[3:], counts[3:]
+  keep = int(np.count_nonzero(body_counts >= min_count))  # ranked by count, so a prefix
+  if max_size is not None:
+    keep = min(keep, max_size - len(SPECIALS))
+  n_unk = int(body_counts.sum() - body_counts[:keep].sum())
+  return Vocab(list(SPECIALS) + body[:keep], [0, n_sentences, n_unk] + body_counts[:keep].tolist())
+
+
+def _merge(work: str, out: str, n_chunks: int, n_sentences: int, settings: dict, say) -> dict[str, Any]:
+  types, counts = _rank_types(work, n_chunks)
+  index = {t: i for i, t in enumerate(types)}
+  lengths = [_read_chunk(work, k)["lengths"] for k in range(n_chunks)]
+  offsets = np.zeros([n_sentences + 1], np.int64)
+  np.cumsum(np.concatenate(lengths) if lengths else [], out=offsets[1:])
+  n_tokens = int(offsets[-1])
+  with files.atomic_path(os.path.join(out, "tokens.npy"), suffix=".tmp.npy") as tmp:
+    tokens = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int32, shape=(n_tokens,))
+    at = 0
+    for k in progress(range(n_chunks), desc="writing ids", unit="chunk"):
+      chunk = _read_chunk(work, k)
+      remap = np.fromiter((index[t] for t in chunk["types"]), np.int32, count=len(chunk["types"]))
+      tokens[at : at + len(chunk["ids"])] = remap[chunk["ids"]]
+      at += len(chunk["ids"])
+    tokens.flush()
+    del tokens
+  with files.atomic_path(os.path.join(out, "offsets.npy"), suffix=".tmp.npy") as tmp:
+    np.save(tmp, offsets)
+  limit, max_chars = settings["max_token_chars"], settings["max_characters_per_token"]
+  chars = np.zeros([len(types), max_chars], np.uint16)
+  for i, t in enumerate(progress(types, desc="type chars", unit="type")):
+    chars[i] = token_to_ids(t[:limit], max_chars)
+  with files.atomic_path(os.path.join(out, "type_chars.npy"), suffix=".tmp.npy") as tmp:
+    np.save(tmp, chars)
+  with files.atomic_path(os.path.join(out, "type_counts.npy"), suffix=".tmp.npy") as tmp:
+    np.save(tmp, counts)
+  files.write_text(os.path.join(out, "types.txt"), "".join(t + "\n" for t in types))
+  if "file" in settings["vocab"]:
+    vocab = Vocab.load(settings["vocab"]["file"])
+  else:
+    vocab = _build_vocab(types, counts, n_sentences, settings["vocab"]["max_size"], settings["vocab"]["min_count"])
+  vocab.save(out)
+  n_empty = int(np.count_nonzero(np.diff(offsets) == 0))
+  n_truncated = int(sum(c for t, c in zip(types, counts.tolist()) if len(t) > limit))
+  return {"n_sentences": n_sentences, "n_empty_sentences": n_empty, "n_tokens": n_tokens,
+          "n_types": len(types), "n_truncated_tokens": n_truncated, "vocab_size": len(vocab),
+          "vocab_sha256": vocab.sha256(), "oov_tokens": int(counts.sum() - sum(
+              c for t, c in zip(types, counts.tolist()) if t in vocab))}
+
+
+def read_manifest(directory: str) -> dict[str, Any] | None:
+  path = os.path.join(directory, MANIFEST)
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "", tfds_split: str = "train",
+            tfds_data_dir: str = "", tfds_text_key: str = "text", pretokenized: bool = False, lang: str = "en",
+            max_token_chars: int = 50, max_characters_per_token: int = MAX_CHARS,
+            vocab_max_size: int | None = 100_000, vocab_min_count: int = 1, vocab_file: str = "",
+            num_workers: int = 1, chunk_sentences: int = 100_000, say=print) -> dict[str, Any]:
+  """Prepares `output_dir` (see the module docstring); returns its manifest. Idempotent and resumable.
+
+  Raises:
+    PrepareError: missing/empty input, a vocab_file without the specials, or an output_dir that holds
+      another corpus or other settings (one line naming what differs).
+  """
+  if chunk_sentences < 1 or num_workers < 1 or max_token_chars < 1:
+    raise PrepareError("--chunk_sentences, --num_workers and --max_token_chars must be >= 1")
+  spec = source_spec(inputs, tfds_name, tfds_split, tfds_data_dir, tfds_text_key)
+  if vocab_file:
+    if not os.path.isfile(vocab_file):
+      raise PrepareError(f"{vocab_file}: vocab file not found")
+    try:
+      Vocab.load(vocab_file)
+    except ValueError as e:
+      raise PrepareError(str(e).splitlines()[0]) from None
+  settings = settings_of(spec, pretokenized, lang, max_token_chars, max_characters_per_token, vocab_max_size,
+                         vocab_min_count, vocab_file)
+  out = os.path.abspath(output_dir)
+  manifest = read_manifest(out)
+  if manifest is not None:
+    diff = _first_difference(manifest["settings"], settings)
+    if diff:
+      raise PrepareError(f"{out} holds another prepared corpus ({diff}); use another --output_dir or delete it")
+    say(f"{out} is already prepared ({manifest['counts']['n_tokens']:,} tokens); nothing to do")
+    return manifest
+  work = os.path.join(out, PARTIAL)
+  settings_path = os.path.join(work, "settings.json")
+  if os.path.exists(settings_path):
+    with open(settings_path, encoding="utf-8") as f:
+      diff = _first_difference(json.load(f), {**settings, "chunk_sentences": chunk_sentences})
+    if diff:
+      raise PrepareError(f"{out} holds an unfinished preparation of another corpus ({diff}); "
+                         "use another --output_dir or delete it")
+  elif os.path.isdir(out) and os.listdir(out):
+    raise PrepareError(f"{out} is not empty and holds no prepared corpus; use another --output_dir")
+  os.makedirs(work, exist_ok=True)
+  files.write_json(settings_path, {**settings, "chunk_sentences": chunk_sentences})
+
+  started = time.time()
+  source = open_source(spec)
+  tokenizer = Tokenizer(pretokenized=pretokenized, lang=lang)
+  _tokenize_all(spec, source, tokenizer, work, chunk_sentences, num_workers, say)
+  tokenized = time.time()
+  n_chunks = -(-len(source) // chunk_sentences)
+  counts = _merge(work, out, n_chunks, len(source), settings, say)
+  if counts["n_tokens"] == 0:
+    raise PrepareError(f"input {_describe(spec)} has no tokens")
+  manifest = {"settings": settings, "counts": counts,
+              "skipped_lines": dict(getattr(source, "skipped", {})),
+              "sha256": {name: _sha256(os.path.join(out, name)) for name in OUTPUT_FILES}}
+  files.write_json(os.path.join(out, MANIFEST), manifest)
+  shutil.rmtree(work)
+  elapsed = time.time() - started
+  say(f"prepared {counts['n_sentences']:,} sentences, {counts['n_tokens']:,} tokens, {counts['n_types']:,} "
+      f"types (vocab {counts['vocab_size']:,}) in {elapsed:.1f}s (tokenizing {tokenized - started:.1f}s, "
+      f"{counts['n_tokens'] / max(tokenized - started, 1e-9):,.0f} tokens/s) -> {out}")
+  return manifest
+
+
+def _describe(spec: dict[str, Any]) -> str:
+  if spec["kind"] == "tfds":
+    return f"tfds {spec['name']}/{spec['split']}"
+  return ", ".join(f["path"] for f in spec["files"][:3]) + (" ..." if len(spec["files"]) > 3 else "")
+
+
+def verify(directory: str) -> str | None:
+  """None if every file of a prepared directory matches its manifest's sha256; else what is wrong."""
+  manifest = read_manifest(directory)
+  if manifest is None:
+    return f"{directory} has no {MANIFEST} (not prepared, or preparation did not finish)"
+  for name, digest in manifest["sha256"].items():
+    path = os.path.join(directory, name)
+    if not os.path.exists(path):
+      return f"{path} is missing"
+    if _sha256(path) != digest:
+      return f"{path} fails its sha256 checksum"
+  return None
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
+  from elmo_jax import progress as progress_lib  # pylint: disable=g-import-not-at-top
+  if not f.progress:
+    progress_lib.set_enabled(False)
+  inputs = [p.strip() for p in (f.input or "").split(",") if p.strip()]
+  try:
+    prepare(f.output_dir, inputs, tfds_name=f.tfds_name, tfds_split=f.tfds_split, tfds_data_dir=f.tfds_data_dir,
+            tfds_text_key=f.tfds_text_key, pretokenized=f.pretokenized, max_token_chars=f.max_token_chars,
+            vocab_max_size=f.vocab_max_size or None, vocab_min_count=f.vocab_min_count,
+            vocab_file=f.vocab_file, num_workers=f.num_workers, chunk_sentences=f.chunk_sentences)
+  except PrepareError as e:
+    sys.exit(f"prepare: {e}")
+
+
+def _define_flags() -> None:
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_string("input", None, "Comma-separated text files or globs (.gz ok), one sentence per line.")
+  flags.DEFINE_string("tfds_name", "", "A TFDS dataset (ArrayRecord, read without TensorFlow), e.g. lm1b.")
+  flags.DEFINE_string("tfds_split", "train", "TFDS split.")
+  flags.DEFINE_string("tfds_data_dir", "", "TFDS data_dir (default: TFDS's).")
+  flags.DEFINE_string("tfds_text_key", "text", "Feature holding the sentence.")
+  flags.DEFINE_string("output_dir", None, "Directory for the prepared corpus (created; resumable).")
+  flags.DEFINE_bool("pretokenized", False, "Lines are already tokenized: split on whitespace (else Moses).")
+  flags.DEFINE_integer("max_token_chars", 50, "Longer tokens are cut to this many characters for the char CNN.")
+  flags.DEFINE_integer("vocab_max_size", 100_000, "Softmax vocabulary size incl. <S>, </S>, <UNK> (0 = all).")
+  flags.DEFINE_integer("vocab_min_count", 1, "Tokens seen fewer times are <UNK> in the softmax.")
+  flags.DEFINE_string("vocab_file", "", "Use this vocab.txt (bilm-tf format) instead of building one.")
+  flags.DEFINE_integer("num_workers", max(1, (os.cpu_count() or 2) - 1), "Tokenizer processes.")
+  flags.DEFINE_integer("chunk_sentences", 100_000, "Sentences per resumable chunk (not part of the output).")
+  flags.DEFINE_bool("progress", True, "Progress bars on stderr.")
+  flags.mark_flags_as_required(["output_dir"])
+
+
+if __name__ == "__main__":
+  from absl import app  # pylint: disable=g-import-not-at-top
+  _define_flags()
+  app.run(main)

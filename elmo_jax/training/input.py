@@ -1,0 +1,255 @@
+"""The trainer's input: sources (raw text, TFDS or a prepared corpus), the vocabulary, batch iterators, and a
+prefetcher that builds batches and puts them on the devices while earlier steps run.
+
+A text corpus up to `config.data.auto_prepare_max_mb` is prepared once into `workdir/prepared/` (ids, type
+table; `elmo_jax.data.prepare`) and trained from ids: same batches as the raw-text path, a fraction of the
+host time. Larger corpora: run `python -m elmo_jax.data.prepare --num_workers=N` and set
+`config.data.prepared_dir`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import ml_collections
+
+from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
+from elmo_jax.data import prepare as prepare_lib
+from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
+from elmo_jax.training.metrics import say
+
+
+def _split(s: str) -> list[str]:
+  return [p.strip() for p in s.split(",") if p.strip()]
+
+
+def make_sources(data: ml_collections.ConfigDict):
+  """(train, eval) raw sentence sources from text files or a TFDS dataset; eval may be None."""
+  if data.tfds_name:
+    kw = dict(data_dir=data.tfds_data_dir or None, text_key=data.tfds_text_key, download=data.tfds_download)
+    train = TfdsSource(data.tfds_name, data.tfds_train_split, **kw)
+    evals = TfdsSource(data.tfds_name, data.tfds_eval_split, **kw) if data.tfds_eval_split else None
+    return train, evals
+  if not data.train_files:
+    raise ValueError("config.data.train_files is empty and config.data.tfds_name is not set: no training data")
+  train = TextSource(_split(data.train_files))
+  evals = TextSource(_split(data.eval_files)) if data.eval_files else None
+  return train, evals
+
+
+def _auto_prepare(config, workdir: str) -> tuple[str, str]:
+  """(train, eval) prepared dirs under workdir/prepared for a small text corpus; ('', '') when not applicable."""
+  data = config.data
+  limit = float(data.get("auto_prepare_max_mb", 0) or 0)
+  if data.tfds_name or not data.train_files or limit <= 0:
+    return "", ""
+  spec = prepare_lib.source_spec(_split(data.train_files))
+  size_mb = sum(f["size"] for f in spec["files"]) / 2**20
+  if size_mb > limit:
+    say(f"training text is {size_mb:,.0f} MB (> config.data.auto_prepare_max_mb={limit:g}): tokenizing on the "
+        "fly; prepare it once with `python -m elmo_jax.data.prepare --num_workers=N` and set "
+        "config.data.prepared_dir for full speed")
+    return "", ""
+  vocab = dict(vocab_file=data.vocab_file, vocab_max_size=data.vocab_max_size, vocab_min_count=data.vocab_min_count)
+  kw = dict(pretokenized=data.pretokenized, max_token_chars=data.max_token_chars)
+  # Keyed by what the output depends on, so a changed corpus or setting prepares anew instead of refusing.
+  key = json.dumps([spec, data.eval_files, vocab, kw], sort_keys=True)
+  root = os.path.join(workdir, "prepared", hashlib.sha256(key.encode()).hexdigest()[:12])
+  train_dir = os.path.join(root, "train")
+  eval_dir = os.path.join(root, "eval") if data.eval_files else ""
+  if jax.process_index() == 0:  # the others wait at the barrier, then read what process 0 wrote
+    prepare_lib.prepare(train_dir, _split(data.train_files), chunk_sentences=50_000, say=say, **vocab, **kw)
+    if eval_dir:
+      prepare_lib.prepare(eval_dir, _split(data.eval_files), vocab_max_size=None, say=say, **kw)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices("auto_prepare")
+  return train_dir, eval_dir
+
+
+@dataclasses.dataclass
+class TrainInput:
+  """What the loop needs from the data: the vocab and ways to make train/eval batch iterators."""
+  vocab: Vocab
+  train: Callable[..., Iterator[dict[str, Any]]]  # (dedupe_shards) -> the training iterator
+  eval: Callable[..., Iterator[dict[str, Any]]] | None  # (**shard) -> one pass over the eval split
+  description: str
+
+
+def _report_skipped(name: str, source) -> None:
+  skipped = {k: v for k, v in getattr(source, "skipped", {}).items() if v}
+  if skipped:  # bad lines never stop a run, but the user should know they were dropped
+    first = getattr(source, "first_skipped", {})
+    say(f"{name} data: skipped " + ", ".join(
+        f"{n:,} {reason} lines" + (f" (first at {first[reason]})" if reason in first else "")
+        for reason, n in skipped.items()))
+
+
+def _run_vocab(config, workdir: str, build: Callable[[], Vocab]) -> Vocab:
+  """The workdir's vocab (resume), else config.data.vocab_file, else `build()`; saved into the workdir."""
+  saved = os.path.join(workdir, "vocab.txt")
+  if os.path.exists(saved):
+    return Vocab.load(saved)
+  vocab = Vocab.load(config.data.vocab_file) if config.data.vocab_file else build()
+  if jax.process_index() == 0:
+    vocab.save(workdir)
+  return vocab
+
+
+def make_input(config, workdir: str, local_rows: int) -> TrainInput:
+  """Opens the run's data: a prepared corpus (config.data.prepared_dir or auto-prepared) or raw sources."""
+  data = config.data
+  train_dir, eval_dir = data.get("prepared_dir", ""), data.get("prepared_eval_dir", "")
+  if not train_dir:
+    train_dir, eval_dir = _auto_prepare(config, workdir)
+  common = dict(batch_size=local_rows, unroll_steps=config.unroll_steps, seed=config.seed)
+  shard = data.get("shard", "sentences")
+  if train_dir:
+    corpus = PreparedCorpus(train_dir)
+    eval_corpus = PreparedCorpus(eval_dir) if eval_dir else None
+    _report_skipped("train", corpus)
+    vocab = _run_vocab(config, workdir, corpus.vocab)
+    train = lambda dedupe_shards=None: make_prepared_iterator(corpus, vocab, shard=shard,
+                                                              dedupe_shards=dedupe_shards, **common)
+    evals = None if eval_corpus is None else (
+        lambda **kw: make_prepared_iterator(eval_corpus, vocab, shuffle=False, num_epochs=1, **common, **kw))
+    return TrainInput(vocab, train, evals, f"prepared corpus {train_dir}")
+
+  tokenizer = Tokenizer(pretokenized=data.pretokenized)
+  train_source, eval_source = make_sources(data)
+  _report_skipped("train", train_source)
+  _report_skipped("eval", eval_source)
+
+  def build() -> Vocab:
+    started = time.time()
+    vocab = Vocab.build((tokenizer(train_source[i]) for i in range(len(train_source))),
+                        max_size=data.vocab_max_size, min_count=data.vocab_min_count)
+    say(f"built vocabulary of {len(vocab):,} tokens from {len(train_source):,} training lines "
+        f"in {time.time() - started:.1f}s")
+    return vocab
+
+  vocab = _run_vocab(config, workdir, build)
+  raw = dict(max_token_chars=data.max_token_chars, **common)
+  train = lambda dedupe_shards=None: make_lm_iterator(train_source, vocab, tokenizer, shard=shard, **raw)
+  evals = None if eval_source is None else (
+      lambda **kw: make_lm_iterator(eval_source, vocab, tokenizer, shuffle=False, num_epochs=1, **raw, **kw))
+  return TrainInput(vocab, train, evals, f"raw text {train_source!r}")
+
+
+_END = object()
+
+
+class Prefetcher:
+  """Builds batches on a background thread, `depth` ahead of the step that uses them.
+
+  `next()` returns `(batch, data_state)`: `transform(next(iterator))` and the iterator's `get_state()` right
+  after that batch, so a checkpoint records the position of the batches the steps consumed, never of the
+  ones still queued (a resumed run rebuilds those). `transform` may `jax.device_put` the batch, so the
+  copy to the devices overlaps the running step too. Errors of the iterator surface at `next()`.
+  """
+
+  def __init__(self, iterator, transform: Callable[[Any], Any], depth: int = 2):
+    self._iterator, self._transform = iterator, transform
+    self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
+    self._stop = threading.Event()
+    self.wait_sec = 0.0  # time `next()` spent waiting for the producer (the step's data wait)
+    self._thread = threading.Thread(target=self._produce, name="batch-prefetch", daemon=True)
+    self._thread.start()
+
+  def _put(self, item) -> bool:
+    while not self._stop.is_set():
+      try:
+        self._queue.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        continue
+    return False
+
+  def _produce(self) -> None:
+    try:
+      for batch in self._iterator:
+        item = (self._transform(batch), self._iterator.get_state())
+        if not self._put(item):
+          return
+      self._put(_END)
+    except BaseException as e:  # pylint: disable=broad-except  (re-raised in the consumer)
+      self._put(e)
+
+  def ready(self) -> bool:
+    """True if `next()` will not block."""
+    return not self._queue.empty()
+
+  def next(self):
+    started = time.perf_counter()
+    item = self._queue.get()
+    self.wait_sec += time.perf_counter() - started
+    if item is _END:
+      self._queue.put(_END)
+      raise StopIteration
+    if isinstance(item, BaseException):
+      raise item
+    return item
+
+  def close(self) -> None:
+    self._stop.set()
+    while self._thread.is_alive():
+      try:
+        self._queue.get(timeout=0.1)
+      except queue.Empty:
+        pass
+    self._thread.join()
+
+
+class AgreedFeed:
+  """Several processes: pads every process's deduped tables to one size and puts the batches on the devices.
+
+  The sizes are agreed for `block` batches at once (one small all-gather per block instead of one per step),
+  on the main thread, so every process runs the collective at the same point of the step sequence.
+  """
+
+  def __init__(self, feed: Prefetcher, mesh, block: int = 10):
+    import collections  # pylint: disable=g-import-not-at-top
+    self._feed, self._mesh, self._block = feed, mesh, max(block, 1)
+    self._ready: collections.deque = collections.deque()
+
+  @property
+  def wait_sec(self) -> float:
+    return self._feed.wait_sec
+
+  def ready(self) -> bool:
+    return bool(self._ready) or self._feed.ready()
+
+  def next(self):
+    if not self._ready:
+      self._agree_block()
+    if not self._ready:
+      raise StopIteration
+    return self._ready.popleft()
+
+  def _agree_block(self) -> None:
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    from elmo_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+    items = []
+    for _ in range(self._block):  # the training stream repeats forever: every process gets `block` batches
+      try:
+        items.append(self._feed.next())
+      except StopIteration:
+        break
+    sizes = np.array([b["token_chars"].shape[1] if "token_chars" in b else 0 for b, _ in items], np.int64)
+    agreed = np.max(multihost_utils.process_allgather(sizes), axis=0) if len(sizes) else sizes
+    for (batch, data_state), u in zip(items, agreed.tolist()):
+      if "token_chars" in batch:
+        table = batch["token_chars"]
+        batch = {**batch, "token_chars": np.pad(table, ((0, 0), (0, u - table.shape[1]), (0, 0)))}
+      self._ready.append((step_lib.to_devices(batch, self._mesh), data_state))
+
+  def close(self) -> None:
+    self._feed.close()
