@@ -154,7 +154,7 @@ def test_without_text_all_skips_and_perplexity_exits(tmp_path, parsed_flags):
   cfg = tasks.EvalConfig(output_dir=str(tmp_path))
   cfg.perplexity = perplexity.PerplexityConfig(options_file="o.json", weight_file="w.hdf5")
   with pytest.raises(tasks.TaskUnavailable, match="--text_file"):
-    tasks.run_perplexity(cfg, lambda: None)
+    tasks.read_perplexity(cfg)
   parsed_flags("--task=perplexity", f"--output_dir={tmp_path}/out")
   with pytest.raises(SystemExit, match="no text to score"):
     evaluate.main(["evaluate.py"])

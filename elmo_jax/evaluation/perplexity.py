@@ -11,6 +11,7 @@ sentence), from the training counts in `vocab_counts.tsv`.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import time
@@ -219,6 +220,41 @@ def table(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def resolve_text(pcfg: PerplexityConfig, workdir: str | None,
+                 train_config: dict[str, Any]) -> tuple[str | None, str | None, str]:
+  """(text_files, tfds_name, tfds_split) to score: the flags', else the run's eval split; NoText if none."""
+  text_file, tfds_name, tfds_split = pcfg.text_file, pcfg.tfds_name, pcfg.tfds_split
+  if not text_file and not tfds_name:
+    text_file, tfds_name, tfds_split = default_text(workdir, train_config)
+  if not text_file and not tfds_name:
+    raise NoText("no text to score; pass --text_file=FILE or --tfds_name=lm1b (or a --workdir "
+                 "whose config has data.eval_files)")
+  return text_file, tfds_name, tfds_split
+
+
+def check(pcfg: PerplexityConfig, workdir: str | None) -> None:
+  """The task's inputs, checked without loading anything big: files exist, the weights hold a softmax.
+
+  Raises NoText / NoSoftmax (the task cannot run here) or InputError (a bad input).
+  """
+  import h5py  # pylint: disable=g-import-not-at-top
+
+  train_config = read_train_config(workdir) if workdir else {}
+  text_file, _, _ = resolve_text(pcfg, workdir, train_config)
+  for path in (text_file or "").split(","):
+    if path and not glob.has_magic(path) and not os.path.isfile(path):
+      raise InputError(f"{path}: text file not found")
+  files = model_files(pcfg, workdir)
+  try:
+    with h5py.File(files["weight_file"], "r") as f:
+      has_softmax = "softmax/W" in f and "softmax/b" in f
+  except OSError as e:
+    raise InputError(f"{files['weight_file']}: not a readable HDF5 file ({e})") from None
+  if not has_softmax:
+    raise NoSoftmax(f"{files['weight_file']}: has no softmax/W, softmax/b (original ELMo weights ship "
+                    "without the LM softmax), so it cannot be scored for perplexity")
+
+
 def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[str, Any]:
   """The task: resolve inputs, load the LM, score, plot; returns the JSON-able result.
 
@@ -229,12 +265,7 @@ def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[st
   """
   start = time.time()
   train_config = read_train_config(workdir) if workdir else {}
-  text_file, tfds_name, tfds_split = pcfg.text_file, pcfg.tfds_name, pcfg.tfds_split
-  if not text_file and not tfds_name:
-    text_file, tfds_name, tfds_split = default_text(workdir, train_config)
-  if not text_file and not tfds_name:
-    raise NoText("perplexity: no text to score; pass --text_file (or --tfds_name, or a --workdir "
-                 "whose config has data.eval_files)")
+  text_file, tfds_name, tfds_split = resolve_text(pcfg, workdir, train_config)
   source = open_source(text_file, tfds_name, tfds_split, pcfg.tfds_data_dir
                        or train_config.get("data", {}).get("tfds_data_dir", ""))
   lm = load_language_model(pcfg, workdir)
