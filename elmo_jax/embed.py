@@ -11,13 +11,15 @@ string dataset holding `json.dumps({stripped line text: "i"})` (later duplicates
 Unlike AllenNLP, an empty line is not an error: it gets a `(n_layers + 1, 0, 2P)` entry and a warning.
 The file is streamed in chunks, so memory stays bounded; within a chunk the `Embedder`'s length bucketing
 and token dedupe apply. The output is written to a temp file next to it and renamed at the end, so a
-failed or interrupted run leaves neither a half-written output nor the temp file.
+failed or interrupted run leaves no half-written output; the temp file is removed on failure and SIGTERM,
+and one left by a writer killed outright (kill -9) is removed by the next run for the same output.
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -29,6 +31,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from elmo_jax import devices
 from elmo_jax import options as options_lib
 from elmo_jax import weights as weights_lib
 from elmo_jax.embedder import Embedder
@@ -66,6 +69,53 @@ def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
         raise EmbedInputError(
             f"{path}:{i + 1}: invalid UTF-8 at byte {e.start} of the line ({e.reason})") from None
       yield i, text.strip()
+
+
+def _temp_prefix(output_file: str) -> str:
+  """Temp outputs are named `.OUT.HOST.PID.xxxx.tmp`, so a later run can tell a dead writer's."""
+  return f".{os.path.basename(output_file)}.{socket.gethostname()}.{os.getpid()}."
+
+
+def remove_stale_temps(output_file: str | os.PathLike) -> list[str]:
+  """Removes temp outputs for `output_file` of writers on this host that no longer run; returns them."""
+  output_file = os.fspath(output_file)
+  out_dir = os.path.dirname(os.path.abspath(output_file))
+  head = f".{os.path.basename(output_file)}.{socket.gethostname()}."
+  removed = []
+  for name in (os.listdir(out_dir) if os.path.isdir(out_dir) else []):
+    if not (name.startswith(head) and name.endswith(".tmp")):
+      continue
+    pid = name[len(head):].split(".", 1)[0]
+    if not pid.isdigit() or _alive(int(pid)):
+      continue
+    try:
+      os.remove(os.path.join(out_dir, name))
+      removed.append(name)
+    except OSError:
+      pass
+  return removed
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def check_output_path(output_file: str | os.PathLike) -> None:
+  """Fails before any work when the output cannot be written there."""
+  output_file = os.fspath(output_file)
+  if os.path.isdir(output_file):
+    raise EmbedInputError(f"{output_file}: is a directory; give a file path for the output hdf5")
+  out_dir = os.path.dirname(os.path.abspath(output_file))
+  if not os.path.isdir(out_dir):
+    raise EmbedInputError(f"{output_file}: output directory {out_dir} does not exist")
+  if not os.access(out_dir, os.W_OK):
+    raise EmbedInputError(f"{output_file}: output directory {out_dir} is not writable")
 
 
 def _chunks(lines: Iterator[tuple[int, str]], size: int) -> Iterator[list[tuple[int, str]]]:
@@ -151,12 +201,12 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   chunk_size = -(-max(chunk_size, 1) // batch_size) * batch_size
+  check_output_path(output_file)
+  remove_stale_temps(output_file)
   progress = Progress(count_lines(input_file), progress_every, progress_stream)
   out_dir = os.path.dirname(os.path.abspath(output_file))
-  if not os.path.isdir(out_dir):
-    raise EmbedInputError(f"{output_file}: output directory {out_dir} does not exist")
   # Same directory, so the final rename is atomic (never a copy across file systems).
-  fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(output_file)}.", suffix=".tmp", dir=out_dir)
+  fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(output_file), suffix=".tmp", dir=out_dir)
   os.close(fd)
   umask = os.umask(0)
   os.umask(umask)
@@ -235,8 +285,9 @@ def main(argv: list[str]) -> int:
     raise app.UsageError("give either --workdir or --options_file/--weight_file, not both")
   if not FLAGS.workdir and not (FLAGS.options_file and FLAGS.weight_file):
     raise app.UsageError("give --options_file and --weight_file (or --workdir)")
-  if FLAGS.batch_size < 1:
-    raise app.UsageError(f"--batch_size must be >= 1, got {FLAGS.batch_size}")
+  if FLAGS.batch_size < 1:  # the message alone, not absl's usage text
+    print(f"error: --batch_size must be >= 1, got {FLAGS.batch_size}", file=sys.stderr)
+    return 1
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # keeps JAX's backend INFO lines out of the one-line errors
   for sig in (signal.SIGINT, signal.SIGTERM):
@@ -244,6 +295,10 @@ def main(argv: list[str]) -> int:
   try:
     if not os.path.exists(FLAGS.input_file):  # fail before spending time on loading the model
       raise EmbedInputError(f"{FLAGS.input_file}: input file not found")
+    check_output_path(FLAGS.output_file)
+    for name in remove_stale_temps(FLAGS.output_file):
+      logging.warning("removed %s, left by an embedding run that was killed", name)
+    devices.announce()
     if FLAGS.workdir:
       embedder = Embedder.from_workdir(FLAGS.workdir, stateful=FLAGS.stateful)
     else:
