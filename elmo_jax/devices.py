@@ -8,9 +8,8 @@ import subprocess
 import sys
 from typing import Callable
 
-# Set on Cloud TPU VMs (and by GKE for TPU pods).
-_TPU_ENV = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_SKIP_MDS_QUERY",
-            "CLOUD_TPU_TASK_ID")
+# Set on Cloud TPU VMs and by GKE for TPU pods (not TPU_SKIP_MDS_QUERY: importing jax sets that one).
+_TPU_ENV = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID")
 INSTALL = {"gpu": 'pip install -e ".[cuda12]"  (or: ELMO_JAX_EXTRA=cuda12 bash scripts/train.sh)',
            "tpu": 'pip install -e ".[tpu]"  (or: ELMO_JAX_EXTRA=tpu bash scripts/train.sh)'}
 

@@ -126,6 +126,8 @@ def test_machine_accelerator_and_the_cpu_warning(tmp_path, monkeypatch):
   for k in devices._TPU_ENV:  # pylint: disable=protected-access
     monkeypatch.delenv(k, raising=False)
   monkeypatch.setenv("PATH", str(tmp_path))
+  import jax
+  jax.devices()  # starting JAX sets TPU_SKIP_MDS_QUERY: no sign of a TPU
   assert devices.machine_accelerator() is None
   smi = tmp_path / "nvidia-smi"
   smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)'\n")
