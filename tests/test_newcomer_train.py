@@ -143,3 +143,42 @@ def test_machine_accelerator_and_the_cpu_warning(tmp_path, monkeypatch):
   lines.clear()
   devices.announce(lines.append)
   assert devices.machine_accelerator() == "tpu" and 'pip install -e ".[tpu]"' in lines[1]
+
+
+def _events(directory):
+  """Every Event of the TensorBoard files in `directory` (TFRecord framing), file by file in order."""
+  import struct
+  from tensorboardX.proto import event_pb2
+  out = []
+  for name in sorted(os.listdir(directory)):
+    data, pos, events = open(os.path.join(directory, name), "rb").read(), 0, []
+    while pos < len(data):
+      (length,) = struct.unpack("<Q", data[pos:pos + 8])
+      events.append(event_pb2.Event.FromString(data[pos + 12:pos + 12 + length]))
+      pos += 12 + length + 4
+    out.append(events)
+  return out
+
+
+def test_tensorboard_purges_steps_of_a_killed_run_and_holds_config_and_hparams(tmp_path):
+  import time
+  from elmo_jax.training.metrics import MetricWriter
+  config = base_config().to_dict()
+  writer = MetricWriter(str(tmp_path), purge_step=1, config=config)
+  for step in range(1, 11):
+    writer.write({"step": step, "train_loss": 1.0 / step})
+  writer.close()
+  time.sleep(1.1)  # event file names carry the second
+  writer = MetricWriter(str(tmp_path), purge_step=6, config=config)  # resumed from the step-5 checkpoint
+  writer.write({"step": 6, "train_loss": 0.5})
+  writer.close()
+  first, second = _events(tmp_path / "tensorboard")
+  from tensorboardX.proto.event_pb2 import SessionLog
+  starts = lambda events: [e.step for e in events if e.session_log.status == SessionLog.START]  # noqa: E731
+  assert starts(second) == [6] and starts(first) == [1]  # TensorBoard drops the old events at steps >= 6
+  tags = {v.tag: v for e in second for v in e.summary.value}
+  assert "config/text_summary" in tags or "config" in tags
+  text = (tags.get("config/text_summary") or tags["config"]).tensor.string_val[0].decode()
+  assert '"batch_size": 128' in text or '"batch_size"' in text
+  plugins = {v.metadata.plugin_data.plugin_name for e in second for v in e.summary.value}
+  assert "hparams" in plugins

@@ -141,7 +141,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if is_main:
       export_model(workdir, state.params, options)
 
-  writer = MetricWriter(workdir, enabled=is_main)
+  writer = MetricWriter(workdir, enabled=is_main, purge_step=start_step + 1, config=config.to_dict())
   if is_main and eval_source is not None and start_step == 0:
     # Process 0 reads every shard; with one process these are exactly the targets the biLM's eval scores
     # (several processes: the same number of batch rows, drawn from the unsharded split).
