@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Iterable, TypeVar
+from typing import Iterable, Iterator, TypeVar
 
 from tqdm import tqdm
 
@@ -40,3 +40,16 @@ def progress(iterable: Iterable[T] | None = None, *, desc: str, total: float | N
   """
   return tqdm(iterable, desc=desc, total=total, unit=unit, disable=disable or not enabled(),
               file=sys.stderr, dynamic_ncols=True, mininterval=0.5, unit_scale=unit != "it", **kwargs)
+
+
+def track(iterable: Iterable[T], *, desc: str, total: float | None = None, count=None, unit: str = "it",
+          disable: bool = False) -> Iterator[T]:
+  """Yields from `iterable` under a bar; after each item the bar moves to `count()` when given (e.g. the
+  sentences a batch iterator has read so far), else by one. The bar closes when the loop ends or stops."""
+  bar = progress(desc=desc, total=total, unit=unit, disable=disable)
+  try:
+    for item in iterable:
+      yield item
+      bar.update((count() - bar.n) if count is not None else 1)
+  finally:
+    bar.close()

@@ -158,3 +158,17 @@ def test_without_text_all_skips_and_perplexity_exits(tmp_path, parsed_flags):
   parsed_flags("--task=perplexity", f"--output_dir={tmp_path}/out")
   with pytest.raises(SystemExit, match="no text to score"):
     evaluate.main(["evaluate.py"])
+
+
+def test_text_that_is_all_oov_gets_a_warning_with_the_rate(tiny_run, tmp_path, parsed_flags, capsys):
+  text = tmp_path / "alien.txt"
+  text.write_text("zzqx vvbn kklo\nqqpp wwee\n" * 20)
+  parsed_flags("--task=perplexity", f"--workdir={tiny_run}", f"--output_dir={tmp_path}/out",
+               f"--text_file={text}", "--max_batches=2")
+  evaluate.main(["evaluate.py"])
+  result = json.load(open(os.path.join(tmp_path, "out", "perplexity.json")))
+  assert result["oov_rate"] == 1.0 and result["warning"].startswith("100% of the words are out of")
+  assert "WARNING: 100% of the words are out of the model's vocabulary" in capsys.readouterr().out
+  parsed_flags("--task=perplexity", f"--workdir={tiny_run}", f"--output_dir={tmp_path}/ok", "--max_batches=2")
+  evaluate.main(["evaluate.py"])
+  assert "warning" not in json.load(open(os.path.join(tmp_path, "ok", "perplexity.json")))

@@ -29,6 +29,9 @@ NO_COUNTS_NOTE = ("no vocab_counts.tsv next to the vocabulary: the unigram basel
                   "counts (a workdir has them; pass --vocab_file=WORKDIR/vocab.txt)")
 
 
+OOV_WARNING_RATE = 0.3  # out-of-domain text measured here runs at ~18% OOV
+
+
 class NoSoftmax(RuntimeError):
   """The weight file has no trained softmax (e.g. original ELMo weights): no perplexity possible."""
 
@@ -180,7 +183,7 @@ def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_
                              unroll_steps=unroll_steps, seed=0, shuffle=False, num_epochs=1,
                              process_index=0, process_count=1, max_token_chars=max_token_chars,
                              max_characters_per_token=lm.options["char_cnn"]["max_characters_per_token"])
-  tally = lm_eval.UnigramTally(batches, lm.vocab)
+  tally = lm_eval.UnigramTally(lm_eval.with_progress(batches, len(source), max_batches, "perplexity"), lm.vocab)
   result = lm_eval.perplexity(eval_step, params, zero, tally, lambda b: step_lib.global_batch(b, mesh),
                               max_batches)
   result.update({**tally.result(), "n_sentences": batches.counters["sentences"],
@@ -215,6 +218,8 @@ def table(result: dict[str, Any]) -> str:
   lines = ["| model | perplexity |", "|---|---|"] + [f"| {n} | {fmt(v)} |" for n, v in rows]
   lines.append(f"\n{result['n_tokens']:,} targets per direction, {result['n_sentences']:,} sentences, "
                f"OOV rate {result['oov_rate']:.2%}")
+  if result.get("warning"):
+    lines.append(f"WARNING: {result['warning']}")
   if result.get("unigram_note"):
     lines.append(f"unigram: {result['unigram_note']}")
   return "\n".join(lines)
@@ -287,6 +292,10 @@ def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[st
                "unroll_steps": unroll, "max_batches": pcfg.max_batches, "pretokenized": pretok},
       "model": {"workdir": workdir, **lm.files, "vocab_size": len(lm.vocab)},
   }
+  if result.get("oov_rate", 0.0) >= OOV_WARNING_RATE:
+    result["warning"] = (f"{result['oov_rate']:.0%} of the words are out of the model's vocabulary "
+                         f"({lm.files['vocab_file']}): all of them are scored as <UNK>, so this perplexity "
+                         "says little about the text")
   result["plots"] = []
   metrics = os.path.join(workdir, "metrics.jsonl") if workdir else None
   if metrics and os.path.exists(metrics):

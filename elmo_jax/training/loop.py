@@ -12,6 +12,7 @@ import ml_collections
 
 from elmo_jax import files
 from elmo_jax import options as options_lib
+from elmo_jax.progress import progress
 from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
 from elmo_jax.training import init_from, lm_eval, resume, step as step_lib
 from elmo_jax.training.checkpoint import Checkpointer, abstract_like, gather_process_states
@@ -44,7 +45,9 @@ def prepare_vocab(config, workdir: str, train_source, tokenizer: Tokenizer) -> V
     vocab = Vocab.load(config.data.vocab_file)
   else:
     started = time.time()
-    vocab = Vocab.build((tokenizer(train_source[i]) for i in range(len(train_source))),
+    lines = progress(range(len(train_source)), desc="building vocabulary", unit="line",
+                     disable=jax.process_index() != 0)
+    vocab = Vocab.build((tokenizer(train_source[i]) for i in lines),
                         max_size=config.data.vocab_max_size, min_count=config.data.vocab_min_count)
     say(f"built vocabulary of {len(vocab):,} tokens from {len(train_source):,} training lines "
         f"in {time.time() - started:.1f}s")
@@ -130,7 +133,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if eval_source is None:
       return {}
     zero = jax.device_put(model.zero_state(config.batch_size), shardings.lstm_state)
-    result = lm_eval.perplexity(eval_step, params, zero, eval_batches(), to_global, config.eval_max_batches)
+    batches = lm_eval.with_progress(eval_batches(), len(eval_source) // n_proc, config.eval_max_batches,
+                                    "eval", disable=not is_main)
+    result = lm_eval.perplexity(eval_step, params, zero, batches, to_global, config.eval_max_batches)
     return {"eval_ppl_forward": result["ppl_forward"], "eval_ppl_backward": result["ppl_backward"],
             "eval_ppl": result["ppl"], "eval_tokens": result["n_tokens"]}
 
