@@ -33,6 +33,7 @@ from absl import logging
 
 from elmo_jax import devices
 from elmo_jax import options as options_lib
+from elmo_jax import progress as progress_lib
 from elmo_jax import weights as weights_lib
 from elmo_jax.embedder import Embedder
 
@@ -190,7 +191,7 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     warn: called with a message for empty lines.
 
   Returns:
-    {"sentences", "tokens", "empty_lines", "seconds"}.
+    {"sentences", "tokens", "empty_lines", "long_tokens", "seconds"}.
 
   Raises:
     EmbedInputError: missing input file or output directory, or invalid UTF-8 (names the line).
@@ -214,6 +215,8 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   _ACTIVE_TEMPS.add(tmp)
   sentence_to_index: dict[str, str] = {}
   empty: list[int] = []
+  max_chars = embedder.config.max_characters_per_token - 2  # room for the begin/end-of-word marks
+  long_tokens, first_long = 0, None
   try:
     with h5py.File(tmp, "w") as fout:
       for chunk in _chunks(read_lines(input_file), chunk_size):
@@ -221,6 +224,10 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
         for i, text in chunk:
           sentence_to_index[text] = str(i)
           sentences.append(text.split())
+          n_long = sum(len(t) > max_chars for t in sentences[-1])
+          if n_long:
+            long_tokens += n_long
+            first_long = first_long or f"{input_file}:{i + 1}"
           if not sentences[-1]:
             empty.append(i)
             if len(empty) <= _MAX_EMPTY_WARNINGS:
@@ -233,6 +240,9 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
       if len(empty) > _MAX_EMPTY_WARNINGS:
         warn(f"{input_file}: {len(empty)} empty lines in all (warned about the first "
              f"{_MAX_EMPTY_WARNINGS})")
+      if long_tokens:  # bilm-tf cuts them silently; say so once per run
+        warn(f"{input_file}: {long_tokens} tokens longer than {max_chars} characters were cut to their first "
+             f"{max_chars} (as bilm-tf does); the first at {first_long}")
       index = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
       index[0] = json.dumps(sentence_to_index)
     os.replace(tmp, output_file)
@@ -241,6 +251,7 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     if os.path.exists(tmp):
       os.remove(tmp)
   return {"sentences": progress.sentences, "tokens": progress.tokens, "empty_lines": len(empty),
+          "long_tokens": long_tokens,
           "seconds": time.perf_counter() - progress.start}
 
 
@@ -261,6 +272,7 @@ def define_flags() -> None:
                     "(bilm-tf semantics; sentences are then batched in file order).")
   flags.DEFINE_integer("chunk_size", 4096, "Lines read and embedded at once (bounds memory).")
   flags.DEFINE_float("progress_every", 5.0, "Seconds between progress lines on stderr.")
+  flags.DEFINE_bool("progress", True, "Progress lines on stderr (--noprogress: none).")
 
 
 def _on_signal(signum, frame):  # pylint: disable=unused-argument
@@ -288,6 +300,8 @@ def main(argv: list[str]) -> int:
   if FLAGS.batch_size < 1:  # the message alone, not absl's usage text
     print(f"error: --batch_size must be >= 1, got {FLAGS.batch_size}", file=sys.stderr)
     return 1
+  if not FLAGS.progress:
+    progress_lib.set_enabled(False)
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # keeps JAX's backend INFO lines out of the one-line errors
   for sig in (signal.SIGINT, signal.SIGTERM):
@@ -304,7 +318,8 @@ def main(argv: list[str]) -> int:
     else:
       embedder = Embedder.from_files(FLAGS.options_file, FLAGS.weight_file, stateful=FLAGS.stateful)
     stats = embed_file(embedder, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size,
-                       chunk_size=FLAGS.chunk_size, progress_every=FLAGS.progress_every)
+                       chunk_size=FLAGS.chunk_size,
+                       progress_every=FLAGS.progress_every if FLAGS.progress else None)
   except (EmbedInputError, weights_lib.WeightFileError, options_lib.OptionsError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1

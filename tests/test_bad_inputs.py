@@ -122,3 +122,12 @@ def test_stale_temp_of_a_killed_writer_is_removed_by_the_next_run(tmp_path, emb)
     p.write_bytes(b"x" * 100)
   embed.embed_file(emb, inp, out, batch_size=2, progress_every=None)
   assert sorted(os.listdir(tmp_path)) == sorted(["in.txt", "out.hdf5", live.name, other.name])
+
+
+def test_over_long_tokens_are_counted_and_reported_once(tmp_path, emb):
+  inp = tmp_path / "in.txt"
+  inp.write_text("short words\n" + "x" * 500 + " and " + "y" * 60 + "\nfine\n" + "z" * 49 + "\n")
+  warnings = []
+  stats = embed.embed_file(emb, inp, tmp_path / "o.hdf5", batch_size=2, progress_every=None, warn=warnings.append)
+  assert stats["long_tokens"] == 3 and len(warnings) == 1
+  assert "3 tokens longer than 48 characters were cut" in warnings[0] and f"{inp}:2" in warnings[0]
