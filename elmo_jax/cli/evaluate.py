@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from elmo_jax import progress
 from elmo_jax.evaluation import readers
@@ -186,6 +186,8 @@ def main(argv: Sequence[str],
     sys.exit(f"evaluate.py: unexpected arguments: {' '.join(argv[1:])}")
   if not _PROGRESS.value:
     progress.set_enabled(False)
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # JAX's backend INFO lines would bury the one-line errors
   try:
     task, cfg = config_from_flags()
     tasks_lib.run(task, cfg, load_models or load_models_from_flags, on_start=_announce)
