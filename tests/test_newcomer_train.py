@@ -182,3 +182,24 @@ def test_tensorboard_purges_steps_of_a_killed_run_and_holds_config_and_hparams(t
   assert '"batch_size": 128' in text or '"batch_size"' in text
   plugins = {v.metadata.plugin_data.plugin_name for e in second for v in e.summary.value}
   assert "hparams" in plugins
+
+
+def test_package_declares_dependencies_extras_and_console_scripts(tmp_path, monkeypatch):
+  import importlib
+  import tomllib
+  project = tomllib.load(open(os.path.join(REPO, "pyproject.toml"), "rb"))["project"]
+  assert project["requires-python"] == ">=3.11"
+  names = {d.split(">")[0].split("=")[0].split("<")[0].strip().lower() for d in project["dependencies"]}
+  pinned = {line.split("==")[0].lower() for line in open(os.path.join(REPO, "requirements.txt"))
+            if "==" in line}
+  assert {"jax", "flax", "optax", "orbax-checkpoint", "grain", "h5py", "tensorboardx", "tqdm"} <= names <= pinned
+  extras = project["optional-dependencies"]
+  assert extras["cuda12"][0].startswith("jax[cuda12]") and extras["tpu"][0].startswith("jax[tpu]")
+  assert {"notebook", "test"} <= set(extras)
+  assert set(project["scripts"]) == {"elmo-jax-train", "elmo-jax-embed", "elmo-jax-evaluate"}
+  for target in project["scripts"].values():
+    module, func = target.split(":")
+    assert callable(getattr(importlib.import_module(module), func))
+  from elmo_jax import cli
+  monkeypatch.chdir(tmp_path)  # a console script run elsewhere still finds the clone's configs
+  assert cli.default_config() == os.path.join(REPO, "configs", "default.py")
