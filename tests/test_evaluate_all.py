@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 import evaluate
-from elmo_jax.evaluation import readers, tasks
+from elmo_jax.evaluation import probes, readers, tasks
 from test_evaluate import FAST, _cfg, fake_models, write
 
 
+@pytest.mark.slow
 def test_all_runs_what_has_data_and_skips_the_rest_in_one_line_each(tmp_path):
-  cfg = _cfg(tmp_path)
+  cfg = _cfg(tmp_path, max_examples=30)
+  cfg.probe = probes.ProbeConfig(max_epochs=3, patience=1)
   cfg.wsd_file = cfg.sentiment_train_file = cfg.sentiment_test_file = None
   lines, started = [], []
   results = tasks.run("all", cfg, fake_models(), echo=lines.append, on_start=lambda: started.append(1))
@@ -47,6 +49,7 @@ def test_all_without_any_data_exits_non_zero(tmp_path, parsed_flags):
   assert not os.path.exists(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_probe_data_dir_supplies_the_probe_sets(tmp_path, parsed_flags):
   cfg = _cfg(tmp_path)
   root = tmp_path / "probes"
