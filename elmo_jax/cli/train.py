@@ -57,10 +57,13 @@ def main(argv):
   from elmo_jax.training.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.lock import WorkdirLock, WorkdirLocked  # pylint: disable=g-import-not-at-top
   devices.announce()
+  lock, error = None, "process 0 could not lock the workdir: another trainer holds it"
   try:
     lock = WorkdirLock.acquire(FLAGS.workdir)
   except WorkdirLocked as e:
-    sys.exit(f"train: error: {e}")
+    error = str(e)
+  if not _all_agree(lock is not None):  # every process stops when process 0 is refused
+    sys.exit(f"train: error: {error}")
   from elmo_jax.training.checkpoint import IncompatibleCheckpointError  # pylint: disable=g-import-not-at-top
   try:
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
@@ -69,6 +72,16 @@ def main(argv):
   finally:
     lock.release()
   _exit_without_finalization()
+
+
+def _all_agree(ok: bool) -> bool:
+  """Process 0's `ok`, on every process (only process 0 takes the workdir lock)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return ok
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(multihost_utils.broadcast_one_to_all(np.array(ok)))
 
 
 def _exit_without_finalization() -> None:
