@@ -224,3 +224,12 @@ def test_a_held_workdir_stops_every_process_of_a_multi_process_run(tmp_path):
   assert "in use by another trainer" in logs[0] and "process 0 could not lock the workdir" in logs[1], logs
   assert all("Traceback" not in log for log in logs), logs
   assert os.listdir(run) == []
+
+
+def test_batch_that_does_not_split_over_the_devices():
+  c = base_config()
+  c.batch_size = 12
+  preflight.check_devices(c, 4)
+  with pytest.raises(preflight.PreflightError, match=r"batch_size=12 must be divisible by the 8 devices "
+                     r"\(e.g. --config.batch_size=16\)"):
+    preflight.check_devices(c, 8)

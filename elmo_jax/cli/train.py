@@ -57,6 +57,11 @@ def main(argv):
   from elmo_jax.training.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.lock import WorkdirLock, WorkdirLocked  # pylint: disable=g-import-not-at-top
   devices.announce()
+  try:
+    import jax  # pylint: disable=g-import-not-at-top
+    preflight.check_devices(FLAGS.config, jax.device_count())
+  except preflight.PreflightError as e:
+    sys.exit(f"train: error: {e}")
   lock, error = None, "process 0 could not lock the workdir: another trainer holds it"
   try:
     lock = WorkdirLock.acquire(FLAGS.workdir)

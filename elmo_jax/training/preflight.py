@@ -43,6 +43,13 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
     check_vocab(saved, "the workdir's vocabulary (resume)")
 
 
+def check_devices(config: ml_collections.ConfigDict, n_devices: int) -> None:
+  """The global batch splits evenly over the devices (checked once JAX knows them)."""
+  if config.batch_size % n_devices:
+    raise PreflightError(f"config.batch_size={config.batch_size} must be divisible by the {n_devices} devices "
+                         f"(e.g. --config.batch_size={-(-config.batch_size // n_devices) * n_devices})")
+
+
 def check_text_files(key: str, value: str) -> list[str]:
   """Every comma-separated path/glob of `value` names files holding at least one non-blank line."""
   paths: list[str] = []
