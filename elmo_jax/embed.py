@@ -11,13 +11,15 @@ string dataset holding `json.dumps({stripped line text: "i"})` (later duplicates
 Unlike AllenNLP, an empty line is not an error: it gets a `(n_layers + 1, 0, 2P)` entry and a warning.
 The file is streamed in chunks, so memory stays bounded; within a chunk the `Embedder`'s length bucketing
 and token dedupe apply. The output is written to a temp file next to it and renamed at the end, so a
-failed or interrupted run leaves neither a half-written output nor the temp file.
+failed or interrupted run leaves no half-written output; the temp file is removed on failure and SIGTERM,
+and one left by a writer killed outright (kill -9) is removed by the next run for the same output.
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -29,7 +31,9 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from elmo_jax import devices
 from elmo_jax import options as options_lib
+from elmo_jax import progress as progress_lib
 from elmo_jax import weights as weights_lib
 from elmo_jax.embedder import Embedder
 
@@ -66,6 +70,53 @@ def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
         raise EmbedInputError(
             f"{path}:{i + 1}: invalid UTF-8 at byte {e.start} of the line ({e.reason})") from None
       yield i, text.strip()
+
+
+def _temp_prefix(output_file: str) -> str:
+  """Temp outputs are named `.OUT.HOST.PID.xxxx.tmp`, so a later run can tell a dead writer's."""
+  return f".{os.path.basename(output_file)}.{socket.gethostname()}.{os.getpid()}."
+
+
+def remove_stale_temps(output_file: str | os.PathLike) -> list[str]:
+  """Removes temp outputs for `output_file` of writers on this host that no longer run; returns them."""
+  output_file = os.fspath(output_file)
+  out_dir = os.path.dirname(os.path.abspath(output_file))
+  head = f".{os.path.basename(output_file)}.{socket.gethostname()}."
+  removed = []
+  for name in (os.listdir(out_dir) if os.path.isdir(out_dir) else []):
+    if not (name.startswith(head) and name.endswith(".tmp")):
+      continue
+    pid = name[len(head):].split(".", 1)[0]
+    if not pid.isdigit() or _alive(int(pid)):
+      continue
+    try:
+      os.remove(os.path.join(out_dir, name))
+      removed.append(name)
+    except OSError:
+      pass
+  return removed
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def check_output_path(output_file: str | os.PathLike) -> None:
+  """Fails before any work when the output cannot be written there."""
+  output_file = os.fspath(output_file)
+  if os.path.isdir(output_file):
+    raise EmbedInputError(f"{output_file}: is a directory; give a file path for the output hdf5")
+  out_dir = os.path.dirname(os.path.abspath(output_file))
+  if not os.path.isdir(out_dir):
+    raise EmbedInputError(f"{output_file}: output directory {out_dir} does not exist")
+  if not os.access(out_dir, os.W_OK):
+    raise EmbedInputError(f"{output_file}: output directory {out_dir} is not writable")
 
 
 def _chunks(lines: Iterator[tuple[int, str]], size: int) -> Iterator[list[tuple[int, str]]]:
@@ -140,7 +191,7 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     warn: called with a message for empty lines.
 
   Returns:
-    {"sentences", "tokens", "empty_lines", "seconds"}.
+    {"sentences", "tokens", "empty_lines", "long_tokens", "seconds"}.
 
   Raises:
     EmbedInputError: missing input file or output directory, or invalid UTF-8 (names the line).
@@ -151,12 +202,12 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   chunk_size = -(-max(chunk_size, 1) // batch_size) * batch_size
+  check_output_path(output_file)
+  remove_stale_temps(output_file)
   progress = Progress(count_lines(input_file), progress_every, progress_stream)
   out_dir = os.path.dirname(os.path.abspath(output_file))
-  if not os.path.isdir(out_dir):
-    raise EmbedInputError(f"{output_file}: output directory {out_dir} does not exist")
   # Same directory, so the final rename is atomic (never a copy across file systems).
-  fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(output_file)}.", suffix=".tmp", dir=out_dir)
+  fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(output_file), suffix=".tmp", dir=out_dir)
   os.close(fd)
   umask = os.umask(0)
   os.umask(umask)
@@ -164,6 +215,8 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   _ACTIVE_TEMPS.add(tmp)
   sentence_to_index: dict[str, str] = {}
   empty: list[int] = []
+  max_chars = embedder.config.max_characters_per_token - 2  # room for the begin/end-of-word marks
+  long_tokens, first_long = 0, None
   try:
     with h5py.File(tmp, "w") as fout:
       for chunk in _chunks(read_lines(input_file), chunk_size):
@@ -171,6 +224,10 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
         for i, text in chunk:
           sentence_to_index[text] = str(i)
           sentences.append(text.split())
+          n_long = sum(len(t) > max_chars for t in sentences[-1])
+          if n_long:
+            long_tokens += n_long
+            first_long = first_long or f"{input_file}:{i + 1}"
           if not sentences[-1]:
             empty.append(i)
             if len(empty) <= _MAX_EMPTY_WARNINGS:
@@ -183,6 +240,9 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
       if len(empty) > _MAX_EMPTY_WARNINGS:
         warn(f"{input_file}: {len(empty)} empty lines in all (warned about the first "
              f"{_MAX_EMPTY_WARNINGS})")
+      if long_tokens:  # bilm-tf cuts them silently; say so once per run
+        warn(f"{input_file}: {long_tokens} tokens longer than {max_chars} characters were cut to their first "
+             f"{max_chars} (as bilm-tf does); the first at {first_long}")
       index = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
       index[0] = json.dumps(sentence_to_index)
     os.replace(tmp, output_file)
@@ -191,6 +251,7 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     if os.path.exists(tmp):
       os.remove(tmp)
   return {"sentences": progress.sentences, "tokens": progress.tokens, "empty_lines": len(empty),
+          "long_tokens": long_tokens,
           "seconds": time.perf_counter() - progress.start}
 
 
@@ -211,6 +272,7 @@ def define_flags() -> None:
                     "(bilm-tf semantics; sentences are then batched in file order).")
   flags.DEFINE_integer("chunk_size", 4096, "Lines read and embedded at once (bounds memory).")
   flags.DEFINE_float("progress_every", 5.0, "Seconds between progress lines on stderr.")
+  flags.DEFINE_bool("progress", True, "Progress lines on stderr (--noprogress: none).")
 
 
 def _on_signal(signum, frame):  # pylint: disable=unused-argument
@@ -235,8 +297,11 @@ def main(argv: list[str]) -> int:
     raise app.UsageError("give either --workdir or --options_file/--weight_file, not both")
   if not FLAGS.workdir and not (FLAGS.options_file and FLAGS.weight_file):
     raise app.UsageError("give --options_file and --weight_file (or --workdir)")
-  if FLAGS.batch_size < 1:
-    raise app.UsageError(f"--batch_size must be >= 1, got {FLAGS.batch_size}")
+  if FLAGS.batch_size < 1:  # the message alone, not absl's usage text
+    print(f"error: --batch_size must be >= 1, got {FLAGS.batch_size}", file=sys.stderr)
+    return 1
+  if not FLAGS.progress:
+    progress_lib.set_enabled(False)
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # keeps JAX's backend INFO lines out of the one-line errors
   for sig in (signal.SIGINT, signal.SIGTERM):
@@ -244,12 +309,17 @@ def main(argv: list[str]) -> int:
   try:
     if not os.path.exists(FLAGS.input_file):  # fail before spending time on loading the model
       raise EmbedInputError(f"{FLAGS.input_file}: input file not found")
+    check_output_path(FLAGS.output_file)
+    for name in remove_stale_temps(FLAGS.output_file):
+      logging.warning("removed %s, left by an embedding run that was killed", name)
+    devices.announce()
     if FLAGS.workdir:
       embedder = Embedder.from_workdir(FLAGS.workdir, stateful=FLAGS.stateful)
     else:
       embedder = Embedder.from_files(FLAGS.options_file, FLAGS.weight_file, stateful=FLAGS.stateful)
     stats = embed_file(embedder, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size,
-                       chunk_size=FLAGS.chunk_size, progress_every=FLAGS.progress_every)
+                       chunk_size=FLAGS.chunk_size,
+                       progress_every=FLAGS.progress_every if FLAGS.progress else None)
   except (EmbedInputError, weights_lib.WeightFileError, options_lib.OptionsError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1

@@ -32,6 +32,39 @@ def bucket(n: int, buckets: Sequence[int] = _TIME_BUCKETS) -> int:
   return -(-n // top) * top
 
 
+def _check_sentences(sentences: Any, batch_size: Any) -> list[list[str]]:
+  """Sentences (any iterable of token iterables) as lists of str tokens; one-line errors for the rest.
+
+  A str where a sentence or a list of sentences belongs would otherwise be embedded character by
+  character, silently.
+  """
+  if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+    raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+  hint = ("a sentence is a list of tokens: split text first, e.g. text.split() or "
+          "elmo_jax.data.Tokenizer()(text)")
+  if isinstance(sentences, (str, bytes)):
+    raise TypeError(f"embed_sentences takes a list of sentences, got a {type(sentences).__name__} "
+                    f"({sentences[:40]!r}); {hint}")
+  try:
+    sentences = list(sentences)
+  except TypeError:
+    raise TypeError(f"embed_sentences takes an iterable of sentences, got {type(sentences).__name__}") from None
+  out = []
+  for i, sentence in enumerate(sentences):
+    if isinstance(sentence, (str, bytes)):
+      raise TypeError(f"sentence {i} is a {type(sentence).__name__} ({sentence[:40]!r}); {hint}")
+    try:
+      tokens = list(sentence)
+    except TypeError:
+      raise TypeError(f"sentence {i} is a {type(sentence).__name__}, not a list of tokens; {hint}") from None
+    for j, token in enumerate(tokens):
+      if not isinstance(token, str):
+        raise TypeError(f"sentence {i}, token {j} is a {type(token).__name__} ({token!r}); tokens must be str"
+                        + (" (decode bytes first)" if isinstance(token, bytes) else ""))
+    out.append(tokens)
+  return out
+
+
 def _pow2_at_least(n: int, floor: int = 64) -> int:
   return max(floor, 1 << max(0, n - 1).bit_length())
 
@@ -157,7 +190,9 @@ class Embedder:
 
     Stateless: sentences are sorted by length so batches hold similar lengths. Stateful: input order.
     `progress`, if given, is called with the number of sentences finished after each batch.
+    `sentences` may be any iterable (a generator too) of token sequences.
     """
+    sentences = _check_sentences(sentences, batch_size)
     order = list(range(len(sentences)))
     if not self.stateful:
       order.sort(key=lambda i: len(sentences[i]))
@@ -178,4 +213,4 @@ class Embedder:
     return results  # type: ignore[return-value]
 
   def __call__(self, sentences: Iterable[Sequence[str]], batch_size: int = 64) -> list[np.ndarray]:
-    return self.embed_sentences(list(sentences), batch_size)
+    return self.embed_sentences(sentences, batch_size)

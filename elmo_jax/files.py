@@ -31,3 +31,27 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> None:
   write_text(path, json.dumps(obj, indent=indent, sort_keys=True) + "\n")
+
+
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def looks_like(path: str | os.PathLike) -> str:
+  """What a file is, from its first bytes, for messages about a file of the wrong kind:
+  'a directory', 'an HDF5 file', 'a JSON file', 'an empty file', 'a text file' or 'binary data'."""
+  if os.path.isdir(path):
+    return "a directory"
+  with open(path, "rb") as f:
+    head = f.read(512)
+  if not head:
+    return "an empty file"
+  if head.startswith(_HDF5_MAGIC):
+    return "an HDF5 file"
+  if head.lstrip()[:1] in (b"{", b"["):
+    return "a JSON file"
+  try:
+    head.decode("utf-8")
+  except UnicodeDecodeError as e:
+    if e.start < len(head) - 4:  # not just a character cut at the 512-byte boundary
+      return "binary data"
+  return "a text file"

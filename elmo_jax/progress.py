@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Iterable, TypeVar
+from typing import Iterable, Iterator, TypeVar
 
 from tqdm import tqdm
 
@@ -39,4 +39,17 @@ def progress(iterable: Iterable[T] | None = None, *, desc: str, total: float | N
   (`bar = progress(desc="tokens", total=n, unit="tok"); bar.update(k); bar.close()`).
   """
   return tqdm(iterable, desc=desc, total=total, unit=unit, disable=disable or not enabled(),
-              file=sys.stderr, dynamic_ncols=True, mininterval=0.5, unit_scale=unit != "it", **kwargs)
+              file=sys.stderr, dynamic_ncols=True, mininterval=0.5, unit_scale=unit not in ("it", "batch"), **kwargs)
+
+
+def track(iterable: Iterable[T], *, desc: str, total: float | None = None, count=None, unit: str = "it",
+          disable: bool = False) -> Iterator[T]:
+  """Yields from `iterable` under a bar; after each item the bar moves to `count()` when given (e.g. the
+  sentences a batch iterator has read so far), else by one. The bar closes when the loop ends or stops."""
+  bar = progress(desc=desc, total=total, unit=unit, disable=disable)
+  try:
+    for item in iterable:  # counted when fetched: a consumer that stops after N items still shows N
+      bar.update((count() - bar.n) if count is not None else 1)
+      yield item
+  finally:
+    bar.close()

@@ -68,6 +68,10 @@ def load_hdf5(weight_file: str | os.PathLike, options: dict[str, Any]) -> dict[s
   """
   if not os.path.exists(weight_file):
     raise WeightFileError(f"{weight_file}: weight file not found")
+  kind = files.looks_like(weight_file)
+  if kind != "an HDF5 file":
+    swapped = " (options and weight files swapped?)" if kind == "a JSON file" else ""
+    raise WeightFileError(f"{weight_file}: is {kind}, not an HDF5 weight file{swapped}")
   try:
     f = h5py.File(weight_file, "r")
   except OSError as e:

@@ -156,12 +156,13 @@ def test_without_text_all_skips_and_perplexity_exits(tmp_path, parsed_flags):
   cfg = tasks.EvalConfig(output_dir=str(tmp_path))
   cfg.perplexity = perplexity.PerplexityConfig(options_file="o.json", weight_file="w.hdf5")
   with pytest.raises(tasks.TaskUnavailable, match="--text_file"):
-    tasks.run_perplexity(cfg, lambda: None)
+    tasks.read_perplexity(cfg)
   parsed_flags("--task=perplexity", f"--output_dir={tmp_path}/out")
   with pytest.raises(SystemExit, match="no text to score"):
     evaluate.main(["evaluate.py"])
 
 
+@pytest.mark.slow
 def test_prepared_dir_scores_like_its_text(tiny_run, tmp_path, parsed_flags):
   from elmo_jax.data.prepare import prepare  # pylint: disable=g-import-not-at-top
   text = f"{tiny_run}/data/valid.txt"
@@ -174,3 +175,18 @@ def test_prepared_dir_scores_like_its_text(tiny_run, tmp_path, parsed_flags):
     results[name] = json.load(open(os.path.join(tmp_path, name, "perplexity.json")))
   for key in ("ppl_forward", "ppl_backward", "ppl", "n_tokens", "unigram_ppl", "oov_rate", "n_sentences"):
     assert results["prepared"][key] == pytest.approx(results["text"][key], rel=1e-6), key
+
+
+@pytest.mark.slow
+def test_text_that_is_all_oov_gets_a_warning_with_the_rate(tiny_run, tmp_path, parsed_flags, capsys):
+  text = tmp_path / "alien.txt"
+  text.write_text("zzqx vvbn kklo\nqqpp wwee\n" * 20)
+  parsed_flags("--task=perplexity", f"--workdir={tiny_run}", f"--output_dir={tmp_path}/out",
+               f"--text_file={text}", "--max_batches=2")
+  evaluate.main(["evaluate.py"])
+  result = json.load(open(os.path.join(tmp_path, "out", "perplexity.json")))
+  assert result["oov_rate"] == 1.0 and result["warning"].startswith("100% of the words are out of")
+  assert "WARNING: 100% of the words are out of the model's vocabulary" in capsys.readouterr().out
+  parsed_flags("--task=perplexity", f"--workdir={tiny_run}", f"--output_dir={tmp_path}/ok", "--max_batches=2")
+  evaluate.main(["evaluate.py"])
+  assert "warning" not in json.load(open(os.path.join(tmp_path, "ok", "perplexity.json")))

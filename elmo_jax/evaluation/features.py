@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from elmo_jax import files
+from elmo_jax.progress import progress
 from elmo_jax.evaluation import readers
 
 
@@ -84,8 +85,19 @@ def cached(cache_dir: str | None, name: str, compute: Callable[[], np.ndarray]
 
 def _embed(embedder: EmbedderLike, sentences: Sequence[Sequence[str]],
            batch_size: int) -> list[np.ndarray]:
-  """Embeds sentences; checks the (n_layers, n_tokens, dim) contract."""
-  out = embedder.embed_sentences([list(s) for s in sentences], batch_size=batch_size)
+  """Embeds sentences; checks the (n_layers, n_tokens, dim) contract.
+
+  In chunks of many batches, under a progress bar: each chunk is still length-sorted by the embedder,
+  and a stateless embedding does not depend on how sentences are grouped.
+  """
+  chunk = max(16 * batch_size, 1024)
+  bar = progress(desc="features", total=len(sentences), unit="sent")
+  out: list[np.ndarray] = []
+  for start in range(0, len(sentences), chunk):
+    part = [list(s) for s in sentences[start:start + chunk]]
+    out.extend(embedder.embed_sentences(part, batch_size=batch_size))
+    bar.update(len(part))
+  bar.close()
   if len(out) != len(sentences):
     raise RuntimeError(f"embedder returned {len(out)} results for {len(sentences)} sentences")
   for s, e in zip(sentences, out):

@@ -11,6 +11,7 @@ sentence), from the training counts in `vocab_counts.tsv`.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import time
@@ -26,6 +27,9 @@ DEFAULT_BATCH_SIZE = 64
 DEFAULT_UNROLL_STEPS = 20
 NO_COUNTS_NOTE = ("no vocab_counts.tsv next to the vocabulary: the unigram baseline needs the training "
                   "counts (a workdir has them; pass --vocab_file=WORKDIR/vocab.txt)")
+
+
+OOV_WARNING_RATE = 0.3  # out-of-domain text measured here runs at ~18% OOV
 
 
 class NoSoftmax(RuntimeError):
@@ -192,7 +196,7 @@ def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_
     batches = make_lm_iterator(source, lm.vocab, Tokenizer(pretokenized=pretokenized), **kw,
                                max_token_chars=max_token_chars,
                                max_characters_per_token=lm.options["char_cnn"]["max_characters_per_token"])
-  tally = lm_eval.UnigramTally(batches, lm.vocab)
+  tally = lm_eval.UnigramTally(lm_eval.with_progress(batches, len(source), max_batches, "perplexity"), lm.vocab)
   result = lm_eval.perplexity(eval_step, params, zero, tally, lambda b: step_lib.global_batch(b, mesh),
                               max_batches)
   result.update({**tally.result(), "n_sentences": batches.counters["sentences"],
@@ -227,9 +231,46 @@ def table(result: dict[str, Any]) -> str:
   lines = ["| model | perplexity |", "|---|---|"] + [f"| {n} | {fmt(v)} |" for n, v in rows]
   lines.append(f"\n{result['n_tokens']:,} targets per direction, {result['n_sentences']:,} sentences, "
                f"OOV rate {result['oov_rate']:.2%}")
+  if result.get("warning"):
+    lines.append(f"WARNING: {result['warning']}")
   if result.get("unigram_note"):
     lines.append(f"unigram: {result['unigram_note']}")
   return "\n".join(lines)
+
+
+def resolve_text(pcfg: PerplexityConfig, workdir: str | None,
+                 train_config: dict[str, Any]) -> tuple[str | None, str | None, str]:
+  """(text_files, tfds_name, tfds_split) to score: the flags', else the run's eval split; NoText if none."""
+  text_file, tfds_name, tfds_split = pcfg.text_file, pcfg.tfds_name, pcfg.tfds_split
+  if not text_file and not tfds_name:
+    text_file, tfds_name, tfds_split = default_text(workdir, train_config)
+  if not text_file and not tfds_name:
+    raise NoText("no text to score; pass --text_file=FILE or --tfds_name=lm1b (or a --workdir "
+                 "whose config has data.eval_files)")
+  return text_file, tfds_name, tfds_split
+
+
+def check(pcfg: PerplexityConfig, workdir: str | None) -> None:
+  """The task's inputs, checked without loading anything big: files exist, the weights hold a softmax.
+
+  Raises NoText / NoSoftmax (the task cannot run here) or InputError (a bad input).
+  """
+  import h5py  # pylint: disable=g-import-not-at-top
+
+  train_config = read_train_config(workdir) if workdir else {}
+  text_file, _, _ = resolve_text(pcfg, workdir, train_config)
+  for path in (text_file or "").split(","):
+    if path and not glob.has_magic(path) and not os.path.isfile(path):
+      raise InputError(f"{path}: text file not found")
+  files = model_files(pcfg, workdir)
+  try:
+    with h5py.File(files["weight_file"], "r") as f:
+      has_softmax = "softmax/W" in f and "softmax/b" in f
+  except OSError as e:
+    raise InputError(f"{files['weight_file']}: not a readable HDF5 file ({e})") from None
+  if not has_softmax:
+    raise NoSoftmax(f"{files['weight_file']}: has no softmax/W, softmax/b (original ELMo weights ship "
+                    "without the LM softmax), so it cannot be scored for perplexity")
 
 
 def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[str, Any]:
@@ -242,12 +283,7 @@ def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[st
   """
   start = time.time()
   train_config = read_train_config(workdir) if workdir else {}
-  text_file, tfds_name, tfds_split = pcfg.text_file, pcfg.tfds_name, pcfg.tfds_split
-  if not text_file and not tfds_name:
-    text_file, tfds_name, tfds_split = default_text(workdir, train_config)
-  if not text_file and not tfds_name:
-    raise NoText("perplexity: no text to score; pass --text_file (or --tfds_name, or a --workdir "
-                 "whose config has data.eval_files)")
+  text_file, tfds_name, tfds_split = resolve_text(pcfg, workdir, train_config)
   source = open_source(text_file, tfds_name, tfds_split, pcfg.tfds_data_dir
                        or train_config.get("data", {}).get("tfds_data_dir", ""))
   lm = load_language_model(pcfg, workdir)
@@ -269,6 +305,10 @@ def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[st
                "unroll_steps": unroll, "max_batches": pcfg.max_batches, "pretokenized": pretok},
       "model": {"workdir": workdir, **lm.files, "vocab_size": len(lm.vocab)},
   }
+  if result.get("oov_rate", 0.0) >= OOV_WARNING_RATE:
+    result["warning"] = (f"{result['oov_rate']:.0%} of the words are out of the model's vocabulary "
+                         f"({lm.files['vocab_file']}): all of them are scored as <UNK>, so this perplexity "
+                         "says little about the text")
   result["plots"] = []
   metrics = os.path.join(workdir, "metrics.jsonl") if workdir else None
   if metrics and os.path.exists(metrics):

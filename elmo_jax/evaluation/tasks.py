@@ -17,15 +17,35 @@ import numpy as np
 from elmo_jax import files
 from elmo_jax.evaluation import features, perplexity, plots, probes, readers, report, wsd
 
-_PROBES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "..", "shared", "data", "probes")
-DEFAULTS = {
-    "wsd_file": os.path.join(_PROBES, "wsd", "wsd.tsv"),
-    "pos_train_file": os.path.join(_PROBES, "pos", "train.conll"),
-    "pos_test_file": os.path.join(_PROBES, "pos", "test.conll"),
-    "sentiment_train_file": os.path.join(_PROBES, "sentiment", "train.tsv"),
-    "sentiment_test_file": os.path.join(_PROBES, "sentiment", "test.tsv"),
+# Where each probe file sits under --probe_data_dir. Probe sets are research data: none ships here.
+PROBE_FILES = {
+    "wsd_file": os.path.join("wsd", "wsd.tsv"),
+    "pos_train_file": os.path.join("pos", "train.conll"),
+    "pos_test_file": os.path.join("pos", "test.conll"),
+    "sentiment_train_file": os.path.join("sentiment", "train.tsv"),
+    "sentiment_test_file": os.path.join("sentiment", "test.tsv"),
 }
+# What supplies each task's data: the line `--task=all` prints when it skips the task.
+SOURCES = {
+    "wsd": "--wsd_file=TSV (lemma, pos, sense, token_index, sentence) or --probe_data_dir=DIR with wsd/wsd.tsv",
+    "pos": "--pos_train_file and --pos_test_file (CoNLL word<TAB>TAG; TFDS has no standard POS dataset) "
+           "or --probe_data_dir=DIR with pos/train.conll, pos/test.conll",
+    "sentiment": "--sentiment_train_file=tfds:glue/sst2:train --sentiment_test_file=tfds:glue/sst2:validation "
+                 "(TFDS glue/sst2, prepared offline) or TSV label<TAB>sentence files, or --probe_data_dir=DIR "
+                 "with sentiment/train.tsv, sentiment/test.tsv",
+}
+
+
+def probe_files(probe_data_dir: str | None) -> dict[str, str | None]:
+  """The probe files of PROBE_FILES found under `probe_data_dir` (None for those absent)."""
+  out: dict[str, str | None] = {k: None for k in PROBE_FILES}
+  if probe_data_dir:
+    if not os.path.isdir(probe_data_dir):
+      raise readers.InputError(f"--probe_data_dir={probe_data_dir}: not a directory")
+    for key, rel in PROBE_FILES.items():
+      path = os.path.join(probe_data_dir, rel)
+      out[key] = path if os.path.exists(path) else None
+  return out
 
 
 class TaskUnavailable(RuntimeError):
@@ -46,13 +66,13 @@ class Models:
 class EvalConfig:
   output_dir: str
   workdir: str | None = None
-  wsd_file: str = DEFAULTS["wsd_file"]
+  wsd_file: str | None = None
   wsd_train_file: str | None = None
   wsd_lemma: str | None = None  # lemma for the PCA plot (default: most frequent)
-  pos_train_file: str = DEFAULTS["pos_train_file"]
-  pos_test_file: str = DEFAULTS["pos_test_file"]
-  sentiment_train_file: str = DEFAULTS["sentiment_train_file"]
-  sentiment_test_file: str = DEFAULTS["sentiment_test_file"]
+  pos_train_file: str | None = None
+  pos_test_file: str | None = None
+  sentiment_train_file: str | None = None
+  sentiment_test_file: str | None = None
   # Sentiment files may be `tfds:NAME:SPLIT` (readers.read_tfds_labelled); None keys: auto.
   tfds_data_dir: str | None = None
   tfds_text_key: str | None = None
@@ -113,13 +133,18 @@ def _features(cfg: EvalConfig, models: Models, name: str, data_key: str,
   }
 
 
-def run_wsd(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]:
-  """Leave-one-out 1-NN sense probe (+ centroid protocol with a train file)."""
+def read_wsd(cfg: EvalConfig) -> tuple[list, list | None]:
   test = _first(readers.read_wsd(cfg.wsd_file), cfg.max_examples)
   train = (_first(readers.read_wsd(cfg.wsd_train_file), cfg.max_examples)
            if cfg.wsd_train_file else None)
   if not wsd.eligible_groups(test):
     raise readers.InputError(f"{cfg.wsd_file}: no lemma with >= 2 senses and >= 2 occurrences")
+  return test, train
+
+
+def run_wsd(cfg: EvalConfig, get_models: Callable[[], Models], data) -> dict[str, Any]:
+  """Leave-one-out 1-NN sense probe (+ centroid protocol with a train file)."""
+  test, train = data
   models = get_models()
 
   def extract(rows):
@@ -172,15 +197,19 @@ def _probe_plots(cfg: EvalConfig, task: str, result: dict[str, Any], what: str) 
                                  f"{task}: learned scalar-mix weights")]
 
 
-def run_pos(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]:
-  """Token-level softmax-regression POS probe per layer and on a learned mix."""
+def read_pos(cfg: EvalConfig) -> tuple[list, list, dict[str, int]]:
   train_all = readers.read_conll(cfg.pos_train_file)
   test = _cap(readers.read_conll(cfg.pos_test_file), cfg.max_examples)
   # The label set comes from the whole train file, so a cap cannot reject a test tag.
   ids = _label_ids([t for s in train_all for t in s.tags])
   readers.check_labels(cfg.pos_test_file, [(t, s.line + j) for s in test
                                            for j, t in enumerate(s.tags)], list(ids))
-  train = _cap(train_all, cfg.max_examples)
+  return _cap(train_all, cfg.max_examples), test, ids
+
+
+def run_pos(cfg: EvalConfig, get_models: Callable[[], Models], data) -> dict[str, Any]:
+  """Token-level softmax-regression POS probe per layer and on a learned mix."""
+  train, test, ids = data
   models = get_models()
   sentences = [s.tokens for s in train] + [s.tokens for s in test]
   key = features.dataset_key([cfg.pos_train_file, cfg.pos_test_file], cap=cfg.max_examples,
@@ -209,15 +238,19 @@ def _read_labelled(cfg: EvalConfig, path: str) -> list[readers.LabelledSentence]
   return readers.read_labelled(path)
 
 
-def run_sentiment(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]:
-  """Sentence polarity: mean-pooled vectors per layer / learned mix, logistic regression."""
+def read_sentiment(cfg: EvalConfig) -> tuple[list, list, list, dict[str, int]]:
   train_all = _read_labelled(cfg, cfg.sentiment_train_file)
   test = _cap(_read_labelled(cfg, cfg.sentiment_test_file), cfg.max_examples)
   ids = _label_ids([r.label for r in train_all])
   if len(ids) < 2:
     raise readers.InputError(f"{cfg.sentiment_train_file}: needs >= 2 labels, got {sorted(ids)}")
   readers.check_labels(cfg.sentiment_test_file, [(r.label, r.line) for r in test], list(ids))
-  train = _cap(train_all, cfg.max_examples)
+  return train_all, _cap(train_all, cfg.max_examples), test, ids
+
+
+def run_sentiment(cfg: EvalConfig, get_models: Callable[[], Models], data) -> dict[str, Any]:
+  """Sentence polarity: mean-pooled vectors per layer / learned mix, logistic regression."""
+  train_all, train, test, ids = data
   models = get_models()
   sentences = [r.tokens for r in train] + [r.tokens for r in test]
   paths = [cfg.sentiment_train_file, cfg.sentiment_test_file]
@@ -243,9 +276,16 @@ def run_sentiment(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str
   return result
 
 
-def run_perplexity(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[str, Any]:
+def read_perplexity(cfg: EvalConfig) -> None:
+  try:
+    perplexity.check(cfg.perplexity, cfg.workdir)
+  except (perplexity.NoSoftmax, perplexity.NoText) as e:
+    raise TaskUnavailable(str(e)) from None
+
+
+def run_perplexity(cfg: EvalConfig, get_models: Callable[[], Models], data) -> dict[str, Any]:
   """Held-out LM perplexity of the exported model (its own hdf5 + softmax; no Embedder)."""
-  del get_models  # the LM is loaded with its softmax by perplexity.run
+  del get_models, data  # the LM is loaded with its softmax by perplexity.run
   try:
     # Unavailable, not bad input: `all` skips it with this note, a lone `perplexity` exits with it.
     return perplexity.run(cfg.perplexity, cfg.workdir, cfg.output_dir)
@@ -253,12 +293,23 @@ def run_perplexity(cfg: EvalConfig, get_models: Callable[[], Models]) -> dict[st
     raise TaskUnavailable(str(e)) from None
 
 
-TASKS: dict[str, Callable[[EvalConfig, Callable[[], Models]], dict[str, Any]]] = {
-    "perplexity": run_perplexity,
-    "wsd": run_wsd,
-    "pos": run_pos,
-    "sentiment": run_sentiment,
+# name -> (read: checks and reads the task's data, no model; run: the work).
+TASKS: dict[str, tuple[Callable[[EvalConfig], Any], Callable[[EvalConfig, Callable[[], Models], Any],
+                                                             dict[str, Any]]]] = {
+    "perplexity": (read_perplexity, run_perplexity),
+    "wsd": (read_wsd, run_wsd),
+    "pos": (read_pos, run_pos),
+    "sentiment": (read_sentiment, run_sentiment),
 }
+_NEEDS = {"wsd": ("wsd_file",), "pos": ("pos_train_file", "pos_test_file"),
+          "sentiment": ("sentiment_train_file", "sentiment_test_file")}
+
+
+def missing_data(name: str, cfg: EvalConfig) -> str | None:
+  """Why task `name` has no data configured (the skip line), else None."""
+  if name in _NEEDS and not all(getattr(cfg, f) for f in _NEEDS[name]):
+    return "no data; pass " + SOURCES[name]
+  return None
 
 
 def _jsonable(obj: Any) -> Any:
@@ -274,7 +325,8 @@ def _jsonable(obj: Any) -> Any:
 
 
 def run(task: str, cfg: EvalConfig, load_models: Callable[[], Models],
-        echo: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+        echo: Callable[[str], None] = print,
+        on_start: Callable[[], Any] | None = None) -> dict[str, dict[str, Any]]:
   """Runs one task or `all`; writes OUT/TASK.json (and OUT/report.md for `all`).
 
   Args:
@@ -282,26 +334,42 @@ def run(task: str, cfg: EvalConfig, load_models: Callable[[], Models],
     cfg: paths and options.
     load_models: builds the Models; called at most once, after inputs are read.
     echo: where the short tables go.
+    on_start: called once every input is checked, before any work (the entry point's device line).
 
   Returns:
-    {task: result}; for `all`, unavailable tasks appear as {"skipped": reason}.
+    {task: result}; for `all`, tasks without data appear as {"skipped": reason}.
+
+  Raises:
+    TaskUnavailable: the single task, or for `all` every task, has no data.
   """
   if task != "all" and task not in TASKS:
     raise readers.InputError(f"unknown task {task!r}; choose one of {sorted(TASKS) + ['all']}")
   names = list(TASKS) if task == "all" else [task]
   get_models = _LazyModels(load_models)
   results: dict[str, dict[str, Any]] = {}
-  os.makedirs(cfg.output_dir, exist_ok=True)
+  # Every input is read and checked before any work, so a bad file fails in seconds, not after a task.
+  data: dict[str, Any] = {}
   for name in names:
-    start = time.time()
     try:
-      result = TASKS[name](cfg, get_models)
+      reason = missing_data(name, cfg)
+      if reason is not None:
+        raise TaskUnavailable(reason)
+      data[name] = TASKS[name][0](cfg)
     except TaskUnavailable as e:
       if task != "all":
         raise
       results[name] = {"skipped": str(e)}
       echo(f"{name}: skipped ({e})")
+  if not data:
+    raise TaskUnavailable("no task has data to run; see the skip lines above")
+  if on_start is not None:
+    on_start()
+  os.makedirs(cfg.output_dir, exist_ok=True)
+  for name in names:
+    if name not in data:
       continue
+    start = time.time()
+    result = TASKS[name][1](cfg, get_models, data[name])
     if "model" not in result:  # perplexity describes its own LM and needs no Embedder
       models = get_models()
       result["model"] = {**models.description, "key": models.key,
@@ -317,6 +385,8 @@ def run(task: str, cfg: EvalConfig, load_models: Callable[[], Models],
     elif name == "perplexity":
       echo(f"\n{name} ({result['seconds']} s)\n" + perplexity.table(result))
   if task == "all":
-    files.write_text(os.path.join(cfg.output_dir, "report.md"),
-                        report.markdown_report(results, cfg.output_dir) + "\n")
+    ordered = {name: results[name] for name in names}
+    path = os.path.join(cfg.output_dir, "report.md")
+    files.write_text(path, report.markdown_report(ordered, cfg.output_dir) + "\n")
+    echo(f"\nwrote {path}")
   return results

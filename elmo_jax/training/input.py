@@ -23,6 +23,7 @@ import ml_collections
 from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
 from elmo_jax.data import prepare as prepare_lib
 from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
+from elmo_jax.progress import progress
 from elmo_jax.training.metrics import say
 
 
@@ -81,6 +82,7 @@ class TrainInput:
   train: Callable[..., Iterator[dict[str, Any]]]  # (dedupe_shards) -> the training iterator
   eval: Callable[..., Iterator[dict[str, Any]]] | None  # (**shard) -> one pass over the eval split
   description: str
+  eval_sentences: int = 0  # sentences in the eval split (for the progress bar)
 
 
 def _report_skipped(name: str, source) -> None:
@@ -120,7 +122,8 @@ def make_input(config, workdir: str, local_rows: int) -> TrainInput:
                                                               dedupe_shards=dedupe_shards, **common)
     evals = None if eval_corpus is None else (
         lambda **kw: make_prepared_iterator(eval_corpus, vocab, shuffle=False, num_epochs=1, **common, **kw))
-    return TrainInput(vocab, train, evals, f"prepared corpus {train_dir}")
+    return TrainInput(vocab, train, evals, f"prepared corpus {train_dir}",
+                      len(eval_corpus) if eval_corpus is not None else 0)
 
   tokenizer = Tokenizer(pretokenized=data.pretokenized)
   train_source, eval_source = make_sources(data)
@@ -129,7 +132,9 @@ def make_input(config, workdir: str, local_rows: int) -> TrainInput:
 
   def build() -> Vocab:
     started = time.time()
-    vocab = Vocab.build((tokenizer(train_source[i]) for i in range(len(train_source))),
+    lines = progress(range(len(train_source)), desc="building vocabulary", unit="line",
+                     disable=jax.process_index() != 0)
+    vocab = Vocab.build((tokenizer(train_source[i]) for i in lines),
                         max_size=data.vocab_max_size, min_count=data.vocab_min_count)
     say(f"built vocabulary of {len(vocab):,} tokens from {len(train_source):,} training lines "
         f"in {time.time() - started:.1f}s")
@@ -140,7 +145,8 @@ def make_input(config, workdir: str, local_rows: int) -> TrainInput:
   train = lambda dedupe_shards=None: make_lm_iterator(train_source, vocab, tokenizer, shard=shard, **raw)
   evals = None if eval_source is None else (
       lambda **kw: make_lm_iterator(eval_source, vocab, tokenizer, shuffle=False, num_epochs=1, **raw, **kw))
-  return TrainInput(vocab, train, evals, f"raw text {train_source!r}")
+  return TrainInput(vocab, train, evals, f"raw text {train_source!r}",
+                    len(eval_source) if eval_source is not None else 0)
 
 
 _END = object()

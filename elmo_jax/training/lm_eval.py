@@ -13,6 +13,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from elmo_jax import progress
 from elmo_jax.data import Vocab
 
 CONVENTION = ("each sentence is <S> w1..wn </S>; forward predicts w1..wn </S>, backward predicts "
@@ -68,6 +69,15 @@ def unigram_log_probs(vocab: Vocab) -> np.ndarray:
   if not np.isfinite(log_probs[vocab.unk]):
     log_probs[vocab.unk] = -math.log(float(vocab.counts.sum()) + 1.0)
   return log_probs
+
+
+def with_progress(batches, n_sentences: int, max_batches: int = 0, desc: str = "eval", disable: bool = False):
+  """`batches` (an LM iterator with `counters`) under a progress bar: batches out of `max_batches`, else
+  sentences read out of `n_sentences`."""
+  if max_batches:
+    return progress.track(batches, desc=desc, total=max_batches, unit="batch", disable=disable)
+  return progress.track(batches, desc=desc, total=n_sentences, unit="sent", disable=disable,
+                        count=lambda: batches.counters["sentences"])
 
 
 class UnigramTally:

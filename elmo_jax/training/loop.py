@@ -104,7 +104,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       return {}
     zero = jax.device_put(model.zero_state(config.batch_size), shardings.lstm_state)
     to_global = lambda b: step_lib.global_batch(b, mesh, dedupe=dedupe)
-    result = lm_eval.perplexity(eval_step, params, zero, data.eval(), to_global, config.eval_max_batches)
+    batches = lm_eval.with_progress(data.eval(), data.eval_sentences // n_proc, config.eval_max_batches, "eval",
+                                    disable=not is_main)
+    result = lm_eval.perplexity(eval_step, params, zero, batches, to_global, config.eval_max_batches)
     return {"eval_ppl_forward": result["ppl_forward"], "eval_ppl_backward": result["ppl_backward"],
             "eval_ppl": result["ppl"], "eval_tokens": result["n_tokens"]}
 
@@ -115,7 +117,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if is_main:
       export_model(workdir, state.params, options)
 
-  writer = MetricWriter(workdir, enabled=is_main)
+  writer = MetricWriter(workdir, enabled=is_main, purge_step=start_step + 1, config=config.to_dict())
   if is_main and data.eval is not None and start_step == 0:
     # Process 0 reads every shard; with one process these are exactly the targets the biLM's eval scores
     # (several processes: the same number of batch rows, drawn from the unsharded split).

@@ -9,21 +9,35 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 from tensorboardX import SummaryWriter
 
 
 class MetricWriter:
   """Appends one JSON object per record to `workdir/metrics.jsonl` and mirrors scalars to TensorBoard.
 
-  Only process 0 writes (`enabled=False` elsewhere).
+  Only process 0 writes (`enabled=False` elsewhere). `purge_step` (a resume: the restored step + 1) makes
+  TensorBoard drop the events a killed run wrote after its last checkpoint; `config` is written as text
+  and as hparams (step `purge_step - 1`).
   """
 
-  def __init__(self, workdir: str, enabled: bool = True):
+  def __init__(self, workdir: str, enabled: bool = True, purge_step: int | None = None,
+               config: dict[str, Any] | None = None):
     self.enabled = enabled
     if enabled:
       self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge_step)
+      if config is not None:
+        self._write_config(config, max((purge_step or 1) - 1, 0))
+
+  def _write_config(self, config: dict[str, Any], step: int) -> None:
+    from tensorboardX.summary import hparams  # pylint: disable=g-import-not-at-top
+    from elmo_jax.training.resume import flatten  # pylint: disable=g-import-not-at-top
+    text = json.dumps(config, indent=2, sort_keys=True, default=str)
+    self._tb.add_text("config", "\n".join("    " + line for line in text.splitlines()), step)
+    flat = {k: (v if isinstance(v, (bool, int, float, str)) else json.dumps(v, default=str))
+            for k, v in flatten(config).items() if v is not None}
+    for summary in hparams(flat, {"eval_ppl": 0.0, "train_loss": 0.0}):  # experiment, session start/end
+      self._tb.file_writer.add_summary(summary)
 
   def write(self, record: dict[str, Any]) -> None:
     if not self.enabled:

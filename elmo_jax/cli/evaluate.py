@@ -1,0 +1,209 @@
+"""Evaluates an ELMo model: probing tasks (wsd, pos, sentiment) and perplexity.
+
+  python evaluate.py --task=all --workdir=runs/small --probe_data_dir=DIR   # or: elmo-jax-evaluate ...
+  python evaluate.py --task=pos --options_file=O --weight_file=W --output_dir=OUT \
+      --max_examples=500
+  python evaluate.py --task=perplexity --workdir=runs/small --text_file=test.txt.gz
+  python evaluate.py --task=sentiment --workdir=runs/small --tfds_data_dir=~/tensorflow_datasets \
+      --train_file=tfds:glue/sst2:train --test_file=tfds:glue/sst2:validation
+
+Each task writes OUT/TASK.json and PNG plots and prints a short table; `all`
+runs every task whose data is given (skipping the others with one line naming the
+flag that supplies it), checks all inputs before any work, writes OUT/report.md
+and exits 0 when at least one task ran. Bad input exits non-zero with one line on
+stderr.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from typing import Callable, Sequence
+
+from absl import app, flags, logging
+
+from elmo_jax import progress
+from elmo_jax.evaluation import readers
+from elmo_jax.options import OptionsError
+from elmo_jax.evaluation import tasks as tasks_lib
+
+_TASK_NAMES = ["perplexity", "wsd", "pos", "sentiment", "all"]
+
+_TASK = flags.DEFINE_enum("task", None, _TASK_NAMES, "What to evaluate.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training run (uses WORKDIR/export/).")
+_OPTIONS = flags.DEFINE_string("options_file", None, "ELMo options.json (with --weight_file).")
+_WEIGHTS = flags.DEFINE_string("weight_file", None, "ELMo hdf5 weights (with --options_file).")
+_OUTPUT = flags.DEFINE_string("output_dir", None, "Output directory; default WORKDIR/eval.")
+_TRAIN = flags.DEFINE_string("train_file", None,
+                             "Train file of the single task given (pos or sentiment); "
+                             "sentiment also takes tfds:NAME:SPLIT, pos does not (TFDS has "
+                             "no standard POS dataset).")
+_TEST = flags.DEFINE_string("test_file", None,
+                            "Test file of the single task given (pos or sentiment); "
+                            "sentiment also takes tfds:NAME:SPLIT.")
+_PROBE_DIR = flags.DEFINE_string("probe_data_dir", None,
+                                 "Directory of the probe sets: wsd/wsd.tsv, pos/{train,test}.conll, "
+                                 "sentiment/{train,test}.tsv (none ship with the code); the per-file "
+                                 "flags override it.")
+_WSD = flags.DEFINE_string("wsd_file", None,
+                           "WSD TSV: lemma, pos, sense, token_index, sentence.")
+_WSD_TRAIN = flags.DEFINE_string("wsd_train_file", None,
+                                 "Optional WSD TSV for the sense-centroid protocol.")
+_WSD_LEMMA = flags.DEFINE_string("wsd_lemma", None, "Lemma of the WSD PCA plot.")
+_POS_TRAIN = flags.DEFINE_string("pos_train_file", None,
+                                "CoNLL word<TAB>TAG (a file: TFDS has no standard POS dataset).")
+_POS_TEST = flags.DEFINE_string("pos_test_file", None,
+                                "CoNLL word<TAB>TAG (a file: TFDS has no standard POS dataset).")
+_SENT_TRAIN = flags.DEFINE_string("sentiment_train_file", None,
+                                  "TSV label<TAB>sentence, or tfds:NAME:SPLIT "
+                                  "(e.g. tfds:glue/sst2:train).")
+_SENT_TEST = flags.DEFINE_string("sentiment_test_file", None,
+                                 "TSV label<TAB>sentence, or tfds:NAME:SPLIT "
+                                 "(e.g. tfds:glue/sst2:validation; sst2's test is unlabelled).")
+_TFDS_DIR = flags.DEFINE_string("tfds_data_dir", None,
+                                "TFDS data_dir of tfds:NAME:SPLIT inputs and --tfds_name; "
+                                "default TFDS's own. Datasets are never downloaded here.")
+_TFDS_TEXT = flags.DEFINE_string("tfds_text_key", None,
+                                 "Text feature of tfds: sentiment data; default sentence, "
+                                 "else text.")
+_TFDS_LABEL = flags.DEFINE_string("tfds_label_key", None,
+                                  "Integer label feature of tfds: sentiment data; default label.")
+_MAX = flags.DEFINE_integer("max_examples", None,
+                            "Use only the first N sentences/rows of each file (quick runs).")
+_BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences per embedder call.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the probes and of the untrained twin.")
+_NO_CACHE = flags.DEFINE_bool("no_cache", False, "Do not read/write OUT/cache.")
+_MAX_EPOCHS = flags.DEFINE_integer("probe_max_epochs", 60, "Probe epoch limit.")
+_PROBE_LR = flags.DEFINE_float("probe_learning_rate", 1e-2, "Probe Adam learning rate.")
+# Perplexity; None means "the workdir's training config, else the built-in default".
+_TEXT = flags.DEFINE_string("text_file", None,
+                            "Perplexity text, one sentence per line (.gz ok; comma-separated "
+                            "files) or a directory made by `python -m elmo_jax.data.prepare`; default: "
+                            "the workdir config's data.eval_files.")
+_TFDS_NAME = flags.DEFINE_string("tfds_name", None, "Perplexity on a TFDS dataset (e.g. lm1b).")
+_TFDS_SPLIT = flags.DEFINE_string("tfds_split", "test", "Split of --tfds_name.")
+_VOCAB = flags.DEFINE_string("vocab_file", None,
+                             "Vocabulary of the softmax; default WORKDIR/vocab.txt or vocab.txt "
+                             "next to --weight_file (vocab_counts.tsv beside it feeds unigram_ppl).")
+_UNROLL = flags.DEFINE_integer("unroll_steps", None,
+                               "Perplexity window length; default the run's, else 20.")
+_MAX_BATCHES = flags.DEFINE_integer("max_batches", 0, "Perplexity batches to score; 0 = all.")
+_PROGRESS = flags.DEFINE_bool("progress", True, "Progress bars on stderr (--noprogress: none; off "
+                               "anyway when stderr is not a terminal).")
+_PRETOK = flags.DEFINE_bool("pretokenized", None,
+                            "Perplexity text is whitespace-tokenized; default the run's, else Moses.")
+
+
+def _check_tfds(field: str, path: str | None) -> None:
+  """`tfds:NAME:SPLIT` is for sentiment data only (TFDS has no standard POS/WSD dataset)."""
+  if not readers.is_tfds(path):
+    return
+  if not field.startswith("sentiment_"):
+    raise readers.InputError(f"{path}: TFDS inputs are for sentiment only (TFDS has no "
+                             "standard POS/WSD dataset); export it to TSV/CoNLL and pass the file")
+  readers.parse_tfds(path)
+
+
+def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
+  """Validates flag combinations; returns (task, config)."""
+  task = _TASK.value
+  if task is None:
+    raise readers.InputError("--task is required: one of " + ", ".join(_TASK_NAMES))
+  if bool(_OPTIONS.value) != bool(_WEIGHTS.value):
+    raise readers.InputError("--options_file and --weight_file go together")
+  if _WORKDIR.value and _OPTIONS.value:
+    raise readers.InputError("give either --workdir or --options_file/--weight_file")
+  for path in (_OPTIONS.value, _WEIGHTS.value):
+    if path and not os.path.isfile(path):
+      raise readers.InputError(f"{path}: file not found")
+  output_dir = _OUTPUT.value or (os.path.join(_WORKDIR.value, "eval") if _WORKDIR.value
+                                 else None)
+  if not output_dir:
+    raise readers.InputError("--output_dir is required without --workdir")
+  probe = tasks_lib.probes.ProbeConfig(seed=_SEED.value, max_epochs=_MAX_EPOCHS.value,
+                                       learning_rate=_PROBE_LR.value)
+  found = tasks_lib.probe_files(_PROBE_DIR.value)
+  given = lambda flag, key: flag.value or found[key]  # noqa: E731
+  cfg = tasks_lib.EvalConfig(
+      output_dir=output_dir, workdir=_WORKDIR.value, wsd_file=given(_WSD, "wsd_file"),
+      wsd_train_file=_WSD_TRAIN.value, wsd_lemma=_WSD_LEMMA.value,
+      pos_train_file=given(_POS_TRAIN, "pos_train_file"),
+      pos_test_file=given(_POS_TEST, "pos_test_file"),
+      sentiment_train_file=given(_SENT_TRAIN, "sentiment_train_file"),
+      sentiment_test_file=given(_SENT_TEST, "sentiment_test_file"),
+      tfds_data_dir=_TFDS_DIR.value, tfds_text_key=_TFDS_TEXT.value,
+      tfds_label_key=_TFDS_LABEL.value, max_examples=_MAX.value, batch_size=_BATCH.value,
+      use_cache=not _NO_CACHE.value, probe=probe)
+  cfg.perplexity = tasks_lib.perplexity.PerplexityConfig(
+      text_file=_TEXT.value, tfds_name=_TFDS_NAME.value, tfds_split=_TFDS_SPLIT.value,
+      tfds_data_dir=_TFDS_DIR.value,
+      options_file=_OPTIONS.value, weight_file=_WEIGHTS.value, vocab_file=_VOCAB.value,
+      # --batch_size defaults to 64 for the probes; perplexity matches the run's batch unless given.
+      batch_size=_BATCH.value if _BATCH.present else None, unroll_steps=_UNROLL.value,
+      max_batches=_MAX_BATCHES.value, pretokenized=_PRETOK.value)
+  if _VOCAB.value and not os.path.isfile(_VOCAB.value):
+    raise readers.InputError(f"{_VOCAB.value}: file not found")
+  if _TRAIN.value or _TEST.value:
+    if task not in ("pos", "sentiment"):
+      raise readers.InputError("--train_file/--test_file need --task=pos or --task=sentiment")
+    if _TRAIN.value:
+      setattr(cfg, f"{task}_train_file", _TRAIN.value)
+    if _TEST.value:
+      setattr(cfg, f"{task}_test_file", _TEST.value)
+  for field in ("pos_train_file", "pos_test_file", "sentiment_train_file",
+                "sentiment_test_file", "wsd_file", "wsd_train_file"):
+    _check_tfds(field, getattr(cfg, field))
+  return task, cfg
+
+
+def load_models_from_flags() -> tasks_lib.Models:
+  """Builds the real Embedder and its untrained twin (imported lazily: slow)."""
+  from elmo_jax.embedder import Embedder  # pylint: disable=g-import-not-at-top
+  from elmo_jax.evaluation import features  # pylint: disable=g-import-not-at-top
+
+  if _WORKDIR.value:
+    emb = Embedder.from_workdir(_WORKDIR.value)
+    key = features.model_key_from_workdir(_WORKDIR.value)
+    description = {"workdir": _WORKDIR.value}
+  elif _OPTIONS.value:
+    emb = Embedder.from_files(_OPTIONS.value, _WEIGHTS.value)
+    key = features.model_key_from_files(_OPTIONS.value, _WEIGHTS.value)
+    description = {"options_file": _OPTIONS.value, "weight_file": _WEIGHTS.value}
+  else:
+    raise readers.InputError("give --workdir or --options_file and --weight_file")
+  twin = emb.untrained_twin(seed=_SEED.value)
+  # The twin is a function of the config and the seed only.
+  twin_key = hashlib.sha256((json.dumps(emb.options, sort_keys=True)
+                             + f"|seed={_SEED.value}").encode()).hexdigest()[:16]
+  description["n_layers"] = emb.n_layers
+  return tasks_lib.Models(emb, twin, key, twin_key, description)
+
+
+def main(argv: Sequence[str],
+         load_models: Callable[[], tasks_lib.Models] | None = None) -> None:
+  """Entry point; `load_models` lets tests inject a stand-in embedder."""
+  if len(argv) > 1:
+    sys.exit(f"evaluate.py: unexpected arguments: {' '.join(argv[1:])}")
+  if not _PROGRESS.value:
+    progress.set_enabled(False)
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # JAX's backend INFO lines would bury the one-line errors
+  try:
+    task, cfg = config_from_flags()
+    tasks_lib.run(task, cfg, load_models or load_models_from_flags, on_start=_announce)
+  except (readers.InputError, tasks_lib.TaskUnavailable, OptionsError, OSError) as e:
+    sys.exit(f"evaluate.py: error: {e}")
+
+
+def _announce() -> None:
+  from elmo_jax import devices  # pylint: disable=g-import-not-at-top
+  devices.announce()
+
+
+def run() -> None:
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,112 @@
+"""Trains an ELMo biLM.
+
+  python train.py --workdir=runs/default --config=configs/default.py [--config.key=value ...]
+  elmo-jax-train --workdir=runs/default --config=configs/default.py     # the installed console script
+
+Re-running the same command resumes from the newest good checkpoint in --workdir. SIGTERM / Ctrl-C finish
+the current step, save and exit 0. Multi-process (TPU pod, several GPU hosts, or processes on one machine):
+every process runs the same command; on TPU pods and SLURM `--distributed=auto` finds the cluster itself,
+elsewhere pass --coordinator_address=HOST:PORT --num_processes=N --process_id=I.
+"""
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from elmo_jax import cli
+from elmo_jax import progress
+from elmo_jax.training import distributed
+from elmo_jax.training.config import unknown_override_error
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defines the flags (at run time, so importing this module adds none)."""
+  default = cli.default_config()
+  if (error := unknown_override_error(sys.argv, default)) is not None:
+    sys.exit(f"FATAL Flags parsing error: {error}")  # instead of config_flags' traceback
+  flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, vocab and the exported model.")
+  config_flags.DEFINE_config_file("config", default, "Training config (a configs/*.py file).", lock_config=True)
+  flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
+                    "Call jax.distributed.initialize: 'auto' when --coordinator_address is given or a cluster "
+                    "(TPU pod, SLURM, Open MPI) is detected; 'on' always (JAX detects the cluster); 'off' never.")
+  flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0's coordinator (multi-process runs).")
+  flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
+  flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
+  flags.DEFINE_bool("progress", True, "Progress bars on stderr (--noprogress: none; off anyway when stderr "
+                    "is not a terminal).")
+  flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+  logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not FLAGS.progress:
+    progress.set_enabled(False)
+  from elmo_jax.training import preflight  # pylint: disable=g-import-not-at-top
+  try:  # a user's mistake is refused in one line, before anything is written
+    preflight.check(FLAGS.config, FLAGS.workdir)
+  except preflight.PreflightError as e:
+    sys.exit(f"train: error: {e}")
+  # Before anything touches a JAX backend: initialize() must come first in every process.
+  distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  from elmo_jax import devices  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training.lock import WorkdirLock, WorkdirLocked  # pylint: disable=g-import-not-at-top
+  devices.announce()
+  try:
+    import jax  # pylint: disable=g-import-not-at-top
+    preflight.check_devices(FLAGS.config, jax.device_count())
+  except preflight.PreflightError as e:
+    sys.exit(f"train: error: {e}")
+  lock, error = None, "process 0 could not lock the workdir: another trainer holds it"
+  try:
+    lock = WorkdirLock.acquire(FLAGS.workdir)
+  except WorkdirLocked as e:
+    error = str(e)
+  if not _all_agree(lock is not None):  # every process stops when process 0 is refused
+    sys.exit(f"train: error: {error}")
+  from elmo_jax.training.checkpoint import IncompatibleCheckpointError  # pylint: disable=g-import-not-at-top
+  try:
+    train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except IncompatibleCheckpointError as e:
+    sys.exit(f"train: error: {e}")
+  finally:
+    lock.release()
+  _exit_without_finalization()
+
+
+def _all_agree(ok: bool) -> bool:
+  """Process 0's `ok`, on every process (only process 0 takes the workdir lock)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return ok
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(multihost_utils.broadcast_one_to_all(np.array(ok)))
+
+
+def _exit_without_finalization() -> None:
+  """Exits 0 once everything is saved and closed, skipping interpreter finalization.
+
+  Finalization can race native threads of tensorstore/Orbax calling back into Python, which aborts the
+  process ("terminate called after throwing an instance of ''", exit -6) after a successful run.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() > 1:
+    jax.distributed.shutdown()  # the atexit hook that would do it is skipped too
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)
+
+
+def run() -> None:
+  define_flags()
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()
