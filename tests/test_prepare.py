@@ -170,7 +170,7 @@ def test_refusals_are_one_line(tmp_path):
   text = _corpus(tmp_path / "train.txt")
   with pytest.raises(PrepareError, match="matches no file"):
     prepare(str(tmp_path / "o"), [str(tmp_path / "nope*.txt")])
-  with pytest.raises(PrepareError, match="does not exist"):
+  with pytest.raises(PrepareError, match="file not found"):
     prepare(str(tmp_path / "o"), [str(tmp_path / "nope.txt")])
   empty = tmp_path / "empty.txt"
   empty.write_text("\n  \n")
@@ -199,7 +199,7 @@ def test_cli_refusal_and_resume_after_kill9(tmp_path):
   proc = subprocess.run(cli + [f"--input={tmp_path}/missing.txt", f"--output_dir={tmp_path}/x"], env=env,
                         capture_output=True, text=True)
   assert proc.returncode != 0
-  assert proc.stderr.strip().splitlines() == [f"prepare: text source file {tmp_path}/missing.txt does not exist"]
+  assert proc.stderr.strip().splitlines() == [f"prepare: {tmp_path}/missing.txt: file not found"]
   text = _corpus(tmp_path / "train.txt", n=6000)
   args = [f"--input={text}", "--chunk_sentences=100", "--num_workers=1"]
   run = subprocess.Popen(cli + args + [f"--output_dir={tmp_path}/killed"], env=env, stdout=subprocess.PIPE,

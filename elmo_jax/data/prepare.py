@@ -39,7 +39,7 @@ import numpy as np
 
 from elmo_jax import files
 from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, token_to_ids
-from elmo_jax.data.sources import TextSource, TfdsSource, _expand
+from elmo_jax.data.sources import TextSource, TfdsSource, expand_paths
 from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.data.vocab import Vocab
 from elmo_jax.progress import progress
@@ -65,7 +65,7 @@ def source_spec(inputs: Sequence[str] = (), tfds_name: str = "", tfds_split: str
   if not inputs:
     raise PrepareError("no input: pass --input=FILES_OR_GLOBS (comma-separated) or --tfds_name")
   try:
-    paths = _expand(list(inputs))
+    paths = expand_paths(list(inputs))
   except (FileNotFoundError, ValueError) as e:
     raise PrepareError(str(e)) from None
   return {"kind": "text", "files": [{"path": os.path.abspath(p), "size": os.path.getsize(p),

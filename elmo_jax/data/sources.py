@@ -12,7 +12,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
-def _expand(paths_or_globs: str | Sequence[str]) -> list[str]:
+def expand_paths(paths_or_globs: str | Sequence[str]) -> list[str]:
   patterns = [paths_or_globs] if isinstance(paths_or_globs, (str, os.PathLike)) else list(paths_or_globs)
   paths: list[str] = []
   for pattern in patterns:
@@ -21,8 +21,10 @@ def _expand(paths_or_globs: str | Sequence[str]) -> list[str]:
     if not matches:
       raise FileNotFoundError(f"text source pattern {pattern!r} matches no file")
     for path in matches:
+      if os.path.isdir(path):
+        raise FileNotFoundError(f"{path} is a directory, not a text file")
       if not os.path.isfile(path):
-        raise FileNotFoundError(f"text source file {path} does not exist")
+        raise FileNotFoundError(f"{path}: file not found")
     paths.extend(matches)
   if not paths:
     raise ValueError("TextSource needs at least one path or glob")
@@ -39,7 +41,7 @@ class TextSource:
   """
 
   def __init__(self, paths_or_globs: str | Sequence[str]):
-    self.paths = _expand(paths_or_globs)
+    self.paths = expand_paths(paths_or_globs)
     self.skipped: dict[str, int] = {"invalid_utf8": 0, "empty": 0}
     self.first_skipped: dict[str, str] = {}
     chunks: list[bytes] = []

@@ -5,11 +5,12 @@ in a traceback (or, worse, in a workdir holding a config.json and vocab of a run
 """
 from __future__ import annotations
 
-import glob
 import gzip
 import os
 
 import ml_collections
+
+from elmo_jax.data.sources import expand_paths
 
 _SNIFF_BYTES = 1 << 20
 
@@ -29,7 +30,11 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
       what = "nothing would be trained" if key == "num_train_steps" else "it must be >= 1"
       raise PreflightError(f"config.{key}={value}: {what}")
   data = config.data
-  if not data.get("tfds_name"):
+  if data.get("prepared_dir"):
+    check_prepared_dir("config.data.prepared_dir", data.prepared_dir)
+    if data.get("prepared_eval_dir"):
+      check_prepared_dir("config.data.prepared_eval_dir", data.prepared_eval_dir)
+  elif not data.get("tfds_name"):
     if not data.train_files:
       raise PreflightError("config.data.train_files is empty and config.data.tfds_name is not set: "
                            "no training data")
@@ -52,22 +57,21 @@ def check_devices(config: ml_collections.ConfigDict, n_devices: int) -> None:
 
 def check_text_files(key: str, value: str) -> list[str]:
   """Every comma-separated path/glob of `value` names files holding at least one non-blank line."""
-  paths: list[str] = []
-  for pattern in (p.strip() for p in value.split(",") if p.strip()):
-    matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-    if not matches:
-      raise PreflightError(f"{key}: {pattern!r} matches no file")
-    for path in matches:
-      if not os.path.exists(path):
-        raise PreflightError(f"{key}: {path}: file not found")
-      if not os.path.isfile(path):
-        raise PreflightError(f"{key}: {path} is a directory, not a text file")
-      if _blank(path):
-        raise PreflightError(f"{key}: {path} is empty (no non-blank line)")
-      paths.append(path)
-  if not paths:
-    raise PreflightError(f"{key} names no file")
+  try:
+    paths = expand_paths([p.strip() for p in value.split(",") if p.strip()])
+  except (FileNotFoundError, ValueError) as e:
+    raise PreflightError(f"{key}: {e}") from None
+  for path in paths:
+    if _blank(path):
+      raise PreflightError(f"{key}: {path} is empty (no non-blank line)")
   return paths
+
+
+def check_prepared_dir(key: str, path: str) -> None:
+  """`path` is a directory made by `python -m elmo_jax.data.prepare` (it holds manifest.json)."""
+  if not os.path.isfile(os.path.join(path, "manifest.json")):
+    raise PreflightError(f"{key}={path} is not a prepared corpus (no manifest.json); make one with "
+                         "`python -m elmo_jax.data.prepare`")
 
 
 def _blank(path: str) -> bool:
