@@ -4,7 +4,8 @@
     elmo, variables = pretrained.load_elmo("small", dropout=0.5, l2_coef=1e-3)
     tx = pretrained.freeze_bilm(optax.adamw(1e-3))                # the biLM's params never move
 
-Names are AllenNLP's published options.json + weights.hdf5 pairs (allennlp.org/elmo). No sha256 is
+Names are AllenNLP's published options.json + weights.hdf5 pairs (allennlp.org/elmo; `$ELMO_JAX_MODELS_URL`
+points at a mirror with the same layout). No sha256 is
 published for them, so the cache records the hash of the first download and checks it on every later
 use (see `elmo_jax.download`).
 """
@@ -21,7 +22,12 @@ from elmo_jax import download
 from elmo_jax import options as options_lib
 from elmo_jax import weights as weights_lib
 
-_BASE = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
+ALLENNLP_BASE = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
+
+
+def base_url() -> str:
+  """Where the released files are: AllenNLP's bucket, or a mirror in `$ELMO_JAX_MODELS_URL` (same layout)."""
+  return (os.environ.get("ELMO_JAX_MODELS_URL") or ALLENNLP_BASE).rstrip("/")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +43,11 @@ class Released:
 
   @property
   def options_url(self) -> str:
-    return f"{_BASE}/{self.key}/elmo_{self.key}_options.json"
+    return f"{base_url()}/{self.key}/elmo_{self.key}_options.json"
 
   @property
   def weight_url(self) -> str:
-    return f"{_BASE}/{self.key}/elmo_{self.key}_weights.hdf5"
+    return f"{base_url()}/{self.key}/elmo_{self.key}_weights.hdf5"
 
 
 # Sizes: `original` is 374,434,792 bytes as downloads report it; the others are the float32 parameter bytes
