@@ -65,18 +65,19 @@ MODELS: dict[str, Released] = {m.name: m for m in (
 
 
 def _pair_in_folder(folder: str) -> tuple[str, str]:
-  """(options, weights) of a local folder: a training run's export/ or one *options*.json + one *.hdf5."""
+  """(options, weights) of a local folder: a training run's export/, or `options.json` + `weights.hdf5`,
+  else the one `*options*.json` and the one `*weights*.hdf5` (or only `*.hdf5`) there."""
   if os.path.isdir(os.path.join(folder, "export")):
     folder = os.path.join(folder, "export")
   found = []
-  for pattern, preferred in (("*options*.json", "options.json"), ("*.hdf5", "weights.hdf5")):
-    if os.path.exists(os.path.join(folder, preferred)):
-      found.append(os.path.join(folder, preferred))
-      continue
-    matches = sorted(glob.glob(os.path.join(folder, pattern)))
-    if len(matches) != 1:
-      raise download.DownloadError(f"{folder}: expected one {pattern} there, found {len(matches)}")
-    found.append(matches[0])
+  for patterns in (("options.json", "*options*.json"), ("weights.hdf5", "*weights*.hdf5", "*.hdf5")):
+    for pattern in patterns:
+      matches = sorted(glob.glob(os.path.join(glob.escape(folder), pattern)))
+      if len(matches) == 1:
+        found.append(matches[0])
+        break
+    else:
+      raise download.DownloadError(f"{folder}: expected one {patterns[-1]} there, found {len(matches)}")
   return found[0], found[1]
 
 
