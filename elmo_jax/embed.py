@@ -64,9 +64,12 @@ def count_lines(path: str | os.PathLike) -> int:
   """Number of lines (a last line without newline counts), by a fast binary scan."""
   n, last = 0, b"\n"
   with open_binary(path) as f:
-    while block := f.read(1 << 20):
-      n += block.count(b"\n")
-      last = block[-1:]
+    try:
+      while block := f.read(1 << 20):
+        n += block.count(b"\n")
+        last = block[-1:]
+    except (OSError, EOFError) as e:  # a damaged .gz
+      raise EmbedInputError(f"{path}:{n + 1}: cannot read the file further ({e})") from None
   return n + (last != b"\n")
 
 
@@ -203,6 +206,7 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   _ACTIVE_TEMPS.add(tmp)
   sentence_to_index: dict[str, str] = {}
   empty: list[int] = []
+  slash_warned = False
   try:
     with h5py.File(tmp, "w") as fout:
       for chunk in _chunks(read_lines(input_file), chunk_size):
@@ -223,7 +227,18 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
             if sentence_vectors:
               data = data.mean(axis=-2) if n else np.zeros(data.shape[:-2] + data.shape[-1:], np.float32)
             i, text = chunk[pos]
-            fout.create_dataset(text if use_sentence_keys else str(i), data=data, dtype=output_dtype)
+            if not use_sentence_keys:
+              fout.create_dataset(str(i), data=data, dtype=output_dtype)
+              continue
+            if "/" in text and not slash_warned:  # h5py nests such names in groups, as AllenNLP's files do
+              slash_warned = True
+              warn(f"{input_file}:{i + 1}: a sentence key holds '/'; read it back with f[sentence], not by "
+                   "listing the file's keys")
+            try:
+              fout.create_dataset(text, data=data, dtype=output_dtype)
+            except (ValueError, KeyError, TypeError) as e:
+              raise EmbedInputError(f"{input_file}:{i + 1}: {text!r} cannot name an HDF5 dataset ({e}); "
+                                    "drop --use_sentence_keys") from None
           progress.update(len(rows), sum(len(sentences[pos]) for pos in rows))
       if len(empty) > _MAX_EMPTY_WARNINGS:
         warn(f"{input_file}: {len(empty)} empty lines in all (warned about the first "
@@ -246,9 +261,8 @@ def _check_sentence_key(input_file: str, i: int, text: str, seen: dict[str, str]
   if text in seen:
     raise EmbedInputError(f"{where}: repeats line {int(seen[text]) + 1}; sentence keys must be unique "
                           "(drop --use_sentence_keys to embed repeated lines)")
-  if not text or text in (".", "..") or "/" in text:
-    raise EmbedInputError(f"{where}: {text!r} cannot name an HDF5 dataset (empty, '.', '..' or holds '/'); "
-                          "drop --use_sentence_keys")
+  if not text:
+    raise EmbedInputError(f"{where}: an empty line cannot name an HDF5 dataset; drop --use_sentence_keys")
 
 
 def dump_token_embeddings(embedder: Embedder, vocab_file: str | os.PathLike, output_file: str | os.PathLike,
