@@ -196,3 +196,37 @@ def test_resolve_errors(tmp_path, cache):
     pretrained.resolve(str(tmp_path / "empty"))
   with pytest.raises(download.DownloadError, match="URL of an options.json"):
     pretrained.resolve("http://127.0.0.1:1/model.tar.gz")
+
+
+def test_evaluate_model_flag(tmp_path, cache, monkeypatch, parsed_flags):
+  import evaluate  # pylint: disable=g-import-not-at-top
+  mirror(tmp_path / "www")
+  with serve(tmp_path / "www") as (_, base):
+    monkeypatch.setenv("ELMO_JAX_MODELS_URL", base)
+    parsed_flags("--task=pos", "--model=small", f"--output_dir={tmp_path / 'out'}")
+    _, cfg = evaluate.config_from_flags()
+  m = pretrained.MODELS["small"]
+  assert cfg.perplexity.options_file == download.cache_file(f"{base}/{m.key}/elmo_{m.key}_options.json")
+  assert download.sha256_of(cfg.perplexity.weight_file) == download.sha256_of(WEIGHTS)
+  parsed_flags("--task=pos", "--model=small", f"--options_file={OPTIONS}", f"--weight_file={WEIGHTS}",
+               f"--output_dir={tmp_path / 'out'}")
+  with pytest.raises(Exception, match="give one of --model"):
+    evaluate.config_from_flags()
+
+
+def test_init_from_released_name(tmp_path, cache, monkeypatch):
+  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
+  mirror(tmp_path / "www")
+  options = options_lib.load(OPTIONS)
+  with serve(tmp_path / "www") as (_, base):
+    monkeypatch.setenv("ELMO_JAX_MODELS_URL", base)
+    params, softmax, description = init_from.load("small", options, "no-vocab")
+  want = weights_lib.load_hdf5(WEIGHTS, options)["params"]
+  np.testing.assert_array_equal(params["lstm"]["forward_layer_0"]["W_0"], want["lstm"]["forward_layer_0"]["W_0"])
+  assert softmax is None and "ELMo weights" in description and str(cache) in description
+  other = options_lib.load(OPTIONS)
+  other["lstm"]["dim"] = 8
+  with pytest.raises(init_from.InitFromError, match="model shape differs"):
+    init_from.load("small", other, "no-vocab")  # cached now: offline
