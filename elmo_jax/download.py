@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -90,11 +91,14 @@ def _download(url: str, target: str, timeout: float) -> tuple[str, int]:
   try:
     response = urllib.request.urlopen(url, timeout=timeout)  # noqa: S310 - http(s) only, checked by caller
   except urllib.error.HTTPError as e:
-    raise DownloadError(f"{url}: HTTP {e.code} {e.reason}") from None
+    raise DownloadError(f"{url}: HTTP {e.code} {e.reason} (check the URL)") from None
   except (urllib.error.URLError, OSError) as e:
     reason = getattr(e, "reason", e)
     raise DownloadError(f"{url}: cannot download ({reason}); offline? fetch it by hand and put it at "
                         f"{target} (or pass its local path instead of the URL)") from None
+  # Under the manifest lock no other download of this file runs: any `.part` is a killed one's leftover.
+  for stale in glob.glob(glob.escape(target) + ".*.part"):
+    os.remove(stale)
   with response, files.atomic_path(target, suffix=".part") as tmp:
     length = response.headers.get("Content-Length")
     total = int(length) if length and length.isdigit() else None

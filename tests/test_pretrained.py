@@ -120,6 +120,9 @@ def test_interrupted_download_leaves_nothing(tmp_path, cache):
   (tmp_path / "www").mkdir()
   with serve(tmp_path / "www") as (server, base):
     server.truncate.add("/big.hdf5")
+    os.makedirs(cache)
+    with open(download.cache_file(f"{base}/big.hdf5") + ".x1y2.part", "wb") as f:  # a kill -9's leftover
+      f.write(b"partial")
     with pytest.raises(download.DownloadError, match=r"incomplete \(100 of 1000 bytes\)"):
       download.cached_path(f"{base}/big.hdf5")
   assert not os.path.exists(download.cache_file(f"{base}/big.hdf5"))
