@@ -22,6 +22,7 @@ from elmo_jax import pretrained
 from elmo_jax import token_cache as token_cache_lib
 from elmo_jax import weights as weights_lib
 from elmo_jax.model import BiLM, BiLMConfig, embed_vocab
+from elmo_jax.progress import progress
 
 _TIME_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
@@ -245,7 +246,11 @@ class Embedder:
   def dump_token_embeddings(self, vocab: Sequence[str], output_file: str | os.PathLike,
                             batch_size: int = 1024) -> None:
     """Writes the char-CNN output of every word (bilm-tf's `dump_token_embeddings` layout + the words)."""
-    table = embed_vocab(self.config, self.params, list(vocab), batch_size)[1:]
+    bar = progress(desc="token embeddings", total=len(vocab), unit="word")
+    try:
+      table = embed_vocab(self.config, self.params, list(vocab), batch_size, self.model.dtype, bar.update)[1:]
+    finally:
+      bar.close()
     token_cache_lib.write(output_file, table, vocab)
 
 

@@ -1,7 +1,7 @@
 """`Elmo`: the AllenNLP `Elmo` contract in Flax — a frozen biLM, its scalar mixes and dropout."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -119,10 +119,11 @@ def word_ids_for(sentences: Sequence[Sequence[str]], index: Mapping[str, int], p
 
 
 def embed_vocab(config: BiLMConfig, bilm_params: Any, vocab: Sequence[str], batch_size: int = 1024,
-                dtype: Any = jnp.float32) -> np.ndarray:
+                dtype: Any = jnp.float32, on_chunk: Callable[[int], Any] | None = None) -> np.ndarray:
   """Char-CNN embedding of every word: `[len(vocab) + 1, P]` float32, row 0 zeros (padding), row k + 1 word k.
 
-  Computed in fixed-size chunks (one compiled shape) with the same `BiLM.embed_tokens` as the char path.
+  Computed in fixed-size chunks (one compiled shape) with the same `BiLM.embed_tokens` as the char path;
+  `on_chunk(n_words)` is called after each chunk (progress).
   """
   model = BiLM(config, dtype=dtype)
   run = jax.jit(lambda p, ids: model.apply({"params": p}, ids, method=BiLM.embed_tokens))
@@ -133,6 +134,8 @@ def embed_vocab(config: BiLMConfig, bilm_params: Any, vocab: Sequence[str], batc
     for i, word in enumerate(words):
       ids[i] = chars.token_to_ids(word, config.max_characters_per_token)
     out[start + 1:start + 1 + len(words)] = np.asarray(run(bilm_params, ids))[:len(words)]
+    if on_chunk is not None:
+      on_chunk(len(words))
   return out
 
 
