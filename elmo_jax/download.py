@@ -20,6 +20,7 @@ import glob
 import hashlib
 import json
 import os
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -81,12 +82,13 @@ def _locked_manifest(cache: str) -> Iterator[dict[str, Any]]:
 def _move_aside(path: str, why: str) -> str:
   aside = f"{path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
   os.replace(path, aside)
-  print(f"warning: {path}: {why}; moved to {aside}, fetching it again", flush=True)
+  print(f"warning: {path}: {why}; moved to {aside}, fetching it again", file=sys.stderr, flush=True)
   return aside
 
 
-def _download(url: str, target: str, timeout: float) -> tuple[str, int]:
-  """Streams `url` into `target` (temp + rename); returns (sha256, bytes). Raises DownloadError."""
+def _download(url: str, target: str, timeout: float, sha256: str | None) -> tuple[str, int]:
+  """Streams `url` into `target` (temp + rename once complete and matching `sha256` if given); returns
+  (sha256, bytes). Raises DownloadError."""
   h, n = hashlib.sha256(), 0
   try:
     response = urllib.request.urlopen(url, timeout=timeout)  # noqa: S310 - http(s) only, checked by caller
@@ -121,6 +123,9 @@ def _download(url: str, target: str, timeout: float) -> tuple[str, int]:
       bar.close()
     if total is not None and n != total:
       raise DownloadError(f"{url}: download incomplete ({n} of {total} bytes); run again to retry")
+    if sha256 is not None and h.hexdigest() != sha256:
+      raise DownloadError(f"{url}: downloaded file fails its published sha256 (got {h.hexdigest()}); the "
+                          "server's copy differs from the one this table knows")
   return h.hexdigest(), n
 
 
@@ -157,11 +162,7 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
       if got == want:
         return target
       _move_aside(target, f"sha256 {got[:12]}... differs from the expected {want[:12]}...")
-    got, n = _download(text, target, timeout)
-    if sha256 is not None and got != sha256:
-      _move_aside(target, f"downloaded file has sha256 {got}, published {sha256}")
-      raise DownloadError(f"{text}: downloaded file fails its published sha256 (got {got}); the server's "
-                          "copy differs from the one this table knows")
+    got, n = _download(text, target, timeout, sha256)
     manifest[text] = {"file": os.path.basename(target), "sha256": got, "bytes": n,
                       "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
                       "source": "published" if sha256 else "first download"}

@@ -150,6 +150,7 @@ def test_published_hash_mismatch_and_match(tmp_path, cache):
     with pytest.raises(download.DownloadError, match="published sha256"):
       download.cached_path(f"{base}/o.json", sha256="0" * 64)
     assert not os.path.exists(download.cache_file(f"{base}/o.json"))
+    assert sorted(os.listdir(cache)) == ["manifest.json.lock"]  # no temp, nothing moved aside
     path = download.cached_path(f"{base}/o.json", sha256=good)
   assert json.loads((cache / "manifest.json").read_text())[f"{base}/o.json"]["source"] == "published"
   assert open(path).read() == "{}"
