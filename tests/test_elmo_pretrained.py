@@ -40,6 +40,7 @@ def loaded():
   return pretrained.load_elmo(FIXTURE, dropout=0.0)
 
 
+@pytest.mark.slow
 def test_load_elmo_matches_embedder(loaded, embedder):
   elmo, variables = loaded
   assert set(variables["params"]) == {"bilm", "scalar_mix_0"}
@@ -105,6 +106,7 @@ def test_freeze_bilm_under_adamw_weight_decay(loaded):
                 != np.asarray(start["elmo"]["bilm"]["char_cnn"]["char_embed"]))
 
 
+@pytest.mark.slow
 def test_vocab_to_cache_equals_char_path(loaded):
   elmo, variables = loaded
   vocab = sorted({w for s in BATCH for w in s} - {"zzyzx", "Qwertyuiop"}) + VOCAB[:50]

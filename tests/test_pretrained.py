@@ -176,20 +176,22 @@ def test_released_table():
 
 
 def test_from_pretrained_by_name_url_and_folder(tmp_path, cache, monkeypatch):
-  want = Embedder.from_files(OPTIONS, WEIGHTS).embed_sentences([["The", "bank", "."], ["Hi"]])
   mirror(tmp_path / "www")
+  key = pretrained.MODELS["small"].key
+  fixture = (download.sha256_of(OPTIONS), download.sha256_of(WEIGHTS))
   with serve(tmp_path / "www") as (server, base):
     monkeypatch.setenv("ELMO_JAX_MODELS_URL", base)
     emb = Embedder.from_pretrained("small")
     assert len(server.requests) == 2
-    key = pretrained.MODELS["small"].key
-    by_url = Embedder.from_pretrained(f"{base}/{key}/elmo_{key}_options.json")  # weights found beside it
+    by_url = pretrained.resolve(f"{base}/{key}/elmo_{key}_options.json")  # weights found beside it
     assert len(server.requests) == 2  # same URLs: served from the cache
-  for e in (emb, by_url, Embedder.from_pretrained("small"),  # offline now: the cache serves
-            Embedder.from_pretrained(str(tmp_path / "www" / key)),
-            Embedder.from_pretrained("file://" + str(tmp_path / "www" / key))):
-    for got, ref in zip(e.embed_sentences([["The", "bank", "."], ["Hi"]]), want):
-      np.testing.assert_array_equal(got, ref)
+  for pair in (by_url, pretrained.resolve("small"),  # offline now: the cache serves
+               pretrained.resolve(str(tmp_path / "www" / key)),
+               pretrained.resolve("file://" + str(tmp_path / "www" / key))):
+    assert tuple(download.sha256_of(p) for p in pair) == fixture
+  want = Embedder.from_files(OPTIONS, WEIGHTS).embed_sentences([["The", "bank", "."], ["Hi"]])
+  for got, ref in zip(emb.embed_sentences([["The", "bank", "."], ["Hi"]]), want):
+    np.testing.assert_array_equal(got, ref)
 
 
 def test_resolve_errors(tmp_path, cache):
