@@ -41,6 +41,8 @@ flags.DEFINE_enum("tokenizer", "moses", ["moses", "whitespace"], "How raw lines 
 flags.DEFINE_bool("unsorted_baseline", True, "Also time batches in corpus order (no length sort).")
 flags.DEFINE_bool("embed_file", True, "Also time the end-to-end `embed_file` (text in, HDF5 out).")
 flags.DEFINE_integer("seed", 0, "Init seed of the random weights.")
+flags.DEFINE_bool("token_cache", True, "Also time cached token embeddings (words seen twice or more) "
+                  "against the char path, in interleaved rounds.")
 
 
 def load_sentences(path: str, n: int, tokenizer: str) -> list[list[str]]:
@@ -104,6 +106,33 @@ def unsorted_pass(embedder: Embedder, sentences: list[list[str]], batch_size: in
     embedder.embed_batch(sentences[start:start + batch_size], pad_batch_to=batch_size)
 
 
+def token_cache_pass(embedder: Embedder, opts: dict, sentences: list[list[str]], bs: int) -> dict[str, Any]:
+  """Cached token embeddings (`--dump_token_embeddings`) for the words seen twice or more, vs the char path."""
+  counts: dict[str, int] = {}
+  for s in sentences:
+    for w in s:
+      counts[w] = counts.get(w, 0) + 1
+  vocab = [w for w, c in counts.items() if c >= 2]
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "tokens.hdf5")
+    dump_s = timed(lambda: embedder.dump_token_embeddings(vocab, path))
+    cached = Embedder(opts, embedder.params, token_embedding_file=path)
+  covered = sum(c for w, c in counts.items() if c >= 2) / max(sum(counts.values()), 1)
+  warm = timed(lambda: cached.embed_sentences(sentences, batch_size=bs))
+  a = cached.embed_sentences(sentences[:256], batch_size=bs)
+  b = embedder.embed_sentences(sentences[:256], batch_size=bs)
+  char_s, cached_s = [], []
+  for _ in range(2):  # interleaved A/B rounds: the machine is shared and noisy; keep the best of each
+    char_s.append(timed(lambda: embedder.embed_sentences(sentences, batch_size=bs)))
+    cached_s.append(timed(lambda: cached.embed_sentences(sentences, batch_size=bs)))
+  n_tokens = sum(len(s) for s in sentences)
+  return {"vocab_size": len(vocab), "token_coverage": round(covered, 3), "dump_s": round(dump_s, 3),
+          "warmup_s": round(warm, 3), "char_path": rates(len(sentences), n_tokens, min(char_s)),
+          "cached": rates(len(sentences), n_tokens, min(cached_s)),
+          "speedup": round(min(char_s) / min(cached_s), 2),
+          "max_abs_diff_vs_char_path": float(max(abs(x - y).max() for x, y in zip(a, b)))}
+
+
 def main(argv: list[str]) -> None:
   del argv
   load_start = time.perf_counter()
@@ -135,6 +164,8 @@ def main(argv: list[str]) -> None:
       seconds = timed(lambda: embed.embed_file(embedder, text, out, bs, progress_every=None))
       result["embed_file"] = {**rates(len(sentences), n_tokens, seconds),
                               "output_mb": round(os.path.getsize(out) / 2**20, 1)}
+  if FLAGS.token_cache:
+    result["token_cache"] = token_cache_pass(embedder, opts, sentences, bs)
   if FLAGS.unsorted_baseline:
     warm = timed(lambda: unsorted_pass(embedder, sentences, bs))  # compiles any new unique-token buckets
     result["unsorted"] = {**rates(len(sentences), n_tokens, timed(lambda: unsorted_pass(embedder, sentences, bs))),

@@ -3,10 +3,20 @@
     python -m elmo_jax.embed --options_file=O.json --weight_file=W.hdf5 \
         --input_file=S.txt --output_file=E.hdf5 [--batch_size=64] [--stateful]
     python -m elmo_jax.embed --workdir=DIR --input_file=S.txt --output_file=E.hdf5
+    python -m elmo_jax.embed --model=original --input_file=S.txt.gz --output_file=E.hdf5 --top \
+        --output_dtype=float16
+    python -m elmo_jax.embed --model=small --input_file=raw.txt --tokenize --sentence_vectors \
+        --average --output_file=V.hdf5
+    python -m elmo_jax.embed --model=small --dump_token_embeddings --vocab_file=V.txt --output_file=T.hdf5
 
-Input: one whitespace-tokenized sentence per line (UTF-8). Output: dataset `str(i)` for input line i
-(0-based) of shape `(n_layers + 1, n_tokens, 2P)` float32, and `sentence_to_index`: a (1,) variable-length
-string dataset holding `json.dumps({stripped line text: "i"})` (later duplicates win, as in AllenNLP).
+Input: one whitespace-tokenized sentence per line (UTF-8, gzip if it is gzipped), or raw text with
+`--tokenize` (the trainer's Moses tokenizer). Output: dataset `str(i)` for input line i (0-based) of shape
+`(n_layers + 1, n_tokens, 2P)` (`--all`, the default), `(n_tokens, 2P)` (`--top`: the top layer;
+`--average`: the mean of the layers), with `--sentence_vectors` the mean over the tokens instead
+(`(n_layers + 1, 2P)` or `(2P,)`); float32 or `--output_dtype=float16`. `sentence_to_index`: a (1,)
+variable-length string dataset holding `json.dumps({stripped line text: "i"})` (later duplicates win, as
+in AllenNLP). With `--use_sentence_keys` the datasets are named by the line text instead and there is no
+`sentence_to_index` (AllenNLP's layout; a repeated line is then an error); `--forget_sentences` omits it.
 
 Unlike AllenNLP, an empty line is not an error: it gets a `(n_layers + 1, 0, 2P)` entry and a warning.
 The file is streamed in chunks, so memory stays bounded; within a chunk the `Embedder`'s length bucketing
@@ -16,6 +26,7 @@ and one left by a writer killed outright (kill -9) is removed by the next run fo
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -34,8 +45,9 @@ from absl import logging
 from elmo_jax import devices
 from elmo_jax import options as options_lib
 from elmo_jax import progress as progress_lib
+from elmo_jax import token_cache
 from elmo_jax import weights as weights_lib
-from elmo_jax.embedder import Embedder
+from elmo_jax.embedder import Embedder, select_layers
 
 _MAX_EMPTY_WARNINGS = 10  # individual warnings; the rest are only counted
 _ACTIVE_TEMPS: set[str] = set()  # temp outputs being written, for the CLI's signal handler
@@ -45,13 +57,23 @@ class EmbedInputError(ValueError):
   """An input file that cannot be embedded; the message names the file and line."""
 
 
+def open_binary(path: str | os.PathLike):
+  """The file's bytes, decompressed when it is gzip (by its magic number, whatever its name)."""
+  with open(path, "rb") as f:
+    magic = f.read(2)
+  return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
 def count_lines(path: str | os.PathLike) -> int:
   """Number of lines (a last line without newline counts), by a fast binary scan."""
   n, last = 0, b"\n"
-  with open(path, "rb") as f:
-    while block := f.read(1 << 20):
-      n += block.count(b"\n")
-      last = block[-1:]
+  with open_binary(path) as f:
+    try:
+      while block := f.read(1 << 20):
+        n += block.count(b"\n")
+        last = block[-1:]
+    except (OSError, EOFError) as e:  # a damaged .gz
+      raise EmbedInputError(f"{path}:{n + 1}: cannot read the file further ({e})") from None
   return n + (last != b"\n")
 
 
@@ -62,8 +84,16 @@ def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
   """
   if not os.path.exists(path):
     raise EmbedInputError(f"{path}: input file not found")
-  with open(path, "rb") as f:
-    for i, raw in enumerate(f):
+  with open_binary(path) as f:
+    i = -1
+    while True:
+      try:
+        raw = f.readline()
+      except (OSError, EOFError) as e:  # a damaged .gz
+        raise EmbedInputError(f"{path}:{i + 2}: cannot read the file further ({e})") from None
+      if not raw:
+        break
+      i += 1
       try:
         text = raw.decode("utf-8")
       except UnicodeDecodeError as e:
@@ -176,7 +206,10 @@ def _embed_chunk(embedder: Embedder, sentences: list[list[str]], batch_size: int
 def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: str | os.PathLike,
                batch_size: int = 64, *, chunk_size: int = 4096, progress_every: float | None = 5.0,
                progress_stream: TextIO | None = None,
-               warn: Callable[[str], Any] = logging.warning) -> dict[str, Any]:
+               warn: Callable[[str], Any] = logging.warning, output: str = "all",
+               sentence_vectors: bool = False, output_dtype: str = "float32", use_sentence_keys: bool = False,
+               forget_sentences: bool = False, tokenize: Callable[[str], list[str]] | None = None
+               ) -> dict[str, Any]:
   """Embeds every line of `input_file` into `output_file` (HDF5, AllenNLP `elmo` layout).
 
   Args:
@@ -189,6 +222,12 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     progress_every: seconds between progress lines (None: none).
     progress_stream: where progress goes (default stderr).
     warn: called with a message for empty lines.
+    output: "all" `(n_layers + 1, n_tokens, 2P)`, "top" or "average" `(n_tokens, 2P)` (`allennlp elmo`).
+    sentence_vectors: write the mean over each line's tokens instead (`(n_layers + 1, 2P)` or `(2P,)`).
+    output_dtype: "float32" or "float16".
+    use_sentence_keys: name each dataset by the line's text (AllenNLP); no `sentence_to_index`.
+    forget_sentences: do not write `sentence_to_index`.
+    tokenize: `str -> tokens` for raw text (default: split on whitespace).
 
   Returns:
     {"sentences", "tokens", "empty_lines", "long_tokens", "seconds"}.
@@ -201,6 +240,9 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     raise EmbedInputError(f"{input_file}: input file not found")
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  if output not in ("all", "top", "average") or output_dtype not in ("float32", "float16"):
+    raise ValueError(f"output must be all/top/average and output_dtype float32/float16, got {output!r}, "
+                     f"{output_dtype!r}")
   chunk_size = -(-max(chunk_size, 1) // batch_size) * batch_size
   check_output_path(output_file)
   remove_stale_temps(output_file)
@@ -217,13 +259,16 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   empty: list[int] = []
   max_chars = embedder.config.max_characters_per_token - 2  # room for the begin/end-of-word marks
   long_tokens, first_long = 0, None
+  slash_warned = False
   try:
     with h5py.File(tmp, "w") as fout:
       for chunk in _chunks(read_lines(input_file), chunk_size):
         sentences = []
         for i, text in chunk:
+          if use_sentence_keys:
+            _check_sentence_key(input_file, i, text, sentence_to_index)
           sentence_to_index[text] = str(i)
-          sentences.append(text.split())
+          sentences.append(tokenize(text) if tokenize is not None else text.split())
           n_long = sum(len(t) > max_chars for t in sentences[-1])
           if n_long:
             long_tokens += n_long
@@ -235,7 +280,22 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
         for rows, layers in _embed_chunk(embedder, sentences, batch_size):
           for row, pos in enumerate(rows):
             n = len(sentences[pos])
-            fout.create_dataset(str(chunk[pos][0]), data=layers[row, :, :n], dtype="float32")
+            data = select_layers(layers[row, :, :n], output)
+            if sentence_vectors:
+              data = data.mean(axis=-2) if n else np.zeros(data.shape[:-2] + data.shape[-1:], np.float32)
+            i, text = chunk[pos]
+            if not use_sentence_keys:
+              fout.create_dataset(str(i), data=data, dtype=output_dtype)
+              continue
+            if "/" in text and not slash_warned:  # h5py nests such names in groups, as AllenNLP's files do
+              slash_warned = True
+              warn(f"{input_file}:{i + 1}: a sentence key holds '/'; read it back with f[sentence], not by "
+                   "listing the file's keys")
+            try:
+              fout.create_dataset(text, data=data, dtype=output_dtype)
+            except (ValueError, KeyError, TypeError) as e:
+              raise EmbedInputError(f"{input_file}:{i + 1}: {text!r} cannot name an HDF5 dataset ({e}); "
+                                    "drop --use_sentence_keys") from None
           progress.update(len(rows), sum(len(sentences[pos]) for pos in rows))
       if len(empty) > _MAX_EMPTY_WARNINGS:
         warn(f"{input_file}: {len(empty)} empty lines in all (warned about the first "
@@ -243,8 +303,9 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
       if long_tokens:  # bilm-tf cuts them silently; say so once per run
         warn(f"{input_file}: {long_tokens} tokens longer than {max_chars} characters were cut to their first "
              f"{max_chars} (as bilm-tf does); the first at {first_long}")
-      index = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
-      index[0] = json.dumps(sentence_to_index)
+      if not (use_sentence_keys or forget_sentences):
+        index = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
+        index[0] = json.dumps(sentence_to_index)
     os.replace(tmp, output_file)
   finally:
     _ACTIVE_TEMPS.discard(tmp)
@@ -255,18 +316,58 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
           "seconds": time.perf_counter() - progress.start}
 
 
+def _check_sentence_key(input_file: str, i: int, text: str, seen: dict[str, str]) -> None:
+  """A line's text as an HDF5 dataset name: unique, non-empty, no path syntax."""
+  where = f"{input_file}:{i + 1}"
+  if text in seen:
+    raise EmbedInputError(f"{where}: repeats line {int(seen[text]) + 1}; sentence keys must be unique "
+                          "(drop --use_sentence_keys to embed repeated lines)")
+  if not text:
+    raise EmbedInputError(f"{where}: an empty line cannot name an HDF5 dataset; drop --use_sentence_keys")
+
+
+def dump_token_embeddings(embedder: Embedder, vocab_file: str | os.PathLike, output_file: str | os.PathLike,
+                          batch_size: int = 1024) -> int:
+  """bilm-tf's `dump_token_embeddings`: the char-CNN output of every word of `vocab_file`; returns the count."""
+  from elmo_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
+  try:
+    tokens = Vocab.load(os.fspath(vocab_file), require_specials=False).tokens
+  except (FileNotFoundError, ValueError) as e:
+    raise EmbedInputError(str(e)) from None
+  embedder.dump_token_embeddings(tokens, output_file, batch_size)
+  return len(tokens)
+
+
 # --- command line -------------------------------------------------------------------------------------
 FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
   """Defines the command's flags; only when run as a command, so importing `embed_file` adds none."""
-  flags.DEFINE_string("options_file", None, "options.json of the biLM.")
-  flags.DEFINE_string("weight_file", None, "ELMo weights (hdf5, bilm-tf/AllenNLP layout).")
+  flags.DEFINE_string("options_file", None, "options.json of the biLM (a path, file:// or http(s):// URL).")
+  flags.DEFINE_string("weight_file", None, "ELMo weights (hdf5, bilm-tf/AllenNLP layout; path or URL).")
+  flags.DEFINE_string("model", None, "A released model (small, medium, original, original_5.5B; downloaded "
+                      "once into $ELMO_JAX_CACHE), a folder or a URL; instead of --options_file/--weight_file.")
   flags.DEFINE_string("workdir", None, "A training run's directory (uses export/options.json and "
                       "export/weights.hdf5); instead of --options_file/--weight_file.")
-  flags.DEFINE_string("input_file", None, "One whitespace-tokenized sentence per line (UTF-8).")
+  flags.DEFINE_string("input_file", None, "One whitespace-tokenized sentence per line (UTF-8; .gz ok).")
   flags.DEFINE_string("output_file", None, "Output hdf5.")
+  flags.DEFINE_bool("all", False, "Write all layers, (n_layers + 1, n_tokens, 2P) per line (the default).")
+  flags.DEFINE_bool("top", False, "Write the top layer only, (n_tokens, 2P) per line.")
+  flags.DEFINE_bool("average", False, "Write the mean of the layers, (n_tokens, 2P) per line.")
+  flags.DEFINE_bool("sentence_vectors", False, "Write one vector per line: the mean over its tokens of "
+                    "the chosen output ((n_layers + 1, 2P) with --all, (2P,) with --top/--average).")
+  flags.DEFINE_enum("output_dtype", "float32", ["float32", "float16"], "Dtype of the written arrays.")
+  flags.DEFINE_bool("use_sentence_keys", False, "Name each dataset by the line's text (AllenNLP's "
+                    "--use-sentence-keys) instead of its index; no sentence_to_index then.")
+  flags.DEFINE_bool("forget_sentences", False, "Do not write sentence_to_index.")
+  flags.DEFINE_bool("tokenize", False, "Input is raw text: tokenize it with the trainer's Moses tokenizer "
+                    "(sentence keys stay the raw line).")
+  flags.DEFINE_string("token_embedding_file", None, "Precomputed token embeddings (--dump_token_embeddings) "
+                      "for the words they cover; other words still go through the char CNN.")
+  flags.DEFINE_bool("dump_token_embeddings", False, "Instead of embedding sentences, write the char-CNN "
+                    "output of every word of --vocab_file to --output_file.")
+  flags.DEFINE_string("vocab_file", None, "Vocabulary (one word per line) of --dump_token_embeddings.")
   flags.DEFINE_integer("batch_size", 64, "Sentences per batch.")
   flags.DEFINE_bool("stateful", False, "Carry each batch row's LSTM state into the next batch "
                     "(bilm-tf semantics; sentences are then batched in file order).")
@@ -290,13 +391,16 @@ def _on_signal(signum, frame):  # pylint: disable=unused-argument
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  for name in ("input_file", "output_file"):
+  for name in (("vocab_file",) if FLAGS.dump_token_embeddings else ("input_file",)) + ("output_file",):
     if not FLAGS[name].value:
       raise app.UsageError(f"--{name} is required")
-  if FLAGS.workdir and (FLAGS.options_file or FLAGS.weight_file):
-    raise app.UsageError("give either --workdir or --options_file/--weight_file, not both")
-  if not FLAGS.workdir and not (FLAGS.options_file and FLAGS.weight_file):
-    raise app.UsageError("give --options_file and --weight_file (or --workdir)")
+  sources = [bool(FLAGS.workdir), bool(FLAGS.model), bool(FLAGS.options_file or FLAGS.weight_file)]
+  if sum(sources) > 1:
+    raise app.UsageError("give one of --model, --workdir or --options_file/--weight_file")
+  if not FLAGS.workdir and not FLAGS.model and not (FLAGS.options_file and FLAGS.weight_file):
+    raise app.UsageError("give --model, or --options_file and --weight_file (or --workdir)")
+  if FLAGS.top + FLAGS.average + FLAGS.all > 1:
+    raise app.UsageError("give at most one of --all, --top, --average")
   if FLAGS.batch_size < 1:  # the message alone, not absl's usage text
     print(f"error: --batch_size must be >= 1, got {FLAGS.batch_size}", file=sys.stderr)
     return 1
@@ -307,20 +411,39 @@ def main(argv: list[str]) -> int:
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, _on_signal)
   try:
-    if not os.path.exists(FLAGS.input_file):  # fail before spending time on loading the model
-      raise EmbedInputError(f"{FLAGS.input_file}: input file not found")
+    source = FLAGS.vocab_file if FLAGS.dump_token_embeddings else FLAGS.input_file
+    if not os.path.exists(source):  # fail before spending time on loading the model
+      raise EmbedInputError(f"{source}: {'vocab' if FLAGS.dump_token_embeddings else 'input'} file not found")
     check_output_path(FLAGS.output_file)
     for name in remove_stale_temps(FLAGS.output_file):
       logging.warning("removed %s, left by an embedding run that was killed", name)
     devices.announce()
+    kwargs = {"stateful": FLAGS.stateful, "token_embedding_file": FLAGS.token_embedding_file}
     if FLAGS.workdir:
-      embedder = Embedder.from_workdir(FLAGS.workdir, stateful=FLAGS.stateful)
+      embedder = Embedder.from_workdir(FLAGS.workdir, **kwargs)
+    elif FLAGS.model:
+      embedder = Embedder.from_pretrained(FLAGS.model, **kwargs)
     else:
-      embedder = Embedder.from_files(FLAGS.options_file, FLAGS.weight_file, stateful=FLAGS.stateful)
+      embedder = Embedder.from_files(FLAGS.options_file, FLAGS.weight_file, **kwargs)
+    if FLAGS.dump_token_embeddings:
+      start = time.perf_counter()
+      n = dump_token_embeddings(embedder, FLAGS.vocab_file, FLAGS.output_file)
+      print(f"wrote {FLAGS.output_file}: {n} token embeddings of width {embedder.config.projection_dim} in "
+            f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
+      return 0
+    tokenize = None
+    if FLAGS.tokenize:
+      from elmo_jax.data.tokenize import Tokenizer  # pylint: disable=g-import-not-at-top
+      tokenize = Tokenizer()
     stats = embed_file(embedder, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size,
                        chunk_size=FLAGS.chunk_size,
-                       progress_every=FLAGS.progress_every if FLAGS.progress else None)
-  except (EmbedInputError, weights_lib.WeightFileError, options_lib.OptionsError, OSError) as e:
+                       progress_every=FLAGS.progress_every if FLAGS.progress else None,
+                       output="top" if FLAGS.top else "average" if FLAGS.average else "all",
+                       sentence_vectors=FLAGS.sentence_vectors, output_dtype=FLAGS.output_dtype,
+                       use_sentence_keys=FLAGS.use_sentence_keys, forget_sentences=FLAGS.forget_sentences,
+                       tokenize=tokenize)
+  except (EmbedInputError, weights_lib.WeightFileError, options_lib.OptionsError, OSError,
+          token_cache.TokenCacheError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   rate = stats["sentences"] / max(stats["seconds"], 1e-9)

@@ -16,9 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax import chars
+from elmo_jax import download
 from elmo_jax import options as options_lib
+from elmo_jax import pretrained
+from elmo_jax import token_cache as token_cache_lib
 from elmo_jax import weights as weights_lib
-from elmo_jax.model import BiLM, BiLMConfig
+from elmo_jax.model import BiLM, BiLMConfig, embed_vocab
+from elmo_jax.progress import progress
 
 _TIME_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
@@ -80,10 +84,14 @@ class Embedder:
     stateful: carry each batch row's LSTM state into the next batch (bilm-tf semantics); sentences are
       then processed in the given order, row k of each batch continuing row k of the previous one.
     dtype: matmul dtype (jnp.float32 or jnp.bfloat16).
+    token_embedding_file: char-CNN outputs of a vocabulary (`python -m elmo_jax.embed
+      --dump_token_embeddings`); its words skip the char CNN, other words still run through it.
+    token_vocab_file: the vocabulary of a bilm-tf token embedding file (ours store their words).
   """
 
   def __init__(self, options: dict[str, Any], params: dict[str, Any], *, softmax: dict | None = None,
-               vocab_file: str | None = None, stateful: bool = False, dtype: Any = jnp.float32):
+               vocab_file: str | None = None, stateful: bool = False, dtype: Any = jnp.float32,
+               token_embedding_file: str | os.PathLike | None = None, token_vocab_file: str | None = None):
     self.options = options
     self.config = BiLMConfig.from_options(options)
     self.params = jax.tree_util.tree_map(jnp.asarray, params)
@@ -95,13 +103,30 @@ class Embedder:
     self._cnn = jax.jit(lambda p, ids: self.model.apply({"params": p}, ids, method=BiLM.embed_tokens))
     self._bilm = jax.jit(lambda p, emb, mask, state: self.model.apply(
         {"params": p}, token_embeddings=emb, mask=mask, state=state))
+    self._token_rows: dict[str, int] | None = None
+    if token_embedding_file is not None:
+      table, tokens = token_cache_lib.read(token_embedding_file, self.config.projection_dim,
+                                           token_vocab_file)
+      self._token_rows = {t: i for i, t in enumerate(tokens)}
+      self._token_table = jnp.asarray(table)
+      self._mix = jax.jit(lambda table, rows, hit, cnn, cnn_rows: jnp.where(
+          hit[:, None], jnp.take(table, rows, axis=0), jnp.take(cnn, cnn_rows, axis=0)))
 
   # --- construction -------------------------------------------------------------------------------------
   @classmethod
   def from_files(cls, options_file: str | os.PathLike, weight_file: str | os.PathLike, **kwargs) -> "Embedder":
-    options = options_lib.load(options_file)
-    loaded = weights_lib.load_hdf5(weight_file, options)
+    """Local paths, `file://` or `http(s)://` URLs (downloaded once into the cache, see `elmo_jax.download`)."""
+    options = options_lib.load(download.cached_path(options_file))
+    loaded = weights_lib.load_hdf5(download.cached_path(weight_file), options)
     return cls(options, loaded["params"], softmax=loaded["softmax"], **kwargs)
+
+  @classmethod
+  def from_pretrained(cls, name_or_path: str, **kwargs) -> "Embedder":
+    """A released model by name (`small`, `medium`, `original`, `original_5.5B`), a folder or a URL."""
+    if os.path.isdir(os.path.expanduser(name_or_path)) and os.path.isdir(
+        os.path.join(os.path.expanduser(name_or_path), "export")):
+      return cls.from_workdir(os.path.expanduser(name_or_path), **kwargs)
+    return cls.from_files(*pretrained.resolve(name_or_path), **kwargs)
 
   @classmethod
   def from_workdir(cls, workdir: str | os.PathLike, **kwargs) -> "Embedder":
@@ -154,10 +179,13 @@ class Embedder:
       for t, token in enumerate(sentence):
         positions[b, t] = index.setdefault(token, len(index))
         mask[b, t] = True
-    ids = np.zeros((_pow2_at_least(len(index)), max_chars), np.int32)
-    for token, i in index.items():
-      ids[i] = chars.token_to_ids(token, max_chars)
-    unique_emb = self._cnn(self.params, ids)  # [n_unique_bucket, P]
+    if self._token_rows is not None:
+      unique_emb = self._cached_embeddings(list(index))
+    else:
+      ids = np.zeros((_pow2_at_least(len(index)), max_chars), np.int32)
+      for token, i in index.items():
+        ids[i] = chars.token_to_ids(token, max_chars)
+      unique_emb = self._cnn(self.params, ids)  # [n_unique_bucket, P]
     emb = jnp.take(unique_emb, positions, axis=0)  # [rows, time, P]
     state = None
     if self.stateful:
@@ -166,6 +194,25 @@ class Embedder:
     if self.stateful:
       self._put_state(out["state"], n)
     return np.asarray(out["layers"][:n])
+
+  def _cached_embeddings(self, tokens: list[str]) -> jax.Array:
+    """`[pow2 >= len(tokens), P]`: rows of the token table for cached words, the char CNN for the rest."""
+    n = _pow2_at_least(len(tokens))
+    rows, hit, cnn_rows = np.zeros(n, np.int32), np.zeros(n, bool), np.zeros(n, np.int32)
+    missing: list[str] = []
+    for i, token in enumerate(tokens):
+      row = self._token_rows.get(token)
+      if row is None:
+        cnn_rows[i] = len(missing)
+        missing.append(token)
+      else:
+        rows[i], hit[i] = row, True
+    max_chars = self.config.max_characters_per_token
+    ids = np.zeros((_pow2_at_least(len(missing), floor=8), max_chars), np.int32)
+    for i, token in enumerate(missing):
+      ids[i] = chars.token_to_ids(token, max_chars)
+    cnn = self._cnn(self.params, ids) if missing else jnp.zeros((1, self.config.projection_dim))
+    return self._mix(self._token_table, rows, hit, cnn, cnn_rows)
 
   def _take_state(self, rows: int):
     cfg = self.config
@@ -214,3 +261,48 @@ class Embedder:
 
   def __call__(self, sentences: Iterable[Sequence[str]], batch_size: int = 64) -> list[np.ndarray]:
     return self.embed_sentences(sentences, batch_size)
+
+  # --- sentence vectors and token caches ----------------------------------------------------------------
+  def sentence_vectors(self, sentences: Sequence[Sequence[str]], layer: str | int | Sequence[float] = "all",
+                       batch_size: int = 64) -> np.ndarray:
+    """One vector per sentence: the mean over its tokens (padding never enters; no tokens: zeros).
+
+    Args:
+      layer: "all" -> `[n, n_layers + 1, 2P]`; "top" / "average" / an int layer k / a weight per layer
+        (e.g. a learned scalar mix's `gamma * softmax(w)`) -> `[n, 2P]`.
+    """
+    sentences = list(sentences)
+    shape = select_layers(np.zeros((self.n_layers, 1, self.output_dim), np.float32), layer)[..., 0, :].shape
+    out = np.zeros((len(sentences),) + shape, np.float32)
+    for i, layers in enumerate(self.embed_sentences(sentences, batch_size)):
+      if layers.shape[1]:  # unpadded per sentence, so the mean sees only its real tokens
+        out[i] = select_layers(layers, layer).mean(axis=-2, dtype=np.float64)
+    return out
+
+  def dump_token_embeddings(self, vocab: Sequence[str], output_file: str | os.PathLike,
+                            batch_size: int = 1024) -> None:
+    """Writes the char-CNN output of every word (bilm-tf's `dump_token_embeddings` layout + the words)."""
+    bar = progress(desc="token embeddings", total=len(vocab), unit="word")
+    try:
+      table = embed_vocab(self.config, self.params, list(vocab), batch_size, self.model.dtype, bar.update)[1:]
+    finally:
+      bar.close()
+    token_cache_lib.write(output_file, table, vocab)
+
+
+def select_layers(layers: np.ndarray, layer: str | int | Sequence[float]) -> np.ndarray:
+  """`[n_layers + 1, time, 2P]` -> the chosen output: all, top, average, layer k or a weighted sum."""
+  if isinstance(layer, str):
+    if layer == "all":
+      return layers
+    if layer == "top":
+      return layers[-1]
+    if layer == "average":
+      return layers.mean(axis=0)
+    raise ValueError(f"layer must be 'all', 'top', 'average', an int or weights, got {layer!r}")
+  if isinstance(layer, (int, np.integer)):
+    return layers[layer]
+  weights = np.asarray(layer, np.float32)
+  if weights.shape != layers.shape[:1]:
+    raise ValueError(f"{len(weights)} layer weights for {layers.shape[0]} layers")
+  return np.tensordot(weights, layers, axes=(0, 0))

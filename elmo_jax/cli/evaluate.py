@@ -3,6 +3,7 @@
   python evaluate.py --task=all --workdir=runs/small --probe_data_dir=DIR   # or: elmo-jax-evaluate ...
   python evaluate.py --task=pos --options_file=O --weight_file=W --output_dir=OUT \
       --max_examples=500
+  python evaluate.py --task=wsd --model=original --output_dir=OUT
   python evaluate.py --task=perplexity --workdir=runs/small --text_file=test.txt.gz
   python evaluate.py --task=sentiment --workdir=runs/small --tfds_data_dir=~/tensorflow_datasets \
       --train_file=tfds:glue/sst2:train --test_file=tfds:glue/sst2:validation
@@ -34,6 +35,9 @@ _TASK = flags.DEFINE_enum("task", None, _TASK_NAMES, "What to evaluate.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run (uses WORKDIR/export/).")
 _OPTIONS = flags.DEFINE_string("options_file", None, "ELMo options.json (with --weight_file).")
 _WEIGHTS = flags.DEFINE_string("weight_file", None, "ELMo hdf5 weights (with --options_file).")
+_MODEL = flags.DEFINE_string("model", None, "A released ELMo (small, medium, original, original_5.5B; "
+                             "downloaded once into $ELMO_JAX_CACHE), a folder or a URL; instead of "
+                             "--options_file/--weight_file.")
 _OUTPUT = flags.DEFINE_string("output_dir", None, "Output directory; default WORKDIR/eval.")
 _TRAIN = flags.DEFINE_string("train_file", None,
                              "Train file of the single task given (pos or sentiment); "
@@ -105,9 +109,20 @@ def _check_tfds(field: str, path: str | None) -> None:
   readers.parse_tfds(path)
 
 
+def _resolve_model_flag() -> None:
+  """--model=NAME|URL|DIR: fetched (once) and used as --options_file/--weight_file."""
+  if not _MODEL.value:
+    return
+  if _WORKDIR.value or _OPTIONS.value or _WEIGHTS.value:
+    raise readers.InputError("give one of --model, --workdir or --options_file/--weight_file")
+  from elmo_jax import pretrained  # pylint: disable=g-import-not-at-top
+  flags.FLAGS.options_file, flags.FLAGS.weight_file = pretrained.resolve(_MODEL.value)
+
+
 def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
   """Validates flag combinations; returns (task, config)."""
   task = _TASK.value
+  _resolve_model_flag()
   if task is None:
     raise readers.InputError("--task is required: one of " + ", ".join(_TASK_NAMES))
   if bool(_OPTIONS.value) != bool(_WEIGHTS.value):

@@ -1,8 +1,9 @@
 """Pure Flax (linen) modules of ELMo. Nothing here imports data, training or I/O code."""
 from elmo_jax.model.bilm import BiLM, BiLMConfig
 from elmo_jax.model.char_cnn import CharCNN
-from elmo_jax.model.elmo import Elmo
+from elmo_jax.model.elmo import Elmo, elmo_variables, embed_vocab, masked_mean, word_ids_for
 from elmo_jax.model.lstm import BiLSTMStack
 from elmo_jax.model.scalar_mix import ScalarMix
 
-__all__ = ["BiLM", "BiLMConfig", "BiLSTMStack", "CharCNN", "Elmo", "ScalarMix"]
+__all__ = ["BiLM", "BiLMConfig", "BiLSTMStack", "CharCNN", "Elmo", "ScalarMix", "elmo_variables", "embed_vocab",
+           "masked_mean", "word_ids_for"]

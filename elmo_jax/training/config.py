@@ -68,7 +68,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.stop_check_every_steps = 10  # several processes: how often they agree on a SIGTERM (a collective)
   # --- checkpoints ------------------------------------------------------------------------------------
   c.keep_checkpoints = 3
-  c.init_from = ""  # another run's workdir/checkpoint, or an original ELMo options.json (weights beside)
+  c.init_from = ""  # another run's workdir/checkpoint, an original ELMo options.json (weights beside),
+  # or a released ELMo by name (small, medium, original, original_5.5B) or URL, downloaded once
   return c
 
 

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from elmo_jax import options as options_lib
+from elmo_jax import pretrained
 from elmo_jax import weights as weights_lib
 from elmo_jax.training.checkpoint import Checkpointer
 from elmo_jax.training.resume import options_difference
@@ -84,8 +85,11 @@ def _composite(**items):
 def load(path: str, options: dict[str, Any], vocab_sha256: str) -> tuple[dict[str, Any], dict | None, str]:
   """Reads `path` -> (biLM params, softmax params or None, one-line description). Numpy, on the host.
 
+  `path` may also be a released ELMo name (`small`, `original`, ...) or a URL (`elmo_jax.pretrained`).
   Raises InitFromError if the model shape there differs from `options` (naming the first differing key).
   """
+  if pretrained.is_model_spec(path):
+    return _load_elmo_files(path, *pretrained.resolve(path), options, vocab_sha256)
   path = os.path.abspath(os.path.expanduser(path))
   if not os.path.exists(path):
     raise InitFromError(f"config.init_from={path}: no such file or folder")
@@ -99,7 +103,11 @@ def load(path: str, options: dict[str, Any], vocab_sha256: str) -> tuple[dict[st
     softmax = params["softmax"] if same_vocab else None
     return params["bilm"], softmax, (f"checkpoint step {step} of {found[0]} "
                                      f"({'with its softmax' if same_vocab else 'new vocabulary: new softmax'})")
-  options_file, weight_file = _elmo_files(path)
+  return _load_elmo_files(path, *_elmo_files(path), options, vocab_sha256)
+
+
+def _load_elmo_files(path: str, options_file: str, weight_file: str, options: dict[str, Any], vocab_sha256: str
+                     ) -> tuple[dict[str, Any], dict | None, str]:
   saved = options_lib.validate(options_lib.load(options_file), options_file)
   diff = options_difference(saved, options)
   if diff is not None:

@@ -1,0 +1,51 @@
+"""Token embedding files: the char-CNN output of a vocabulary, precomputed (bilm-tf's `dump_token_embeddings`).
+
+Layout: `embedding` `[n_words, P]` float32 in vocabulary order, as bilm-tf writes it (bilm-tf reads the
+words from its vocab file), plus `tokens` `[n_words]` (variable-length strings) so the file stands alone.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import h5py
+import numpy as np
+
+from elmo_jax import files
+
+
+class TokenCacheError(ValueError):
+  """A token embedding file that cannot be used; the message names the file."""
+
+
+def write(path: str | os.PathLike, table: np.ndarray, tokens: Sequence[str]) -> None:
+  if table.shape[0] != len(tokens):
+    raise ValueError(f"{len(tokens)} tokens but {table.shape[0]} embeddings")
+  with files.atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    f.create_dataset("embedding", data=np.asarray(table, np.float32))
+    f.create_dataset("tokens", data=list(tokens), dtype=h5py.string_dtype())
+
+
+def read(path: str | os.PathLike, dim: int, vocab_file: str | None = None) -> tuple[np.ndarray, list[str]]:
+  """(table `[n_words, dim]` float32, words). A bilm-tf file has no `tokens`: pass its `vocab_file`."""
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise TokenCacheError(f"{path}: token embedding file not found")
+  try:
+    with h5py.File(path, "r") as f:
+      if "embedding" not in f:
+        raise TokenCacheError(f"{path}: no 'embedding' dataset (not a token embedding file)")
+      table = np.asarray(f["embedding"][...], np.float32)
+      tokens = list(f["tokens"].asstr()[...]) if "tokens" in f else None
+  except OSError as e:
+    raise TokenCacheError(f"{path}: not a readable HDF5 file ({e})") from None
+  if tokens is None:
+    if vocab_file is None:
+      raise TokenCacheError(f"{path}: no 'tokens' dataset (a bilm-tf file?); pass the vocab file it was "
+                            "made from")
+    from elmo_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
+    tokens = Vocab.load(vocab_file, require_specials=False).tokens
+  if table.ndim != 2 or table.shape != (len(tokens), dim):
+    raise TokenCacheError(f"{path}: 'embedding' has shape {table.shape}, expected ({len(tokens)}, {dim}) "
+                          "(made with another model or vocabulary?)")
+  return table, tokens
