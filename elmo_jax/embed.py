@@ -111,15 +111,10 @@ def _embed_chunk(embedder: Embedder, sentences: list[list[str]], batch_size: int
   """Yields (chunk positions, layers `[rows, n_layers + 1, time, 2P]`) batch by batch.
 
   Same batching as `Embedder.embed_sentences` (stable length sort when stateless, input order when
-  stateful, rows padded to `batch_size`), so results match it exactly; yielding per batch lets the
-  caller write and report progress as each batch finishes.
+  stateful), rows padded to `batch_size`, so results match it exactly; yielding per batch lets the
+  caller write and report progress as each batch finishes (while the next one computes).
   """
-  order = list(range(len(sentences)))
-  if not embedder.stateful:
-    order.sort(key=lambda i: len(sentences[i]))
-  for start in range(0, len(order), batch_size):
-    rows = order[start:start + batch_size]
-    yield rows, embedder.embed_batch([sentences[i] for i in rows], pad_batch_to=batch_size)
+  return embedder.iter_batches(sentences, batch_size, full_rows=True)
 
 
 def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: str | os.PathLike,
