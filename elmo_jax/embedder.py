@@ -119,7 +119,7 @@ class Embedder:
     self._cnn = jax.jit(lambda p, ids: self.model.apply({"params": p}, ids, method=BiLM.embed_tokens))
     self._gather = jax.jit(lambda table, positions: jnp.take(jnp.concatenate(table), positions, axis=0))
     self._bilm = jax.jit(lambda p, emb, mask, state: self.model.apply(
-        {"params": p}, token_embeddings=emb, mask=mask, state=state))
+        {"params": p}, token_embeddings=emb, mask=mask, state=state, skip_padding=True))
     self._char_ids = chars.CharIdCache(self.config.max_characters_per_token, max_size=200_000)
     self._max_width = max(w for w, _ in self.config.filters)
 
