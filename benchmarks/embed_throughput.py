@@ -132,10 +132,12 @@ def split_pass(embedder: Embedder, sentences, batch_size: int) -> dict[str, Any]
       rows = min(batch_size, _pow2_at_least(len(chunk), floor=1))
       prepared = embedder._prepare([sentences[i] for i in chunk], rows)  # pylint: disable=protected-access
       t.append(time.perf_counter())
-      table = jax.block_until_ready(tuple(embedder._cnn(embedder.params, c) for c in prepared.chunks))  # pylint: disable=protected-access
+      # pylint: disable=protected-access
+      table = jax.block_until_ready(tuple(embedder._cnn(embedder.params, c) for c in prepared.chunks))
       t.append(time.perf_counter())
-      emb = embedder._gather(table, prepared.positions)  # pylint: disable=protected-access
-      layers = jax.block_until_ready(embedder._bilm(embedder.params, emb, prepared.mask, None)["layers"])  # pylint: disable=protected-access
+      emb = embedder._gather(table, prepared.positions)
+      layers = jax.block_until_ready(embedder._bilm(embedder.params, emb, prepared.mask, None)["layers"])
+      # pylint: enable=protected-access
       t.append(time.perf_counter())
       host = np.asarray(layers)[:len(chunk)]
       t.append(time.perf_counter())
@@ -187,7 +189,8 @@ def bench(preset: str, sentences: list[list[str]], batch_sizes: Sequence[int], p
         path = os.path.join(tmp, "out.hdf5")
         warm = timed(lambda: embed.embed_file(embedder, text, path, bs, progress_every=None))
         seconds = timed(lambda: embed.embed_file(embedder, text, path, bs, progress_every=None))
-        r["embed_file"] = {"first_seconds": round(warm, 3), "seconds": round(seconds, 3), "tokens_per_s": round(n_tokens / seconds, 1),
+        r["embed_file"] = {"first_seconds": round(warm, 3), "seconds": round(seconds, 3),
+                           "tokens_per_s": round(n_tokens / seconds, 1),
                            "output_mb": round(os.path.getsize(path) / 2**20, 1)}
     r["peak_rss_mb"] = round(peak_rss_mb(), 1)
     print(json.dumps({preset: {bs: r}}), file=sys.stderr)

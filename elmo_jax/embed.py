@@ -31,7 +31,7 @@ from absl import logging
 
 from elmo_jax import options as options_lib
 from elmo_jax import weights as weights_lib
-from elmo_jax.embedder import Embedder
+from elmo_jax.embedder import DEFAULT_BATCH_SIZE, Embedder
 
 _MAX_EMPTY_WARNINGS = 10  # individual warnings; the rest are only counted
 _ACTIVE_TEMPS: set[str] = set()  # temp outputs being written, for the CLI's signal handler
@@ -118,7 +118,8 @@ def _embed_chunk(embedder: Embedder, sentences: list[list[str]], batch_size: int
 
 
 def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: str | os.PathLike,
-               batch_size: int = 64, *, chunk_size: int = 4096, progress_every: float | None = 5.0,
+               batch_size: int = DEFAULT_BATCH_SIZE, *, chunk_size: int = 4096,
+               progress_every: float | None = 5.0,
                progress_stream: TextIO | None = None,
                warn: Callable[[str], Any] = logging.warning) -> dict[str, Any]:
   """Embeds every line of `input_file` into `output_file` (HDF5, AllenNLP `elmo` layout).
@@ -201,11 +202,13 @@ def define_flags() -> None:
                       "export/weights.hdf5); instead of --options_file/--weight_file.")
   flags.DEFINE_string("input_file", None, "One whitespace-tokenized sentence per line (UTF-8).")
   flags.DEFINE_string("output_file", None, "Output hdf5.")
-  flags.DEFINE_integer("batch_size", 64, "Sentences per batch.")
+  flags.DEFINE_integer("batch_size", DEFAULT_BATCH_SIZE, "Sentences per batch.")
   flags.DEFINE_bool("stateful", False, "Carry each batch row's LSTM state into the next batch "
                     "(bilm-tf semantics; sentences are then batched in file order).")
   flags.DEFINE_integer("chunk_size", 4096, "Lines read and embedded at once (bounds memory).")
   flags.DEFINE_float("progress_every", 5.0, "Seconds between progress lines on stderr.")
+  flags.DEFINE_bool("compilation_cache", True, "Keep compiled shapes in JAX's persistent compilation cache "
+                    "under $ELMO_JAX_CACHE (default ~/.cache/elmo_jax), so the next run starts fast.")
 
 
 def _on_signal(signum, frame):  # pylint: disable=unused-argument
@@ -240,9 +243,11 @@ def main(argv: list[str]) -> int:
     if not os.path.exists(FLAGS.input_file):  # fail before spending time on loading the model
       raise EmbedInputError(f"{FLAGS.input_file}: input file not found")
     if FLAGS.workdir:
-      embedder = Embedder.from_workdir(FLAGS.workdir, stateful=FLAGS.stateful)
+      embedder = Embedder.from_workdir(FLAGS.workdir, stateful=FLAGS.stateful,
+                                       compilation_cache=FLAGS.compilation_cache)
     else:
-      embedder = Embedder.from_files(FLAGS.options_file, FLAGS.weight_file, stateful=FLAGS.stateful)
+      embedder = Embedder.from_files(FLAGS.options_file, FLAGS.weight_file, stateful=FLAGS.stateful,
+                                     compilation_cache=FLAGS.compilation_cache)
     stats = embed_file(embedder, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size,
                        chunk_size=FLAGS.chunk_size, progress_every=FLAGS.progress_every)
   except (EmbedInputError, weights_lib.WeightFileError, options_lib.OptionsError, OSError) as e:
