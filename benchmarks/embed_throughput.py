@@ -15,7 +15,7 @@ data/ (nothing outside the repository). Per preset and batch size:
   * `embed_file`: the end-to-end CLI function, text in, HDF5 out (second call; the first, which compiles
     the CLI's full-row last batches, as `first_seconds`).
 FLOPs count the matmuls/convolutions as executed, padding included (char CNN rows padded to its chunks and
-char widths, biLSTM rows x time buckets + <S>/</S>); `useful_flops_per_token` counts real tokens only
+char widths, biLSTM rows x (longest row + <S>/</S>) steps); `useful_flops_per_token` counts real tokens only
 (every token through the CNN at its width, no padding). `peak_rss_mb` is the process's peak so far.
 """
 from __future__ import annotations
@@ -90,10 +90,11 @@ def lstm_flops_per_step(cfg) -> float:
 
 
 def batch_flops(cfg, prepared) -> dict[str, float]:
-  rows, time_ = prepared.mask.shape
+  rows = prepared.mask.shape[0]
+  steps = int(prepared.mask.sum(axis=1).max()) + 2  # the LSTM loop stops after the longest row + <S>, </S>
   cnn = sum(c.shape[0] * cnn_flops_per_row(cfg, c.shape[1]) for c in prepared.chunks)
   cnn += 2 * cnn_flops_per_row(cfg, cfg.max_characters_per_token)  # <S>, </S>
-  return {"cnn": cnn, "lstm": rows * (time_ + 2) * lstm_flops_per_step(cfg)}
+  return {"cnn": cnn, "lstm": rows * steps * lstm_flops_per_step(cfg)}
 
 
 def useful_flops_per_token(embedder: Embedder, sentences: Sequence[Sequence[str]]) -> float:
