@@ -1,20 +1,29 @@
 """Throughput of the embedding path (`Embedder` + `embed_file`) on real sentences; prints one JSON object.
 
-    python benchmarks/embed_throughput.py [--preset=small] [--num_sentences=2000] [--batch_size=64]
+    python benchmarks/embed_throughput.py [--presets=small,original] [--batch_sizes=32,64,128,256]
 
-Random weights of the preset's size (speed does not depend on the values). The first pass over all
-sentences compiles every (time bucket, unique-token bucket) shape and is reported as `compile_s`; the
-timed passes then hit only compiled shapes. Baselines, reported alongside:
-  * `unsorted`: batches in corpus order (still bucketed and deduped), i.e. what length sorting buys;
-  * `padding`/`char_cnn` stats: real tokens vs the slots a naive per-batch-max padding without sorting
-    would compute, and tokens run through the char CNN with vs without per-batch dedupe (counted, not
-    timed: a no-dedupe pass would need its own compiles and adds nothing but a ratio we can count).
+Random weights of each preset's size (speed does not depend on the values), sentences from the corpus in
+data/ (nothing outside the repository). Per preset and batch size:
+  * `compile_s`: the first pass over all sentences (compiles every shape it meets; with a warm persistent
+    compilation cache it only loads them);
+  * `steady`: the pipelined `embed_sentences` (batch k+1 prepared and dispatched before batch k is fetched),
+    median of --passes timed passes: tokens/s, FLOP/s executed and `mfu` = that over the matmul peak
+    measured in the same run (`matmul_peak_flops`);
+  * `split`: one synchronous pass timing each phase per batch -- host prep (char ids, dedupe, padding), char
+    CNN + highway + projection, gather + biLSTM, device->host copy, HDF5 write -- with each phase's share,
+    FLOPs executed and GFLOP/s (the split's total is slower than `steady`, which overlaps them);
+  * `embed_file`: the end-to-end CLI function, text in, HDF5 out (second call; the first, which compiles
+    the CLI's full-row last batches, as `first_seconds`).
+FLOPs count the matmuls/convolutions as executed, padding included (char CNN rows padded to its chunks and
+char widths, biLSTM rows x (longest row + <S>/</S>) steps); `useful_flops_per_token` counts real tokens only
+(every token through the CNN at its width, no padding). `peak_rss_mb` is the process's peak so far.
 """
 from __future__ import annotations
 
 import gzip
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -23,22 +32,26 @@ from typing import Any, Callable, Sequence
 from absl import app
 from absl import flags
 
+import h5py
 import jax
+import numpy as np
 
+from bench_util import matmul_peak, peak_rss_mb  # pylint: disable=g-bad-import-order
 from elmo_jax import embed
 from elmo_jax import options as options_lib
-from elmo_jax.embedder import Embedder, _pow2_at_least, bucket
+from elmo_jax.embedder import Embedder, _char_widths, _pow2_at_least
 
-_CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "corpora", "pd-small",
-                       "test.txt.gz")
+_CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "pd-small", "train.txt.gz")
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("preset", "small", "options preset: small | medium | original.")
+flags.DEFINE_list("presets", ["small"], "options presets: small | medium | original.")
+flags.DEFINE_list("batch_sizes", ["64"], "Sentences per batch, e.g. 32,64,128,256.")
 flags.DEFINE_integer("num_sentences", 2000, "Sentences to embed (capped at what the corpus holds).")
-flags.DEFINE_integer("batch_size", 64, "Sentences per batch.")
+flags.DEFINE_integer("num_sentences_original", 256, "Sentences for the original preset (~10x the FLOPs).")
+flags.DEFINE_integer("passes", 3, "Timed steady-state passes (median).")
 flags.DEFINE_string("corpus", _CORPUS, "gzip (or plain) raw text, one sentence per line.")
 flags.DEFINE_enum("tokenizer", "moses", ["moses", "whitespace"], "How raw lines become tokens.")
-flags.DEFINE_bool("unsorted_baseline", True, "Also time batches in corpus order (no length sort).")
+flags.DEFINE_bool("split", True, "Time each phase in a synchronous pass.")
 flags.DEFINE_bool("embed_file", True, "Also time the end-to-end `embed_file` (text in, HDF5 out).")
 flags.DEFINE_integer("seed", 0, "Init seed of the random weights.")
 flags.DEFINE_bool("token_cache", True, "Also time cached token embeddings (words seen twice or more) "
@@ -64,46 +77,135 @@ def load_sentences(path: str, n: int, tokenizer: str) -> list[list[str]]:
   return sentences
 
 
-def batch_stats(sentences: Sequence[Sequence[str]], batch_size: int, sort: bool) -> dict[str, int]:
-  """Counts of the work `Embedder.embed_batch` does, and what naive padding / no dedupe would do."""
-  order = sorted(range(len(sentences)), key=lambda i: len(sentences[i])) if sort else list(range(len(sentences)))
-  stats = {"tokens": 0, "bucketed_slots": 0, "naive_slots": 0, "cnn_unique_padded": 0,
-           "cnn_no_dedupe": 0}
-  for start in range(0, len(order), batch_size):
-    batch = [sentences[i] for i in order[start:start + batch_size]]
-    longest = max(len(s) for s in batch)
-    stats["tokens"] += sum(len(s) for s in batch)
-    # embed_sentences pads a short (last) batch to a power of two of rows, not to batch_size.
-    stats["bucketed_slots"] += min(batch_size, _pow2_at_least(len(batch), floor=1)) * bucket(longest)
-    stats["naive_slots"] += len(batch) * longest
-    stats["cnn_unique_padded"] += _pow2_at_least(len({t for s in batch for t in s}))
-    stats["cnn_no_dedupe"] += min(batch_size, _pow2_at_least(len(batch), floor=1)) * bucket(longest)
-  return stats
+# --- FLOPs (2 per multiply-add) ---------------------------------------------------------------------------
+def cnn_flops_per_row(cfg, width: int) -> float:
+  """Char CNN + highway + projection of one token over `width` char positions."""
+  d = sum(n for _, n in cfg.filters)
+  conv = sum(2 * (width - w + 1) * w * cfg.char_dim * n for w, n in cfg.filters)
+  return conv + cfg.n_highway * 2 * 2 * d * d + (2 * d * cfg.projection_dim if d != cfg.projection_dim else 0)
 
 
-def compiled_shapes(embedder: Embedder) -> dict[str, int]:
-  """Entries in the jit caches of the char CNN and the biLSTM (one per compiled input shape)."""
-  out = {}
-  for name in ("_cnn", "_bilm"):
-    fn = getattr(embedder, name)
-    out[name.strip("_")] = fn._cache_size() if hasattr(fn, "_cache_size") else -1  # pylint: disable=protected-access
-  return out
+def lstm_flops_per_step(cfg) -> float:
+  """One row-step of all layers, both directions: input gates, recurrent gates, projection."""
+  p, h = cfg.projection_dim, cfg.lstm_dim
+  return 2 * cfg.n_layers * (2 * p * 4 * h + 2 * p * 4 * h + 2 * h * p)
 
 
+def batch_flops(cfg, prepared) -> dict[str, float]:
+  rows = prepared.mask.shape[0]
+  steps = int(prepared.mask.sum(axis=1).max()) + 2  # the LSTM loop stops after the longest row + <S>, </S>
+  cnn = sum(c.shape[0] * cnn_flops_per_row(cfg, c.shape[1]) for c in prepared.chunks)
+  cnn += 2 * cnn_flops_per_row(cfg, cfg.max_characters_per_token)  # <S>, </S>
+  return {"cnn": cnn, "lstm": rows * steps * lstm_flops_per_step(cfg)}
+
+
+def useful_flops_per_token(embedder: Embedder, sentences: Sequence[Sequence[str]]) -> float:
+  """Real tokens only: each distinct token of the corpus once through the CNN (at its char width, a
+  lower bound of per-batch dedupe), and each token + <S>/</S> per sentence through the biLSTM."""
+  cfg = embedder.config
+  distinct = sorted({t for s in sentences for t in s})
+  ids = np.stack([embedder._char_ids(t) for t in distinct])  # pylint: disable=protected-access
+  cnn = sum(cnn_flops_per_row(cfg, int(w)) for w in _char_widths(ids, max(w for w, _ in cfg.filters)))
+  n_tokens = sum(len(s) for s in sentences)
+  lstm = (n_tokens + 2 * len(sentences)) * lstm_flops_per_step(cfg)
+  return (cnn + lstm) / n_tokens
+
+
+# --- passes ---------------------------------------------------------------------------------------------
 def timed(fn: Callable[[], Any]) -> float:
   start = time.perf_counter()
   jax.block_until_ready(fn())
   return time.perf_counter() - start
 
 
+def batches(embedder: Embedder, sentences, batch_size: int) -> list[list[int]]:
+  order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+  return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+def split_pass(embedder: Embedder, sentences, batch_size: int) -> dict[str, Any]:
+  """One pass, each phase blocked on before the next starts; seconds and FLOPs per phase, summed."""
+  cfg = embedder.config
+  phases = {k: 0.0 for k in ("host_prep", "char_cnn", "bilstm", "device_to_host", "hdf5_write")}
+  flops = {"cnn": 0.0, "lstm": 0.0}
+  per_batch = []
+  with tempfile.TemporaryDirectory() as tmp, h5py.File(os.path.join(tmp, "split.hdf5"), "w") as fout:
+    for chunk in batches(embedder, sentences, batch_size):
+      t = [time.perf_counter()]
+      rows = min(batch_size, _pow2_at_least(len(chunk), floor=1))
+      prepared = embedder._prepare([sentences[i] for i in chunk], rows)  # pylint: disable=protected-access
+      t.append(time.perf_counter())
+      # pylint: disable=protected-access
+      table = jax.block_until_ready(tuple(embedder._cnn(embedder.params, c) for c in prepared.chunks))
+      t.append(time.perf_counter())
+      emb = embedder._gather(table, prepared.positions)
+      layers = jax.block_until_ready(embedder._bilm(embedder.params, emb, prepared.mask, None)["layers"])
+      # pylint: enable=protected-access
+      t.append(time.perf_counter())
+      host = np.asarray(layers)[:len(chunk)]
+      t.append(time.perf_counter())
+      for row, i in enumerate(chunk):
+        fout.create_dataset(str(i), data=host[row, :, :len(sentences[i])], dtype="float32")
+      t.append(time.perf_counter())
+      for k, name in enumerate(phases):
+        phases[name] += t[k + 1] - t[k]
+      f = batch_flops(cfg, prepared)
+      flops["cnn"] += f["cnn"]
+      flops["lstm"] += f["lstm"]
+      per_batch.append({"rows": rows, "time": int(prepared.mask.shape[1]), "cnn_chunks": len(prepared.chunks),
+                        "ms": [round(1e3 * (b - a), 1) for a, b in zip(t, t[1:])]})
+  total = sum(phases.values())
+  out = {"seconds": round(total, 3),
+         "phases": {k: {"seconds": round(v, 3), "share": round(v / total, 3)} for k, v in phases.items()},
+         "char_cnn_gflops_per_s": round(flops["cnn"] / phases["char_cnn"] / 1e9, 1),
+         "bilstm_gflops_per_s": round(flops["lstm"] / phases["bilstm"] / 1e9, 1),
+         "batches": len(per_batch), "per_batch_ms_columns": list(phases), "per_batch": per_batch}
+  return out, flops
+
+
+def bench(preset: str, sentences: list[list[str]], batch_sizes: Sequence[int], peak: float) -> dict[str, Any]:
+  n_tokens = sum(len(s) for s in sentences)
+  embedder = Embedder.random(options_lib.preset(preset), seed=FLAGS.seed)
+  out: dict[str, Any] = {"num_sentences": len(sentences), "num_tokens": n_tokens,
+                         "useful_flops_per_token": round(useful_flops_per_token(embedder, sentences))}
+  for bs in batch_sizes:
+    r: dict[str, Any] = {}
+    r["compile_s"] = round(timed(lambda: embedder.embed_sentences(sentences, batch_size=bs)), 2)
+    r["compiled_shapes"] = {name.strip("_"): getattr(embedder, name)._cache_size()  # pylint: disable=protected-access
+                            for name in ("_cnn", "_gather", "_bilm")}
+    split, flops = split_pass(embedder, sentences, bs) if FLAGS.split else ({}, None)
+    secs = [timed(lambda: embedder.embed_sentences(sentences, batch_size=bs)) for _ in range(FLAGS.passes)]
+    s = statistics.median(secs)
+    r["steady"] = {"seconds": round(s, 3), "seconds_per_pass": [round(x, 3) for x in secs],
+                   "tokens_per_s": round(n_tokens / s, 1), "sentences_per_s": round(len(sentences) / s, 1)}
+    if flops:
+      executed = flops["cnn"] + flops["lstm"]
+      r["steady"].update(executed_gflops=round(executed / 1e9, 1), gflops_per_s=round(executed / s / 1e9, 1),
+                         mfu=round(executed / s / peak, 3),
+                         useful_mfu=round(out["useful_flops_per_token"] * n_tokens / s / peak, 3))
+      r["split"] = split
+    if FLAGS.embed_file:
+      with tempfile.TemporaryDirectory() as tmp:
+        text = os.path.join(tmp, "in.txt")
+        with open(text, "w", encoding="utf-8") as f:
+          f.writelines(" ".join(s) + "\n" for s in sentences)
+        path = os.path.join(tmp, "out.hdf5")
+        warm = timed(lambda: embed.embed_file(embedder, text, path, bs, progress_every=None))
+        seconds = timed(lambda: embed.embed_file(embedder, text, path, bs, progress_every=None))
+        r["embed_file"] = {"first_seconds": round(warm, 3), "seconds": round(seconds, 3),
+                           "tokens_per_s": round(n_tokens / seconds, 1),
+                           "output_mb": round(os.path.getsize(path) / 2**20, 1)}
+    r["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    print(json.dumps({preset: {bs: r}}), file=sys.stderr)
+    out[f"batch_{bs}"] = r
+  if FLAGS.token_cache:
+    out["token_cache"] = token_cache_pass(embedder, options_lib.preset(preset), sentences, batch_sizes[0])
+  return out
+
+
 def rates(n_sentences: int, n_tokens: int, seconds: float) -> dict[str, float]:
   return {"seconds": round(seconds, 3), "sentences_per_s": round(n_sentences / seconds, 1),
           "tokens_per_s": round(n_tokens / seconds, 1)}
-
-
-def unsorted_pass(embedder: Embedder, sentences: list[list[str]], batch_size: int) -> None:
-  for start in range(0, len(sentences), batch_size):
-    embedder.embed_batch(sentences[start:start + batch_size], pad_batch_to=batch_size)
 
 
 def token_cache_pass(embedder: Embedder, opts: dict, sentences: list[list[str]], bs: int) -> dict[str, Any]:
@@ -135,59 +237,20 @@ def token_cache_pass(embedder: Embedder, opts: dict, sentences: list[list[str]],
 
 def main(argv: list[str]) -> None:
   del argv
-  load_start = time.perf_counter()
-  sentences = load_sentences(FLAGS.corpus, FLAGS.num_sentences, FLAGS.tokenizer)
-  load_s = time.perf_counter() - load_start
-  n_tokens = sum(len(s) for s in sentences)
-  opts = options_lib.preset(FLAGS.preset)
-  embedder = Embedder.random(opts, seed=FLAGS.seed)
-  bs = FLAGS.batch_size
-  result: dict[str, Any] = {
-      "preset": FLAGS.preset, "backend": jax.default_backend(), "devices": len(jax.devices()),
-      "cpu_count": os.cpu_count(), "batch_size": bs, "num_sentences": len(sentences),
-      "num_sentences_requested": FLAGS.num_sentences, "num_tokens": n_tokens,
-      "mean_tokens_per_sentence": round(n_tokens / len(sentences), 1), "tokenizer": FLAGS.tokenizer,
-      "tokenize_s": round(load_s, 3),
-  }
-  # Warm-up: the same sorted batches as the timed pass, so it compiles exactly the shapes used later.
-  result["compile_s"] = round(timed(lambda: embedder.embed_sentences(sentences, batch_size=bs)), 3)
-  result["compiled_shapes"] = compiled_shapes(embedder)
-  result["embed_sentences"] = rates(len(sentences), n_tokens,
-                                    timed(lambda: embedder.embed_sentences(sentences, batch_size=bs)))
-  result["compiled_shapes_after_timed_pass"] = compiled_shapes(embedder)
-  if FLAGS.embed_file:
-    with tempfile.TemporaryDirectory() as tmp:
-      text = os.path.join(tmp, "in.txt")
-      with open(text, "w", encoding="utf-8") as f:
-        f.writelines(" ".join(s) + "\n" for s in sentences)
-      out = os.path.join(tmp, "out.hdf5")
-      seconds = timed(lambda: embed.embed_file(embedder, text, out, bs, progress_every=None))
-      result["embed_file"] = {**rates(len(sentences), n_tokens, seconds),
-                              "output_mb": round(os.path.getsize(out) / 2**20, 1)}
-  if FLAGS.token_cache:
-    result["token_cache"] = token_cache_pass(embedder, opts, sentences, bs)
-  if FLAGS.unsorted_baseline:
-    warm = timed(lambda: unsorted_pass(embedder, sentences, bs))  # compiles any new unique-token buckets
-    result["unsorted"] = {**rates(len(sentences), n_tokens, timed(lambda: unsorted_pass(embedder, sentences, bs))),
-                          "warmup_s": round(warm, 3)}
-    result["speedup_sorted_vs_unsorted"] = round(
-        result["unsorted"]["seconds"] / result["embed_sentences"]["seconds"], 2)
-  sorted_stats = batch_stats(sentences, bs, sort=True)
-  unsorted_stats = batch_stats(sentences, bs, sort=False)
-  result["padding"] = {
-      "real_tokens": n_tokens,
-      "sorted_bucketed_slots": sorted_stats["bucketed_slots"],
-      "unsorted_bucketed_slots": unsorted_stats["bucketed_slots"],
-      "naive_unsorted_batch_max_slots": unsorted_stats["naive_slots"],
-      "lstm_efficiency_sorted_bucketed": round(n_tokens / sorted_stats["bucketed_slots"], 3),
-      "lstm_efficiency_naive_unsorted": round(n_tokens / unsorted_stats["naive_slots"], 3),
-  }
-  result["char_cnn"] = {
-      "tokens_with_dedupe": sorted_stats["cnn_unique_padded"],
-      "tokens_without_dedupe": sorted_stats["cnn_no_dedupe"],
-      "dedupe_saving": round(1 - sorted_stats["cnn_unique_padded"] / sorted_stats["cnn_no_dedupe"], 3),
-  }
-  print(json.dumps(result, indent=2))
+  result: dict[str, Any] = {"backend": jax.default_backend(), "devices": len(jax.devices()),
+                            "cpu_count": os.cpu_count(), "load_avg_start": os.getloadavg(),
+                            "corpus": os.path.relpath(FLAGS.corpus), "tokenizer": FLAGS.tokenizer}
+  peak = matmul_peak()
+  result["matmul_peak_flops"] = round(peak)
+  batch_sizes = [int(b) for b in FLAGS.batch_sizes]
+  for preset in FLAGS.presets:
+    n = FLAGS.num_sentences_original if preset == "original" else FLAGS.num_sentences
+    sentences = load_sentences(FLAGS.corpus, n, FLAGS.tokenizer)
+    result[preset] = bench(preset, sentences, batch_sizes, peak)
+  result["matmul_peak_flops_end"] = round(matmul_peak())  # the machine is shared: was the peak stable?
+  result["load_avg_end"] = os.getloadavg()
+  result["peak_rss_mb"] = round(peak_rss_mb(), 1)
+  print(json.dumps(result, indent=1))
   sys.stdout.flush()
 
 

@@ -29,7 +29,6 @@ import gzip
 import importlib.util
 import json
 import os
-import resource
 import statistics
 import sys
 import time
@@ -42,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench_util import matmul_peak, peak_rss_mb  # pylint: disable=g-bad-import-order
 from elmo_jax import chars
 from elmo_jax.model import BiLM
 from elmo_jax.model.lstm import BiLSTMStack
@@ -68,26 +68,8 @@ flags.DEFINE_string("torch_worker", "", "Internal: run as the torch side of the 
 flags.DEFINE_string("data", os.path.join(_ROOT, "data", "pd-small", "train.txt.gz"), "Token source.")
 
 
-def peak_rss_mb() -> float:
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 def _block(x):
   return jax.tree_util.tree_map(lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x)
-
-
-def matmul_peak(n: int = 2048, reps: int = 10) -> float:
-  """Best FLOP/s of an n x n float32 matmul (jit, XLA:CPU's Eigen/oneDNN path)."""
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
-  f = jax.jit(lambda a, b: a @ b)
-  f(a, b).block_until_ready()
-  best = float("inf")
-  for _ in range(reps):
-    t = time.perf_counter()
-    f(a, b).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2.0 * n ** 3 / best
 
 
 def load_config(name: str):

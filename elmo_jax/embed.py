@@ -47,7 +47,7 @@ from elmo_jax import options as options_lib
 from elmo_jax import progress as progress_lib
 from elmo_jax import token_cache
 from elmo_jax import weights as weights_lib
-from elmo_jax.embedder import Embedder, select_layers
+from elmo_jax.embedder import DEFAULT_BATCH_SIZE, Embedder, select_layers
 
 _MAX_EMPTY_WARNINGS = 10  # individual warnings; the rest are only counted
 _ACTIVE_TEMPS: set[str] = set()  # temp outputs being written, for the CLI's signal handler
@@ -192,19 +192,15 @@ def _embed_chunk(embedder: Embedder, sentences: list[list[str]], batch_size: int
   """Yields (chunk positions, layers `[rows, n_layers + 1, time, 2P]`) batch by batch.
 
   Same batching as `Embedder.embed_sentences` (stable length sort when stateless, input order when
-  stateful, rows padded to `batch_size`), so results match it exactly; yielding per batch lets the
-  caller write and report progress as each batch finishes.
+  stateful), rows padded to `batch_size`, so results match it exactly; yielding per batch lets the
+  caller write and report progress as each batch finishes (while the next one computes).
   """
-  order = list(range(len(sentences)))
-  if not embedder.stateful:
-    order.sort(key=lambda i: len(sentences[i]))
-  for start in range(0, len(order), batch_size):
-    rows = order[start:start + batch_size]
-    yield rows, embedder.embed_batch([sentences[i] for i in rows], pad_batch_to=batch_size)
+  return embedder.iter_batches(sentences, batch_size, full_rows=True)
 
 
 def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: str | os.PathLike,
-               batch_size: int = 64, *, chunk_size: int = 4096, progress_every: float | None = 5.0,
+               batch_size: int = DEFAULT_BATCH_SIZE, *, chunk_size: int = 4096,
+               progress_every: float | None = 5.0,
                progress_stream: TextIO | None = None,
                warn: Callable[[str], Any] = logging.warning, output: str = "all",
                sentence_vectors: bool = False, output_dtype: str = "float32", use_sentence_keys: bool = False,
@@ -368,12 +364,14 @@ def define_flags() -> None:
   flags.DEFINE_bool("dump_token_embeddings", False, "Instead of embedding sentences, write the char-CNN "
                     "output of every word of --vocab_file to --output_file.")
   flags.DEFINE_string("vocab_file", None, "Vocabulary (one word per line) of --dump_token_embeddings.")
-  flags.DEFINE_integer("batch_size", 64, "Sentences per batch.")
+  flags.DEFINE_integer("batch_size", DEFAULT_BATCH_SIZE, "Sentences per batch.")
   flags.DEFINE_bool("stateful", False, "Carry each batch row's LSTM state into the next batch "
                     "(bilm-tf semantics; sentences are then batched in file order).")
   flags.DEFINE_integer("chunk_size", 4096, "Lines read and embedded at once (bounds memory).")
   flags.DEFINE_float("progress_every", 5.0, "Seconds between progress lines on stderr.")
   flags.DEFINE_bool("progress", True, "Progress lines on stderr (--noprogress: none).")
+  flags.DEFINE_bool("compilation_cache", True, "Keep compiled shapes in JAX's persistent compilation cache "
+                    "under $ELMO_JAX_CACHE (default ~/.cache/elmo_jax), so the next run starts fast.")
 
 
 def _on_signal(signum, frame):  # pylint: disable=unused-argument
@@ -418,7 +416,8 @@ def main(argv: list[str]) -> int:
     for name in remove_stale_temps(FLAGS.output_file):
       logging.warning("removed %s, left by an embedding run that was killed", name)
     devices.announce()
-    kwargs = {"stateful": FLAGS.stateful, "token_embedding_file": FLAGS.token_embedding_file}
+    kwargs = {"stateful": FLAGS.stateful, "token_embedding_file": FLAGS.token_embedding_file,
+              "compilation_cache": FLAGS.compilation_cache}
     if FLAGS.workdir:
       embedder = Embedder.from_workdir(FLAGS.workdir, **kwargs)
     elif FLAGS.model:

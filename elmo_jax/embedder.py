@@ -4,12 +4,17 @@
     layers = emb.embed_sentences([["The", "bank", "flooded", "."]])  # [(n_layers + 1, 4, 2P) float32]
 
 Speed: sentences are sorted by length and padded to a few time buckets; within each batch every distinct
-token runs through the char CNN once (exact: the CNN sees one token at a time) and is gathered back.
+token runs through the char CNN once (exact: the CNN sees one token at a time) and is gathered back on
+device. Short tokens run through the CNN over fewer char positions (`_CHAR_WIDTHS`, exact, see
+`_char_widths`), in fixed chunks of `_CNN_ROWS` tokens, so the CNN compiles one shape per width. Batch k+1 is
+prepared on the host and dispatched before batch k is copied back (JAX dispatches asynchronously), and
+JAX's persistent compilation cache (`enable_compilation_cache`) makes a second process start fast.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +30,31 @@ from elmo_jax.model import BiLM, BiLMConfig, embed_vocab
 from elmo_jax.progress import progress
 
 _TIME_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+# Char positions the CNN sees for tokens short enough (else all max_characters_per_token); measured on 2 CPU
+# cores the convolutions cost in proportion to the positions, and most tokens fit in 16.
+_CHAR_WIDTHS = (16, 24, 32)
+_CNN_ROWS = 64  # distinct tokens per char-CNN call: a fixed shape (per width), little padding per batch
+_PAD_ID = chars.PAD_CHAR + 1  # token_to_ids shifts ids by one
+DEFAULT_BATCH_SIZE = 64
+
+
+def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
+  """Turns on JAX's persistent compilation cache, so a new process reuses earlier compiles.
+
+  The directory is `path`, else `$ELMO_JAX_CACHE`, else `~/.cache/elmo_jax`. A cache directory the user
+  already configured (jax_compilation_cache_dir) is left as it is. Returns the directory in use.
+  """
+  current = jax.config.jax_compilation_cache_dir
+  if current and path is None:
+    return current
+  path = os.fspath(path or os.environ.get("ELMO_JAX_CACHE") or
+                   os.path.join(os.path.expanduser("~"), ".cache", "elmo_jax"))
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", path)
+  # The default (1 s) skips the char CNN's, the gathers' and the small eager ops' compiles, which add up.
+  if jax.config.jax_persistent_cache_min_compile_time_secs >= 1.0:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  return path
 
 
 def bucket(n: int, buckets: Sequence[int] = _TIME_BUCKETS) -> int:
@@ -73,6 +103,30 @@ def _pow2_at_least(n: int, floor: int = 64) -> int:
   return max(floor, 1 << max(0, n - 1).bit_length())
 
 
+def _char_widths(ids: np.ndarray, max_width: int) -> np.ndarray:
+  """Char positions each token `ids [U, max_chars]` needs for an exact char CNN: `[U]`.
+
+  A token of n positions (BOW, bytes, EOW) padded with PAD ids: every conv window of width w that starts at
+  or after n sees only PAD, so all of them give the same value. Cut to k >= n + max_width positions, the
+  windows that touch the token are all still there and so is at least one all-PAD window (also present
+  over all max_chars positions), hence the max over positions -- the CNN's output -- is unchanged.
+  """
+  max_chars = ids.shape[1]
+  widths = np.array([w for w in _CHAR_WIDTHS if w < max_chars] + [max_chars])
+  need = np.count_nonzero(ids != _PAD_ID, axis=1) + max_width
+  return widths[np.minimum(np.searchsorted(widths, need), len(widths) - 1)]
+
+
+@dataclasses.dataclass
+class _Prepared:
+  """One batch on the host: sentences [n], `positions`/`mask` [rows, time] and char-CNN input chunks."""
+  n: int
+  positions: np.ndarray
+  mask: np.ndarray
+  chunks: list[np.ndarray]  # [_CNN_ROWS, width] each; concatenated outputs are indexed by `positions`
+  tokens: list[str] | None = None  # with a token embedding file: the distinct tokens `positions` index
+
+
 class Embedder:
   """Runs a `BiLM` over tokenized sentences.
 
@@ -87,11 +141,15 @@ class Embedder:
     token_embedding_file: char-CNN outputs of a vocabulary (`python -m elmo_jax.embed
       --dump_token_embeddings`); its words skip the char CNN, other words still run through it.
     token_vocab_file: the vocabulary of a bilm-tf token embedding file (ours store their words).
+    compilation_cache: turn on JAX's persistent compilation cache (`enable_compilation_cache`).
   """
 
   def __init__(self, options: dict[str, Any], params: dict[str, Any], *, softmax: dict | None = None,
                vocab_file: str | None = None, stateful: bool = False, dtype: Any = jnp.float32,
-               token_embedding_file: str | os.PathLike | None = None, token_vocab_file: str | None = None):
+               token_embedding_file: str | os.PathLike | None = None, token_vocab_file: str | None = None,
+               compilation_cache: bool = True):
+    if compilation_cache:
+      enable_compilation_cache()
     self.options = options
     self.config = BiLMConfig.from_options(options)
     self.params = jax.tree_util.tree_map(jnp.asarray, params)
@@ -101,8 +159,11 @@ class Embedder:
     self.model = BiLM(self.config, dtype=dtype)
     self._state = None
     self._cnn = jax.jit(lambda p, ids: self.model.apply({"params": p}, ids, method=BiLM.embed_tokens))
+    self._gather = jax.jit(lambda table, positions: jnp.take(jnp.concatenate(table), positions, axis=0))
     self._bilm = jax.jit(lambda p, emb, mask, state: self.model.apply(
-        {"params": p}, token_embeddings=emb, mask=mask, state=state))
+        {"params": p}, token_embeddings=emb, mask=mask, state=state, skip_padding=True))
+    self._char_ids = chars.CharIdCache(self.config.max_characters_per_token, max_size=200_000)
+    self._max_width = max(w for w, _ in self.config.filters)
     self._token_rows: dict[str, int] | None = None
     if token_embedding_file is not None:
       table, tokens = token_cache_lib.read(token_embedding_file, self.config.projection_dim,
@@ -168,10 +229,14 @@ class Embedder:
   # --- embedding ----------------------------------------------------------------------------------------
   def embed_batch(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None = None) -> np.ndarray:
     """One padded batch -> `[batch, n_layers + 1, time_bucket, 2P]` float32 (zeros past each length)."""
+    prepared = self._prepare(sentences, pad_batch_to)
+    return self._fetch(prepared, self._launch(prepared))
+
+  def _prepare(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None) -> _Prepared:
+    """Host side of a batch: token positions, mask, and the distinct tokens' char ids by char width."""
     n = len(sentences)
     rows = max(n, pad_batch_to or 0)
     time = bucket(max((len(s) for s in sentences), default=1) or 1)
-    max_chars = self.config.max_characters_per_token
     index: dict[str, int] = {}
     positions = np.zeros((rows, time), np.int32)
     mask = np.zeros((rows, time), bool)
@@ -179,21 +244,44 @@ class Embedder:
       for t, token in enumerate(sentence):
         positions[b, t] = index.setdefault(token, len(index))
         mask[b, t] = True
-    if self._token_rows is not None:
-      unique_emb = self._cached_embeddings(list(index))
+    if self._token_rows is not None:  # cached words skip the char CNN (`_cached_embeddings`)
+      return _Prepared(n, positions, mask, [], tokens=list(index))
+    max_chars = self.config.max_characters_per_token
+    ids = (np.stack([self._char_ids(token) for token in index]) if index
+           else np.zeros((0, max_chars), np.int32))
+    widths = _char_widths(ids, self._max_width)
+    # Tokens grouped by width, each group padded to whole chunks; row[u]: token u's row of the CNN output.
+    row = np.zeros(len(index), np.int32)
+    chunks = []
+    for width in np.unique(widths):
+      members = np.flatnonzero(widths == width)
+      row[members] = len(chunks) * _CNN_ROWS + np.arange(len(members))
+      for start in range(0, len(members), _CNN_ROWS):
+        chunk = np.zeros((_CNN_ROWS, width), np.int32)  # id 0 rows: no token, embedded as zeros
+        part = members[start:start + _CNN_ROWS]
+        chunk[:len(part)] = ids[part, :width]
+        chunks.append(chunk)
+    if len(row):
+      positions = row[positions]  # padded slots point at some token; the mask zeroes them in the biLM
+    if not chunks:
+      chunks.append(np.zeros((_CNN_ROWS, min(_CHAR_WIDTHS[0], max_chars)), np.int32))
+    return _Prepared(n, positions, mask, chunks)
+
+  def _launch(self, prepared: _Prepared) -> jax.Array:
+    """Dispatches a prepared batch (asynchronously); returns the device array of its layers."""
+    if prepared.tokens is not None:
+      emb = jnp.take(self._cached_embeddings(prepared.tokens), prepared.positions, axis=0)
     else:
-      ids = np.zeros((_pow2_at_least(len(index)), max_chars), np.int32)
-      for token, i in index.items():
-        ids[i] = chars.token_to_ids(token, max_chars)
-      unique_emb = self._cnn(self.params, ids)  # [n_unique_bucket, P]
-    emb = jnp.take(unique_emb, positions, axis=0)  # [rows, time, P]
-    state = None
+      table = tuple(self._cnn(self.params, chunk) for chunk in prepared.chunks)  # [_CNN_ROWS, P] each
+      emb = self._gather(table, prepared.positions)  # [rows, time, P], stays on device
+    state = self._take_state(prepared.mask.shape[0]) if self.stateful else None
+    out = self._bilm(self.params, emb, prepared.mask, state)
     if self.stateful:
-      state = self._take_state(rows)
-    out = self._bilm(self.params, emb, mask, state)
-    if self.stateful:
-      self._put_state(out["state"], n)
-    return np.asarray(out["layers"][:n])
+      self._put_state(out["state"], prepared.n)
+    return out["layers"]
+
+  def _fetch(self, prepared: _Prepared, layers: jax.Array) -> np.ndarray:
+    return np.asarray(layers)[:prepared.n]
 
   def _cached_embeddings(self, tokens: list[str]) -> jax.Array:
     """`[pow2 >= len(tokens), P]`: rows of the token table for cached words, the char CNN for the rest."""
@@ -231,7 +319,33 @@ class Embedder:
     c[:, :, :n], h[:, :, :n] = np.asarray(state[0])[:, :, :n], np.asarray(state[1])[:, :, :n]
     self._state = (c, h)
 
-  def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int = 64,
+  def iter_batches(self, sentences: Sequence[Sequence[str]], batch_size: int = DEFAULT_BATCH_SIZE, *,
+                   full_rows: bool = False) -> Iterator[tuple[list[int], np.ndarray]]:
+    """Yields (indices into `sentences`, layers `[len(indices), n_layers + 1, time, 2P]`) batch by batch.
+
+    Stateless: sentences sorted by length (stable), so batches hold similar lengths. Stateful: input order,
+    rows padded to `batch_size`. A short last batch is padded to a power of two of rows, not to batch_size
+    (it holds the longest sentences, so full padding would dominate its cost; at most log2(batch_size)
+    more shapes), unless `full_rows`. Batch k+1 is prepared and dispatched before batch k is fetched, so
+    the host's work (and the caller's, e.g. writing batch k) overlaps the device's.
+    """
+    order = list(range(len(sentences)))
+    if not self.stateful:
+      order.sort(key=lambda i: len(sentences[i]))
+    pending = None
+    for start in range(0, len(order), batch_size):
+      chunk = order[start:start + batch_size]
+      full = full_rows or self.stateful
+      prepared = self._prepare([sentences[i] for i in chunk],
+                               batch_size if full else min(batch_size, _pow2_at_least(len(chunk), floor=1)))
+      launched = (chunk, prepared, self._launch(prepared))
+      if pending is not None:
+        yield pending[0], self._fetch(*pending[1:])
+      pending = launched
+    if pending is not None:
+      yield pending[0], self._fetch(*pending[1:])
+
+  def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int = DEFAULT_BATCH_SIZE,
                       progress: Any = None) -> list[np.ndarray]:
     """Each sentence -> `(n_layers + 1, n_tokens, 2P)` float32, in input order.
 
@@ -240,26 +354,19 @@ class Embedder:
     `sentences` may be any iterable (a generator too) of token sequences.
     """
     sentences = _check_sentences(sentences, batch_size)
-    order = list(range(len(sentences)))
-    if not self.stateful:
-      order.sort(key=lambda i: len(sentences[i]))
     results: list[np.ndarray | None] = [None] * len(sentences)
     done = 0
-    for start in range(0, len(order), batch_size):
-      chunk = order[start:start + batch_size]
-      batch = [list(sentences[i]) for i in chunk]
-      # A short last batch is padded to a power of two of rows, not to batch_size: it holds the longest
-      # sentences, so full padding would dominate the cost; this adds at most log2(batch_size) shapes.
-      rows = batch_size if self.stateful else min(batch_size, _pow2_at_least(len(chunk), floor=1))
-      layers = self.embed_batch(batch, pad_batch_to=rows)
+    for chunk, layers in self.iter_batches(sentences, batch_size):
       for row, i in enumerate(chunk):
-        results[i] = layers[row, :, :len(batch[row])]
+        # A copy: a view would keep the whole padded batch alive.
+        results[i] = np.array(layers[row, :, :len(sentences[i])])
       done += len(chunk)
       if progress is not None:
         progress(done)
     return results  # type: ignore[return-value]
 
-  def __call__(self, sentences: Iterable[Sequence[str]], batch_size: int = 64) -> list[np.ndarray]:
+  def __call__(self, sentences: Iterable[Sequence[str]], batch_size: int = DEFAULT_BATCH_SIZE
+               ) -> list[np.ndarray]:
     return self.embed_sentences(sentences, batch_size)
 
   # --- sentence vectors and token caches ----------------------------------------------------------------

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import h5py
 import numpy as np
@@ -11,6 +12,9 @@ from absl import flags
 
 from elmo_jax import options as options_lib
 from elmo_jax import weights as weights_lib
+
+# Embedders turn on JAX's persistent compilation cache; the tests' entries go to a temp dir, not ~/.cache.
+os.environ.setdefault("ELMO_JAX_CACHE", tempfile.mkdtemp(prefix="elmo_jax_cache_"))
 
 FIXTURE_DIR = os.path.join(os.path.dirname(__file__), "fixtures", "bilm_tf")
 FIXTURE_OPTIONS = os.path.join(FIXTURE_DIR, "options.json")

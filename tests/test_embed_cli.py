@@ -243,15 +243,15 @@ def test_failure_mid_run_leaves_nothing(tmp_path, embedder, monkeypatch):
   out.write_bytes(b"previous result")
   path = write_lines(tmp_path / "in.txt", SENTENCES[0])
   calls = []
-  real = embedder.embed_batch
+  real = embedder._launch  # pylint: disable=protected-access
 
-  def flaky(batch, pad_batch_to=None):
+  def flaky(prepared):
     calls.append(1)
     if len(calls) == 3:
       raise KeyboardInterrupt
-    return real(batch, pad_batch_to=pad_batch_to)
+    return real(prepared)
 
-  monkeypatch.setattr(embedder, "embed_batch", flaky)
+  monkeypatch.setattr(embedder, "_launch", flaky)
   with pytest.raises(KeyboardInterrupt):
     embed.embed_file(embedder, path, out, batch_size=2, progress_every=None)
   assert out.read_bytes() == b"previous result"  # the old output is untouched, not half-replaced

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 
-import numpy as np
 import pytest
 
 import evaluate
 from elmo_jax.evaluation import probes, readers, tasks
-from test_evaluate import FAST, _cfg, fake_models, write
+from test_evaluate import _cfg, fake_models, write
 
 
 @pytest.mark.slow

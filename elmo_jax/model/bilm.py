@@ -99,7 +99,7 @@ class BiLM(nn.Module):
 
   def __call__(self, char_ids: jax.Array | None = None, *, token_embeddings: jax.Array | None = None,
                mask: jax.Array | None = None, state: LSTMState | None = None, add_bos_eos: bool = True,
-               deterministic: bool = True) -> dict[str, Any]:
+               deterministic: bool = True, skip_padding: bool = False) -> dict[str, Any]:
     """Contextual representations of whole sentences.
 
     Args:
@@ -107,6 +107,8 @@ class BiLM(nn.Module):
         `token_embeddings` [batch, time, P] and `mask` [batch, time] are given (precomputed, e.g. deduped).
       state: initial LSTMState (stateful use) or None for zeros.
       add_bos_eos: wrap each sentence in `<S>`/`</S>` and remove them from the output.
+      skip_padding: the LSTMs stop after the longest row (same result; for time-bucketed inference,
+        not differentiable).
     Returns:
       {"layers": [batch, n_layers + 1, time, 2P] (layer 0 = [tok; tok]), "mask": [batch, time] bool,
        "state": final LSTMState}.
@@ -131,7 +133,8 @@ class BiLM(nn.Module):
       mask = jnp.arange(time + 2)[None, :] < lengths[:, None]
       emb = jnp.where(mask[..., None], emb, 0.0)
     bwd = reverse_within_length(emb, lengths)
-    outputs, new_state = self.lstm(emb, bwd, mask, mask, state, deterministic)
+    n_steps = jnp.max(lengths) if skip_padding else None
+    outputs, new_state = self.lstm(emb, bwd, mask, mask, state, deterministic, n_steps)
     fwd_layers = outputs[:, 0]  # [L, B, T, P]
     bwd_layers = jax.vmap(reverse_within_length, in_axes=(0, None))(outputs[:, 1], lengths)
     contextual = jnp.concatenate([fwd_layers, bwd_layers], axis=-1)  # [L, B, T, 2P]

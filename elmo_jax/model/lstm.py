@@ -56,15 +56,53 @@ def lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip=None, proj_clip=None, dtype=
   return _lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip or None, proj_clip or None, dtype, int(unroll))
 
 
+def lstm_steps(x, w, bias, w_p, mask, c0, h0, n_steps, cell_clip=None, proj_clip=None, dtype=jnp.float32):
+  """Inference form of `lstm_scan`: the first `n_steps` steps only, gates from one fused matmul per step.
+
+  Args:
+    x: [T, D, B, I] inputs; w: [D, I + P, 4H] (W_0: input rows, then recurrent); bias: [D, 4H] incl. the
+      forget bias; w_p, mask, c0, h0: as `lstm_scan`.
+    n_steps: int scalar (may be traced); every step from it on must be padding in every row. Those are
+      skipped (a loop with a run-time trip count) with the same result: outputs 0, state unchanged.
+  Returns:
+    outputs [T, D, B, P] and the final (c, h), as `lstm_scan`. Not differentiable (reverse mode).
+
+  Why not `input_gates` + `lstm_scan`: [x_t; h] @ W_0 per step never materialises the [T, D, B, 4H] gate
+  inputs, which at inference batch sizes (hundreds of MB) made the pass memory-bound and set its peak RSS.
+  """
+  step = _step_fn(w.astype(dtype), w_p.astype(dtype), cell_clip or None, proj_clip or None, dtype, False,
+                  bias=bias)
+
+  def body(t, carry):
+    state, out = carry
+    state, y = step(state, (x[t], mask[t]))
+    return state, out.at[t].set(y)
+
+  out = jnp.zeros(x.shape[:-1] + (w_p.shape[-1],), jnp.float32)
+  final, out = jax.lax.fori_loop(0, n_steps, body, ((c0, h0), out))
+  return out, final
+
+
 def _forward(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll, save):
   """The recurrence; with `save`, also the per-step values the hand-written backward pass needs."""
-  w_h = w_h.astype(dtype)
-  w_p = w_p.astype(dtype)
+  step = _step_fn(w_h.astype(dtype), w_p.astype(dtype), cell_clip, proj_clip, dtype, save)
+  return jax.lax.scan(step, (c0, h0), (gx, mask), unroll=unroll)
+
+
+def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None):
+  """One time step of all directions: ((c, h), (gx_t, mask_t)) -> ((c, h), y_t [, saved values]).
+
+  With `bias`, the inputs are (x_t, mask_t) and w_h is all of W_0: gates = [x_t; h] @ W_0 + bias.
+  """
 
   def step(carry, inputs):
     c, h = carry
     g, m = inputs
-    g = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, preferred_element_type=jnp.float32)
+    if bias is None:
+      g = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, preferred_element_type=jnp.float32)
+    else:
+      xh = jnp.concatenate([g.astype(dtype), h.astype(dtype)], axis=-1)
+      g = jnp.einsum("dbi,dig->dbg", xh, w_h, preferred_element_type=jnp.float32) + bias[:, None]
     i, j, f, o = jnp.split(g, 4, axis=-1)
     si, tj, sf, so = jax.nn.sigmoid(i), jnp.tanh(j), jax.nn.sigmoid(f), jax.nn.sigmoid(o)
     c_raw = sf * c + si * tj
@@ -80,7 +118,7 @@ def _forward(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll, sa
       return carry, (y, (si, tj, sf, so, c, c_raw, tc, h, m_new, h_raw))
     return carry, y
 
-  return jax.lax.scan(step, (c0, h0), (gx, mask), unroll=unroll)
+  return step
 
 
 # Hand-written backward pass. Autodiff of `lax.scan` accumulates the weight gradients in the loop carry, i.e.
@@ -192,13 +230,14 @@ class BiLSTMStack(nn.Module):
 
   @nn.compact
   def __call__(self, fwd_x: jax.Array, bwd_x: jax.Array, fwd_mask: jax.Array, bwd_mask: jax.Array,
-               state: LSTMState | None = None, deterministic: bool = True):
+               state: LSTMState | None = None, deterministic: bool = True, n_steps: jax.Array | None = None):
     """Runs both stacks, each over its own reading order.
 
     Args:
       fwd_x, bwd_x: [batch, time, P] inputs; the backward ones already reversed (reading order).
       fwd_mask, bwd_mask: [batch, time] bool.
       state: initial LSTMState or None for zeros.
+      n_steps: optional int scalar, all steps from it on are padding: skipped (inference, `lstm_steps`).
     Returns:
       outputs [n_layers, 2, batch, time, P] in reading order, and the final LSTMState.
     """
@@ -218,9 +257,13 @@ class BiLSTMStack(nn.Module):
       inp = x
       if self.dropout_rate > 0.0:
         inp = nn.Dropout(self.dropout_rate)(inp, deterministic=deterministic)
-      gx = input_gates(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype), b + forget)
-      out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], self.cell_clip, self.proj_clip,
-                              self.dtype, self.unroll)
+      if n_steps is None:
+        gx = input_gates(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype), b + forget)
+        out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], self.cell_clip, self.proj_clip,
+                                self.dtype, self.unroll)
+      else:
+        out, (c, h) = lstm_steps(jnp.transpose(inp, (2, 0, 1, 3)), w, b + forget, w_p, mask_t, c0[k], h0[k],
+                                 n_steps, self.cell_clip, self.proj_clip, self.dtype)
       out = jnp.transpose(out, (1, 2, 0, 3))  # [2, B, T, P]
       if self.use_skip_connections and k > 0:
         out = out + jnp.where(mask[..., None], inp, 0.0)

@@ -1,0 +1,103 @@
+"""First and second run of the embed CLI with the persistent compilation cache; prints one JSON object.
+
+    python benchmarks/embed_cli_cold_start.py [--preset=small] [--num_sentences=2000]
+
+Writes random weights of the preset and the first --num_sentences lines of the corpus in data/ to a temp
+dir, then runs `python -m elmo_jax.embed` there three times as a new user would: with an empty cache
+(first run), again (second run: compiled shapes come from the cache), and with --nocompilation_cache.
+Each run reports wall seconds and the seconds JAX spent tracing, lowering and compiling (or loading from
+the cache), measured in the child through jax.monitoring.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+_CORPUS = os.path.join(_ROOT, "data", "pd-small", "train.txt.gz")
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Only in the parent: the child defines the CLI's own flags."""
+  flags.DEFINE_string("preset", "small", "options preset.")
+  flags.DEFINE_integer("num_sentences", 2000, "Lines of the corpus to embed.")
+  flags.DEFINE_string("corpus", _CORPUS, "gzip (or plain) text, one sentence per line.")
+  flags.DEFINE_integer("batch_size", 0, "--batch_size of the CLI (0: its default).")
+
+
+def child(argv: list[str]) -> None:
+  """Runs the CLI in this process with a listener on JAX's compile events; prints their total last."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from elmo_jax import embed  # pylint: disable=g-import-not-at-top
+  total = {e.rsplit("/", 1)[-1]: 0.0 for e in _COMPILE_EVENTS}
+
+  def listen(event: str, duration: float, **kwargs) -> None:
+    del kwargs
+    if event in _COMPILE_EVENTS:
+      total[event.rsplit("/", 1)[-1]] += duration
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  embed.define_flags()
+  try:
+    app.run(embed.main, argv=argv)
+  finally:
+    print(json.dumps({"compile_s": round(sum(total.values()), 2),
+                      "compile_split_s": {k: round(v, 2) for k, v in total.items()}}), file=sys.stderr, flush=True)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.embedder import Embedder  # pylint: disable=g-import-not-at-top
+  result = {"preset": FLAGS.preset, "load_avg_start": os.getloadavg()}
+  with tempfile.TemporaryDirectory() as tmp:
+    options = options_lib.preset(FLAGS.preset)
+    emb = Embedder.random(options, compilation_cache=False)
+    weights_lib.save_hdf5(os.path.join(tmp, "weights.hdf5"), emb.params, options)
+    with open(os.path.join(tmp, "options.json"), "w") as f:
+      json.dump(options, f)
+    opener = gzip.open if FLAGS.corpus.endswith(".gz") else open
+    with opener(FLAGS.corpus, "rt", encoding="utf-8") as f, open(os.path.join(tmp, "in.txt"), "w") as out:
+      lines = [line for _, line in zip(range(FLAGS.num_sentences), f)]
+      out.writelines(lines)
+    result["num_sentences"] = len(lines)
+    result["num_tokens"] = int(np.sum([len(line.split()) for line in lines]))
+    env = {**os.environ, "ELMO_JAX_CACHE": os.path.join(tmp, "cache")}
+    env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--", f"--options_file={tmp}/options.json",
+           f"--weight_file={tmp}/weights.hdf5", f"--input_file={tmp}/in.txt", f"--output_file={tmp}/out.hdf5",
+           "--progress_every=600"] + ([f"--batch_size={FLAGS.batch_size}"] if FLAGS.batch_size else [])
+    for name, extra in (("first_run", []), ("second_run", []), ("no_cache", ["--nocompilation_cache"])):
+      t0 = time.perf_counter()
+      proc = subprocess.run(cmd + extra, env=env, capture_output=True, text=True, check=False)
+      if proc.returncode:
+        raise RuntimeError(f"{name}: the CLI failed:\n{proc.stderr[-3000:]}")
+      wall = time.perf_counter() - t0
+      result[name] = {"wall_s": round(wall, 2), **json.loads(proc.stderr.strip().splitlines()[-1])}
+      print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
+    cache = env["ELMO_JAX_CACHE"]
+    result["cache_mb"] = round(sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(cache)
+                                   for f in fs) / 2**20, 1)
+  result["load_avg_end"] = os.getloadavg()
+  print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+  if len(sys.argv) > 1 and sys.argv[1] == "--child":
+    child([sys.argv[0]] + sys.argv[3:])
+  else:
+    define_flags()
+    app.run(main)

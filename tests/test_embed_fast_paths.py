@@ -1,0 +1,83 @@
+"""The embedding path's shortcuts give the plain computation's numbers: char CNN over fewer char positions,
+CNN chunks by width, LSTM steps that stop after the longest row, the persistent compilation cache."""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from elmo_jax import chars
+from elmo_jax import options as options_lib
+from elmo_jax.embedder import _CNN_ROWS, Embedder, _char_widths
+from elmo_jax.model import BiLM, BiLMConfig
+from elmo_jax.model import lstm as lstm_mod
+
+from conftest import tiny_options
+
+# Tokens around each width boundary (need = n_positions + max width 7 <= 16/24/32), up to the 48-byte cut.
+_TOKENS = ["a", "ab", "abcdefg", "abcdefgh", "abcdefghijklmno", "abcdefghijklmnop", "x" * 23, "y" * 24,
+           "z" * 41, "w" * 42, "v" * 48, "u" * 60, "naïve", "日本語テキスト", ".", "<S>"]
+
+
+def _wide_options():
+  """Filters up to width 7 (as the released models) on a tiny biLM."""
+  options = tiny_options()
+  options["char_cnn"]["filters"] = [[1, 4], [3, 4], [5, 4], [7, 8]]
+  return options_lib.validate(options)
+
+
+@pytest.mark.slow
+def test_char_widths_keep_char_cnn_exact():
+  options = _wide_options()
+  model = BiLM(BiLMConfig.from_options(options))
+  ids = np.stack([chars.token_to_ids(t) for t in _TOKENS])
+  params = model.init(jax.random.key(3), ids[None])["params"]
+  widths = _char_widths(ids, 7)
+  assert list(widths[:4]) == [16, 16, 16, 24] and widths[6] == 32 and widths[7] == 50 and widths[10] == 50
+  full = np.asarray(model.apply({"params": params}, ids, method=BiLM.embed_tokens))
+  for k, width in enumerate(widths):
+    cut = np.asarray(model.apply({"params": params}, ids[k:k + 1, :width], method=BiLM.embed_tokens))[0]
+    np.testing.assert_allclose(cut, full[k], rtol=0, atol=1e-6, err_msg=_TOKENS[k])
+
+
+@pytest.mark.slow
+def test_embedder_matches_plain_bilm_across_chunks_and_widths():
+  """> _CNN_ROWS distinct tokens of all widths, uneven lengths: same as BiLM on full char ids."""
+  options = _wide_options()
+  emb = Embedder.random(options, seed=1)
+  rng = np.random.default_rng(0)
+  vocab = _TOKENS + [f"tok{i}" * (1 + i % 5) for i in range(2 * _CNN_ROWS)]
+  sentences = [[vocab[j] for j in rng.integers(0, len(vocab), n)] for n in (1, 3, 17, 30, 9, 26, 12)]
+  got = emb.embed_sentences(sentences, batch_size=4)
+  ids = chars.batch_to_ids(sentences)
+  want = np.asarray(emb.model.apply({"params": emb.params}, jnp.asarray(ids))["layers"])
+  for i, s in enumerate(sentences):
+    np.testing.assert_allclose(got[i], want[i, :, :len(s)], rtol=0, atol=2e-5)
+
+
+def test_lstm_steps_matches_lstm_scan():
+  rng = np.random.default_rng(0)
+  t, d, b, i, h, p = 9, 2, 3, 5, 8, 6
+  x = jnp.asarray(rng.normal(size=(t, d, b, i)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(d, i + p, 4 * h)), jnp.float32)
+  bias = jnp.asarray(rng.normal(size=(d, 4 * h)), jnp.float32)
+  w_p = jnp.asarray(rng.normal(size=(d, h, p)), jnp.float32)
+  lengths = np.array([7, 2, 0])
+  mask = jnp.asarray(np.arange(t)[:, None, None] < lengths[None, None, :]).repeat(d, 1)
+  c0 = jnp.asarray(rng.normal(size=(d, b, h)), jnp.float32)
+  h0 = jnp.asarray(rng.normal(size=(d, b, p)), jnp.float32)
+  gx = lstm_mod.input_gates(jnp.transpose(x, (1, 2, 0, 3)), w[:, :i], bias)
+  want, (wc, wh) = lstm_mod.lstm_scan(gx, w[:, i:], w_p, mask, c0, h0, 3.0, 3.0)
+  got, (gc, gh) = jax.jit(lambda n: lstm_mod.lstm_steps(x, w, bias, w_p, mask, c0, h0, n, 3.0, 3.0))(7)
+  for a, e in ((got, want), (gc, wc), (gh, wh)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=0, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(gc[:, 2]), np.asarray(c0[:, 2]))  # the empty row kept its state
+
+
+def test_compilation_cache_dir_from_environment():
+  Embedder.random(tiny_options())
+  assert jax.config.jax_compilation_cache_dir == os.environ["ELMO_JAX_CACHE"]
+  assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
