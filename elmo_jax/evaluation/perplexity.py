@@ -260,7 +260,9 @@ def check(pcfg: PerplexityConfig, workdir: str | None) -> None:
   train_config = read_train_config(workdir) if workdir else {}
   text_file, _, _ = resolve_text(pcfg, workdir, train_config)
   for path in (text_file or "").split(","):
-    if path and not glob.has_magic(path) and not os.path.isfile(path):
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
+      raise InputError(f"{path}: a directory but not a prepared corpus (python -m elmo_jax.data.prepare)")
+    if path and not glob.has_magic(path) and not os.path.exists(path):
       raise InputError(f"{path}: text file not found")
   files = model_files(pcfg, workdir)
   try:
