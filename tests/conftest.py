@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import h5py
 import numpy as np
@@ -11,10 +10,15 @@ import pytest
 from absl import flags
 
 from elmo_jax import options as options_lib
+from elmo_jax.embedder import enable_compilation_cache
 from elmo_jax import weights as weights_lib
 
-# Embedders turn on JAX's persistent compilation cache; the tests' entries go to a temp dir, not ~/.cache.
-os.environ.setdefault("ELMO_JAX_CACHE", tempfile.mkdtemp(prefix="elmo_jax_cache_"))
+# JAX's persistent compilation cache, on from the first test, in the clone's ignored .cache/tests (not
+# ~/.cache): a second run of the quick tier skips most compiling; CI's clean clone starts cold. Entries are
+# keyed by the compiled program, so a stale entry is never used for changed code.
+os.environ.setdefault("ELMO_JAX_CACHE", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                     ".cache", "tests"))
+enable_compilation_cache()
 
 FIXTURE_DIR = os.path.join(os.path.dirname(__file__), "fixtures", "bilm_tf")
 FIXTURE_OPTIONS = os.path.join(FIXTURE_DIR, "options.json")
