@@ -53,14 +53,6 @@ def cache_file(url: str, cache: str | None = None) -> str:
   return os.path.join(cache or cache_dir(), f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{name}")
 
 
-def sha256_of(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    while block := f.read(_CHUNK):
-      h.update(block)
-  return h.hexdigest()
-
-
 @contextlib.contextmanager
 def _locked_manifest(cache: str) -> Iterator[dict[str, Any]]:
   """The manifest, read and written under an exclusive lock (several processes may share a cache)."""
@@ -154,7 +146,7 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
     entry = manifest.get(text)
     if os.path.exists(target):
       want = sha256 or (entry or {}).get("sha256")
-      got = sha256_of(target)
+      got = files.sha256_file(target)
       if want is None:  # placed by hand: trust it now, check it from here on
         manifest[text] = {"file": os.path.basename(target), "sha256": got, "bytes": os.path.getsize(target),
                           "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"), "source": "found in cache"}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -55,3 +56,12 @@ def looks_like(path: str | os.PathLike) -> str:
     if e.start < len(head) - 4:  # not just a character cut at the 512-byte boundary
       return "binary data"
   return "a text file"
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+  """sha256 hex digest of a file's bytes, read in 4 MiB blocks."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      digest.update(block)
+  return digest.hexdigest()

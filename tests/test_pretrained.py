@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from elmo_jax import download
+from elmo_jax import files
 from elmo_jax import pretrained
 from elmo_jax.embedder import Embedder
 
@@ -93,7 +94,7 @@ def test_download_once_then_offline(tmp_path, cache):
   assert open(path, "rb").read() == (tmp_path / "www" / "a.bin").read_bytes()
   manifest = json.loads((cache / "manifest.json").read_text())
   entry = manifest[f"{base}/a.bin"]
-  assert entry["sha256"] == download.sha256_of(path) and entry["bytes"] == 3 << 20
+  assert entry["sha256"] == files.sha256_file(path) and entry["bytes"] == 3 << 20
   assert entry["source"] == "first download"
   # The server is gone: the cached copy still serves.
   assert download.cached_path(f"{base}/a.bin") == path
@@ -145,7 +146,7 @@ def test_offline_without_copy_is_one_actionable_line(cache):
 def test_published_hash_mismatch_and_match(tmp_path, cache):
   (tmp_path / "www").mkdir()
   (tmp_path / "www" / "o.json").write_text("{}")
-  good = download.sha256_of(str(tmp_path / "www" / "o.json"))
+  good = files.sha256_file(str(tmp_path / "www" / "o.json"))
   with serve(tmp_path / "www") as (_, base):
     with pytest.raises(download.DownloadError, match="published sha256"):
       download.cached_path(f"{base}/o.json", sha256="0" * 64)
@@ -178,7 +179,7 @@ def test_released_table():
 def test_from_pretrained_by_name_url_and_folder(tmp_path, cache, monkeypatch):
   mirror(tmp_path / "www")
   key = pretrained.MODELS["small"].key
-  fixture = (download.sha256_of(OPTIONS), download.sha256_of(WEIGHTS))
+  fixture = (files.sha256_file(OPTIONS), files.sha256_file(WEIGHTS))
   with serve(tmp_path / "www") as (server, base):
     monkeypatch.setenv("ELMO_JAX_MODELS_URL", base)
     emb = Embedder.from_pretrained("small")
@@ -188,7 +189,7 @@ def test_from_pretrained_by_name_url_and_folder(tmp_path, cache, monkeypatch):
   for pair in (by_url, pretrained.resolve("small"),  # offline now: the cache serves
                pretrained.resolve(str(tmp_path / "www" / key)),
                pretrained.resolve("file://" + str(tmp_path / "www" / key))):
-    assert tuple(download.sha256_of(p) for p in pair) == fixture
+    assert tuple(files.sha256_file(p) for p in pair) == fixture
   want = Embedder.from_files(OPTIONS, WEIGHTS).embed_sentences([["The", "bank", "."], ["Hi"]])
   for got, ref in zip(emb.embed_sentences([["The", "bank", "."], ["Hi"]]), want):
     np.testing.assert_array_equal(got, ref)
@@ -213,7 +214,7 @@ def test_evaluate_model_flag(tmp_path, cache, monkeypatch, parsed_flags):
     _, cfg = evaluate.config_from_flags()
   m = pretrained.MODELS["small"]
   assert cfg.perplexity.options_file == download.cache_file(f"{base}/{m.key}/elmo_{m.key}_options.json")
-  assert download.sha256_of(cfg.perplexity.weight_file) == download.sha256_of(WEIGHTS)
+  assert files.sha256_file(cfg.perplexity.weight_file) == files.sha256_file(WEIGHTS)
   parsed_flags("--task=pos", "--model=small", f"--options_file={OPTIONS}", f"--weight_file={WEIGHTS}",
                f"--output_dir={tmp_path / 'out'}")
   with pytest.raises(Exception, match="give one of --model"):

@@ -26,7 +26,6 @@ from the chunks' counts alone: the output is byte-identical for any number of wo
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing
 import os
@@ -84,20 +83,12 @@ def open_source(spec: dict[str, Any]):
 def settings_of(spec, pretokenized: bool, lang: str, max_token_chars: int, max_characters_per_token: int,
                 vocab_max_size: int | None, vocab_min_count: int, vocab_file: str):
   """Everything the output depends on (not the worker count or chunk size: they never change a byte)."""
-  vocab = ({"file": os.path.abspath(vocab_file), "sha256": _sha256(vocab_file)} if vocab_file
+  vocab = ({"file": os.path.abspath(vocab_file), "sha256": files.sha256_file(vocab_file)} if vocab_file
            else {"max_size": vocab_max_size, "min_count": vocab_min_count})
   return {"format_version": FORMAT_VERSION, "source": spec,
           "tokenizer": {"pretokenized": bool(pretokenized), "lang": lang},
           "max_token_chars": max_token_chars, "max_characters_per_token": max_characters_per_token,
           "vocab": vocab}
-
-
-def _sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 22), b""):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def _first_difference(saved: dict, wanted: dict, prefix: str = "") -> str:
@@ -308,7 +299,7 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
     raise PrepareError(f"input {_describe(spec)} has no tokens")
   manifest = {"settings": settings, "counts": counts,
               "skipped_lines": dict(getattr(source, "skipped", {})),
-              "sha256": {name: _sha256(os.path.join(out, name)) for name in OUTPUT_FILES}}
+              "sha256": {name: files.sha256_file(os.path.join(out, name)) for name in OUTPUT_FILES}}
   files.write_json(os.path.join(out, MANIFEST), manifest)
   shutil.rmtree(work)
   elapsed = time.time() - started
@@ -333,7 +324,7 @@ def verify(directory: str) -> str | None:
     path = os.path.join(directory, name)
     if not os.path.exists(path):
       return f"{path} is missing"
-    if _sha256(path) != digest:
+    if files.sha256_file(path) != digest:
       return f"{path} fails its sha256 checksum"
   return None
 

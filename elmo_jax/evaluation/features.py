@@ -36,7 +36,7 @@ def model_key_from_files(options_file: str, weight_file: str) -> str:
   (real path, size, mtime); a rewritten file changes at least the mtime.
   """
   h = hashlib.sha256()
-  h.update(readers.file_digest(options_file).encode())
+  h.update(files.sha256_file(options_file).encode())
   st = os.stat(weight_file)
   h.update(f"{os.path.realpath(weight_file)}|{st.st_size}|{st.st_mtime_ns}".encode())
   return h.hexdigest()[:16]
@@ -60,7 +60,7 @@ def dataset_key(paths: Sequence[str], **selection: Any) -> str:
   """Hash of the dataset files' contents plus how examples were selected."""
   h = hashlib.sha256()
   for path in paths:
-    h.update(readers.file_digest(path).encode())
+    h.update(files.sha256_file(path).encode())
   h.update(json.dumps(selection, sort_keys=True, default=str).encode())
   return h.hexdigest()[:16]
 

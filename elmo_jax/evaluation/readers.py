@@ -175,15 +175,6 @@ def labelled_digest(rows: Sequence[LabelledSentence]) -> str:
   return h.hexdigest()
 
 
-def file_digest(path: str) -> str:
-  """sha256 hex digest of a file's bytes (keys the feature cache)."""
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
-
-
 def _lines(path: str) -> Iterator[tuple[int, str]]:
   """Yields (1-based line number, line without the newline)."""
   if not path:

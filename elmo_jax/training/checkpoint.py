@@ -15,7 +15,6 @@ step that verifies.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -51,11 +50,7 @@ def hash_tree(directory: str) -> dict[str, str]:
   for root, _, names in os.walk(directory):
     for name in names:
       path = os.path.join(root, name)
-      digest = hashlib.sha256()
-      with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-          digest.update(chunk)
-      out[os.path.relpath(path, directory)] = digest.hexdigest()
+      out[os.path.relpath(path, directory)] = files.sha256_file(path)
   return dict(sorted(out.items()))
 
 
