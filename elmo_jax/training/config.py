@@ -70,6 +70,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3
   c.init_from = ""  # another run's workdir/checkpoint, an original ELMo options.json (weights beside),
   # or a released ELMo by name (small, medium, original, original_5.5B) or URL, downloaded once
+  # Domain fine-tuning: for the first N steps of the run only the softmax trains; the biLM's weights and its
+  # optimizer state stay exactly as init_from left them (elmo_jax/training/freeze.py), then everything
+  # trains. Use it when init_from brings no softmax (a new vocabulary, or released ELMo files, which have
+  # none): a random softmax's first gradients would otherwise flow into the pretrained biLM. 0 = off.
+  c.freeze_bilm_steps = 0
   return c
 
 

@@ -20,6 +20,10 @@ from elmo_jax.training.checkpoint import Checkpointer
 from elmo_jax.training.resume import options_difference
 
 
+# Ends the description `load` returns when the source gives no softmax for this run's vocabulary.
+NEW_SOFTMAX = "new softmax"
+
+
 class InitFromError(ValueError):
   """`config.init_from` cannot be used; the message names the path and what is wrong."""
 
@@ -102,7 +106,7 @@ def load(path: str, options: dict[str, Any], vocab_sha256: str) -> tuple[dict[st
     same_vocab = meta.get("vocab_sha256") == vocab_sha256
     softmax = params["softmax"] if same_vocab else None
     return params["bilm"], softmax, (f"checkpoint step {step} of {found[0]} "
-                                     f"({'with its softmax' if same_vocab else 'new vocabulary: new softmax'})")
+                                     f"({'with its softmax' if same_vocab else 'new vocabulary: ' + NEW_SOFTMAX})")
   return _load_elmo_files(path, *_elmo_files(path), options, vocab_sha256)
 
 
@@ -121,7 +125,7 @@ def _load_elmo_files(path: str, options_file: str, weight_file: str, options: di
     if Vocab.load(vocab_file).sha256() == vocab_sha256:
       softmax = loaded["softmax"]
   return loaded["params"], softmax, (f"ELMo weights {weight_file} "
-                                     f"({'with its softmax' if softmax is not None else 'new softmax'})")
+                                     f"({'with its softmax' if softmax is not None else NEW_SOFTMAX})")
 
 
 def apply(path: str, state: Any, options: dict[str, Any], vocab_sha256: str, optimizer,

@@ -43,6 +43,10 @@ def restore_or_init(config, workdir, checkpointer, state, train_iter, check, opt
   if config.init_from:
     state, source = init_from.apply(config.init_from, state, options, vocab.sha256(), optimizer, shardings)
     say(f"initialised from {source}; fresh optimizer")
+    if source.endswith(init_from.NEW_SOFTMAX + ")") and not config.get("freeze_bilm_steps", 0):
+      say("init_from gave no softmax for this vocabulary: a random softmax's first gradients reach the "
+          "pretrained biLM; consider --config.freeze_bilm_steps=200 (softmax alone first), or "
+          "--config.data.vocab_file=<the source run's vocab.txt> to keep its softmax")
   return state, None
 
 
@@ -131,6 +135,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       f"{n_devices} device(s) / {n_proc} process(es) from {data.description}; vocab {len(vocab):,}; "
       f"{'sampled softmax ' + str(num_sampled) if num_sampled else 'full softmax'}")
 
+  freeze = int(config.get("freeze_bilm_steps", 0) or 0)
+  if start_step < freeze:
+    say(f"biLM frozen for steps {start_step + 1}-{min(freeze, config.num_train_steps)}: only the "
+        f"softmax trains (config.freeze_bilm_steps={freeze})")
+
   # --- the step loop -------------------------------------------------------------------------------------
   started = time.time()
   record: dict[str, Any] = {}
@@ -157,6 +166,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       in_flight.append(metrics)
       if len(in_flight) > ahead:
         jax.block_until_ready(in_flight.popleft())
+      if done == freeze and done < last:
+        say(f"step {done}: biLM unfrozen (config.freeze_bilm_steps={freeze}); everything trains from here")
       if _every(done, config.log_every_steps, last):
         now = time.time()
         record = {**window.record(done), "learning_rate": step_lib.learning_rate_at(config, done),

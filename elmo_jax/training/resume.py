@@ -12,7 +12,7 @@ from elmo_jax.training.checkpoint import IncompatibleCheckpointError
 
 # Config keys that change the shape of the saved state or the meaning of the saved data position.
 _SHAPE_KEYS = ("batch_size", "unroll_steps", "optimizer", "data.vocab_file", "data.vocab_max_size",
-               "data.vocab_min_count", "data.pretokenized", "data.shard")
+               "data.vocab_min_count", "data.pretokenized", "data.shard", "freeze_bilm_steps")
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

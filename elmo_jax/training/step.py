@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax.model import BiLM, BiLMConfig
 from elmo_jax.training import dedupe as dedupe_lib
+from elmo_jax.training import freeze as freeze_lib
 from elmo_jax.training import losses
 
 DATA_AXIS = "data"
@@ -66,6 +67,11 @@ def make_optimizer(config) -> optax.GradientTransformation:
     opt = optax.adamw(lr, weight_decay=config.weight_decay)
   else:
     raise ValueError(f"config.optimizer must be 'adagrad', 'adam' or 'adamw', got {name!r}")
+  freeze = int(config.get("freeze_bilm_steps", 0) or 0)
+  if freeze < 0:
+    raise ValueError(f"config.freeze_bilm_steps must be >= 0, got {freeze}")
+  if freeze:  # another optimizer-state layout; resume refuses a changed value (resume._SHAPE_KEYS)
+    return freeze_lib.bilm_frozen_for(freeze, optax.clip_by_global_norm(config.grad_clip), opt)
   return optax.chain(optax.clip_by_global_norm(config.grad_clip), opt)
 
 
