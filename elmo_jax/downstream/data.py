@@ -29,6 +29,9 @@ SOURCES = {
 }
 _TFDS_SPLIT = {"train": "train", "dev": "validation", "test": "validation"}
 PAD, UNK = "<pad>", "<unk>"
+# Time buckets of the task batches: coarse, since every (bucket) shape is one more compile of the train
+# and eval steps (tens of seconds on a busy CPU), while padding a BiLSTM step is cheap.
+TIME_BUCKETS = (16, 32, 64, 128)
 
 
 @dataclasses.dataclass
@@ -152,7 +155,7 @@ def encode(task: str, split: Split, vocab: dict[str, int], labels: dict[str, int
 def batches(data: Encoded, batch_size: int, *, task: str, char_len: int, bilm_chars: int | None = None,
             rng: np.random.Generator | None = None) -> Iterator[dict[str, np.ndarray]]:
   """Length-bucketed batches: sentences sorted by length (with random tie-breaking and a shuffled batch
-  order when `rng` is given), each padded to `batch_size` rows and an `embedder.bucket` time (few shapes).
+  order when `rng` is given), each padded to `batch_size` rows and a `TIME_BUCKETS` time (few shapes).
 
   Yields {"word_ids" [B, T], "char_ids" [B, T, char_len], "mask" [B, T], "labels" [B, T] or [B],
   "rows" [B] (True for real sentences), "index" [B] (-1 padding), optional "layers" [B, L, T, 2P] (cache),
@@ -166,7 +169,7 @@ def batches(data: Encoded, batch_size: int, *, task: str, char_len: int, bilm_ch
   if rng is not None:
     chunks = [chunks[i] for i in rng.permutation(len(chunks))]
   for chunk in chunks:
-    time = bucket(int(lengths[chunk].max()))
+    time = bucket(int(lengths[chunk].max()), TIME_BUCKETS)
     out = {"word_ids": np.zeros((batch_size, time), np.int32),
            "mask": np.zeros((batch_size, time), bool),
            "rows": np.zeros((batch_size,), bool), "index": np.full((batch_size,), -1, np.int64),

@@ -75,3 +75,20 @@ def probe_layers(ax, probe: dict[str, Any], title: str) -> None:
   ax.set_ylabel("accuracy")
   ax.set_title(title)
   ax.legend(loc="lower right", fontsize=8)
+
+
+def perplexity_bars(ax, results: dict[str, dict[str, Any]]) -> None:
+  """Forward / backward perplexity vs unigram for each named evaluate.py perplexity JSON (log scale)."""
+  names = list(results)
+  x = np.arange(len(names))
+  for offset, key, colour in ((-0.27, "ppl_forward", "tab:blue"), (0.0, "ppl_backward", "tab:cyan"),
+                              (0.27, "unigram_ppl", "tab:grey")):
+    vals = [results[n].get(key) for n in names]
+    vals = [np.nan if v is None else v for v in vals]
+    ax.bar_label(ax.bar(x + offset, vals, width=0.27, label=key.replace("_ppl", "").replace("ppl_", ""),
+                        color=colour), fmt="%.0f", fontsize=7)
+  ax.set_yscale("log")
+  ax.set_xticks(x, names, fontsize=8)
+  ax.set_ylabel("perplexity")
+  ax.set_title("biLM perplexity vs unigram")
+  ax.legend(fontsize=8)
