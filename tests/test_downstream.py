@@ -218,3 +218,41 @@ def test_cli_runs_and_tables(task_dir, tmp_path):
   assert p.returncode == 1 and p.stderr.strip().count("\n") == 0, p.stderr
   assert "no pos test split" in p.stderr and "--test=FILE" in p.stderr
   assert not os.path.exists(tmp_path / "bad")
+  _run_notebook(tmp_path)
+
+
+def _run_notebook(results_dir) -> None:
+  """notebooks/downstream_results.ipynb on `results_dir` (the runs + summary above, plus probe and
+  perplexity JSONs in evaluate.py's layout) draws every plot without an error."""
+  nbclient = pytest.importorskip("nbclient")
+  nbformat = pytest.importorskip("nbformat")
+  kernelspec = pytest.importorskip("ipykernel.kernelspec")
+  probe = lambda acc: {"trained": {"layer_0": acc, "layer_1": acc + 0.1, "layer_2": acc + 0.05, "mix": acc + 0.1},
+                       "untrained": {"layer_0": acc, "layer_1": acc - 0.1, "layer_2": acc - 0.1}}  # noqa: E731
+  os.makedirs(results_dir / "eval")
+  for task, acc in (("pos", 0.8), ("wsd", 0.1), ("sentiment", 0.6)):
+    (results_dir / "eval" / f"{task}.json").write_text(json.dumps(probe(acc)))
+  (results_dir / "perplexity_pd-mix.json").write_text(json.dumps(
+      {"ppl_forward": 120.0, "ppl_backward": 130.0, "ppl": 125.0, "unigram_ppl": 900.0}))
+  prefix = str(results_dir / "jupyter")
+  kernelspec.install(kernel_name="elmo-jax-test", prefix=prefix)
+  env = {"JUPYTER_PATH": os.path.join(prefix, "share", "jupyter"), "ELMO_RESULTS": str(results_dir),
+         "JAX_PLATFORMS": "cpu"}
+  old = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  try:
+    nb = nbformat.read(os.path.join(REPO, "notebooks", "downstream_results.ipynb"), as_version=4)
+    nbclient.NotebookClient(nb, kernel_name="elmo-jax-test", timeout=300,
+                            resources={"metadata": {"path": str(results_dir)}}).execute()
+  finally:
+    for k, v in old.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+  outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+  assert not [o for o in outputs if o.get("output_type") == "error"]
+  images = [o for o in outputs if "image/png" in o.get("data", {})]
+  assert len(images) == 3, [o.get("output_type") for o in outputs]  # settings bars, probes, perplexity
+  text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+  assert "| sentiment | frozen |" in text

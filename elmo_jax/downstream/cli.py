@@ -23,6 +23,7 @@ from elmo_jax import files, progress
 from elmo_jax.downstream import data as data_lib
 from elmo_jax.evaluation import readers
 from elmo_jax.options import OptionsError
+from elmo_jax.weights import WeightFileError
 
 _TASK = flags.DEFINE_enum("task", None, list(data_lib.TASKS), "pos (token tagging) or sentiment (sentences).")
 _ELMO = flags.DEFINE_enum("elmo", "none", ["none", "frozen", "finetune"],
@@ -118,7 +119,7 @@ def main(argv: Sequence[str]) -> None:
     results = train.run(cfg, splits, bilm, on_epoch=lambda row: print(
         f"epoch {row['epoch']}: train loss {row['train_loss']:.4f}, dev accuracy {row['dev_accuracy']:.4f} "
         f"({row['seconds']:.0f} s)", file=sys.stderr))
-  except (readers.InputError, OptionsError, OSError) as e:
+  except (readers.InputError, OptionsError, WeightFileError, OSError) as e:
     sys.exit(f"elmo_jax.downstream: error: {e}")
   results.pop("_params")
   write_outputs(cfg.workdir, results)

@@ -11,6 +11,7 @@ changes: it is computed once (`Embedder`, stateless) and kept in memory (float16
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from typing import Any, Callable
@@ -23,7 +24,7 @@ import optax
 from elmo_jax import files, pretrained
 from elmo_jax.downstream import data as data_lib
 from elmo_jax.downstream.model import TaskConfig, TaskModel, init_params
-from elmo_jax.evaluation import features
+from elmo_jax.evaluation import features, readers
 from elmo_jax.progress import progress
 
 ELMO_SETTINGS = ("none", "frozen", "finetune")
@@ -59,24 +60,49 @@ class Bilm:
 
 
 def load_bilm(spec: str, init: str = "trained", seed: int = 0) -> Bilm:
-  """`spec`: a training run's workdir (its `export/`), a folder with options.json + weights.hdf5, a released
-  name (`small`, ...) or a URL. `init="random"`: the same shape, randomly initialised (seeded)."""
+  """`spec`: a training run's workdir (its `export/`, else its newest good checkpoint, read as
+  `config.init_from` does), a folder with options.json + weights.hdf5, a released name (`small`, ...) or a
+  URL. `init="random"`: the same shape, randomly initialised (seeded): the untrained twin."""
   from elmo_jax.embedder import Embedder  # pylint: disable=g-import-not-at-top  (slow import)
   path = os.path.expanduser(spec)
-  if os.path.isdir(os.path.join(path, "export")):
-    options_file, weight_file = (os.path.join(path, "export", n) for n in ("options.json", "weights.hdf5"))
-    if not os.path.exists(weight_file):
-      raise FileNotFoundError(f"{weight_file}: not found (has {spec} finished a checkpoint?)")
+  export = os.path.join(path, "export")
+  if not os.path.isdir(export) and os.path.isdir(os.path.join(path, "checkpoints")):
+    emb, description = _from_checkpoint(path)
   else:
-    options_file, weight_file = pretrained.resolve(spec)
-  emb = Embedder.from_files(options_file, weight_file)
-  description = {"spec": spec, "init": init, "options_file": options_file, "weight_file": weight_file,
-                 "weights_sha256": files.sha256_file(weight_file),
-                 "options_sha256": files.sha256_file(options_file), "options": emb.options}
+    if os.path.isdir(export):
+      options_file, weight_file = (os.path.join(export, n) for n in ("options.json", "weights.hdf5"))
+    else:
+      options_file, weight_file = pretrained.resolve(spec)
+    emb = Embedder.from_files(options_file, weight_file)
+    description = {"options_file": options_file, "weight_file": weight_file,
+                   "weights_sha256": files.sha256_file(weight_file),
+                   "options_sha256": files.sha256_file(options_file)}
+  description = {"spec": spec, "init": init, **description, "options": emb.options}
   if init == "random":
     emb = emb.untrained_twin(seed=seed)
     description["random_seed"] = seed
   return Bilm(emb, description)
+
+
+def _from_checkpoint(workdir: str) -> tuple[Any, dict[str, Any]]:
+  """A run without an export yet (still training): its newest checkpoint that verifies."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.embedder import Embedder  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
+  config_file = os.path.join(workdir, "config.json")
+  if not os.path.exists(config_file):
+    raise FileNotFoundError(f"{config_file}: not found (is {workdir} a train.py workdir?)")
+  with open(config_file, encoding="utf-8") as f:
+    options = json.load(f)["options"]
+  try:
+    params, _, where = init_from.load(workdir, options, vocab_sha256="")
+  except init_from.InitFromError as e:
+    raise readers.InputError(str(e).replace("config.init_from=", "--bilm=")) from None
+  digest = hashlib.sha256()
+  for leaf in jax.tree_util.tree_leaves(params):  # the weights' identity (a checkpoint is many files)
+    digest.update(np.ascontiguousarray(leaf, np.float32).tobytes())
+  return Embedder(options, params), {"checkpoint": where.split(" (")[0], "weights_sha256": digest.hexdigest(),
+                                     "weights_sha256_of": "float32 bytes of the biLM params, in tree order"}
 
 
 def cache_layers(embedder: Any, split: data_lib.Encoded, dtype: str, batch_size: int, desc: str) -> np.ndarray:
