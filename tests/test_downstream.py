@@ -80,6 +80,12 @@ def test_missing_split_is_one_line_naming_the_flag(task_dir, tmp_path):
   train_split = data_lib.read_split("pos", "train", os.path.join(task_dir, "pos", "train.conll"))
   rest, dev = data_lib.hold_out(train_split, 0.25)
   assert len(rest.tokens) + len(dev.tokens) == len(train_split.tokens) and len(dev.tokens) == 12
+  # A test tag never seen in training: one line naming file and line.
+  bad = tmp_path / "bad.conll"
+  bad.write_text("the\tDET\ndog\tNOUN\n\na\tDET\ncat\tXYZ\n")
+  with pytest.raises(readers.InputError, match=r"bad.conll:5: unknown label 'XYZ'"):
+    data_lib.check_labels("pos", data_lib.read_split("pos", "test", str(bad)),
+                          data_lib.label_ids("pos", train_split))
 
 
 def test_frozen_cache_equals_live_bilm(tiny_bilm):

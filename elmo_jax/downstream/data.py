@@ -42,6 +42,7 @@ class Split:
   tokens: list[tuple[str, ...]]
   labels: list[Any]
   sha256: str
+  lines: list[int] = dataclasses.field(default_factory=list)  # file line (TFDS: record) of each sentence
 
 
 def resolve_paths(task: str, data_dir: str | None, given: dict[str, str | None]) -> dict[str, str]:
@@ -69,14 +70,15 @@ def read_split(task: str, name: str, path: str, tfds_data_dir: str | None = None
   """Reads one split (one-line `readers.InputError` on bad input)."""
   if task == "pos":
     rows = readers.read_conll(path)
-    return Split(name, path, [r.tokens for r in rows], [r.tags for r in rows], files.sha256_file(path))
+    return Split(name, path, [r.tokens for r in rows], [r.tags for r in rows], files.sha256_file(path),
+                 [r.line for r in rows])
   if readers.is_tfds(path):
     rows = readers.read_tfds_labelled(path, tfds_data_dir)
     digest = readers.labelled_digest(rows)
   else:
     rows = readers.read_labelled(path)
     digest = files.sha256_file(path)
-  return Split(name, path, [r.tokens for r in rows], [r.label for r in rows], digest)
+  return Split(name, path, [r.tokens for r in rows], [r.label for r in rows], digest, [r.line for r in rows])
 
 
 def hold_out(train: Split, fraction: float, seed: int = 0) -> tuple[Split, Split]:
@@ -86,8 +88,10 @@ def hold_out(train: Split, fraction: float, seed: int = 0) -> tuple[Split, Split
   dev[np.random.default_rng(seed).permutation(n)[:max(1, int(round(n * fraction)))]] = True
   pick = lambda xs, keep: [x for x, d in zip(xs, dev) if d == keep]  # noqa: E731
   source = f"{train.source} (held-out {fraction:g}, seed {seed})"
-  return (Split("train", train.source, pick(train.tokens, False), pick(train.labels, False), train.sha256),
-          Split("dev", source, pick(train.tokens, True), pick(train.labels, True), train.sha256))
+  return (Split("train", train.source, pick(train.tokens, False), pick(train.labels, False), train.sha256,
+                pick(train.lines, False)),
+          Split("dev", source, pick(train.tokens, True), pick(train.labels, True), train.sha256,
+                pick(train.lines, True)))
 
 
 def subsample(split: Split, n: int | None, seed: int) -> Split:
@@ -96,7 +100,7 @@ def subsample(split: Split, n: int | None, seed: int) -> Split:
     return split
   keep = np.sort(np.random.default_rng(seed).choice(len(split.tokens), n, replace=False))
   return dataclasses.replace(split, tokens=[split.tokens[i] for i in keep],
-                             labels=[split.labels[i] for i in keep])
+                             labels=[split.labels[i] for i in keep], lines=[split.lines[i] for i in keep])
 
 
 def build_vocab(sentences: Sequence[Sequence[str]], min_count: int) -> list[str]:
@@ -115,16 +119,12 @@ def label_ids(task: str, train: Split) -> list[str]:
 
 
 def check_labels(task: str, split: Split, known: Sequence[str]) -> None:
-  """One-line error on the first label of `split` not seen in training."""
-  if task == "pos":
-    pairs = [(t, 0) for tags in split.labels for t in tags]
+  """One-line error (file:line) on the first label of `split` not seen in training."""
+  if task == "pos":  # CoNLL: token j of a sentence starting at line n is on line n + j
+    pairs = [(t, n + j) for tags, n in zip(split.labels, split.lines) for j, t in enumerate(tags)]
   else:
-    pairs = [(label, 0) for label in split.labels]
-  known_set = set(known)
-  bad = next((label for label, _ in pairs if label not in known_set), None)
-  if bad is not None:
-    raise readers.InputError(f"{split.source}: label {bad!r} is not in the training label set "
-                             f"({len(known)} labels)")
+    pairs = list(zip(split.labels, split.lines))
+  readers.check_labels(split.source, pairs, known)
 
 
 @dataclasses.dataclass
