@@ -254,11 +254,18 @@ def run(cfg: DownstreamConfig, splits: dict[str, data_lib.Split], bilm: Bilm | N
                       "tokens": int(enc.offsets[-1])}
                for (name, enc), s in zip(encoded.items(), (train_split, splits["dev"], splits["test"]))},
       "n_labels": len(labels), "vocab_size": len(vocab),
+      "majority_baseline": majority_baseline(encoded["train"], encoded["test"]),
       "n_params": int(sum(np.size(x) for x in jax.tree_util.tree_leaves(best_params))),
       "seconds": {"bilm_cache": round(t_cache, 2), "train": round(t_train, 2),
                   "total": round(time.time() - t_start, 2)},
       "_params": best_params,
   }
+
+
+def majority_baseline(train: data_lib.Encoded, test: data_lib.Encoded) -> float:
+  """Test accuracy of always predicting the most frequent training label (tag)."""
+  flat = lambda d: np.concatenate([np.atleast_1d(y) for y in d.labels])  # noqa: E731
+  return float(np.mean(flat(test) == np.bincount(flat(train)).argmax()))
 
 
 def mix_summary(params: Any) -> dict[str, Any]:
