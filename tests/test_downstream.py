@@ -205,7 +205,8 @@ def test_cli_runs_and_tables(task_dir, tmp_path):
   for elmo, seed in (("none", 0), ("frozen", 0), ("frozen", 1)):
     out = str(tmp_path / f"sent-{elmo}-{seed}")
     p = _cli("elmo_jax.downstream", "--task=sentiment", f"--elmo={elmo}", f"--bilm={FIXTURE_DIR}",
-             f"--data_dir={task_dir}", f"--workdir={out}", f"--seed={seed}", "--num_epochs=2", "--hidden=8")
+             f"--data_dir={task_dir}", f"--workdir={out}", f"--seed={seed}", "--num_epochs=2", "--hidden=8",
+             f"--layer_cache_dir={tmp_path / 'layers'}")
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.load(open(os.path.join(out, "results.json")))
     assert r["elmo"] == elmo and r["seed"] == seed and os.path.exists(os.path.join(out, "dev_curve.png"))
@@ -213,6 +214,8 @@ def test_cli_runs_and_tables(task_dir, tmp_path):
       from elmo_jax import files
       assert r["bilm"]["weights_sha256"] == files.sha256_file(os.path.join(FIXTURE_DIR, "lm_weights.hdf5"))
     runs.append(out)
+  # The frozen biLM layers of train/dev/test were written once and reused by the second seed.
+  assert len(os.listdir(tmp_path / "layers")) == 3
   p = _cli("elmo_jax.downstream.table", *runs, f"--output={tmp_path / 'summary'}")
   assert p.returncode == 0, p.stderr
   summary = json.load(open(tmp_path / "summary" / "downstream.json"))

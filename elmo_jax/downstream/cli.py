@@ -61,6 +61,10 @@ _MAX_TRAIN = flags.DEFINE_integer("max_train_sentences", None, "Train on a seede
 _DEV_FRACTION = flags.DEFINE_float("dev_fraction", 0.1, "Share of train held out when no dev split is given.")
 _CACHE_DTYPE = flags.DEFINE_enum("cache_dtype", "float16", ["float16", "float32"],
                                  "Storage of the frozen biLM layers (computed once per sentence).")
+_LAYER_CACHE = flags.DEFINE_string("layer_cache_dir", None,
+                                   "--elmo=frozen: also keep the biLM layers of each split here (npz, float16 by "
+                                   "default; keyed by the weights' hash and the sentences), so runs with other "
+                                   "seeds skip the biLM. Not cleaned up: delete it when done.")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Progress bars on stderr.")
 
 
@@ -81,6 +85,7 @@ def config_from_flags():
       seed=_SEED.value, num_epochs=_EPOCHS.value, patience=_PATIENCE.value, batch_size=_BATCH.value,
       learning_rate=_LR.value, bilm_learning_rate=_BILM_LR.value, min_count=_MIN_COUNT.value,
       dev_fraction=_DEV_FRACTION.value, max_train_sentences=_MAX_TRAIN.value, cache_dtype=_CACHE_DTYPE.value,
+      layer_cache_dir=_LAYER_CACHE.value,
       model=model)
 
 

@@ -6,11 +6,15 @@ test accuracy of the best-dev epoch's params -> results.json + dev-curve plot.
 
 Frozen ELMo trains only the task model and the scalar mixes, so the biLM's output for a sentence never
 changes: it is computed once (`Embedder`, stateless) and kept in memory (float16 by default, see
-`cache_dtype`), which is exact up to that rounding and makes seeds and epochs cheap.
+`cache_dtype`), which is exact up to that rounding and makes seeds and epochs cheap; with
+`layer_cache_dir` the layers also go to disk (`features.cached`, keyed by the biLM's weights hash and the
+exact sentences), so the other seeds' runs skip the biLM entirely.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import os
 import time
@@ -48,6 +52,7 @@ class DownstreamConfig:
   dev_fraction: float = 0.1          # held out of train when no dev split is given
   max_train_sentences: int | None = None
   cache_dtype: str = "float16"
+  layer_cache_dir: str | None = None  # frozen: keep the biLM layers on disk too, shared by seeds/settings
   embed_batch_size: int = 64
   model: dict[str, Any] = dataclasses.field(default_factory=dict)  # TaskConfig overrides
 
@@ -86,7 +91,6 @@ def load_bilm(spec: str, init: str = "trained", seed: int = 0) -> Bilm:
 
 def _from_checkpoint(workdir: str) -> tuple[Any, dict[str, Any]]:
   """A run without an export yet (still training): its newest checkpoint that verifies."""
-  import hashlib  # pylint: disable=g-import-not-at-top
   from elmo_jax.embedder import Embedder  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
   config_file = os.path.join(workdir, "config.json")
@@ -117,6 +121,17 @@ def cache_layers(embedder: Any, split: data_lib.Encoded, dtype: str, batch_size:
     bar.update(len(part))
   bar.close()
   return np.concatenate(out)
+
+
+def layer_cache_key(bilm: Bilm, split: data_lib.Encoded, dtype: str) -> str:
+  """File name of a split's cached layers: the biLM's identity (weights hash, init, twin seed), the exact
+  sentences (after any hold-out or subsampling) and the storage dtype."""
+  h = hashlib.sha256()
+  d = bilm.description
+  h.update(json.dumps([d.get("weights_sha256"), d.get("init"), d.get("random_seed"), dtype]).encode())
+  for sentence in split.tokens:
+    h.update(("\t".join(sentence) + "\n").encode())
+  return f"bilm-layers-{h.hexdigest()[:24]}"
 
 
 def _tree_sum(tree: Any) -> jax.Array:
@@ -182,7 +197,8 @@ def run(cfg: DownstreamConfig, splits: dict[str, data_lib.Split], bilm: Bilm | N
   t_cache = time.time()
   if cfg.elmo == "frozen":
     for name, enc in encoded.items():
-      enc.layers = cache_layers(bilm.embedder, enc, cfg.cache_dtype, cfg.embed_batch_size, name)
+      compute = functools.partial(cache_layers, bilm.embedder, enc, cfg.cache_dtype, cfg.embed_batch_size, name)
+      enc.layers = features.cached(cfg.layer_cache_dir, layer_cache_key(bilm, enc, cfg.cache_dtype), compute)
   t_cache = time.time() - t_cache
 
   task_cfg = TaskConfig(task=task, n_classes=len(labels), vocab_size=len(vocab), elmo=cfg.elmo,
