@@ -1,0 +1,94 @@
+"""Plots of the downstream results; each draws on a given matplotlib `ax` (the notebook calls them too).
+
+`save_figure` writes a `matplotlib.figure.Figure` atomically without pyplot (no backend is selected here).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from elmo_jax import files
+
+SETTING_COLOURS = {"none": "tab:grey", "frozen": "tab:blue", "finetune": "tab:orange"}
+
+
+def new_figure(width: float = 6.0, height: float = 3.6):
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  fig = Figure(figsize=(width, height), layout="constrained")
+  return fig, fig.add_subplot()
+
+
+def save_figure(fig, path: str) -> str:
+  with files.atomic_path(path, suffix=".png") as tmp:
+    fig.savefig(tmp, format="png", dpi=100)
+  return path
+
+
+def dev_curve(ax, results: Sequence[dict[str, Any]]) -> None:
+  """Dev accuracy per epoch of one or more runs (results.json dicts); the best epoch marked."""
+  for r in results:
+    epochs = [row["epoch"] for row in r["dev_curve"]]
+    acc = [row["dev_accuracy"] for row in r["dev_curve"]]
+    colour = SETTING_COLOURS.get(r.get("elmo"))
+    ax.plot(epochs, acc, marker="o", ms=3, color=colour, label=f"{r['task']} {r['elmo']} seed {r['seed']}")
+    ax.plot([r["best_epoch"]], [r["dev_accuracy"]], marker="*", ms=10, color=colour)
+  ax.set_xlabel("epoch")
+  ax.set_ylabel("dev accuracy")
+  ax.set_title("dev accuracy per epoch (star: best, its params are tested)")
+  ax.legend(fontsize=7)
+
+
+def settings_bars(ax, summary: dict[str, Any], task: str) -> None:
+  """Test accuracy of none / frozen / finetune (mean over seeds, error bar = std, dots = seeds) for `task`,
+  from `elmo_jax.downstream.table.summarise`'s output."""
+  rows = [r for r in summary["rows"] if r["task"] == task]
+  names = [r["setting"] for r in rows]
+  x = np.arange(len(rows))
+  means = [r["mean"] for r in rows]
+  bars = ax.bar(x, means, yerr=[r["std"] for r in rows], capsize=4,
+                color=[SETTING_COLOURS.get(r["elmo"], "tab:green") for r in rows])
+  ax.bar_label(bars, fmt="%.3f", fontsize=7, label_type="center")
+  for i, r in enumerate(rows):
+    ax.plot([i] * len(r["values"]), r["values"], "k.", ms=4)
+  lo = min((min(r["values"]) for r in rows), default=0.0)
+  ax.set_ylim(max(0.0, lo - 0.05), min(1.0, max(means, default=1.0) + 0.05))
+  ax.set_xticks(x, names, fontsize=8)
+  ax.set_ylabel("test accuracy")
+  ax.set_title(f"{task}: task model test accuracy (mean ± std over seeds)")
+
+
+def probe_layers(ax, probe: dict[str, Any], title: str) -> None:
+  """Per-layer linear-probe accuracy, trained vs untrained biLM (an evaluate.py TASK.json)."""
+  keys = sorted((k for k in probe["trained"] if k.startswith("layer_") and k[6:].isdigit()),
+                key=lambda k: int(k[6:]))
+  if probe["trained"].get("mix") is not None:
+    keys.append("mix")
+  x = np.arange(len(keys))
+  for offset, model, colour in ((-0.2, "trained", "tab:blue"), (0.2, "untrained", "tab:grey")):
+    if model in probe:
+      vals = [probe[model].get(k) for k in keys]
+      vals = [np.nan if v is None else v for v in vals]
+      ax.bar_label(ax.bar(x + offset, vals, width=0.4, label=model, color=colour), fmt="%.2f", fontsize=7)
+  ax.set_xticks(x, keys)
+  ax.set_ylim(0, 1.05)
+  ax.set_ylabel("accuracy")
+  ax.set_title(title)
+  ax.legend(loc="lower right", fontsize=8)
+
+
+def perplexity_bars(ax, results: dict[str, dict[str, Any]]) -> None:
+  """Forward / backward perplexity vs unigram for each named evaluate.py perplexity JSON (log scale)."""
+  names = list(results)
+  x = np.arange(len(names))
+  for offset, key, colour in ((-0.27, "ppl_forward", "tab:blue"), (0.0, "ppl_backward", "tab:cyan"),
+                              (0.27, "unigram_ppl", "tab:grey")):
+    vals = [results[n].get(key) for n in names]
+    vals = [np.nan if v is None else v for v in vals]
+    ax.bar_label(ax.bar(x + offset, vals, width=0.27, label=key.replace("_ppl", "").replace("ppl_", ""),
+                        color=colour), fmt="%.0f", fontsize=7)
+  ax.set_yscale("log")
+  ax.set_xticks(x, names, fontsize=8)
+  ax.set_ylabel("perplexity")
+  ax.set_title("biLM perplexity vs unigram")
+  ax.legend(fontsize=8)
