@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The reference experiment (README "Reference run"): seed 003's experiment at the scale of a 2-core CPU.
+#   1. trains configs/reference.py on data/pd-mix into RUN (about an hour; skipped when RUN/export exists),
+#   2. perplexity in domain (data/pd-mix/test) and out of domain (WIKI_DIR/test.txt.gz), + unigram,
+#   3. per-layer probes (POS, WSD, sentiment), trained biLM vs its untrained twin,
+#   4. task models: --elmo=none vs frozen (SEEDS) vs finetune (FINETUNE_SEEDS) on POS and sentiment,
+#   5. copies the small result files (config, metrics.jsonl, JSONs, tables, plots; no weights) into OUT.
+#
+#   bash scripts/reference.sh PROBE_DIR WIKI_DIR [OUT]
+#
+# PROBE_DIR holds pos/{train,dev,test}.conll, sentiment/{train,dev,test}.tsv and wsd/wsd.tsv (research data:
+# never shipped); WIKI_DIR holds test.txt.gz of the out-of-domain corpus. Every step whose output exists
+# is skipped, so an interrupted run continues. Environment: RUN (runs/reference), SEEDS ("0 1 2"),
+# FINETUNE_SEEDS ("0"), POS_TRAIN_SENTENCES (4000: a seeded subset keeps a POS run to minutes on a CPU),
+# FINETUNE_EPOCHS (4), FINETUNE_LR (1e-4: the biLM's rate when fine-tuned).
+set -euo pipefail
+PROBES=${1:-}; WIKI=${2:-}; OUT=${3:-results/reference}
+if [[ -z "$PROBES" || ! -d "$PROBES/pos" || -z "$WIKI" || ! -f "$WIKI/test.txt.gz" ]]; then
+  echo "usage: $0 PROBE_DIR WIKI_DIR [OUT]: PROBE_DIR with pos/ sentiment/ wsd/ probe files, WIKI_DIR with test.txt.gz of an out-of-domain corpus" >&2
+  exit 2
+fi
+source "$(dirname "$0")/env.sh"
+RUN=${RUN:-runs/reference}
+SEEDS=${SEEDS:-0 1 2}; FINETUNE_SEEDS=${FINETUNE_SEEDS:-0}
+DS=$RUN/downstream
+
+[[ -f $RUN/export/weights.hdf5 ]] || python train.py --config=configs/reference.py --workdir="$RUN"
+[[ -f $RUN/eval/report.md ]] || python evaluate.py --task=all --workdir="$RUN" --probe_data_dir="$PROBES" \
+    --text_file=data/pd-mix/test.txt.gz --output_dir="$RUN/eval" --noprogress
+[[ -f $RUN/eval-wiki/perplexity.json ]] || python evaluate.py --task=perplexity --workdir="$RUN" \
+    --text_file="$WIKI/test.txt.gz" --output_dir="$RUN/eval-wiki" --noprogress
+
+task_model() {  # task elmo seed [flags...]
+  local task=$1 elmo=$2 seed=$3; shift 3
+  local dir=$DS/$task-$elmo-s$seed
+  [[ -f $dir/results.json ]] && return 0
+  local extra=()
+  [[ $task == pos ]] && extra+=(--max_train_sentences="${POS_TRAIN_SENTENCES:-4000}")
+  [[ $elmo != none ]] && extra+=(--bilm="$RUN" --layer_cache_dir="$DS/cache")
+  python -m elmo_jax.downstream --task="$task" --elmo="$elmo" --data_dir="$PROBES" --seed="$seed" \
+      --workdir="$dir" --noprogress "${extra[@]}" "$@"
+}
+for seed in $SEEDS; do
+  for task in pos sentiment; do
+    task_model "$task" none "$seed"
+    task_model "$task" frozen "$seed"
+    if [[ " $FINETUNE_SEEDS " == *" $seed "* ]]; then
+      task_model "$task" finetune "$seed" --num_epochs="${FINETUNE_EPOCHS:-4}" \
+          --bilm_learning_rate="${FINETUNE_LR:-1e-4}"
+    fi
+  done
+done
+python -m elmo_jax.downstream.table "$DS"/*-s* --output="$DS/summary"
+
+mkdir -p "$OUT/downstream"
+cp "$RUN/config.json" "$RUN/metrics.jsonl" "$OUT/"
+mkdir -p "$OUT/eval" "$OUT/eval-wiki"
+cp "$RUN"/eval/*.json "$RUN"/eval/*.png "$RUN"/eval/report.md "$OUT/eval/"
+cp "$RUN"/eval-wiki/*.json "$OUT/eval-wiki/"
+cp "$DS"/summary/* "$OUT/downstream/"
+for d in "$DS"/*-s*; do cp "$d/results.json" "$OUT/downstream/$(basename "$d").json"; done
+echo "reference results in $OUT"
