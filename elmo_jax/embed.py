@@ -381,13 +381,15 @@ def _embed_lines(embedder: Embedder, lines: _Lines, writer: _Writer, progress: P
                  batch_size: int, chunk_size: int, tokenize: Callable[[str], list[str]] | None) -> None:
   """Reads the input chunk by chunk, embeds it with `Embedder.iter_batches` and hands batches to `writer`.
 
-  Rows are padded to `batch_size` (`full_rows`): each chunk's last batch then has a shape every other
-  chunk's batches share, so a long file compiles no more shapes than one chunk.
+  The batches are `embed_sentences`' (a short last batch padded to a power of two of rows), so the CLI
+  compiles no shape the library would not, and a chunk's last batch costs no more than its sentences need.
+  (Measured: padding it to full rows instead added one compile and ~190 MB to the peak RSS of
+  benchmarks/embed_throughput.py.)
   """
   try:
     for chunk in _chunks(read_lines(lines.input_file), chunk_size):
       sentences = [lines.tokens(i, text, tokenize) for i, text in chunk]
-      for rows, layers in embedder.iter_batches(sentences, batch_size, full_rows=True):
+      for rows, layers in embedder.iter_batches(sentences, batch_size):
         writer.put(layers, [(*chunk[pos], len(sentences[pos])) for pos in rows])
         progress.update(len(rows), sum(len(sentences[pos]) for pos in rows))
   except BaseException:
