@@ -383,8 +383,8 @@ def _embed_lines(embedder: Embedder, lines: _Lines, writer: _Writer, progress: P
 
   The batches are `embed_sentences`' (a short last batch padded to a power of two of rows), so the CLI
   compiles no shape the library would not, and a chunk's last batch costs no more than its sentences need.
-  (Measured: padding it to full rows instead added one compile and ~190 MB to the peak RSS of
-  benchmarks/embed_throughput.py.)
+  (Padding it to full rows instead compiled one more shape; in benchmarks/embed_throughput.py the peak
+  RSS rose by ~190 MB during that first embed_file call.)
   """
   try:
     for chunk in _chunks(read_lines(lines.input_file), chunk_size):
