@@ -12,6 +12,18 @@ def peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def memory_mb() -> dict[str, float]:
+  """The process's resident memory now (`rss`, of which `anon` is heap/arrays, `file` mapped code) and its
+  peak so far (`hwm`), from /proc/self/status (Linux); {} elsewhere."""
+  keys = {"VmRSS": "rss", "VmHWM": "hwm", "RssAnon": "anon", "RssFile": "file"}
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      lines = [line.split(":") for line in f if line.split(":")[0] in keys]
+  except OSError:
+    return {}
+  return {keys[k]: round(int(v.split()[0]) / 1024, 1) for k, v in lines}
+
+
 def matmul_peak(n: int = 2048, reps: int = 10) -> float:
   """Best FLOP/s of an n x n float32 matmul (jit, XLA:CPU's Eigen/oneDNN path)."""
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)

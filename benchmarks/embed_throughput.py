@@ -16,7 +16,9 @@ data/ (nothing outside the repository). Per preset and batch size:
     the CLI's full-row last batches, as `first_seconds`).
 FLOPs count the matmuls/convolutions as executed, padding included (char CNN rows padded to its chunks and
 char widths, biLSTM rows x (longest row + <S>/</S>) steps); `useful_flops_per_token` counts real tokens only
-(every token through the CNN at its width, no padding). `peak_rss_mb` is the process's peak so far.
+(every token through the CNN at its width, no padding). `peak_rss_mb` is the process's peak so far;
+`memory_mb` the resident memory after each stage (`rss`, its `anon` and `file` parts, and `hwm`, the peak
+so far), to tell the model, the compiled shapes and the held outputs apart.
 """
 from __future__ import annotations
 
@@ -36,10 +38,11 @@ import h5py
 import jax
 import numpy as np
 
-from bench_util import matmul_peak, peak_rss_mb  # pylint: disable=g-bad-import-order
+from bench_util import matmul_peak, memory_mb, peak_rss_mb  # pylint: disable=g-bad-import-order
 from elmo_jax import embed
 from elmo_jax import options as options_lib
 from elmo_jax.embedder import Embedder, _char_widths, _pow2_at_least
+from elmo_jax.model import BiLM, BiLMConfig
 
 _CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "pd-small", "train.txt.gz")
 
@@ -111,6 +114,19 @@ def useful_flops_per_token(embedder: Embedder, sentences: Sequence[Sequence[str]
   return (cnn + lstm) / n_tokens
 
 
+def random_embedder(preset: str, seed: int) -> Embedder:
+  """Random weights of the preset, initialised in one compiled program.
+
+  A user's model is loaded from a weight file, which compiles nothing; `Embedder.random`'s eager init
+  (kept eager: its values are the untrained twins' and must not move by a rounding) leaves ~300 MB of
+  one-op executables in JAX's caches on the small preset, which would be charged to the embedding here.
+  """
+  options = options_lib.validate(options_lib.preset(preset))
+  dummy = np.zeros((1, 1, options["char_cnn"]["max_characters_per_token"]), np.int32)
+  params = jax.jit(BiLM(BiLMConfig.from_options(options)).init)(jax.random.key(seed), dummy)["params"]
+  return Embedder(options, params)
+
+
 # --- passes ---------------------------------------------------------------------------------------------
 def timed(fn: Callable[[], Any]) -> float:
   start = time.perf_counter()
@@ -165,12 +181,18 @@ def split_pass(embedder: Embedder, sentences, batch_size: int) -> dict[str, Any]
 
 def bench(preset: str, sentences: list[list[str]], batch_sizes: Sequence[int], peak: float) -> dict[str, Any]:
   n_tokens = sum(len(s) for s in sentences)
-  embedder = Embedder.random(options_lib.preset(preset), seed=FLAGS.seed)
+  embedder = random_embedder(preset, FLAGS.seed)
   out: dict[str, Any] = {"num_sentences": len(sentences), "num_tokens": n_tokens,
-                         "useful_flops_per_token": round(useful_flops_per_token(embedder, sentences))}
+                         "useful_flops_per_token": round(useful_flops_per_token(embedder, sentences)),
+                         "memory_mb_model": memory_mb()}
   for bs in batch_sizes:
-    r: dict[str, Any] = {}
-    r["compile_s"] = round(timed(lambda: embedder.embed_sentences(sentences, batch_size=bs)), 2)
+    r: dict[str, Any] = {"memory_mb": {}}
+    start = time.perf_counter()
+    held = embedder.embed_sentences(sentences, batch_size=bs)  # the first pass: compiles every shape
+    r["compile_s"] = round(time.perf_counter() - start, 2)
+    r["output_mb"] = round(sum(x.nbytes for x in held) / 2**20, 1)
+    r["memory_mb"]["first_pass_output_held"] = memory_mb()
+    del held
     r["compiled_shapes"] = {name.strip("_"): getattr(embedder, name)._cache_size()  # pylint: disable=protected-access
                             for name in ("_cnn", "_gather", "_bilm")}
     split, flops = split_pass(embedder, sentences, bs) if FLAGS.split else ({}, None)
@@ -178,6 +200,7 @@ def bench(preset: str, sentences: list[list[str]], batch_sizes: Sequence[int], p
     s = statistics.median(secs)
     r["steady"] = {"seconds": round(s, 3), "seconds_per_pass": [round(x, 3) for x in secs],
                    "tokens_per_s": round(n_tokens / s, 1), "sentences_per_s": round(len(sentences) / s, 1)}
+    r["memory_mb"]["steady"] = memory_mb()
     if flops:
       executed = flops["cnn"] + flops["lstm"]
       r["steady"].update(executed_gflops=round(executed / 1e9, 1), gflops_per_s=round(executed / s / 1e9, 1),
@@ -195,6 +218,7 @@ def bench(preset: str, sentences: list[list[str]], batch_sizes: Sequence[int], p
         r["embed_file"] = {"first_seconds": round(warm, 3), "seconds": round(seconds, 3),
                            "tokens_per_s": round(n_tokens / seconds, 1),
                            "output_mb": round(os.path.getsize(path) / 2**20, 1)}
+      r["memory_mb"]["embed_file"] = memory_mb()
     r["peak_rss_mb"] = round(peak_rss_mb(), 1)
     print(json.dumps({preset: {bs: r}}), file=sys.stderr)
     out[f"batch_{bs}"] = r
@@ -240,6 +264,7 @@ def main(argv: list[str]) -> None:
   result: dict[str, Any] = {"backend": jax.default_backend(), "devices": len(jax.devices()),
                             "cpu_count": os.cpu_count(), "load_avg_start": os.getloadavg(),
                             "corpus": os.path.relpath(FLAGS.corpus), "tokenizer": FLAGS.tokenizer}
+  result["memory_mb_start"] = memory_mb()
   peak = matmul_peak()
   result["matmul_peak_flops"] = round(peak)
   batch_sizes = [int(b) for b in FLAGS.batch_sizes]

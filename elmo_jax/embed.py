@@ -26,13 +26,15 @@ and one left by a writer killed outright (kill -9) is removed by the next run fo
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
+import queue
 import signal
 import socket
 import sys
-import tempfile
+import threading
 import time
 from typing import Any, Callable, Iterator, TextIO
 
@@ -43,6 +45,7 @@ from absl import flags
 from absl import logging
 
 from elmo_jax import devices
+from elmo_jax import files
 from elmo_jax import options as options_lib
 from elmo_jax import progress as progress_lib
 from elmo_jax import token_cache
@@ -187,15 +190,128 @@ class Progress:
             f"{self.tokens / elapsed:.0f} tok/s, ETA {eta_text})")
 
 
-def _embed_chunk(embedder: Embedder, sentences: list[list[str]], batch_size: int
-                 ) -> Iterator[tuple[list[int], np.ndarray]]:
-  """Yields (chunk positions, layers `[rows, n_layers + 1, time, 2P]`) batch by batch.
+@dataclasses.dataclass
+class _Format:
+  """What each dataset holds and how it is named (see `embed_file`'s arguments)."""
+  output: str = "all"
+  sentence_vectors: bool = False
+  dtype: str = "float32"
+  use_sentence_keys: bool = False
 
-  Same batching as `Embedder.embed_sentences` (stable length sort when stateless, input order when
-  stateful), rows padded to `batch_size`, so results match it exactly; yielding per batch lets the
-  caller write and report progress as each batch finishes (while the next one computes).
+
+@dataclasses.dataclass
+class _Lines:
+  """What reading the input learned: the sentence index, empty lines, over-long tokens."""
+  input_file: str
+  max_chars: int
+  use_sentence_keys: bool
+  warn: Callable[[str], Any]
+  sentence_to_index: dict[str, str] = dataclasses.field(default_factory=dict)
+  empty: list[int] = dataclasses.field(default_factory=list)
+  long_tokens: int = 0
+  first_long: str | None = None
+
+  def tokens(self, i: int, text: str, tokenize: Callable[[str], list[str]] | None) -> list[str]:
+    """Line i's tokens; records its key, and warns about an empty line."""
+    if self.use_sentence_keys:
+      _check_sentence_key(self.input_file, i, text, self.sentence_to_index)
+    self.sentence_to_index[text] = str(i)
+    tokens = tokenize(text) if tokenize is not None else text.split()
+    n_long = sum(len(t) > self.max_chars for t in tokens)
+    if n_long:
+      self.long_tokens += n_long
+      self.first_long = self.first_long or f"{self.input_file}:{i + 1}"
+    if not tokens:
+      self.empty.append(i)
+      if len(self.empty) <= _MAX_EMPTY_WARNINGS:
+        self.warn(f"{self.input_file}:{i + 1}: empty line; its entry '{i}' has 0 tokens")
+    return tokens
+
+  def finish(self) -> None:
+    """The run's summary warnings."""
+    if len(self.empty) > _MAX_EMPTY_WARNINGS:
+      self.warn(f"{self.input_file}: {len(self.empty)} empty lines in all (warned about the first "
+                f"{_MAX_EMPTY_WARNINGS})")
+    if self.long_tokens:  # bilm-tf cuts them silently; say so once per run
+      self.warn(f"{self.input_file}: {self.long_tokens} tokens longer than {self.max_chars} characters were "
+                f"cut to their first {self.max_chars} (as bilm-tf does); the first at {self.first_long}")
+
+
+class _Writer:
+  """Writes batches into an open HDF5 file from a background thread.
+
+  The device computes batch k+1 (and the main thread reads and prepares the next ones) while batch k is cut
+  to its lengths, converted and written. The queue holds at most `depth` batches, so memory stays bounded
+  when the disk is slower than the device. An error in the thread is raised by the next `put` or `close`.
   """
-  return embedder.iter_batches(sentences, batch_size, full_rows=True)
+
+  def __init__(self, fout: h5py.File, fmt: _Format, where: str, warn: Callable[[str], Any], depth: int = 2):
+    self.fout, self.fmt, self.where, self.warn = fout, fmt, where, warn
+    self.error: BaseException | None = None
+    self._slash_warned = False
+    self._queue: queue.Queue = queue.Queue(maxsize=depth)
+    self._thread = threading.Thread(target=self._run, name="embed-hdf5-writer", daemon=True)
+    self._thread.start()
+
+  def put(self, layers: np.ndarray, lines: list[tuple[int, str, int]]) -> None:
+    """Queues one batch: layers `[rows, n_layers + 1, time, 2P]` and (line index, text, n_tokens) per row."""
+    while True:
+      self._raise()
+      try:
+        self._queue.put((layers, lines), timeout=0.1)
+        return
+      except queue.Full:
+        if not self._thread.is_alive():
+          self._raise()
+          raise RuntimeError("the HDF5 writer thread stopped")
+
+  def close(self, abort: bool = False) -> None:
+    """Waits for the queued batches to be written (`abort`: drops them); raises the thread's error."""
+    if abort:
+      self.error = self.error or _Aborted()
+      while not self._queue.empty():
+        self._queue.get_nowait()
+    self._queue.put(None)
+    self._thread.join()
+    if not abort:
+      self._raise()
+
+  def _raise(self) -> None:
+    if self.error is not None and not isinstance(self.error, _Aborted):
+      raise self.error
+
+  def _run(self) -> None:
+    while (batch := self._queue.get()) is not None:
+      if self.error is not None:
+        continue  # drain until close()
+      layers, lines = batch
+      try:
+        for row, (i, text, n) in enumerate(lines):
+          self._write(i, text, layers[row, :, :n])
+      except BaseException as e:  # pylint: disable=broad-except
+        self.error = e
+
+  def _write(self, i: int, text: str, layers: np.ndarray) -> None:
+    data = select_layers(layers, self.fmt.output)
+    if self.fmt.sentence_vectors:
+      n = layers.shape[1]
+      data = data.mean(axis=-2) if n else np.zeros(data.shape[:-2] + data.shape[-1:], np.float32)
+    if not self.fmt.use_sentence_keys:
+      self.fout.create_dataset(str(i), data=data, dtype=self.fmt.dtype)
+      return
+    if "/" in text and not self._slash_warned:  # h5py nests such names in groups, as AllenNLP's files do
+      self._slash_warned = True
+      self.warn(f"{self.where}:{i + 1}: a sentence key holds '/'; read it back with f[sentence], not by "
+                "listing the file's keys")
+    try:
+      self.fout.create_dataset(text, data=data, dtype=self.fmt.dtype)
+    except (ValueError, KeyError, TypeError) as e:
+      raise EmbedInputError(f"{self.where}:{i + 1}: {text!r} cannot name an HDF5 dataset ({e}); "
+                            "drop --use_sentence_keys") from None
+
+
+class _Aborted(Exception):
+  """Marks a writer closed because the main thread failed (its own error is the one to report)."""
 
 
 def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: str | os.PathLike,
@@ -239,77 +355,47 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   if output not in ("all", "top", "average") or output_dtype not in ("float32", "float16"):
     raise ValueError(f"output must be all/top/average and output_dtype float32/float16, got {output!r}, "
                      f"{output_dtype!r}")
-  chunk_size = -(-max(chunk_size, 1) // batch_size) * batch_size
   check_output_path(output_file)
   remove_stale_temps(output_file)
   progress = Progress(count_lines(input_file), progress_every, progress_stream)
-  out_dir = os.path.dirname(os.path.abspath(output_file))
-  # Same directory, so the final rename is atomic (never a copy across file systems).
-  fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(output_file), suffix=".tmp", dir=out_dir)
-  os.close(fd)
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the output should get the usual permissions
-  _ACTIVE_TEMPS.add(tmp)
-  sentence_to_index: dict[str, str] = {}
-  empty: list[int] = []
-  max_chars = embedder.config.max_characters_per_token - 2  # room for the begin/end-of-word marks
-  long_tokens, first_long = 0, None
-  slash_warned = False
+  fmt = _Format(output, sentence_vectors, output_dtype, use_sentence_keys)
+  # bilm-tf's ids leave room for the begin/end-of-word marks
+  lines = _Lines(input_file, embedder.config.max_characters_per_token - 2, use_sentence_keys, warn)
+  with files.atomic_path(output_file, prefix=_temp_prefix(output_file)) as tmp:
+    _ACTIVE_TEMPS.add(tmp)
+    try:
+      with h5py.File(tmp, "w") as fout:
+        _embed_lines(embedder, lines, _Writer(fout, fmt, input_file, warn), progress,
+                     batch_size, -(-max(chunk_size, 1) // batch_size) * batch_size, tokenize)
+        lines.finish()
+        if not (use_sentence_keys or forget_sentences):
+          index = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
+          index[0] = json.dumps(lines.sentence_to_index)
+    finally:
+      _ACTIVE_TEMPS.discard(tmp)
+  return {"sentences": progress.sentences, "tokens": progress.tokens, "empty_lines": len(lines.empty),
+          "long_tokens": lines.long_tokens, "seconds": time.perf_counter() - progress.start}
+
+
+def _embed_lines(embedder: Embedder, lines: _Lines, writer: _Writer, progress: Progress,
+                 batch_size: int, chunk_size: int, tokenize: Callable[[str], list[str]] | None) -> None:
+  """Reads the input chunk by chunk, embeds it with `Embedder.iter_batches` and hands batches to `writer`.
+
+  The batches are `embed_sentences`' (a short last batch padded to a power of two of rows), so the CLI
+  compiles no shape the library would not, and a chunk's last batch costs no more than its sentences need.
+  (Padding it to full rows instead compiled one more shape; in benchmarks/embed_throughput.py the peak
+  RSS rose by ~190 MB during that first embed_file call.)
+  """
   try:
-    with h5py.File(tmp, "w") as fout:
-      for chunk in _chunks(read_lines(input_file), chunk_size):
-        sentences = []
-        for i, text in chunk:
-          if use_sentence_keys:
-            _check_sentence_key(input_file, i, text, sentence_to_index)
-          sentence_to_index[text] = str(i)
-          sentences.append(tokenize(text) if tokenize is not None else text.split())
-          n_long = sum(len(t) > max_chars for t in sentences[-1])
-          if n_long:
-            long_tokens += n_long
-            first_long = first_long or f"{input_file}:{i + 1}"
-          if not sentences[-1]:
-            empty.append(i)
-            if len(empty) <= _MAX_EMPTY_WARNINGS:
-              warn(f"{input_file}:{i + 1}: empty line; its entry '{i}' has 0 tokens")
-        for rows, layers in _embed_chunk(embedder, sentences, batch_size):
-          for row, pos in enumerate(rows):
-            n = len(sentences[pos])
-            data = select_layers(layers[row, :, :n], output)
-            if sentence_vectors:
-              data = data.mean(axis=-2) if n else np.zeros(data.shape[:-2] + data.shape[-1:], np.float32)
-            i, text = chunk[pos]
-            if not use_sentence_keys:
-              fout.create_dataset(str(i), data=data, dtype=output_dtype)
-              continue
-            if "/" in text and not slash_warned:  # h5py nests such names in groups, as AllenNLP's files do
-              slash_warned = True
-              warn(f"{input_file}:{i + 1}: a sentence key holds '/'; read it back with f[sentence], not by "
-                   "listing the file's keys")
-            try:
-              fout.create_dataset(text, data=data, dtype=output_dtype)
-            except (ValueError, KeyError, TypeError) as e:
-              raise EmbedInputError(f"{input_file}:{i + 1}: {text!r} cannot name an HDF5 dataset ({e}); "
-                                    "drop --use_sentence_keys") from None
-          progress.update(len(rows), sum(len(sentences[pos]) for pos in rows))
-      if len(empty) > _MAX_EMPTY_WARNINGS:
-        warn(f"{input_file}: {len(empty)} empty lines in all (warned about the first "
-             f"{_MAX_EMPTY_WARNINGS})")
-      if long_tokens:  # bilm-tf cuts them silently; say so once per run
-        warn(f"{input_file}: {long_tokens} tokens longer than {max_chars} characters were cut to their first "
-             f"{max_chars} (as bilm-tf does); the first at {first_long}")
-      if not (use_sentence_keys or forget_sentences):
-        index = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
-        index[0] = json.dumps(sentence_to_index)
-    os.replace(tmp, output_file)
-  finally:
-    _ACTIVE_TEMPS.discard(tmp)
-    if os.path.exists(tmp):
-      os.remove(tmp)
-  return {"sentences": progress.sentences, "tokens": progress.tokens, "empty_lines": len(empty),
-          "long_tokens": long_tokens,
-          "seconds": time.perf_counter() - progress.start}
+    for chunk in _chunks(read_lines(lines.input_file), chunk_size):
+      sentences = [lines.tokens(i, text, tokenize) for i, text in chunk]
+      for rows, layers in embedder.iter_batches(sentences, batch_size):
+        writer.put(layers, [(*chunk[pos], len(sentences[pos])) for pos in rows])
+        progress.update(len(rows), sum(len(sentences[pos]) for pos in rows))
+  except BaseException:
+    writer.close(abort=True)
+    raise
+  writer.close()
 
 
 def _check_sentence_key(input_file: str, i: int, text: str, seen: dict[str, str]) -> None:
@@ -386,7 +472,8 @@ def _on_signal(signum, frame):  # pylint: disable=unused-argument
   os._exit(128 + signum)
 
 
-def main(argv: list[str]) -> int:
+def _check_flags(argv: list[str]) -> None:
+  """Usage errors (absl prints them with the usage text)."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   for name in (("vocab_file",) if FLAGS.dump_token_embeddings else ("input_file",)) + ("output_file",):
@@ -399,6 +486,20 @@ def main(argv: list[str]) -> int:
     raise app.UsageError("give --model, or --options_file and --weight_file (or --workdir)")
   if FLAGS.top + FLAGS.average + FLAGS.all > 1:
     raise app.UsageError("give at most one of --all, --top, --average")
+
+
+def _load_embedder() -> Embedder:
+  kwargs = {"stateful": FLAGS.stateful, "token_embedding_file": FLAGS.token_embedding_file,
+            "compilation_cache": FLAGS.compilation_cache}
+  if FLAGS.workdir:
+    return Embedder.from_workdir(FLAGS.workdir, **kwargs)
+  if FLAGS.model:
+    return Embedder.from_pretrained(FLAGS.model, **kwargs)
+  return Embedder.from_files(FLAGS.options_file, FLAGS.weight_file, **kwargs)
+
+
+def main(argv: list[str]) -> int:
+  _check_flags(argv)
   if FLAGS.batch_size < 1:  # the message alone, not absl's usage text
     print(f"error: --batch_size must be >= 1, got {FLAGS.batch_size}", file=sys.stderr)
     return 1
@@ -416,14 +517,7 @@ def main(argv: list[str]) -> int:
     for name in remove_stale_temps(FLAGS.output_file):
       logging.warning("removed %s, left by an embedding run that was killed", name)
     devices.announce()
-    kwargs = {"stateful": FLAGS.stateful, "token_embedding_file": FLAGS.token_embedding_file,
-              "compilation_cache": FLAGS.compilation_cache}
-    if FLAGS.workdir:
-      embedder = Embedder.from_workdir(FLAGS.workdir, **kwargs)
-    elif FLAGS.model:
-      embedder = Embedder.from_pretrained(FLAGS.model, **kwargs)
-    else:
-      embedder = Embedder.from_files(FLAGS.options_file, FLAGS.weight_file, **kwargs)
+    embedder = _load_embedder()
     if FLAGS.dump_token_embeddings:
       start = time.perf_counter()
       n = dump_token_embeddings(embedder, FLAGS.vocab_file, FLAGS.output_file)

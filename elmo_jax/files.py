@@ -10,12 +10,20 @@ from typing import Any, Iterator
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
-  """Yields a temporary path beside `path`; renamed onto it on success, removed on failure."""
+def atomic_path(path: str | os.PathLike, suffix: str = ".tmp", prefix: str | None = None) -> Iterator[str]:
+  """Yields a temporary path beside `path`; renamed onto it on success, removed on failure.
+
+  The temp file is named `prefix` (default `NAME.`) + random + `suffix`, in the same directory so the
+  rename is atomic (never a copy across file systems), and gets the permissions a plainly created file
+  would (the umask's), not mkstemp's 0600.
+  """
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=suffix)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix or os.path.basename(path) + ".", suffix=suffix)
   os.close(fd)
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o666 & ~umask)
   try:
     yield tmp
     os.replace(tmp, path)

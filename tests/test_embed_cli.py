@@ -270,3 +270,33 @@ def test_missing_output_directory(tmp_path, embedder):
   with pytest.raises(embed.EmbedInputError, match="output directory"):
     embed.embed_file(embedder, path, tmp_path / "no" / "out.hdf5", progress_every=None)
   assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_writer_thread_error_propagates_and_leaves_nothing(tmp_path, embedder, monkeypatch):
+  """An HDF5 write failing in the background writer stops the run with that error; no output, no temp."""
+  out = tmp_path / "out.hdf5"
+  path = write_lines(tmp_path / "in.txt", SENTENCES[1] * 3)
+  written = []
+  real = embed._Writer._write  # pylint: disable=protected-access
+
+  def failing(self, i, text, layers):
+    if len(written) == 7:
+      raise OSError("disk full (injected)")
+    written.append(i)
+    return real(self, i, text, layers)
+
+  monkeypatch.setattr(embed._Writer, "_write", failing)  # pylint: disable=protected-access
+  with pytest.raises(OSError, match="disk full"):
+    embed.embed_file(embedder, path, out, batch_size=2, chunk_size=4, progress_every=None)
+  assert len(written) == 7
+  assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_output_gets_the_umask_permissions(tmp_path, embedder):
+  old = os.umask(0o022)
+  try:
+    embed.embed_file(embedder, write_lines(tmp_path / "in.txt", SENTENCES[0][:2]), tmp_path / "out.hdf5",
+                     progress_every=None)
+  finally:
+    os.umask(old)
+  assert os.stat(tmp_path / "out.hdf5").st_mode & 0o777 == 0o644
