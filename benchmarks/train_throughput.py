@@ -43,8 +43,7 @@ import numpy as np
 
 from bench_util import matmul_peak, peak_rss_mb  # pylint: disable=g-bad-import-order
 from elmo_jax import chars
-from elmo_jax.model import BiLM
-from elmo_jax.model.lstm import BiLSTMStack
+from elmo_jax.model import BiLM, BiLMConfig, BiLSTMStack, make_model
 from elmo_jax.training import dedupe as dedupe_lib
 from elmo_jax.training import losses
 from elmo_jax.training import step as step_lib
@@ -144,7 +143,7 @@ def bench_train(name: str, peak: float) -> dict[str, Any]:
     config.scan_unroll = FLAGS.scan_unroll
   options = config.options.to_dict()
   num_sampled = int(config.n_negative_samples) if config.n_negative_samples < vocab else 0
-  model = step_lib.make_model(options, config)
+  model = make_model(options, dropout=config.dropout, dtype=config.dtype, unroll=config.get("scan_unroll", 1))
   optimizer = step_lib.make_optimizer(config)
   mesh = step_lib.make_mesh(jax.devices()[:1])
   b, t = int(config.batch_size), int(config.unroll_steps)
@@ -294,8 +293,10 @@ def lstm_compare(hidden: int, proj: int, batch: int, unroll: int = 20, n_layers:
   y = jnp.asarray(rng.standard_normal((2, batch, unroll, proj)).astype(np.float32))
 
   # ours: the real BiLSTMStack (cell/proj clips 3 and skip connections, as ELMo; torch has no clips)
-  stack = BiLSTMStack(n_layers, hidden, proj, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True,
-                      unroll=scan_unroll)
+  shape = BiLMConfig(filters=(), char_dim=0, n_highway=0, activation="relu", max_characters_per_token=50,
+                     lstm_dim=hidden, projection_dim=proj, n_layers=n_layers, cell_clip=3.0, proj_clip=3.0,
+                     use_skip_connections=True)  # the char CNN fields are not read by the LSTM stack
+  stack = BiLSTMStack(shape, unroll=scan_unroll)
   mask = jnp.ones((batch, unroll), bool)
   params = stack.init(jax.random.PRNGKey(0), x[0], x[1], mask, mask)["params"]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from elmo_jax import chars
-from elmo_jax.model import BiLM, BiLMConfig
+from elmo_jax.model import BiLM, BiLMConfig, zero_state
 from elmo_jax.training import dedupe
 
 from conftest import tiny_options
@@ -74,7 +74,7 @@ def test_lm_deduped_path_equals_plain(n_shards):
   model = BiLM(BiLMConfig.from_options(options))
   batch = _batch()
   params = model.init(jax.random.key(0), batch["fwd_chars"], batch["bwd_chars"], method=BiLM.lm)["params"]
-  state = jax.tree_util.tree_map(lambda a: a + 0.1, model.zero_state(batch["fwd_chars"].shape[0]))
+  state = jax.tree_util.tree_map(lambda a: a + 0.1, zero_state(model.config, batch["fwd_chars"].shape[0]))
   deduped = dedupe.dedupe_batch(batch, n_shards)
 
   def plain(p):

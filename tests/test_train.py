@@ -99,6 +99,7 @@ _SHARDED_SCRIPT = textwrap.dedent(r"""
   import jax, numpy as np
   from elmo_jax import options as options_lib
   from elmo_jax.data import Tokenizer, Vocab, make_lm_iterator
+  from elmo_jax.model import make_model
   from elmo_jax.training import step as step_lib
   sys.path.insert(0, sys.argv[1])
   from test_train import tiny_config, _sentences
@@ -110,7 +111,7 @@ _SHARDED_SCRIPT = textwrap.dedent(r"""
   vocab = Vocab.build(tok(s) for s in sentences)
   num_sampled = c.n_negative_samples
   assert 0 < num_sampled < len(vocab) - 1  # the sampled softmax is exercised, with dropout on
-  model = step_lib.make_model(options_lib.validate(c.options.to_dict()), c)
+  model = make_model(options_lib.validate(c.options.to_dict()), dropout=c.dropout, dtype=c.dtype)
   optimizer = step_lib.make_optimizer(c)
 
   dedupe_8 = sys.argv[3] == "1"  # the 8-device run dedupes its tokens per shard; the 1-device run never does

@@ -171,22 +171,19 @@ def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_
           max_token_chars: int = 50) -> dict[str, Any]:
   """Forward/backward/mean perplexity with lm_eval.perplexity, plus the unigram baseline on the same targets."""
   import jax  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
 
   from elmo_jax.data import Tokenizer, make_lm_iterator  # pylint: disable=g-import-not-at-top
+  from elmo_jax.model import make_model, zero_state  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import lm_eval, step as step_lib  # pylint: disable=g-import-not-at-top
 
   devices = jax.devices()
   # All devices when the rows split evenly, else one: evaluation is cheap next to a wrong error.
   mesh = step_lib.make_mesh(devices if batch_size % len(devices) == 0 else devices[:1])
-  model = step_lib.make_model(lm.options, ml_collections.ConfigDict(
-      {"dropout": 0.0, "dtype": dtype, "scan_unroll": scan_unroll}))
-  zero = model.zero_state(batch_size)
-  template = step_lib.TrainState(step=0, params=lm.params, opt_state=(), lstm_state=zero, rng=0)
-  shardings = step_lib.state_shardings(template, mesh)
-  eval_step = step_lib.make_eval_step(model, mesh, shardings)
-  params = jax.device_put(lm.params, shardings.params)
-  zero = jax.device_put(zero, shardings.lstm_state)
+  model = make_model(lm.options, dtype=dtype, unroll=scan_unroll)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  eval_step = step_lib.make_eval_step(model, mesh, replicated)
+  params = jax.device_put(lm.params, replicated)
+  zero = jax.device_put(zero_state(model.config, batch_size), step_lib.lstm_state_sharding(mesh))
   from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator  # pylint: disable=g-import-not-at-top
   kw = dict(batch_size=batch_size, unroll_steps=unroll_steps, seed=0, shuffle=False, num_epochs=1,
             process_index=0, process_count=1)

@@ -18,6 +18,7 @@ import ml_collections
 
 from elmo_jax import files
 from elmo_jax import options as options_lib
+from elmo_jax.model import make_model, zero_state
 from elmo_jax.training import init_from, lm_eval, resume, step as step_lib
 from elmo_jax.training import input as input_lib
 from elmo_jax.training.checkpoint import Checkpointer, abstract_like, gather_process_states
@@ -80,14 +81,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     files.write_json(os.path.join(workdir, "config.json"), config.to_dict())
 
   mesh = step_lib.make_mesh()
-  model = step_lib.make_model(options, config)
+  model = make_model(options, dropout=config.dropout, dtype=config.dtype,
+                     unroll=config.get("scan_unroll", 1))
   optimizer = step_lib.make_optimizer(config)
   num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < len(vocab) - 1 else 0
   create = lambda: step_lib.create_train_state(model, optimizer, len(vocab), config.batch_size, config.seed)
   shardings = step_lib.state_shardings(jax.eval_shape(create), mesh, bool(config.get("shard_softmax", False)))
   state = jax.jit(create, out_shardings=shardings)()
   train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
-  eval_step = step_lib.make_eval_step(model, mesh, shardings)
+  eval_step = step_lib.make_eval_step(model, mesh, shardings.params)
   dedupe = bool(config.get("dedupe_tokens", False))
   train_iter = data.train(dedupe_shards=len(mesh.local_devices) if dedupe else None)
 
@@ -102,7 +104,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   def run_eval(params) -> dict[str, Any]:
     if data.eval is None:
       return {}
-    zero = jax.device_put(model.zero_state(config.batch_size), shardings.lstm_state)
+    zero = jax.device_put(zero_state(model.config, config.batch_size), shardings.lstm_state)
     to_global = lambda b: step_lib.global_batch(b, mesh, dedupe=dedupe)
     batches = lm_eval.with_progress(data.eval(), data.eval_sentences // n_proc, config.eval_max_batches, "eval",
                                     disable=not is_main)

@@ -16,7 +16,7 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax.model import BiLM, BiLMConfig
+from elmo_jax.model import BiLM, zero_state
 from elmo_jax.training import dedupe as dedupe_lib
 from elmo_jax.training import losses
 
@@ -35,17 +35,6 @@ class TrainState:
 def make_mesh(devices=None) -> Mesh:
   devices = np.asarray(jax.devices() if devices is None else devices)
   return Mesh(devices.reshape(-1), (DATA_AXIS,))
-
-
-def compute_dtype(name: str):
-  if name not in ("float32", "bfloat16"):
-    raise ValueError(f"config.dtype must be 'float32' or 'bfloat16', got {name!r}")
-  return jnp.bfloat16 if name == "bfloat16" else jnp.float32
-
-
-def make_model(options: dict[str, Any], config) -> BiLM:
-  return BiLM(BiLMConfig.from_options(options), dropout_rate=float(config.dropout),
-              dtype=compute_dtype(config.dtype), unroll=int(config.get("scan_unroll", 1)))
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
@@ -94,7 +83,7 @@ def create_train_state(model: BiLM, optimizer, vocab_size: int, global_batch: in
   if params is None:
     params = init_params(model, vocab_size, k_init)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
-                    lstm_state=model.zero_state(global_batch), rng=rng)
+                    lstm_state=zero_state(model.config, global_batch), rng=rng)
 
 
 def state_shardings(state: TrainState, mesh: Mesh, shard_softmax: bool = False) -> TrainState:
@@ -106,7 +95,6 @@ def state_shardings(state: TrainState, mesh: Mesh, shard_softmax: bool = False) 
   all-reducing it densely. Losses equal the replicated layout's.
   """
   replicated = NamedSharding(mesh, P())
-  rows = NamedSharding(mesh, P(None, None, DATA_AXIS))
   n = mesh.devices.size
   split_p = NamedSharding(mesh, P(None, DATA_AXIS))
 
@@ -119,7 +107,13 @@ def state_shardings(state: TrainState, mesh: Mesh, shard_softmax: bool = False) 
   shardings = state.replace(params=jax.tree_util.tree_map_with_path(place, state.params),
                             opt_state=jax.tree_util.tree_map_with_path(place, state.opt_state))
   shardings = jax.tree_util.tree_map(lambda x: x if isinstance(x, NamedSharding) else replicated, shardings)
-  return shardings.replace(lstm_state=jax.tree_util.tree_map(lambda _: rows, state.lstm_state))
+  return shardings.replace(lstm_state=lstm_state_sharding(mesh))
+
+
+def lstm_state_sharding(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
+  """(c, h) [L, 2, batch, ...] split by batch row over the mesh."""
+  rows = NamedSharding(mesh, P(None, None, DATA_AXIS))
+  return (rows, rows)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -175,7 +169,7 @@ def make_train_step(model: BiLM, optimizer, mesh: Mesh, state_sharding: TrainSta
                  out_shardings=(state_sharding, replicated), donate_argnums=(0,))
 
 
-def make_eval_step(model: BiLM, mesh: Mesh, state_sharding: TrainState):
+def make_eval_step(model: BiLM, mesh: Mesh, params_sharding: Any):
   """Returns jitted `eval_step(params, lstm_state, batch) -> (lstm_state, sums)` with full softmax."""
 
   def eval_step(params, lstm_state, batch):
@@ -185,8 +179,9 @@ def make_eval_step(model: BiLM, mesh: Mesh, state_sharding: TrainState):
                        "n_tokens": jnp.sum(w)}
 
   replicated = NamedSharding(mesh, P())
-  return jax.jit(eval_step, in_shardings=(state_sharding.params, state_sharding.lstm_state, batch_sharding(mesh)),
-                 out_shardings=(state_sharding.lstm_state, replicated))
+  lstm_sharding = lstm_state_sharding(mesh)
+  return jax.jit(eval_step, in_shardings=(params_sharding, lstm_sharding, batch_sharding(mesh)),
+                 out_shardings=(lstm_sharding, replicated))
 
 
 def host_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, np.ndarray]:
