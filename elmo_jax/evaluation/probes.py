@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from elmo_jax.model.scalar_mix import ScalarMix
+
 
 @dataclasses.dataclass
 class ProbeConfig:
@@ -63,8 +65,8 @@ def _mix_weights(params: dict) -> jnp.ndarray:
 
 def _logits(params: dict, x: jnp.ndarray) -> jnp.ndarray:
   """x: (B, L, D) -> logits (B, C)."""
-  w = _mix_weights(params)
-  mixed = params["gamma"] * jnp.einsum("l,bld->bd", w, x)
+  mix = {"scalar_parameters": _S_SCALE * params["s"], "gamma": params["gamma"]}
+  mixed = ScalarMix(x.shape[1]).apply({"params": mix}, jnp.moveaxis(x, 1, 0))
   return mixed @ params["w"] + params["b"]
 
 
