@@ -26,8 +26,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from elmo_jax import log
 from elmo_jax import files
-from elmo_jax.training.metrics import say
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -191,20 +191,20 @@ class Checkpointer:
           reason = f"cannot be restored ({_first_line(e)})"
         else:
           if reason is not None:
-            say(f"warning: checkpoint step {step} has no checksum (the run stopped before writing it); "
-                "restored it unverified")
+            log.info(f"warning: checkpoint step {step} has no checksum (the run stopped before writing it); "
+                     "restored it unverified")
           return step, loaded
       self._set_aside(step, reason)
     return None
 
   def _set_aside(self, step: int, reason: str) -> None:
     if self.read_only:
-      say(f"warning: checkpoint step {step} in {self.directory} is unusable: {reason}; skipping it")
+      log.info(f"warning: checkpoint step {step} in {self.directory} is unusable: {reason}; skipping it")
       return
     slug = re.sub(r"[^a-z0-9]+", "-", reason.lower()).strip("-")[:60]
     target = os.path.join(self.bad_dir, f"{step}-{slug}")
-    say(f"warning: checkpoint step {step} is unusable: {reason}; moved it to {target} and trying the "
-        "previous step")
+    log.info(f"warning: checkpoint step {step} is unusable: {reason}; moved it to {target} and trying the "
+             "previous step")
     _barrier(f"ckpt_bad_{step}_a")  # every process has decided before process 0 moves the folder
     if _is_main():
       os.makedirs(self.bad_dir, exist_ok=True)
