@@ -71,7 +71,7 @@ def train_throughput(config_name, dtype, batch, vocab, steps):
   state = jax.device_put(state, shardings)
   train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
   unroll = int(config.unroll_steps)
-  batches = [step_lib.global_batch(b, mesh) for b in
+  batches = [step_lib.global_arrays(b, mesh) for b in
              _batches(3, batch, unroll, options["char_cnn"]["max_characters_per_token"], vocab)]
   t0 = time.perf_counter()
   compiled = train_step.lower(state, batches[0]).compile()

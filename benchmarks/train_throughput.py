@@ -117,7 +117,7 @@ def forward_flops_per_token(options: dict[str, Any], vocab: int, num_sampled: in
   p, h = lstm["projection_dim"], lstm["dim"]
   char = sum(2 * (mc - w + 1) * w * cd * n for w, n in cnn["filters"])
   char += cnn.get("n_highway", 0) * 2 * (2 * nf * nf) + (2 * nf * p if nf != p else 0)
-  char *= 2  # BiLM.lm embeds the forward and the backward window
+  char *= 2  # BiLM.lm_windows embeds the forward and the backward window
   rnn = 2 * lstm["n_layers"] * (2 * (p + p) * 4 * h + 2 * h * p)
   classes = (num_sampled + 1) if num_sampled and num_sampled < vocab else vocab
   soft = 2 * 2 * p * classes
@@ -155,8 +155,8 @@ def bench_train(name: str, peak: float) -> dict[str, Any]:
   t0 = time.perf_counter()
   deduped = [dedupe_lib.dedupe_batch(x, 1) for x in batches]
   dedupe_ms = (time.perf_counter() - t0) / len(batches) * 1e3
-  variants = {"dedupe": [step_lib.global_batch(x, mesh) for x in deduped],
-              "plain": [step_lib.global_batch(x, mesh) for x in batches]}
+  variants = {"dedupe": [step_lib.global_arrays(x, mesh) for x in deduped],
+              "plain": [step_lib.global_arrays(x, mesh) for x in batches]}
   if not FLAGS.dedupe_compare:
     variants.pop("plain")
 

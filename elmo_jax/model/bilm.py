@@ -2,7 +2,7 @@
 
 `BiLM.__call__` is the inference path (AllenNLP/bilm-tf `BidirectionalLanguageModel`): it wraps each
 sentence in `<S>`/`</S>`, reads the backward direction reversed within each sentence's length and returns
-`[batch, n_layers + 1, time, 2 * P]` with the boundary tokens removed again. `BiLM.lm` is the training path
+`[batch, n_layers + 1, time, 2 * P]` with the boundary tokens removed again. `BiLM.lm_windows` is the training path
 over windows that already contain the boundaries, in each direction's reading order.
 """
 from __future__ import annotations
@@ -115,7 +115,7 @@ class BiLM(nn.Module):
       layers = jnp.where(mask[:, None, :, None], layers, 0.0)
     return {"layers": layers, "mask": mask, "state": new_state}
 
-  def lm(self, fwd_char_ids: jax.Array | None, bwd_char_ids: jax.Array | None, state: LSTMState | None = None,
+  def lm_windows(self, fwd_char_ids: jax.Array | None, bwd_char_ids: jax.Array | None, state: LSTMState | None = None,
          deterministic: bool = True, *, token_chars: jax.Array | None = None, fwd_index: jax.Array | None = None,
          bwd_index: jax.Array | None = None) -> tuple[jax.Array, jax.Array, LSTMState]:
     """Training path over windows that already hold `<S>`/`</S>` (bilm-tf's training graph).

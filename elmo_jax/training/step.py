@@ -40,13 +40,7 @@ def make_mesh(devices=None) -> Mesh:
 def make_optimizer(config) -> optax.GradientTransformation:
   """bilm-tf's recipe by default: Adagrad(lr 0.2, initial accumulator 1.0) after global-norm clip 10."""
   name = config.optimizer
-  lr = config.learning_rate
-  warmup = int(config.get("warmup_steps", 0) or 0)
-  if warmup:
-    # Update k (1-based; optax counts from 0) uses lr * min(k, warmup) / warmup: the first update is not
-    # wasted at rate 0, and `learning_rate_at(config, k)` is exactly the rate the k-th update applied.
-    peak = float(config.learning_rate)
-    lr = lambda count: peak * jnp.minimum(count + 1, warmup).astype(jnp.float32) / warmup
+  lr = make_schedule(config)
   if name == "adagrad":
     opt = optax.adagrad(lr, initial_accumulator_value=config.adagrad_initial_accumulator, eps=0.0)
   elif name == "adam":
@@ -58,19 +52,31 @@ def make_optimizer(config) -> optax.GradientTransformation:
   return optax.chain(optax.clip_by_global_norm(config.grad_clip), opt)
 
 
-def learning_rate_at(config, step: int) -> float:
-  """The learning rate the `step`-th update (1-based) applied."""
+def make_schedule(config) -> optax.ScalarOrSchedule:
+  """The learning rate by optax's update count (0-based): config.learning_rate, after a linear warmup over
+  config.warmup_steps. Update k (1-based) uses lr * min(k, warmup) / warmup: the first update is not wasted
+  at rate 0. A plain float without warmup."""
   warmup = int(config.get("warmup_steps", 0) or 0)
-  if warmup and step < warmup:
-    return float(config.learning_rate) * step / warmup
-  return float(config.learning_rate)
+  if not warmup:
+    return config.learning_rate
+  peak = float(config.learning_rate)
+  return lambda count: peak * jnp.minimum(count + 1, warmup).astype(jnp.float32) / warmup
+
+
+def learning_rate_at(config, step: int) -> float:
+  """The learning rate the `step`-th update (1-based) applied, read off `make_schedule(config)`.
+
+  A warmup rate is float32 (as the update applies it) and is given at float32's 7 significant digits, so
+  the log says 0.03, not 0.029999997466802597."""
+  schedule = make_schedule(config)
+  return float(f"{float(schedule(step - 1)):.7g}") if callable(schedule) else float(schedule)
 
 
 def init_params(model: BiLM, vocab_size: int, rng: jax.Array) -> dict[str, Any]:
   cfg = model.config
   k_model, k_softmax = jax.random.split(rng)
   dummy = jnp.zeros((1, 1, cfg.max_characters_per_token), jnp.int32)
-  bilm = model.init(k_model, dummy, dummy, method=BiLM.lm)["params"]
+  bilm = model.init(k_model, dummy, dummy, method=BiLM.lm_windows)["params"]
   # bilm-tf: softmax W ~ N(0, 1/sqrt(P)), b = 0.
   w = jax.random.normal(k_softmax, (vocab_size, cfg.projection_dim)) / np.sqrt(cfg.projection_dim)
   return {"bilm": bilm, "softmax": {"W": w, "b": jnp.zeros((vocab_size,))}}
@@ -122,14 +128,14 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def _lm_nll(model, params, batch, lstm_state, rng, num_sampled, deterministic):
   rngs = {} if deterministic else {"dropout": rng}
-  if "token_chars" in batch:  # deduped on the host (`global_batch(..., dedupe=True)`)
+  if "token_chars" in batch:  # deduped on the host (`global_arrays(..., dedupe=True)`)
     chars_in = {"token_chars": batch["token_chars"], "fwd_index": batch["fwd_index"],
                 "bwd_index": batch["bwd_index"]}
     fwd, bwd, new_state = model.apply({"params": params["bilm"]}, None, None, lstm_state, deterministic,
-                                      method=BiLM.lm, rngs=rngs, **chars_in)
+                                      method=BiLM.lm_windows, rngs=rngs, **chars_in)
   else:
     fwd, bwd, new_state = model.apply({"params": params["bilm"]}, batch["fwd_chars"], batch["bwd_chars"],
-                                      lstm_state, deterministic, method=BiLM.lm, rngs=rngs)
+                                      lstm_state, deterministic, method=BiLM.lm_windows, rngs=rngs)
   w, b = params["softmax"]["W"], params["softmax"]["b"]
   if num_sampled and not deterministic:
     k_f, k_b = jax.random.split(jax.random.fold_in(rng, 1))
@@ -207,7 +213,7 @@ def to_devices(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
 
 
-def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, jax.Array]:
+def global_arrays(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, jax.Array]:
   """This process's rows -> global arrays split over the mesh (works for one or many processes).
 
   With `dedupe`, the char ids are first replaced by per-device tables of distinct tokens and indices
