@@ -17,7 +17,6 @@ import os
 import time
 from typing import Any
 
-
 from elmo_jax.evaluation import plots
 from elmo_jax.evaluation.readers import InputError
 
