@@ -127,7 +127,7 @@ def main():
     for w in [int(x) for x in args.num_workers.split(",")]:
       target = os.path.join(tmp, f"w{w}")
       started = time.perf_counter()
-      manifest = prepare(target, [args.text], num_workers=w, chunk_sentences=2000, say=lambda _: None)
+      manifest = prepare(target, [args.text], num_workers=w, chunk_sentences=2000, log_line=lambda _: None)
       prepare_rates[str(w)] = round(manifest["counts"]["n_tokens"] / (time.perf_counter() - started))
     out["prepare_tokens_per_s"] = prepare_rates
     out["corpus_tokens"] = manifest["counts"]["n_tokens"]

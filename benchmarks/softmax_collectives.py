@@ -29,6 +29,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from elmo_jax.model import make_model  # noqa: E402
 from elmo_jax.training import step as step_lib  # noqa: E402
 
 _BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "pred": 1, "u8": 1, "s8": 1}
@@ -67,7 +68,7 @@ def main():
   vocab = int(config.data.vocab_max_size)
   options = config.options.to_dict()
   mesh = step_lib.make_mesh()
-  model = step_lib.make_model(options, config)
+  model = make_model(options, dropout=config.dropout, dtype=config.dtype, unroll=config.get("scan_unroll", 1))
   optimizer = step_lib.make_optimizer(config)
   create = lambda: step_lib.create_train_state(model, optimizer, vocab, config.batch_size, config.seed)
   abstract = jax.eval_shape(create)

@@ -43,8 +43,7 @@ import numpy as np
 
 from bench_util import matmul_peak, peak_rss_mb  # pylint: disable=g-bad-import-order
 from elmo_jax import chars
-from elmo_jax.model import BiLM
-from elmo_jax.model.lstm import BiLSTMStack
+from elmo_jax.model import BiLM, BiLMConfig, BiLSTMStack, make_model
 from elmo_jax.training import dedupe as dedupe_lib
 from elmo_jax.training import losses
 from elmo_jax.training import step as step_lib
@@ -118,7 +117,7 @@ def forward_flops_per_token(options: dict[str, Any], vocab: int, num_sampled: in
   p, h = lstm["projection_dim"], lstm["dim"]
   char = sum(2 * (mc - w + 1) * w * cd * n for w, n in cnn["filters"])
   char += cnn.get("n_highway", 0) * 2 * (2 * nf * nf) + (2 * nf * p if nf != p else 0)
-  char *= 2  # BiLM.lm embeds the forward and the backward window
+  char *= 2  # BiLM.lm_windows embeds the forward and the backward window
   rnn = 2 * lstm["n_layers"] * (2 * (p + p) * 4 * h + 2 * h * p)
   classes = (num_sampled + 1) if num_sampled and num_sampled < vocab else vocab
   soft = 2 * 2 * p * classes
@@ -144,7 +143,7 @@ def bench_train(name: str, peak: float) -> dict[str, Any]:
     config.scan_unroll = FLAGS.scan_unroll
   options = config.options.to_dict()
   num_sampled = int(config.n_negative_samples) if config.n_negative_samples < vocab else 0
-  model = step_lib.make_model(options, config)
+  model = make_model(options, dropout=config.dropout, dtype=config.dtype, unroll=config.get("scan_unroll", 1))
   optimizer = step_lib.make_optimizer(config)
   mesh = step_lib.make_mesh(jax.devices()[:1])
   b, t = int(config.batch_size), int(config.unroll_steps)
@@ -156,8 +155,8 @@ def bench_train(name: str, peak: float) -> dict[str, Any]:
   t0 = time.perf_counter()
   deduped = [dedupe_lib.dedupe_batch(x, 1) for x in batches]
   dedupe_ms = (time.perf_counter() - t0) / len(batches) * 1e3
-  variants = {"dedupe": [step_lib.global_batch(x, mesh) for x in deduped],
-              "plain": [step_lib.global_batch(x, mesh) for x in batches]}
+  variants = {"dedupe": [step_lib.global_arrays(x, mesh) for x in deduped],
+              "plain": [step_lib.global_arrays(x, mesh) for x in batches]}
   if not FLAGS.dedupe_compare:
     variants.pop("plain")
 
@@ -294,8 +293,10 @@ def lstm_compare(hidden: int, proj: int, batch: int, unroll: int = 20, n_layers:
   y = jnp.asarray(rng.standard_normal((2, batch, unroll, proj)).astype(np.float32))
 
   # ours: the real BiLSTMStack (cell/proj clips 3 and skip connections, as ELMo; torch has no clips)
-  stack = BiLSTMStack(n_layers, hidden, proj, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True,
-                      unroll=scan_unroll)
+  shape = BiLMConfig(filters=(), char_dim=0, n_highway=0, activation="relu", max_characters_per_token=50,
+                     lstm_dim=hidden, projection_dim=proj, n_layers=n_layers, cell_clip=3.0, proj_clip=3.0,
+                     use_skip_connections=True)  # the char CNN fields are not read by the LSTM stack
+  stack = BiLSTMStack(shape, unroll=scan_unroll)
   mask = jnp.ones((batch, unroll), bool)
   params = stack.init(jax.random.PRNGKey(0), x[0], x[1], mask, mask)["params"]
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from typing import Callable
 
+from elmo_jax import log
+
 # Set on Cloud TPU VMs and by GKE for TPU pods (not TPU_SKIP_MDS_QUERY: importing jax sets that one).
 _TPU_ENV = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID")
 INSTALL = {"gpu": 'pip install -e ".[cuda12]"  (or: ELMO_JAX_EXTRA=cuda12 bash scripts/train.sh)',
@@ -46,7 +48,7 @@ def announce(echo: Callable[[str], None] | None = None) -> str:
   """Prints where this process runs (process 0 only) and warns when JAX misses the machine's
   accelerator; returns the line."""
   import jax  # pylint: disable=g-import-not-at-top
-  echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+  echo = echo or (lambda line: log.info(line, stream=sys.stderr))
   line = describe()
   if jax.process_index() == 0:
     echo(line)

@@ -28,6 +28,7 @@ import urllib.request
 from typing import Any, Iterator
 
 from elmo_jax import files
+from elmo_jax import log
 from elmo_jax.progress import progress
 
 _CHUNK = 1 << 20
@@ -74,7 +75,7 @@ def _locked_manifest(cache: str) -> Iterator[dict[str, Any]]:
 def _move_aside(path: str, why: str) -> str:
   aside = f"{path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
   os.replace(path, aside)
-  print(f"warning: {path}: {why}; moved to {aside}, fetching it again", file=sys.stderr, flush=True)
+  log.info(f"warning: {path}: {why}; moved to {aside}, fetching it again", stream=sys.stderr)
   return aside
 
 

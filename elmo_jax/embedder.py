@@ -26,7 +26,7 @@ from elmo_jax import options as options_lib
 from elmo_jax import pretrained
 from elmo_jax import token_cache as token_cache_lib
 from elmo_jax import weights as weights_lib
-from elmo_jax.model import BiLM, BiLMConfig, embed_vocab
+from elmo_jax.model import BiLM, BiLMConfig, embed_vocab, zero_state
 from elmo_jax.progress import progress
 
 _TIME_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -303,10 +303,8 @@ class Embedder:
     return self._mix(self._token_table, rows, hit, cnn, cnn_rows)
 
   def _take_state(self, rows: int):
-    cfg = self.config
     if self._state is None or self._state[0].shape[2] < rows:
-      grown = (np.zeros((cfg.n_layers, 2, rows, cfg.lstm_dim), np.float32),
-               np.zeros((cfg.n_layers, 2, rows, cfg.projection_dim), np.float32))
+      grown = zero_state(self.config, rows, xp=np)
       if self._state is not None:
         old = self._state[0].shape[2]
         grown[0][:, :, :old], grown[1][:, :, :old] = self._state

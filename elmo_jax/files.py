@@ -5,6 +5,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from typing import Any, Iterator
 
@@ -30,6 +31,29 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp", prefix: str | Non
   except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
+    raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[str]:
+  """`atomic_path` for a folder: yields an empty folder beside `path`, swapped in for `path` on success.
+
+  A reader sees the old folder or the new one, never a mix; on failure the temporary folder is removed. One
+  writer per folder: `path.tmp` left by a killed writer is cleared first.
+  """
+  final = os.path.abspath(path)
+  tmp, old = final + ".tmp", final + ".old"
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  try:
+    yield tmp
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(final):
+      os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
     raise
 
 

@@ -133,8 +133,3 @@ def save(options: dict[str, Any], path: str | os.PathLike) -> None:
 
 def n_filters(options: dict[str, Any]) -> int:
   return sum(n for _, n in options["char_cnn"]["filters"])
-
-
-def output_dim(options: dict[str, Any]) -> int:
-  """Width of one ELMo layer: `2 * projection_dim`."""
-  return 2 * options["lstm"]["projection_dim"]

@@ -71,8 +71,13 @@ def get_config():
   return path
 
 
-def env(devices: int = 1, sleep: float = 0.0, cache_dir: str | None = None) -> dict[str, str]:
+def env(devices: int = 1, sleep: float = 0.0, cache_dir: str | None = None,
+        signal_at: str | None = None) -> dict[str, str]:
+  """The child's environment; `signal_at="N:KILL"` / `"N:TERM"`: the run signals itself after step N."""
   e = dict(os.environ)
+  e.pop("ELMO_JAX_TEST_SIGNAL_AT_STEP", None)
+  if signal_at:
+    e["ELMO_JAX_TEST_SIGNAL_AT_STEP"] = signal_at
   e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   e["JAX_PLATFORMS"] = "cpu"
   e["ELMO_TEST_STEP_SLEEP"] = str(sleep)

@@ -15,7 +15,7 @@ from flax import linen as nn
 
 from elmo_jax import chars
 from elmo_jax.embedder import Embedder
-from elmo_jax.model import BiLM, BiLMConfig
+from elmo_jax.model import BiLM, BiLMConfig, zero_state
 from elmo_jax.model import bilm as bilm_mod
 from elmo_jax.model import char_cnn as char_cnn_mod
 from elmo_jax.model import lstm as lstm_mod
@@ -37,7 +37,7 @@ def _runner(options):
 def run_protocol(params, options, sentences, expected):
   """Runs the stateful protocol; returns (max abs error over all 30 sentences, final 4-row state)."""
   run = _runner(options)
-  state = tuple(np.asarray(s) for s in BiLM(BiLMConfig.from_options(options)).zero_state(MAX_BATCH))
+  state = tuple(np.asarray(s) for s in zero_state(BiLMConfig.from_options(options), MAX_BATCH))
   err = 0.0
   for i in range(10):
     batch = [sentences[k][i] for k in range(3)]
@@ -118,7 +118,7 @@ def test_token_embedding_precompute_path(fixture_params, fixture_options, fixtur
       fixture_params, ids))
   table = np.concatenate([np.zeros((1, table.shape[1]), np.float32), table], 0)
   run = jax.jit(lambda p, e, m, s: model.apply({"params": p}, token_embeddings=e, mask=m, state=s))
-  state = tuple(np.asarray(s) for s in model.zero_state(3))
+  state = tuple(np.asarray(s) for s in zero_state(model.config, 3))
   err = 0.0
   for i in range(10):
     batch = [fixture_sentences[k][i] for k in range(3)]

@@ -1,4 +1,4 @@
-"""Train-time token dedupe (elmo_jax/training/dedupe.py): the tables, and BiLM.lm's deduped path."""
+"""Train-time token dedupe (elmo_jax/training/dedupe.py): the tables, and BiLM.lm_windows's deduped path."""
 from __future__ import annotations
 
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from elmo_jax import chars
-from elmo_jax.model import BiLM, BiLMConfig
+from elmo_jax.model import BiLM, BiLMConfig, zero_state
 from elmo_jax.training import dedupe
 
 from conftest import tiny_options
@@ -73,16 +73,16 @@ def test_lm_deduped_path_equals_plain(n_shards):
   options = tiny_options(skip=True, cell_clip=3.0, proj_clip=3.0)
   model = BiLM(BiLMConfig.from_options(options))
   batch = _batch()
-  params = model.init(jax.random.key(0), batch["fwd_chars"], batch["bwd_chars"], method=BiLM.lm)["params"]
-  state = jax.tree_util.tree_map(lambda a: a + 0.1, model.zero_state(batch["fwd_chars"].shape[0]))
+  params = model.init(jax.random.key(0), batch["fwd_chars"], batch["bwd_chars"], method=BiLM.lm_windows)["params"]
+  state = jax.tree_util.tree_map(lambda a: a + 0.1, zero_state(model.config, batch["fwd_chars"].shape[0]))
   deduped = dedupe.dedupe_batch(batch, n_shards)
 
   def plain(p):
-    f, b, s = model.apply({"params": p}, batch["fwd_chars"], batch["bwd_chars"], state, method=BiLM.lm)
+    f, b, s = model.apply({"params": p}, batch["fwd_chars"], batch["bwd_chars"], state, method=BiLM.lm_windows)
     return jnp.sum(f ** 2) + jnp.sum(jnp.sin(b)), (f, b, s)
 
   def fast(p):
-    f, b, s = model.apply({"params": p}, None, None, state, method=BiLM.lm, token_chars=deduped["token_chars"],
+    f, b, s = model.apply({"params": p}, None, None, state, method=BiLM.lm_windows, token_chars=deduped["token_chars"],
                           fwd_index=deduped["fwd_index"], bwd_index=deduped["bwd_index"])
     return jnp.sum(f ** 2) + jnp.sum(jnp.sin(b)), (f, b, s)
 

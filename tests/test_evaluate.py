@@ -269,8 +269,8 @@ def test_plot_perplexity(tmp_path):
                "eval_ppl": 155.0}, {"step": 100, "eval_ppl_forward": 120.0,
                                     "eval_ppl_backward": 125.0, "eval_ppl": 122.5}]
   path = write(tmp_path / "metrics.jsonl", "\n".join(json.dumps(m) for m in metrics) + "\n")
-  png = plots.plot_perplexity(path, str(tmp_path / "ppl.png"))
+  png = plots.save(plots.perplexity_curves(path), str(tmp_path / "ppl.png"))
   assert os.path.getsize(png) > 1000
   bad = write(tmp_path / "bad.jsonl", '{"step": 1}\nnot json\n')
   with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
-    plots.plot_perplexity(bad, str(tmp_path / "x.png"))
+    plots.perplexity_curves(bad)

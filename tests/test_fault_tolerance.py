@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import launch_util as lu
+import launch_util
 from elmo_jax.training import init_from, resume
 from elmo_jax.training.checkpoint import Checkpointer, IncompatibleCheckpointError
 
@@ -24,47 +24,43 @@ def runs(tmp_path_factory):
   """An uninterrupted run (A) and one killed with SIGKILL, resumed, stopped by SIGTERM, resumed (B)."""
   root = str(tmp_path_factory.mktemp("ft"))
   cache = os.path.join(root, "jax_cache")
-  train = lu.write_corpus(os.path.join(root, "train.txt"))
-  config = lu.write_config(os.path.join(root, "tiny.py"), train, num_train_steps=STEPS,
+  train = launch_util.write_corpus(os.path.join(root, "train.txt"))
+  config = launch_util.write_config(os.path.join(root, "tiny.py"), train, num_train_steps=STEPS,
                            checkpoint_every_steps=EVERY, log_every_steps=LOG_EVERY, keep_checkpoints=2)
   a, b = os.path.join(root, "a"), os.path.join(root, "b")
   log_a, log_b = os.path.join(root, "a.log"), os.path.join(root, "b.log")
-  run_a = lu.launch(a, config, log=log_a, cache_dir=cache)
-  # 1. SIGKILL once step 8 is saved and checksummed (the run is slowed to ~0.1 s/step so it is mid-way).
-  run_b = lu.launch(b, config, log=log_b, sleep=0.1, cache_dir=cache)
-  lu.wait_for(lambda: os.path.exists(f"{b}/checkpoints/checksums/8.json"), [run_b], what="checkpoint 8")
-  lu.wait_for(lambda: lu.max_step(b) >= 9, [run_b], what="a metrics record after step 8")
-  run_b.send_signal(signal.SIGKILL)
-  run_b.wait()
-  killed_at = lu.max_step(b)
-  # 2. Resume, then SIGTERM a few steps later: finishes the step, saves, exits 0.
-  run_b = lu.launch(b, config, log=log_b, sleep=0.1, cache_dir=cache)
-  lu.wait_for(lambda: "resumed from step" in lu.read(log_b) and lu.max_step(b) >= 12, [run_b],
-              what="the metrics record of step 12")
-  run_b.send_signal(signal.SIGTERM)
-  assert lu.wait([run_b]) == [0], lu.read(log_b)[-3000:]
-  term_log = lu.read(log_b)
+  run_a = launch_util.launch(a, config, log=log_a, cache_dir=cache)
+  # 1. SIGKILL right after step 9 (logged; checkpoint 8 saved and checksummed): the run kills itself there
+  # (loop.signal_self_for_tests), so the point is the same on a fast or a loaded machine.
+  run_b = launch_util.launch(b, config, log=log_b, cache_dir=cache, signal_at="9:KILL")
+  assert launch_util.wait([run_b]) == [-signal.SIGKILL], launch_util.read(log_b)[-3000:]
+  assert os.path.exists(f"{b}/checkpoints/checksums/8.json")
+  killed_at = launch_util.max_step(b)
+  # 2. Resume, then SIGTERM after step 13 (a step that is not a checkpoint step): the run finishes that
+  # step, saves it and exits 0.
+  run_b = launch_util.launch(b, config, log=log_b, cache_dir=cache, signal_at="13:TERM")
+  assert launch_util.wait([run_b]) == [0], launch_util.read(log_b)[-3000:]
+  term_log = launch_util.read(log_b)
   # 3. Resume to the end.
-  run_b = lu.launch(b, config, log=log_b, cache_dir=cache)
-  codes = lu.wait([run_a, run_b])
-  assert codes == [0, 0], lu.read(log_a)[-3000:] + lu.read(log_b)[-3000:]
-  return {"a": a, "b": b, "log_b": lu.read(log_b), "term_log": term_log, "killed_at": killed_at,
+  run_b = launch_util.launch(b, config, log=log_b, cache_dir=cache)
+  codes = launch_util.wait([run_a, run_b])
+  assert codes == [0, 0], launch_util.read(log_a)[-3000:] + launch_util.read(log_b)[-3000:]
+  return {"a": a, "b": b, "log_b": launch_util.read(log_b), "term_log": term_log, "killed_at": killed_at,
           "config": config, "root": root, "train": train}
 
 
 @pytest.mark.slow
 def test_kill9_resume_sigterm_is_bit_exact(runs):
-  resumed = int(re.search(r"resumed from step (\d+)", runs["log_b"]).group(1))
-  assert resumed >= 8 and runs["killed_at"] >= 9
-  if runs["killed_at"] > resumed:  # records written after the checkpoint, before the kill, were rewound
-    assert "dropped" in runs["log_b"]
-  assert "stopped by SIGTERM after step" in runs["term_log"] and "saved checkpoint" in runs["term_log"]
-  a, b = lu.exported(runs["a"]), lu.exported(runs["b"])
+  resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", runs["log_b"])]
+  assert resumed == [8, 13] and runs["killed_at"] == 9
+  assert "dropped" in runs["log_b"]  # the step-9 record, written after checkpoint 8, was rewound
+  assert "stopped by SIGTERM after step 13" in runs["term_log"] and "saved checkpoint" in runs["term_log"]
+  a, b = launch_util.exported(runs["a"]), launch_util.exported(runs["b"])
   assert sorted(a) == sorted(b)
   for name in a:
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-  assert lu.records(runs["a"]) == lu.records(runs["b"])  # bit-identical losses, every step once
-  assert [r["step"] for r in lu.records(runs["b"])] == [3, 6, 9, 12, 15, 18, 20]
+  assert launch_util.records(runs["a"]) == launch_util.records(runs["b"])  # bit-identical losses, every step once
+  assert [r["step"] for r in launch_util.records(runs["b"])] == [3, 6, 9, 12, 15, 18, 20]
 
 
 @pytest.mark.slow
@@ -164,7 +160,7 @@ def test_incompatible_checkpoint_is_refused_not_quarantined(tmp_path):
 # --- init_from ------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_init_from_checkpoint_and_elmo_hdf5(runs):
-  a = lu.exported(runs["a"])
+  a = launch_util.exported(runs["a"])
   options = json.load(open(os.path.join(runs["a"], "export", "options.json")))
   from elmo_jax.data import Vocab
   same = Vocab.load(os.path.join(runs["a"], "vocab.txt")).sha256()
@@ -187,7 +183,8 @@ def test_init_from_checkpoint_and_elmo_hdf5(runs):
 def test_init_from_trains_on_a_new_corpus(runs, tmp_path):
   """End to end: another corpus (another vocabulary) from run A's exported ELMo files, 2 steps."""
   from elmo_jax.training.loop import train_and_evaluate
-  corpus = lu.write_corpus(str(tmp_path / "new.txt"), 50, seed=1, words=lu.WORDS[:10] + ["zebra", "quilt"])
+  corpus = launch_util.write_corpus(str(tmp_path / "new.txt"), 50, seed=1,
+                                    words=launch_util.WORDS[:10] + ["zebra", "quilt"])
   ns = {}
   exec(open(runs["config"]).read(), ns)
   config = ns["get_config"]()
@@ -196,5 +193,5 @@ def test_init_from_trains_on_a_new_corpus(runs, tmp_path):
   config.init_from = os.path.join(runs["a"], "export", "options.json")
   record = train_and_evaluate(config, str(tmp_path / "w"))
   assert record["step"] == 2 and np.isfinite(record["train_loss"])
-  exported = lu.exported(str(tmp_path / "w"))
-  assert exported["softmax/W"].shape[0] != lu.exported(runs["a"])["softmax/W"].shape[0]
+  exported = launch_util.exported(str(tmp_path / "w"))
+  assert exported["softmax/W"].shape[0] != launch_util.exported(runs["a"])["softmax/W"].shape[0]

@@ -9,7 +9,7 @@ import pytest
 
 from elmo_jax import chars
 from elmo_jax import weights as weights_lib
-from elmo_jax.model import BiLM, BiLMConfig, Elmo
+from elmo_jax.model import BiLM, BiLMConfig, Elmo, zero_state
 from elmo_jax.model import lstm as lstm_mod
 
 from conftest import tiny_options
@@ -153,7 +153,7 @@ def test_stateless_is_order_independent(tiny):
 
 def test_empty_sentence_row(tiny):
   options, model, params = tiny
-  state = tuple(jnp.full(s.shape, 0.25) for s in model.zero_state(2))
+  state = tuple(jnp.full(s.shape, 0.25) for s in zero_state(model.config, 2))
   out = jax.jit(lambda p, x, s: model.apply({"params": p}, x, state=s))(
       params, chars.batch_to_ids([SENTENCES[0], []]), state)
   layers = np.asarray(out["layers"])

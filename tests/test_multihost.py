@@ -12,7 +12,7 @@ import signal
 import numpy as np
 import pytest
 
-import launch_util as lu
+import launch_util
 
 pytestmark = pytest.mark.slow  # subprocess runs of train.py / a notebook kernel
 
@@ -23,30 +23,31 @@ STEPS, EVERY = 12, 4
 def runs(tmp_path_factory):
   root = str(tmp_path_factory.mktemp("mh"))
   cache = os.path.join(root, "jax_cache")
-  train = lu.write_corpus(os.path.join(root, "train.txt"))
-  config = lu.write_config(os.path.join(root, "tiny.py"), train, num_train_steps=STEPS,
+  train = launch_util.write_corpus(os.path.join(root, "train.txt"))
+  config = launch_util.write_config(os.path.join(root, "tiny.py"), train, num_train_steps=STEPS,
                            checkpoint_every_steps=EVERY, log_every_steps=1)
   single, multi = os.path.join(root, "single"), os.path.join(root, "multi")
   flags = ("--config.data.shard=rows",)
-  one = lu.launch(single, config, *flags, log=os.path.join(root, "single.log"), devices=4, cache_dir=cache)
+  one = launch_util.launch(single, config, *flags, log=os.path.join(root, "single.log"), devices=4, cache_dir=cache)
 
   def two(sleep):
-    port = lu.free_port()
-    return [lu.launch(multi, config, *flags, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+    port = launch_util.free_port()
+    return [launch_util.launch(multi, config, *flags, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                       f"--process_id={i}", log=os.path.join(root, f"multi{i}.log"), devices=2, sleep=sleep,
                       cache_dir=cache) for i in range(2)]
 
   procs = two(sleep=0.2)
-  lu.wait_for(lambda: os.path.exists(f"{multi}/checkpoints/checksums/4.json") and lu.max_step(multi) >= 5,
-              procs, timeout=150, what="checkpoint 4 of the 2-process run")
+  launch_util.wait_for(lambda: (os.path.exists(f"{multi}/checkpoints/checksums/4.json")
+                                and launch_util.max_step(multi) >= 5),
+                       procs, timeout=150, what="checkpoint 4 of the 2-process run")
   for p in procs:  # a preempted slice: every host dies at once
     p.send_signal(signal.SIGKILL)
   for p in procs:
     p.wait()
-  killed_at = lu.max_step(multi)
+  killed_at = launch_util.max_step(multi)
   procs = two(sleep=0.0)
-  codes = lu.wait([one, *procs], timeout=170)
-  logs = {name: lu.read(os.path.join(root, f"{name}.log")) for name in ("single", "multi0", "multi1")}
+  codes = launch_util.wait([one, *procs], timeout=170)
+  logs = {name: launch_util.read(os.path.join(root, f"{name}.log")) for name in ("single", "multi0", "multi1")}
   assert codes == [0, 0, 0], "\n".join(text[-2500:] for text in logs.values())
   return {"single": single, "multi": multi, "logs": logs, "killed_at": killed_at}
 
@@ -54,12 +55,12 @@ def runs(tmp_path_factory):
 def test_two_processes_match_one_and_resume(runs):
   assert "2 process(es)" in runs["logs"]["multi0"] and "4 device(s)" in runs["logs"]["multi0"]
   assert "resumed from step" in runs["logs"]["multi0"] and "resumed from step" in runs["logs"]["multi1"]
-  one, two = lu.records(runs["single"]), lu.records(runs["multi"])
+  one, two = launch_util.records(runs["single"]), launch_util.records(runs["multi"])
   assert [r["step"] for r in two] == list(range(1, STEPS + 1))  # rewound: every step once
   for a, b in zip(one, two):
     for key in ("train_loss", "train_ppl_forward", "train_ppl_backward", "grad_norm"):
       assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (a["step"], key, a[key], b[key])
-  a, b = lu.exported(runs["single"]), lu.exported(runs["multi"])
+  a, b = launch_util.exported(runs["single"]), launch_util.exported(runs["multi"])
   for name in a:
     np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
@@ -73,7 +74,8 @@ def test_only_process_zero_writes_metrics(runs):
 def test_rows_shard_gives_the_same_global_batches_for_any_process_count():
   """The property the comparison above rests on, checked directly on the data pipeline."""
   from elmo_jax.data import Tokenizer, Vocab, make_lm_iterator
-  sentences = [" ".join(lu.WORDS[(i * 7 + j) % len(lu.WORDS)] for j in range(3 + i % 9)) for i in range(101)]
+  words = launch_util.WORDS
+  sentences = [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 9)) for i in range(101)]
   tokenizer = Tokenizer(pretokenized=True)
   vocab = Vocab.build((s.split() for s in sentences), max_size=100, min_count=1)
   make = lambda p, n, b: make_lm_iterator(sentences, vocab, tokenizer, batch_size=b, unroll_steps=7, seed=3,

@@ -207,19 +207,19 @@ def test_package_declares_dependencies_extras_and_console_scripts(tmp_path, monk
 
 @pytest.mark.slow
 def test_a_held_workdir_stops_every_process_of_a_multi_process_run(tmp_path):
-  import launch_util as lu
-  train = lu.write_corpus(str(tmp_path / "train.txt"))
-  config = lu.write_config(str(tmp_path / "tiny.py"), train, num_train_steps=4)
+  import launch_util
+  train = launch_util.write_corpus(str(tmp_path / "train.txt"))
+  config = launch_util.write_config(str(tmp_path / "tiny.py"), train, num_train_steps=4)
   run = str(tmp_path / "run")
   held = lock_lib.WorkdirLock.acquire(run, process_index=0)
   try:
-    port = lu.free_port()
-    procs = [lu.launch(run, config, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+    port = launch_util.free_port()
+    procs = [launch_util.launch(run, config, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                        f"--process_id={i}", log=str(tmp_path / f"p{i}.log"), devices=1) for i in range(2)]
-    codes = lu.wait(procs, timeout=120)
+    codes = launch_util.wait(procs, timeout=120)
   finally:
     held.release()
-  logs = [lu.read(str(tmp_path / f"p{i}.log")) for i in range(2)]
+  logs = [launch_util.read(str(tmp_path / f"p{i}.log")) for i in range(2)]
   assert codes == [1, 1], logs
   assert "in use by another trainer" in logs[0] and "process 0 could not lock the workdir" in logs[1], logs
   assert all("Traceback" not in log for log in logs), logs

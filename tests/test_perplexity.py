@@ -166,7 +166,7 @@ def test_without_text_all_skips_and_perplexity_exits(tmp_path, parsed_flags):
 def test_prepared_dir_scores_like_its_text(tiny_run, tmp_path, parsed_flags):
   from elmo_jax.data.prepare import prepare  # pylint: disable=g-import-not-at-top
   text = f"{tiny_run}/data/valid.txt"
-  prepare(str(tmp_path / "prep"), [text], say=lambda _: None)
+  prepare(str(tmp_path / "prep"), [text], log_line=lambda _: None)
   results = {}
   for name, source in (("text", text), ("prepared", str(tmp_path / "prep"))):
     parsed_flags("--task=perplexity", f"--workdir={tiny_run}", f"--text_file={source}",

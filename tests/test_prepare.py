@@ -49,7 +49,7 @@ def _assert_same_dirs(a, b):
 
 def test_prepare_is_byte_identical_for_any_worker_count_and_verifies(tmp_path):
   text = _corpus(tmp_path / "train.txt.gz", gz=True)
-  a = prepare(str(tmp_path / "a"), [text], num_workers=1, chunk_sentences=1000, say=lambda _: None)
+  a = prepare(str(tmp_path / "a"), [text], num_workers=1, chunk_sentences=1000, log_line=lambda _: None)
   # Worker processes fork: do it from a fresh process, not from this JAX-initialized test process.
   env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
   subprocess.run([sys.executable, "-m", "elmo_jax.data.prepare", "--noprogress", f"--input={text}",
@@ -69,7 +69,7 @@ def test_prepare_is_byte_identical_for_any_worker_count_and_verifies(tmp_path):
 
 def test_prepared_vocab_equals_vocab_build(tmp_path):
   text = _corpus(tmp_path / "train.txt")
-  prepare(str(tmp_path / "p"), [text], vocab_max_size=20, vocab_min_count=2, say=lambda _: None)
+  prepare(str(tmp_path / "p"), [text], vocab_max_size=20, vocab_min_count=2, log_line=lambda _: None)
   source, tok = TextSource(text), Tokenizer()
   built = Vocab.build((tok(source[i]) for i in range(len(source))), max_size=20, min_count=2)
   got = Vocab.load(str(tmp_path / "p"))
@@ -83,7 +83,7 @@ def test_prepared_vocab_equals_vocab_build(tmp_path):
 @pytest.mark.parametrize("shard,pretokenized", [("sentences", False), ("rows", True)])
 def test_prepared_batches_equal_raw_batches_and_states(tmp_path, shard, pretokenized):
   text = _corpus(tmp_path / "train.txt")
-  prepare(str(tmp_path / "p"), [text], pretokenized=pretokenized, vocab_max_size=30, say=lambda _: None)
+  prepare(str(tmp_path / "p"), [text], pretokenized=pretokenized, vocab_max_size=30, log_line=lambda _: None)
   corpus = PreparedCorpus(str(tmp_path / "p"))
   vocab = corpus.vocab()
   source, tok = TextSource(text), Tokenizer(pretokenized=pretokenized)
@@ -113,7 +113,7 @@ def test_prepared_batches_equal_raw_batches_and_states(tmp_path, shard, pretoken
 
 def test_finite_prepared_pass_equals_raw(tmp_path):
   text = _corpus(tmp_path / "eval.txt", n=60)
-  prepare(str(tmp_path / "p"), [text], say=lambda _: None)
+  prepare(str(tmp_path / "p"), [text], log_line=lambda _: None)
   corpus = PreparedCorpus(str(tmp_path / "p"))
   vocab = corpus.vocab()
   kw = dict(batch_size=3, unroll_steps=6, seed=0, shuffle=False, num_epochs=1, process_index=0, process_count=1)
@@ -127,7 +127,7 @@ def test_finite_prepared_pass_equals_raw(tmp_path):
 
 def test_prefetcher_states_are_those_of_the_consumed_batches(tmp_path):
   text = _corpus(tmp_path / "train.txt")
-  prepare(str(tmp_path / "p"), [text], say=lambda _: None)
+  prepare(str(tmp_path / "p"), [text], log_line=lambda _: None)
   corpus = PreparedCorpus(str(tmp_path / "p"))
   vocab = corpus.vocab()
   kw = dict(batch_size=4, unroll_steps=5, seed=1, process_index=0, process_count=1)
@@ -180,7 +180,7 @@ def test_refusals_are_one_line(tmp_path):
   bad_vocab.write_text("<S>\n</S>\nthe\n")
   with pytest.raises(PrepareError, match=r"vocab.txt.*<UNK>"):
     prepare(str(tmp_path / "o3"), [text], vocab_file=str(bad_vocab))
-  prepare(str(tmp_path / "p"), [text], say=lambda _: None)
+  prepare(str(tmp_path / "p"), [text], log_line=lambda _: None)
   other = _corpus(tmp_path / "other.txt", seed=1)
   with pytest.raises(PrepareError, match=r"holds another prepared corpus \(source"):
     prepare(str(tmp_path / "p"), [other])
@@ -216,7 +216,7 @@ def test_cli_refusal_and_resume_after_kill9(tmp_path):
   proc = subprocess.run(cli + args + [f"--output_dir={tmp_path}/killed"], env=env, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr
   assert f"kept {len(kept)} of 60 finished chunks" in proc.stdout
-  prepare(str(tmp_path / "clean"), [text], num_workers=1, chunk_sentences=1000, say=lambda _: None)
+  prepare(str(tmp_path / "clean"), [text], num_workers=1, chunk_sentences=1000, log_line=lambda _: None)
   _assert_same_dirs(tmp_path / "killed", tmp_path / "clean")
   assert not partial.exists()
   del mtimes
@@ -278,8 +278,8 @@ def test_prepare_from_tfds_equals_the_same_text(tmp_path):
 
   TinyPrepText(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare()
   prepare(str(tmp_path / "from_tfds"), tfds_name="tiny_prep_text", tfds_data_dir=str(tmp_path / "tfds"),
-          num_workers=2, chunk_sentences=50, say=lambda _: None)
-  prepare(str(tmp_path / "from_text"), [str(tmp_path / "train.txt")], say=lambda _: None)
+          num_workers=2, chunk_sentences=50, log_line=lambda _: None)
+  prepare(str(tmp_path / "from_text"), [str(tmp_path / "train.txt")], log_line=lambda _: None)
   for name in OUTPUT_FILES:  # same sentences in the same order: the same ids, types and vocabulary
     assert filecmp.cmp(tmp_path / "from_tfds" / name, tmp_path / "from_text" / name, shallow=False), name
   manifest = json.load(open(tmp_path / "from_tfds" / "manifest.json"))

@@ -32,11 +32,12 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from elmo_jax import files
+from elmo_jax import log
 from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, token_to_ids
 from elmo_jax.data.sources import TextSource, TfdsSource, expand_paths
 from elmo_jax.data.tokenize import Tokenizer
@@ -140,11 +141,11 @@ def _open_in_worker(spec, tokenizer, work: str, chunk: int) -> None:
   _WORKER.update(source=open_source(spec), tokenizer=tokenizer, work=work, chunk=chunk)
 
 
-def _tokenize_all(spec, source, tokenizer, work: str, chunk: int, num_workers: int, say) -> None:
+def _tokenize_all(spec, source, tokenizer, work: str, chunk: int, num_workers: int, log_line) -> None:
   n_chunks = -(-len(source) // chunk)
   todo = [k for k in range(n_chunks) if not os.path.exists(_chunk_path(work, k))]
   if len(todo) < n_chunks:
-    say(f"resuming: kept {n_chunks - len(todo)} of {n_chunks} finished chunks in {work}")
+    log_line(f"resuming: kept {n_chunks - len(todo)} of {n_chunks} finished chunks in {work}")
   _WORKER.update(source=source, tokenizer=tokenizer, work=work, chunk=chunk)
   bar = progress(desc="tokenizing", total=len(todo) * chunk, unit="sent")
   try:
@@ -195,7 +196,7 @@ def _build_vocab(types: list[str], counts: np.ndarray, n_sentences: int, max_siz
   return Vocab(list(SPECIALS) + body[:keep], [0, n_sentences, n_unk] + body_counts[:keep].tolist())
 
 
-def _merge(work: str, out: str, n_chunks: int, n_sentences: int, settings: dict, say) -> dict[str, Any]:
+def _merge(work: str, out: str, n_chunks: int, n_sentences: int, settings: dict, log_line) -> dict[str, Any]:
   types, counts = _rank_types(work, n_chunks)
   index = {t: i for i, t in enumerate(types)}
   lengths = [_read_chunk(work, k)["lengths"] for k in range(n_chunks)]
@@ -244,11 +245,13 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
     return json.load(f)
 
 
+# A few lines over 60, most of them the signature and docstring of the public entry point.
 def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "", tfds_split: str = "train",
             tfds_data_dir: str = "", tfds_text_key: str = "text", pretokenized: bool = False, lang: str = "en",
             max_token_chars: int = 50, max_characters_per_token: int = MAX_CHARS,
             vocab_max_size: int | None = 100_000, vocab_min_count: int = 1, vocab_file: str = "",
-            num_workers: int = 1, chunk_sentences: int = 100_000, say=print) -> dict[str, Any]:
+            num_workers: int = 1, chunk_sentences: int = 100_000,
+            log_line: Callable[[str], None] = log.info) -> dict[str, Any]:
   """Prepares `output_dir` (see the module docstring); returns its manifest. Idempotent and resumable.
 
   Raises:
@@ -273,7 +276,7 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
     diff = _first_difference(manifest["settings"], settings)
     if diff:
       raise PrepareError(f"{out} holds another prepared corpus ({diff}); use another --output_dir or delete it")
-    say(f"{out} is already prepared ({manifest['counts']['n_tokens']:,} tokens); nothing to do")
+    log_line(f"{out} is already prepared ({manifest['counts']['n_tokens']:,} tokens); nothing to do")
     return manifest
   work = os.path.join(out, PARTIAL)
   settings_path = os.path.join(work, "settings.json")
@@ -291,10 +294,10 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
   started = time.time()
   source = open_source(spec)
   tokenizer = Tokenizer(pretokenized=pretokenized, lang=lang)
-  _tokenize_all(spec, source, tokenizer, work, chunk_sentences, num_workers, say)
+  _tokenize_all(spec, source, tokenizer, work, chunk_sentences, num_workers, log_line)
   tokenized = time.time()
   n_chunks = -(-len(source) // chunk_sentences)
-  counts = _merge(work, out, n_chunks, len(source), settings, say)
+  counts = _merge(work, out, n_chunks, len(source), settings, log_line)
   if counts["n_tokens"] == 0:
     raise PrepareError(f"input {_describe(spec)} has no tokens")
   manifest = {"settings": settings, "counts": counts,
@@ -303,9 +306,9 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
   files.write_json(os.path.join(out, MANIFEST), manifest)
   shutil.rmtree(work)
   elapsed = time.time() - started
-  say(f"prepared {counts['n_sentences']:,} sentences, {counts['n_tokens']:,} tokens, {counts['n_types']:,} "
-      f"types (vocab {counts['vocab_size']:,}) in {elapsed:.1f}s (tokenizing {tokenized - started:.1f}s, "
-      f"{counts['n_tokens'] / max(tokenized - started, 1e-9):,.0f} tokens/s) -> {out}")
+  log_line(f"prepared {counts['n_sentences']:,} sentences, {counts['n_tokens']:,} tokens, {counts['n_types']:,} "
+           f"types (vocab {counts['vocab_size']:,}) in {elapsed:.1f}s (tokenizing {tokenized - started:.1f}s, "
+           f"{counts['n_tokens'] / max(tokenized - started, 1e-9):,.0f} tokens/s) -> {out}")
   return manifest
 
 

@@ -17,8 +17,6 @@ import os
 import time
 from typing import Any
 
-import numpy as np
-
 from elmo_jax.evaluation import plots
 from elmo_jax.evaluation.readers import InputError
 
@@ -82,49 +80,50 @@ def read_train_config(workdir: str) -> dict[str, Any]:
     raise InputError(f"{path}: not JSON ({e.msg})") from None
 
 
-def model_files(pcfg: PerplexityConfig, workdir: str | None) -> dict[str, str]:
+def model_files(task_config: PerplexityConfig, workdir: str | None) -> dict[str, str]:
   """options/weights/vocab paths; the workdir's vocab.txt carries the counts, export/ has none."""
   if workdir:
     export = os.path.join(workdir, "export")
-    files = {"options_file": os.path.join(export, "options.json"),
+    paths = {"options_file": os.path.join(export, "options.json"),
              "weight_file": os.path.join(export, "weights.hdf5"),
-             "vocab_file": pcfg.vocab_file or os.path.join(workdir, "vocab.txt")}
+             "vocab_file": task_config.vocab_file or os.path.join(workdir, "vocab.txt")}
   else:
-    if not (pcfg.options_file and pcfg.weight_file):
+    if not (task_config.options_file and task_config.weight_file):
       raise InputError("perplexity needs --workdir or --options_file and --weight_file")
-    files = {"options_file": pcfg.options_file, "weight_file": pcfg.weight_file,
-             "vocab_file": pcfg.vocab_file or os.path.join(os.path.dirname(pcfg.weight_file), "vocab.txt")}
-  for path in files.values():
+    beside = os.path.join(os.path.dirname(task_config.weight_file), "vocab.txt")
+    paths = {"options_file": task_config.options_file, "weight_file": task_config.weight_file,
+             "vocab_file": task_config.vocab_file or beside}
+  for path in paths.values():
     _check_file(path)
-  return files
+  return paths
 
 
-def load_language_model(pcfg: PerplexityConfig, workdir: str | None) -> LanguageModel:
+def load_language_model(task_config: PerplexityConfig, workdir: str | None) -> LanguageModel:
   """Reads options, weights (with softmax) and vocabulary; one-line errors for every mismatch."""
   from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.data import Vocab  # pylint: disable=g-import-not-at-top
 
-  files = model_files(pcfg, workdir)
-  options = options_lib.load(files["options_file"])
+  paths = model_files(task_config, workdir)
+  options = options_lib.load(paths["options_file"])
   try:
-    loaded = weights_lib.load_hdf5(files["weight_file"], options)
+    loaded = weights_lib.load_hdf5(paths["weight_file"], options)
   except weights_lib.WeightFileError as e:
     raise InputError(str(e)) from None
   if loaded["softmax"] is None:
-    raise NoSoftmax(f"{files['weight_file']}: has no softmax/W, softmax/b (original ELMo weights ship "
+    raise NoSoftmax(f"{paths['weight_file']}: has no softmax/W, softmax/b (original ELMo weights ship "
                     "without the LM softmax), so it cannot be scored for perplexity")
   try:
-    vocab = Vocab.load(files["vocab_file"])
+    vocab = Vocab.load(paths["vocab_file"])
   except (ValueError, FileNotFoundError) as e:
-    raise InputError(f"{files['vocab_file']}: {e}") from None
+    raise InputError(f"{paths['vocab_file']}: {e}") from None
   rows = loaded["softmax"]["W"].shape[0]
   if rows != len(vocab):
-    raise InputError(f"{files['vocab_file']}: {len(vocab)} tokens but the softmax in "
-                     f"{files['weight_file']} has {rows} rows; pass the vocabulary the model was trained with")
+    raise InputError(f"{paths['vocab_file']}: {len(vocab)} tokens but the softmax in "
+                     f"{paths['weight_file']} has {rows} rows; pass the vocabulary the model was trained with")
   train_config = read_train_config(workdir) if workdir else {}
   return LanguageModel(options, {"bilm": loaded["params"], "softmax": loaded["softmax"]}, vocab,
-                       files, train_config)
+                       paths, train_config)
 
 
 def default_text(workdir: str | None, train_config: dict[str, Any]) -> tuple[str | None, str | None, str]:
@@ -134,10 +133,10 @@ def default_text(workdir: str | None, train_config: dict[str, Any]) -> tuple[str
     return data["prepared_eval_dir"], None, "test"
   if data.get("tfds_name") and data.get("tfds_eval_split"):
     return None, data["tfds_name"], data["tfds_eval_split"]
-  files = [p.strip() for p in str(data.get("eval_files") or "").split(",") if p.strip()]
-  if not files:
+  paths = [p.strip() for p in str(data.get("eval_files") or "").split(",") if p.strip()]
+  if not paths:
     return None, None, "test"
-  return ",".join(p if os.path.isabs(p) else os.path.join(REPO, p) for p in files), None, "test"
+  return ",".join(p if os.path.isabs(p) else os.path.join(REPO, p) for p in paths), None, "test"
 
 
 def open_source(text_file: str | None, tfds_name: str | None, tfds_split: str, tfds_data_dir: str = ""):
@@ -171,22 +170,19 @@ def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_
           max_token_chars: int = 50) -> dict[str, Any]:
   """Forward/backward/mean perplexity with lm_eval.perplexity, plus the unigram baseline on the same targets."""
   import jax  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
 
   from elmo_jax.data import Tokenizer, make_lm_iterator  # pylint: disable=g-import-not-at-top
+  from elmo_jax.model import make_model, zero_state  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import lm_eval, step as step_lib  # pylint: disable=g-import-not-at-top
 
   devices = jax.devices()
   # All devices when the rows split evenly, else one: evaluation is cheap next to a wrong error.
   mesh = step_lib.make_mesh(devices if batch_size % len(devices) == 0 else devices[:1])
-  model = step_lib.make_model(lm.options, ml_collections.ConfigDict(
-      {"dropout": 0.0, "dtype": dtype, "scan_unroll": scan_unroll}))
-  zero = model.zero_state(batch_size)
-  template = step_lib.TrainState(step=0, params=lm.params, opt_state=(), lstm_state=zero, rng=0)
-  shardings = step_lib.state_shardings(template, mesh)
-  eval_step = step_lib.make_eval_step(model, mesh, shardings)
-  params = jax.device_put(lm.params, shardings.params)
-  zero = jax.device_put(zero, shardings.lstm_state)
+  model = make_model(lm.options, dtype=dtype, unroll=scan_unroll)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  eval_step = step_lib.make_eval_step(model, mesh, replicated)
+  params = jax.device_put(lm.params, replicated)
+  zero = jax.device_put(zero_state(model.config, batch_size), step_lib.lstm_state_sharding(mesh))
   from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator  # pylint: disable=g-import-not-at-top
   kw = dict(batch_size=batch_size, unroll_steps=unroll_steps, seed=0, shuffle=False, num_epochs=1,
             process_index=0, process_count=1)
@@ -197,30 +193,13 @@ def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_
                                max_token_chars=max_token_chars,
                                max_characters_per_token=lm.options["char_cnn"]["max_characters_per_token"])
   tally = lm_eval.UnigramTally(lm_eval.with_progress(batches, len(source), max_batches, "perplexity"), lm.vocab)
-  result = lm_eval.perplexity(eval_step, params, zero, tally, lambda b: step_lib.global_batch(b, mesh),
+  result = lm_eval.perplexity(eval_step, params, zero, tally, lambda b: step_lib.global_arrays(b, mesh),
                               max_batches)
   result.update({**tally.result(), "n_sentences": batches.counters["sentences"],
                  "n_batches": batches.counters["batches"]})
   if lm.vocab.counts is None:
     result["unigram_note"] = NO_COUNTS_NOTE
   return result
-
-
-def plot_bars(result: dict[str, Any], path: str) -> str:
-  """Bars: model forward / backward / mean perplexity vs the unigram baseline."""
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (plots set the Agg backend)
-
-  names = ["forward", "backward", "mean", "unigram"]
-  values = [result["ppl_forward"], result["ppl_backward"], result["ppl"], result.get("unigram_ppl")]
-  keep = [(n, v) for n, v in zip(names, values) if v is not None and np.isfinite(v)]
-  fig, ax = plt.subplots(figsize=(5, 3.4))
-  colours = {"forward": "tab:blue", "backward": "tab:orange", "mean": "black", "unigram": "tab:grey"}
-  bars = ax.bar([n for n, _ in keep], [v for _, v in keep], color=[colours[n] for n, _ in keep])
-  ax.bar_label(bars, fmt="%.1f", fontsize=8)
-  ax.set_ylim(0, 1.12 * max(v for _, v in keep))  # linear from 0: log bars exaggerate gaps
-  ax.set_ylabel("perplexity (lower is better)")
-  ax.set_title(f"biLM vs unigram perplexity ({result['n_tokens']:,} targets per direction)", fontsize=9)
-  return plots._save(fig, path)  # pylint: disable=protected-access  (shared atomic PNG writer)
 
 
 def table(result: dict[str, Any]) -> str:
@@ -238,10 +217,10 @@ def table(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def resolve_text(pcfg: PerplexityConfig, workdir: str | None,
+def resolve_text(task_config: PerplexityConfig, workdir: str | None,
                  train_config: dict[str, Any]) -> tuple[str | None, str | None, str]:
   """(text_files, tfds_name, tfds_split) to score: the flags', else the run's eval split; NoText if none."""
-  text_file, tfds_name, tfds_split = pcfg.text_file, pcfg.tfds_name, pcfg.tfds_split
+  text_file, tfds_name, tfds_split = task_config.text_file, task_config.tfds_name, task_config.tfds_split
   if not text_file and not tfds_name:
     text_file, tfds_name, tfds_split = default_text(workdir, train_config)
   if not text_file and not tfds_name:
@@ -250,7 +229,7 @@ def resolve_text(pcfg: PerplexityConfig, workdir: str | None,
   return text_file, tfds_name, tfds_split
 
 
-def check(pcfg: PerplexityConfig, workdir: str | None) -> None:
+def check(task_config: PerplexityConfig, workdir: str | None) -> None:
   """The task's inputs, checked without loading anything big: files exist, the weights hold a softmax.
 
   Raises NoText / NoSoftmax (the task cannot run here) or InputError (a bad input).
@@ -258,44 +237,46 @@ def check(pcfg: PerplexityConfig, workdir: str | None) -> None:
   import h5py  # pylint: disable=g-import-not-at-top
 
   train_config = read_train_config(workdir) if workdir else {}
-  text_file, _, _ = resolve_text(pcfg, workdir, train_config)
+  text_file, _, _ = resolve_text(task_config, workdir, train_config)
   for path in (text_file or "").split(","):
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
       raise InputError(f"{path}: a directory but not a prepared corpus (python -m elmo_jax.data.prepare)")
     if path and not glob.has_magic(path) and not os.path.exists(path):
       raise InputError(f"{path}: text file not found")
-  files = model_files(pcfg, workdir)
+  paths = model_files(task_config, workdir)
   try:
-    with h5py.File(files["weight_file"], "r") as f:
+    with h5py.File(paths["weight_file"], "r") as f:
       has_softmax = "softmax/W" in f and "softmax/b" in f
   except OSError as e:
-    raise InputError(f"{files['weight_file']}: not a readable HDF5 file ({e})") from None
+    raise InputError(f"{paths['weight_file']}: not a readable HDF5 file ({e})") from None
   if not has_softmax:
-    raise NoSoftmax(f"{files['weight_file']}: has no softmax/W, softmax/b (original ELMo weights ship "
+    raise NoSoftmax(f"{paths['weight_file']}: has no softmax/W, softmax/b (original ELMo weights ship "
                     "without the LM softmax), so it cannot be scored for perplexity")
 
 
-def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[str, Any]:
+def run(task_config: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[str, Any]:
   """The task: resolve inputs, load the LM, score, plot; returns the JSON-able result.
 
   Args:
-    pcfg: flags of the task.
-    workdir: a training run, or None with pcfg.options_file/weight_file.
+    task_config: flags of the task.
+    workdir: a training run, or None with task_config.options_file/weight_file.
     output_dir: where the PNGs go (the caller writes perplexity.json).
   """
   start = time.time()
   train_config = read_train_config(workdir) if workdir else {}
-  text_file, tfds_name, tfds_split = resolve_text(pcfg, workdir, train_config)
-  source = open_source(text_file, tfds_name, tfds_split, pcfg.tfds_data_dir
+  text_file, tfds_name, tfds_split = resolve_text(task_config, workdir, train_config)
+  source = open_source(text_file, tfds_name, tfds_split, task_config.tfds_data_dir
                        or train_config.get("data", {}).get("tfds_data_dir", ""))
-  lm = load_language_model(pcfg, workdir)
+  lm = load_language_model(task_config, workdir)
   data_cfg = train_config.get("data", {})
-  batch_size = pcfg.batch_size or train_config.get("batch_size") or DEFAULT_BATCH_SIZE
-  unroll = pcfg.unroll_steps or train_config.get("unroll_steps") or DEFAULT_UNROLL_STEPS
-  pretok = pcfg.pretokenized if pcfg.pretokenized is not None else bool(data_cfg.get("pretokenized", False))
-  if batch_size < 1 or unroll < 1 or pcfg.max_batches < 0:
+  batch_size = task_config.batch_size or train_config.get("batch_size") or DEFAULT_BATCH_SIZE
+  unroll = task_config.unroll_steps or train_config.get("unroll_steps") or DEFAULT_UNROLL_STEPS
+  pretok = task_config.pretokenized
+  if pretok is None:
+    pretok = bool(data_cfg.get("pretokenized", False))
+  if batch_size < 1 or unroll < 1 or task_config.max_batches < 0:
     raise InputError(f"batch_size={batch_size}, unroll_steps={unroll} must be >= 1 and max_batches >= 0")
-  scores = score(lm, source, batch_size=batch_size, unroll_steps=unroll, max_batches=pcfg.max_batches,
+  scores = score(lm, source, batch_size=batch_size, unroll_steps=unroll, max_batches=task_config.max_batches,
                  pretokenized=pretok, dtype=train_config.get("dtype", "float32"),
                  scan_unroll=int(train_config.get("scan_unroll", 1)),
                  max_token_chars=int(data_cfg.get("max_token_chars", 50)))
@@ -304,7 +285,7 @@ def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[st
       "task": "perplexity", "convention": lm_eval.CONVENTION, **scores,
       "data": {"text_file": text_file, "tfds_name": tfds_name,
                "tfds_split": tfds_split if tfds_name else None, "batch_size": batch_size,
-               "unroll_steps": unroll, "max_batches": pcfg.max_batches, "pretokenized": pretok},
+               "unroll_steps": unroll, "max_batches": task_config.max_batches, "pretokenized": pretok},
       "model": {"workdir": workdir, **lm.files, "vocab_size": len(lm.vocab)},
   }
   if result.get("oov_rate", 0.0) >= OOV_WARNING_RATE:
@@ -315,9 +296,10 @@ def run(pcfg: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[st
   metrics = os.path.join(workdir, "metrics.jsonl") if workdir else None
   if metrics and os.path.exists(metrics):
     try:
-      result["plots"].append(plots.plot_perplexity(metrics, os.path.join(output_dir, "perplexity_curves.png")))
+      curves = plots.perplexity_curves(metrics)
+      result["plots"].append(plots.save(curves, os.path.join(output_dir, "perplexity_curves.png")))
     except ValueError as e:  # a run that never evaluated: the bar chart still says what we measured
       result["curves_note"] = str(e)
-  result["plots"].append(plot_bars(result, os.path.join(output_dir, "perplexity_bars.png")))
+  result["plots"].append(plots.save(plots.perplexity_bars(result), os.path.join(output_dir, "perplexity_bars.png")))
   result["seconds"] = round(time.time() - start, 2)
   return result

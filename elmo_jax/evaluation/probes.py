@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from elmo_jax.model.scalar_mix import ScalarMix
+
 
 @dataclasses.dataclass
 class ProbeConfig:
@@ -63,8 +65,8 @@ def _mix_weights(params: dict) -> jnp.ndarray:
 
 def _logits(params: dict, x: jnp.ndarray) -> jnp.ndarray:
   """x: (B, L, D) -> logits (B, C)."""
-  w = _mix_weights(params)
-  mixed = params["gamma"] * jnp.einsum("l,bld->bd", w, x)
+  mix = {"scalar_parameters": _S_SCALE * params["s"], "gamma": params["gamma"]}
+  mixed = ScalarMix(x.shape[1]).apply({"params": mix}, jnp.moveaxis(x, 1, 0))
   return mixed @ params["w"] + params["b"]
 
 
@@ -106,47 +108,11 @@ def standardise(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
   return [((a - mu) / sd).astype(np.float32) for a in (train,) + others]
 
 
-def fit_probe(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
-              y_test: np.ndarray, n_classes: int, *, mix: bool,
-              dev_mask: np.ndarray | None = None,
-              config: ProbeConfig | None = None) -> ProbeResult:
-  """Trains a softmax-regression probe with early stopping; scores test accuracy.
-
-  Args:
-    x_train: float (N, L, D) features; L == 1 for a single-layer probe.
-    y_train: int (N,) labels in [0, n_classes).
-    x_test: float (M, L, D).
-    y_test: int (M,).
-    n_classes: number of classes (2 gives logistic regression).
-    mix: learn a scalar mix over the L layers (else L must be 1).
-    dev_mask: bool (N,) rows held out for early stopping; by default a seeded
-      `config.dev_fraction` of rows.
-    config: hyperparameters.
-
-  Returns:
-    The test accuracy of the parameters with the best dev accuracy.
-  """
-  config = config or ProbeConfig()
-  if not mix and x_train.shape[1] != 1:
-    raise ValueError(f"a single-layer probe needs L == 1, got {x_train.shape}")
-  if dev_mask is None:
-    dev_mask = dev_split(len(y_train), config.dev_fraction, config.seed)
-  x_fit, x_dev, x_test = standardise(x_train[~dev_mask], x_train[dev_mask], x_test)
-  y_fit, y_dev = y_train[~dev_mask].astype(np.int32), y_train[dev_mask].astype(np.int32)
-  y_test = y_test.astype(np.int32)
-  n, n_layers, dim = x_fit.shape
-
-  key = jax.random.PRNGKey(config.seed)
-  params = {
-      "s": jnp.zeros((n_layers,), jnp.float32),  # uniform mix at start
-      "gamma": jnp.ones((), jnp.float32),
-      "w": 0.01 * jax.random.normal(key, (dim, n_classes), jnp.float32),
-      "b": jnp.zeros((n_classes,), jnp.float32),
-  }
-  # Only the classifier is weight-decayed: decaying s would pull the mix to uniform.
-  decay_mask = {"s": False, "gamma": False, "w": True, "b": False}
-  tx = optax.adamw(config.learning_rate, weight_decay=config.weight_decay,
-                   mask=decay_mask)
+def _train_with_early_stopping(params: dict, tx, x_fit: np.ndarray, y_fit: np.ndarray, x_dev: np.ndarray,
+                               y_dev: np.ndarray, config: ProbeConfig) -> tuple[tuple, int]:
+  """Epochs of minibatch steps until the dev loss stops improving; ((dev loss, dev accuracy, params,
+  epoch) of the best epoch, epochs run)."""
+  n = len(y_fit)
   opt_state = tx.init(params)
 
   # At least ~8 steps per epoch so small datasets still get enough updates
@@ -178,6 +144,51 @@ def fit_probe(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
       stale += 1
       if stale >= config.patience:
         break
+  return best, epoch
+
+
+def fit_probe(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
+              y_test: np.ndarray, n_classes: int, *, mix: bool,
+              dev_mask: np.ndarray | None = None,
+              config: ProbeConfig | None = None) -> ProbeResult:
+  """Trains a softmax-regression probe with early stopping; scores test accuracy.
+
+  Args:
+    x_train: float (N, L, D) features; L == 1 for a single-layer probe.
+    y_train: int (N,) labels in [0, n_classes).
+    x_test: float (M, L, D).
+    y_test: int (M,).
+    n_classes: number of classes (2 gives logistic regression).
+    mix: learn a scalar mix over the L layers (else L must be 1).
+    dev_mask: bool (N,) rows held out for early stopping; by default a seeded
+      `config.dev_fraction` of rows.
+    config: hyperparameters.
+
+  Returns:
+    The test accuracy of the parameters with the best dev accuracy.
+  """
+  config = config or ProbeConfig()
+  if not mix and x_train.shape[1] != 1:
+    raise ValueError(f"a single-layer probe needs L == 1, got {x_train.shape}")
+  if dev_mask is None:
+    dev_mask = dev_split(len(y_train), config.dev_fraction, config.seed)
+  x_fit, x_dev, x_test = standardise(x_train[~dev_mask], x_train[dev_mask], x_test)
+  y_fit, y_dev = y_train[~dev_mask].astype(np.int32), y_train[dev_mask].astype(np.int32)
+  y_test = y_test.astype(np.int32)
+  _, n_layers, dim = x_fit.shape
+
+  key = jax.random.PRNGKey(config.seed)
+  params = {
+      "s": jnp.zeros((n_layers,), jnp.float32),  # uniform mix at start
+      "gamma": jnp.ones((), jnp.float32),
+      "w": 0.01 * jax.random.normal(key, (dim, n_classes), jnp.float32),
+      "b": jnp.zeros((n_classes,), jnp.float32),
+  }
+  # Only the classifier is weight-decayed: decaying s would pull the mix to uniform.
+  decay_mask = {"s": False, "gamma": False, "w": True, "b": False}
+  tx = optax.adamw(config.learning_rate, weight_decay=config.weight_decay,
+                   mask=decay_mask)
+  best, epoch = _train_with_early_stopping(params, tx, x_fit, y_fit, x_dev, y_dev, config)
   _, dev_acc, params, best_epoch = best
   weights = np.asarray(_mix_weights(params)).tolist() if mix else None
   return ProbeResult(

@@ -164,13 +164,11 @@ def run_wsd(cfg: EvalConfig, get_models: Callable[[], Models], data) -> dict[str
                           for m in ("trained", "untrained")}
     result["data"]["train_file"] = cfg.wsd_train_file
   out = cfg.output_dir
-  result["plots"] = [plots.plot_layer_scores(
-      result, os.path.join(out, "wsd_layers.png"),
-      "WSD 1-NN sense accuracy (ties scored as wrong)")]
+  result["plots"] = [plots.save(plots.layer_scores(result, "WSD 1-NN sense accuracy (ties scored as wrong)"),
+                                os.path.join(out, "wsd_layers.png"))]
   label, senses, coords = wsd.pca_example(test, feats["trained"], cfg.wsd_lemma)
   result["pca_lemma"] = label
-  result["plots"].append(plots.plot_wsd_pca(label, senses, coords,
-                                            os.path.join(out, "wsd_pca.png")))
+  result["plots"].append(plots.save(plots.wsd_pca(label, senses, coords), os.path.join(out, "wsd_pca.png")))
   return result
 
 
@@ -191,10 +189,10 @@ def _probe_both(cfg: EvalConfig, feats: dict[str, np.ndarray], n_train: int,
 
 def _probe_plots(cfg: EvalConfig, task: str, result: dict[str, Any], what: str) -> list[str]:
   out = cfg.output_dir
-  return [plots.plot_layer_scores(result, os.path.join(out, f"{task}_layers.png"),
-                                  f"{task}: {what} per layer (linear probe)"),
-          plots.plot_mix_weights(result, os.path.join(out, f"{task}_mix.png"),
-                                 f"{task}: learned scalar-mix weights")]
+  return [plots.save(plots.layer_scores(result, f"{task}: {what} per layer (linear probe)"),
+                     os.path.join(out, f"{task}_layers.png")),
+          plots.save(plots.probe_mix_weights(result, f"{task}: learned scalar-mix weights"),
+                     os.path.join(out, f"{task}_mix.png"))]
 
 
 def read_pos(cfg: EvalConfig) -> tuple[list, list, dict[str, int]]:
@@ -324,6 +322,7 @@ def _jsonable(obj: Any) -> Any:
   return obj
 
 
+# A few lines over 60: the task runner's checks, ordering and writes read best as one sequence.
 def run(task: str, cfg: EvalConfig, load_models: Callable[[], Models],
         echo: Callable[[str], None] = print,
         on_start: Callable[[], Any] | None = None) -> dict[str, dict[str, Any]]:

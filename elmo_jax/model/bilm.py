@@ -2,12 +2,11 @@
 
 `BiLM.__call__` is the inference path (AllenNLP/bilm-tf `BidirectionalLanguageModel`): it wraps each
 sentence in `<S>`/`</S>`, reads the backward direction reversed within each sentence's length and returns
-`[batch, n_layers + 1, time, 2 * P]` with the boundary tokens removed again. `BiLM.lm` is the training path
+`[batch, n_layers + 1, time, 2 * P]` with the boundary tokens removed again. `BiLM.lm_windows` is the training path
 over windows that already contain the boundaries, in each direction's reading order.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -17,44 +16,21 @@ from flax import linen as nn
 
 from elmo_jax import chars
 from elmo_jax.model.char_cnn import CharCNN
+from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.lstm import BiLSTMStack, LSTMState
 
 
-@dataclasses.dataclass(frozen=True)
-class BiLMConfig:
-  """The model-shaping part of options.json, hashable so it can be a Flax module attribute."""
-  filters: tuple[tuple[int, int], ...]
-  char_dim: int
-  n_highway: int
-  activation: str
-  max_characters_per_token: int
-  lstm_dim: int
-  projection_dim: int
-  n_layers: int
-  cell_clip: float | None
-  proj_clip: float | None
-  use_skip_connections: bool
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
-  @classmethod
-  def from_options(cls, options: dict[str, Any]) -> "BiLMConfig":
-    cnn, lstm = options["char_cnn"], options["lstm"]
-    return cls(
-        filters=tuple((int(w), int(n)) for w, n in cnn["filters"]),
-        char_dim=int(cnn["embedding"]["dim"]),
-        n_highway=int(cnn.get("n_highway") or 0),
-        activation=cnn.get("activation", "relu"),
-        max_characters_per_token=int(cnn["max_characters_per_token"]),
-        lstm_dim=int(lstm["dim"]),
-        projection_dim=int(lstm["projection_dim"]),
-        n_layers=int(lstm["n_layers"]),
-        cell_clip=lstm.get("cell_clip"),
-        proj_clip=lstm.get("proj_clip"),
-        use_skip_connections=bool(lstm.get("use_skip_connections", False)),
-    )
 
-  @property
-  def output_dim(self) -> int:
-    return 2 * self.projection_dim
+def make_model(options: dict[str, Any], *, dropout: float = 0.0, dtype: Any = "float32", unroll: int = 1) -> "BiLM":
+  """The biLM of validated `options` (options.json): dropout rate, matmul dtype ('float32', 'bfloat16' or a
+  jnp dtype; params stay float32) and scan unroll factor."""
+  if isinstance(dtype, str):
+    if dtype not in COMPUTE_DTYPES:
+      raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    dtype = COMPUTE_DTYPES[dtype]
+  return BiLM(BiLMConfig.from_options(options), dropout_rate=float(dropout), dtype=dtype, unroll=int(unroll))
 
 
 def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
@@ -81,21 +57,14 @@ class BiLM(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.char_cnn = CharCNN(cfg.filters, cfg.char_dim, cfg.n_highway, cfg.projection_dim, cfg.activation,
-                            dtype=self.dtype)
-    self.lstm = BiLSTMStack(cfg.n_layers, cfg.lstm_dim, cfg.projection_dim, cfg.cell_clip, cfg.proj_clip,
-                            cfg.use_skip_connections, self.dropout_rate, self.dtype, self.unroll)
+    self.char_cnn = CharCNN(cfg, dtype=self.dtype)
+    self.lstm = BiLSTMStack(cfg, self.dropout_rate, self.dtype, self.unroll)
     self.output_dropout = nn.Dropout(self.dropout_rate)
 
   def embed_tokens(self, char_ids: jax.Array) -> jax.Array:
     """Context-independent token embeddings: `[..., max_chars]` -> `[..., P]` (0 where no token)."""
     mask = jnp.any(char_ids > 0, axis=-1, keepdims=True)
     return jnp.where(mask, self.char_cnn(char_ids), 0.0)
-
-  def zero_state(self, batch_size: int) -> LSTMState:
-    cfg = self.config
-    return (jnp.zeros((cfg.n_layers, 2, batch_size, cfg.lstm_dim), jnp.float32),
-            jnp.zeros((cfg.n_layers, 2, batch_size, cfg.projection_dim), jnp.float32))
 
   def __call__(self, char_ids: jax.Array | None = None, *, token_embeddings: jax.Array | None = None,
                mask: jax.Array | None = None, state: LSTMState | None = None, add_bos_eos: bool = True,
@@ -146,7 +115,7 @@ class BiLM(nn.Module):
       layers = jnp.where(mask[:, None, :, None], layers, 0.0)
     return {"layers": layers, "mask": mask, "state": new_state}
 
-  def lm(self, fwd_char_ids: jax.Array | None, bwd_char_ids: jax.Array | None, state: LSTMState | None = None,
+  def lm_windows(self, fwd_char_ids: jax.Array | None, bwd_char_ids: jax.Array | None, state: LSTMState | None = None,
          deterministic: bool = True, *, token_chars: jax.Array | None = None, fwd_index: jax.Array | None = None,
          bwd_index: jax.Array | None = None) -> tuple[jax.Array, jax.Array, LSTMState]:
     """Training path over windows that already hold `<S>`/`</S>` (bilm-tf's training graph).

@@ -5,12 +5,14 @@ so that weight interop is a reshape, not a translation table.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+
+from elmo_jax.model.config import BiLMConfig
 
 Dtype = Any
 
@@ -67,43 +69,38 @@ class CharCNN(nn.Module):
   """Maps char ids `[..., max_chars]` (0 = no token) to token embeddings `[..., projection_dim]`.
 
   Attributes:
-    filters: (width, n_filters) per convolution.
-    char_dim: character embedding size.
-    n_highway: number of highway layers.
-    projection_dim: output size; bilm-tf projects only when it differs from the total filter count.
-    activation: 'relu' or 'tanh', applied after the max over positions (as bilm-tf does).
+    config: the biLM shape; this module reads `filters` ((width, n_filters) per convolution), `char_dim`,
+      `n_highway`, `activation` ('relu' or 'tanh', applied after the max over positions, as bilm-tf) and
+      `projection_dim` (bilm-tf projects only when it differs from the total filter count).
     n_characters: rows of the id space including the zero row for id 0.
     dtype: computation dtype of the matmuls/convolutions (params stay float32).
   """
-  filters: Sequence[Sequence[int]]
-  char_dim: int
-  n_highway: int
-  projection_dim: int
-  activation: str = "relu"
+  config: BiLMConfig
   n_characters: int = 262
   dtype: Dtype = jnp.float32
 
   @property
   def n_filters(self) -> int:
-    return sum(n for _, n in self.filters)
+    return sum(n for _, n in self.config.filters)
 
   @nn.compact
   def __call__(self, char_ids: jax.Array) -> jax.Array:
+    cfg = self.config
     lead, max_chars = char_ids.shape[:-1], char_ids.shape[-1]
     ids = char_ids.reshape(-1, max_chars)
     # The stored table has no row for id 0 ("no token"); a constant zero row keeps it out of training.
-    table = self.param("char_embed", symmetric_uniform(1.0), (self.n_characters - 1, self.char_dim))
-    table = jnp.concatenate([jnp.zeros((1, self.char_dim), table.dtype), table], 0)
+    table = self.param("char_embed", symmetric_uniform(1.0), (self.n_characters - 1, cfg.char_dim))
+    table = jnp.concatenate([jnp.zeros((1, cfg.char_dim), table.dtype), table], 0)
     x = jnp.take(table, ids, axis=0).astype(self.dtype)  # [n, max_chars, char_dim]
 
-    act = jax.nn.relu if self.activation == "relu" else jnp.tanh
+    act = jax.nn.relu if cfg.activation == "relu" else jnp.tanh
     pooled = []
-    for i, (width, num) in enumerate(self.filters):
-      if self.activation == "relu":
+    for i, (width, num) in enumerate(cfg.filters):
+      if cfg.activation == "relu":
         init = symmetric_uniform(0.05)  # Kim et al. 2015, as bilm-tf
       else:
-        init = _normal(float(np.sqrt(1.0 / (width * self.char_dim))))
-      w = self.param(f"W_cnn_{i}", init, (width, self.char_dim, num))
+        init = _normal(float(np.sqrt(1.0 / (width * cfg.char_dim))))
+      w = self.param(f"W_cnn_{i}", init, (width, cfg.char_dim, num))
       b = self.param(f"b_cnn_{i}", nn.initializers.zeros, (num,))
       y = jax.lax.conv_general_dilated(
           x, w.astype(self.dtype), window_strides=(1,), padding="VALID",
@@ -113,8 +110,8 @@ class CharCNN(nn.Module):
     h = jnp.concatenate(pooled, axis=-1)  # [n, n_filters]
 
     d = self.n_filters
-    for i in range(self.n_highway):
+    for i in range(cfg.n_highway):
       h = Highway(dtype=self.dtype, name=f"CNN_high_{i}")(h)
-    if self.projection_dim != d:
-      h = Projection(self.projection_dim, dtype=self.dtype, name="CNN_proj")(h)
+    if cfg.projection_dim != d:
+      h = Projection(cfg.projection_dim, dtype=self.dtype, name="CNN_proj")(h)
     return h.reshape(*lead, h.shape[-1])

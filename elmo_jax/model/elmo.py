@@ -10,6 +10,7 @@ from flax import linen as nn
 
 from elmo_jax import chars
 from elmo_jax.model.bilm import BiLM, BiLMConfig
+from elmo_jax.model.lstm import zero_state
 from elmo_jax.model.scalar_mix import ScalarMix
 
 
@@ -80,11 +81,8 @@ class Elmo(nn.Module):
     if self.stateful:
       if batch > self.max_batch_size:
         raise ValueError(f"batch of {batch} rows exceeds max_batch_size={self.max_batch_size}")
-      cfg = self.config
-      c = self.variable("lstm_state", "c", jnp.zeros,
-                        (cfg.n_layers, 2, self.max_batch_size, cfg.lstm_dim), jnp.float32)
-      h = self.variable("lstm_state", "h", jnp.zeros,
-                        (cfg.n_layers, 2, self.max_batch_size, cfg.projection_dim), jnp.float32)
+      c = self.variable("lstm_state", "c", lambda: zero_state(self.config, self.max_batch_size)[0])
+      h = self.variable("lstm_state", "h", lambda: zero_state(self.config, self.max_batch_size)[1])
       state = (c.value[:, :, :batch], h.value[:, :, :batch])
     out = bilm(char_ids, token_embeddings=token_embeddings, mask=mask, state=state)
     if self.stateful and not self.is_initializing():

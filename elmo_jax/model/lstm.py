@@ -15,16 +15,38 @@ config.scan_unroll = 1.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from elmo_jax.model.config import BiLMConfig
+
 Dtype = Any
 FORGET_BIAS = 1.0
 # (c [n_layers, 2, batch, hidden], h [n_layers, 2, batch, projection]); direction 0 = forward.
 LSTMState = tuple[jax.Array, jax.Array]
+
+
+def zero_state(config: BiLMConfig, batch_size: int, xp: Any = jnp) -> LSTMState:
+  """The all-zero LSTMState of `batch_size` rows; `xp=np` gives writable host arrays."""
+  return (xp.zeros((config.n_layers, 2, batch_size, config.lstm_dim), xp.float32),
+          xp.zeros((config.n_layers, 2, batch_size, config.projection_dim), xp.float32))
+
+
+class Residuals(NamedTuple):
+  """Per-step values of the forward pass that the hand-written backward pass reads, each [T, D, B, ...]."""
+  si: jax.Array  # sigmoid(i), input gate
+  tj: jax.Array  # tanh(j), candidate
+  sf: jax.Array  # sigmoid(f), forget gate
+  so: jax.Array  # sigmoid(o), output gate
+  c_prev: jax.Array  # cell state before the step
+  c_raw: jax.Array  # cell state before the clip
+  tc: jax.Array  # tanh(clipped cell state)
+  h_prev: jax.Array  # projected output before the step
+  m_new: jax.Array  # so * tc, the projection's input
+  h_raw: jax.Array  # projected output before the clip
 
 
 class LSTMWeights(nn.Module):
@@ -115,7 +137,7 @@ def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None):
     y = jnp.where(keep, h_new, 0.0)
     carry = (jnp.where(keep, c_new, c), jnp.where(keep, h_new, h))
     if save:
-      return carry, (y, (si, tj, sf, so, c, c_raw, tc, h, m_new, h_raw))
+      return carry, (y, Residuals(si, tj, sf, so, c, c_raw, tc, h, m_new, h_raw))
     return carry, y
 
   return step
@@ -143,26 +165,28 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
 
   def step(carry, inputs):
     dc, dh = carry
-    (si, tj, sf, so, c_prev, c_raw, tc, _, _, h_raw), dy, m = inputs
+    r, dy, m = inputs
+    si, tj, sf, so, tc = r.si, r.tj, r.sf, r.so, r.tc
     keep = m[..., None]
     dh_new = jnp.where(keep, dh + dy, 0.0)
     if proj_clip:  # jnp.clip's gradient: 0 outside the open interval
-      dh_new = jnp.where((h_raw > -proj_clip) & (h_raw < proj_clip), dh_new, 0.0)
+      dh_new = jnp.where((r.h_raw > -proj_clip) & (r.h_raw < proj_clip), dh_new, 0.0)
     dm = jnp.einsum("dbp,dhp->dbh", dh_new.astype(dtype), w_p_c, preferred_element_type=jnp.float32)
     dc_new = jnp.where(keep, dc, 0.0) + dm * so * (1.0 - tc * tc)
     if cell_clip:
-      dc_new = jnp.where((c_raw > -cell_clip) & (c_raw < cell_clip), dc_new, 0.0)
+      dc_new = jnp.where((r.c_raw > -cell_clip) & (r.c_raw < cell_clip), dc_new, 0.0)
     dg = jnp.concatenate([dc_new * tj * si * (1.0 - si), dc_new * si * (1.0 - tj * tj),
-                          dc_new * c_prev * sf * (1.0 - sf), dm * tc * so * (1.0 - so)], axis=-1)
+                          dc_new * r.c_prev * sf * (1.0 - sf), dm * tc * so * (1.0 - so)], axis=-1)
     dh_prev = jnp.einsum("dbg,dpg->dbp", dg.astype(dtype), w_h_c, preferred_element_type=jnp.float32)
     dh_prev = dh_prev + jnp.where(keep, 0.0, dh)
     dc_prev = dc_new * sf + jnp.where(keep, 0.0, dc)
     return (dc_prev, dh_prev), (dg, dh_new)
 
   (dc0, dh0), (dgx, dh_raw) = jax.lax.scan(step, (d_c, d_h), (saved, d_out, mask), reverse=True, unroll=unroll)
-  h_prev, m_new = saved[7], saved[8]
-  dw_h = jnp.einsum("tdbp,tdbg->dpg", h_prev.astype(dtype), dgx.astype(dtype), preferred_element_type=jnp.float32)
-  dw_p = jnp.einsum("tdbh,tdbp->dhp", m_new.astype(dtype), dh_raw.astype(dtype), preferred_element_type=jnp.float32)
+  dw_h = jnp.einsum("tdbp,tdbg->dpg", saved.h_prev.astype(dtype), dgx.astype(dtype),
+                    preferred_element_type=jnp.float32)
+  dw_p = jnp.einsum("tdbh,tdbp->dhp", saved.m_new.astype(dtype), dh_raw.astype(dtype),
+                    preferred_element_type=jnp.float32)
   return dgx, dw_h.astype(w_h.dtype), dw_p.astype(w_p.dtype), None, dc0, dh0
 
 
@@ -208,25 +232,17 @@ class BiLSTMStack(nn.Module):
   """Separate forward and backward LSTM stacks, run together.
 
   Attributes:
-    n_layers, hidden_dim, projection_dim, cell_clip, proj_clip: the `lstm` section of options.json.
-    use_skip_connections: residual connection on every layer but the first (bilm-tf's ResidualWrapper).
+    config: the biLM shape; this module reads `n_layers`, `lstm_dim`, `projection_dim`, `cell_clip`,
+      `proj_clip` and `use_skip_connections` (residual connection on every layer but the first, bilm-tf's
+      ResidualWrapper).
     dropout_rate: dropout on each layer's input while training (bilm-tf's DropoutWrapper).
     dtype: matmul dtype; the cell state and gates stay float32.
     unroll: `lax.scan` unroll factor.
   """
-  n_layers: int
-  hidden_dim: int
-  projection_dim: int
-  cell_clip: float | None = None
-  proj_clip: float | None = None
-  use_skip_connections: bool = False
+  config: BiLMConfig
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   unroll: int = 1
-
-  def zero_state(self, batch_size: int) -> LSTMState:
-    return (jnp.zeros((self.n_layers, 2, batch_size, self.hidden_dim), jnp.float32),
-            jnp.zeros((self.n_layers, 2, batch_size, self.projection_dim), jnp.float32))
 
   @nn.compact
   def __call__(self, fwd_x: jax.Array, bwd_x: jax.Array, fwd_mask: jax.Array, bwd_mask: jax.Array,
@@ -241,17 +257,17 @@ class BiLSTMStack(nn.Module):
     Returns:
       outputs [n_layers, 2, batch, time, P] in reading order, and the final LSTMState.
     """
-    batch = fwd_x.shape[0]
-    c0, h0 = self.zero_state(batch) if state is None else state
+    cfg = self.config
+    hidden = cfg.lstm_dim
+    c0, h0 = zero_state(cfg, fwd_x.shape[0]) if state is None else state
     x = jnp.stack([fwd_x, bwd_x]).astype(jnp.float32)  # [2, B, T, P]
     mask = jnp.stack([fwd_mask, bwd_mask]).astype(bool)  # [2, B, T]
     mask_t = jnp.transpose(mask, (2, 0, 1))  # [T, 2, B]
-    forget = jnp.zeros((4 * self.hidden_dim,), jnp.float32).at[2 * self.hidden_dim:3 * self.hidden_dim].set(
-        FORGET_BIAS)
+    forget = jnp.zeros((4 * hidden,), jnp.float32).at[2 * hidden:3 * hidden].set(FORGET_BIAS)
     outputs, cs, hs = [], [], []
-    for k in range(self.n_layers):
+    for k in range(cfg.n_layers):
       in_dim = x.shape[-1]
-      weights = [LSTMWeights(in_dim, self.hidden_dim, self.projection_dim, name=f"{d}_layer_{k}")()
+      weights = [LSTMWeights(in_dim, hidden, cfg.projection_dim, name=f"{d}_layer_{k}")()
                  for d in ("forward", "backward")]
       w, b, w_p = (jnp.stack(t) for t in zip(*weights))  # [2, ...]
       inp = x
@@ -259,13 +275,13 @@ class BiLSTMStack(nn.Module):
         inp = nn.Dropout(self.dropout_rate)(inp, deterministic=deterministic)
       if n_steps is None:
         gx = input_gates(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype), b + forget)
-        out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], self.cell_clip, self.proj_clip,
+        out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], cfg.cell_clip, cfg.proj_clip,
                                 self.dtype, self.unroll)
       else:
         out, (c, h) = lstm_steps(jnp.transpose(inp, (2, 0, 1, 3)), w, b + forget, w_p, mask_t, c0[k], h0[k],
-                                 n_steps, self.cell_clip, self.proj_clip, self.dtype)
+                                 n_steps, cfg.cell_clip, cfg.proj_clip, self.dtype)
       out = jnp.transpose(out, (1, 2, 0, 3))  # [2, B, T, P]
-      if self.use_skip_connections and k > 0:
+      if cfg.use_skip_connections and k > 0:
         out = out + jnp.where(mask[..., None], inp, 0.0)
       outputs.append(out)
       cs.append(c)

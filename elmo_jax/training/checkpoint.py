@@ -26,8 +26,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from elmo_jax import log
 from elmo_jax import files
-from elmo_jax.training.metrics import say
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -156,39 +156,55 @@ class Checkpointer:
     the checkpoint, so it propagates. A step that verifies but fails to restore also propagates: the
     bytes are the ones we wrote, so the config must differ, and moving good checkpoints aside would be wrong.
     """
-    for step in reversed(self.all_steps()):
+    def load(step: int) -> tuple[Any, dict[str, Any]]:
+      meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+      if check_meta is not None:
+        check_meta(meta)
+      state = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state)))["state"]
+      return state, meta
+
+    found = self.restore_newest(load)
+    return None if found is None else (found[0], *found[1])
+
+  def restore_newest(self, load: Callable[[int], Any], steps: list[int] | None = None,
+                     verified_must_load: bool = True) -> tuple[int, Any] | None:
+    """(step, load(step)) for the newest of `steps` (default: all) that verifies and loads; None if none.
+
+    Each step is hashed once. A step that fails its checksum, or has none and does not load, is set aside
+    (`_set_aside`) and the previous one tried. One that verifies but does not load raises
+    IncompatibleCheckpointError with `verified_must_load` (the bytes are ours, so the config differs), else
+    it is skipped too. IncompatibleCheckpointError from `load` always propagates.
+    """
+    for step in reversed(self.all_steps() if steps is None else steps):
       reason = self.verify(step)
-      verified = reason is None
       if reason is None or reason == "no checksum":
         try:
-          meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-          if check_meta is not None:
-            check_meta(meta)
-          state = self.manager.restore(step, args=ocp.args.Composite(
-              state=ocp.args.StandardRestore(abstract_state)))["state"]
-          if not verified:
-            say(f"warning: checkpoint step {step} has no checksum (the run stopped before writing it); "
-                "restored it unverified")
-          return step, state, meta
+          loaded = load(step)
         except IncompatibleCheckpointError:
           raise
         except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many types for unreadable data
-          if verified:
+          if reason is None and verified_must_load:
             raise IncompatibleCheckpointError(
                 f"{self.directory}/{step} verifies but does not restore into this config's state "
                 f"({_first_line(e)}); was the workdir trained with another config?") from None
           reason = f"cannot be restored ({_first_line(e)})"
+        else:
+          if reason is not None:
+            log.info(f"warning: checkpoint step {step} has no checksum (the run stopped before writing it); "
+                     "restored it unverified")
+          return step, loaded
       self._set_aside(step, reason)
     return None
 
   def _set_aside(self, step: int, reason: str) -> None:
     if self.read_only:
-      say(f"warning: checkpoint step {step} in {self.directory} is unusable: {reason}; skipping it")
+      log.info(f"warning: checkpoint step {step} in {self.directory} is unusable: {reason}; skipping it")
       return
     slug = re.sub(r"[^a-z0-9]+", "-", reason.lower()).strip("-")[:60]
     target = os.path.join(self.bad_dir, f"{step}-{slug}")
-    say(f"warning: checkpoint step {step} is unusable: {reason}; moved it to {target} and trying the "
-        "previous step")
+    log.info(f"warning: checkpoint step {step} is unusable: {reason}; moved it to {target} and trying the "
+             "previous step")
     _barrier(f"ckpt_bad_{step}_a")  # every process has decided before process 0 moves the folder
     if _is_main():
       os.makedirs(self.bad_dir, exist_ok=True)

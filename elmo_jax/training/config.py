@@ -7,6 +7,8 @@ from elmo_jax import options as options_lib
 
 
 def base_config() -> ml_collections.ConfigDict:
+  # Over 60 lines on purpose: one flat list of every key with its default and why, as the Flax examples'
+  # configs; splitting it would scatter the defaults.
   c = ml_collections.ConfigDict()
   # --- keys scripts rely on -------------------------------------------------------------------------
   c.seed = 0

@@ -3,7 +3,7 @@
 The char CNN maps one token at a time, so running it on every position of both windows repeats the same
 work for every recurring token ("the", ",", "<S>", ...). On the host we replace `fwd_chars`/`bwd_chars` by
 a table of distinct tokens and per-position indices into it; the model embeds the table and gathers
-(`BiLM.lm(..., token_chars=, fwd_index=, bwd_index=)`). The result is exactly the same embeddings.
+(`BiLM.lm_windows(..., token_chars=, fwd_index=, bwd_index=)`). The result is exactly the same embeddings.
 
 The table is built per data shard (the rows one device holds), not per batch: a replicated table of the
 whole batch's tokens would make every device run the CNN on every token of the batch. `token_chars` is

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from elmo_jax import files
 from elmo_jax import options as options_lib
 from elmo_jax import weights as weights_lib
 
@@ -18,19 +19,11 @@ def export_model(workdir: str, params: dict[str, Any], options: dict[str, Any]) 
   The folder is built beside the old one and swapped in, so a reader never sees a mix of two exports.
   """
   final = os.path.join(workdir, "export")
-  tmp = final + ".tmp"
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
   host = jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x), np.float32), params)
-  options_lib.save(options, os.path.join(tmp, "options.json"))
-  weights_lib.save_hdf5(os.path.join(tmp, "weights.hdf5"), host["bilm"], options, softmax=host["softmax"])
-  vocab = os.path.join(workdir, "vocab.txt")
-  if os.path.exists(vocab):
-    shutil.copyfile(vocab, os.path.join(tmp, "vocab.txt"))
-  old = final + ".old"
-  shutil.rmtree(old, ignore_errors=True)
-  if os.path.exists(final):
-    os.replace(final, old)
-  os.replace(tmp, final)
-  shutil.rmtree(old, ignore_errors=True)
+  with files.atomic_dir(final) as tmp:
+    options_lib.save(options, os.path.join(tmp, "options.json"))
+    weights_lib.save_hdf5(os.path.join(tmp, "weights.hdf5"), host["bilm"], options, softmax=host["softmax"])
+    vocab = os.path.join(workdir, "vocab.txt")
+    if os.path.exists(vocab):
+      shutil.copyfile(vocab, os.path.join(tmp, "vocab.txt"))
   return final

@@ -58,26 +58,24 @@ def _elmo_files(path: str) -> tuple[str, str]:
 def _restore_params(ckpt_dir: str, step: int | None) -> tuple[dict[str, Any], dict[str, Any], int]:
   """Params (numpy) and meta of the newest good step of another run, read-only (nothing is moved there)."""
   ckpt = Checkpointer(ckpt_dir, read_only=True)
+
+  def load(s: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    meta = ckpt.manager.restore(s, args=_composite(meta=None))["meta"]
+    # Every array onto this process's first device: the source run may have had another mesh.
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                                      ckpt.manager.item_metadata(s)["state"])
+    state = ckpt.manager.restore(s, args=_composite(state=abstract))["state"]
+    return jax.tree_util.tree_map(np.asarray, state["params"]), meta
+
   try:
-    steps = ckpt.all_steps() if step is None else [step]
-    for s in reversed(steps):
-      if ckpt.verify(s) not in (None, "no checksum"):
-        print(f"warning: init_from: step {s} in {ckpt_dir} fails verification ({ckpt.verify(s)}); skipping it")
-        continue
-      try:
-        meta = ckpt.manager.restore(s, args=_composite(meta=None))["meta"]
-        # Every array onto this process's first device: the source run may have had another mesh.
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        abstract = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                                          ckpt.manager.item_metadata(s)["state"])
-        state = ckpt.manager.restore(s, args=_composite(state=abstract))["state"]
-      except Exception as e:  # noqa: BLE001 - unreadable step: try the previous one
-        print(f"warning: init_from: step {s} in {ckpt_dir} cannot be restored ({type(e).__name__}); skipping it")
-        continue
-      return jax.tree_util.tree_map(np.asarray, state["params"]), meta, s
+    found = ckpt.restore_newest(load, None if step is None else [step], verified_must_load=False)
   finally:
     ckpt.manager.close()
-  raise InitFromError(f"config.init_from={ckpt_dir}: no restorable checkpoint there")
+  if found is None:
+    raise InitFromError(f"config.init_from={ckpt_dir}: no restorable checkpoint there")
+  s, (params, meta) = found
+  return params, meta, s
 
 
 def _composite(**items):

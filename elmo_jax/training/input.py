@@ -20,11 +20,11 @@ from typing import Any, Callable, Iterator
 import jax
 import ml_collections
 
+from elmo_jax import log
 from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
 from elmo_jax.data import prepare as prepare_lib
 from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
 from elmo_jax.progress import progress
-from elmo_jax.training.metrics import say
 
 
 def _split(s: str) -> list[str]:
@@ -54,9 +54,9 @@ def _auto_prepare(config, workdir: str) -> tuple[str, str]:
   spec = prepare_lib.source_spec(_split(data.train_files))
   size_mb = sum(f["size"] for f in spec["files"]) / 2**20
   if size_mb > limit:
-    say(f"training text is {size_mb:,.0f} MB (> config.data.auto_prepare_max_mb={limit:g}): tokenizing on the "
-        "fly; prepare it once with `python -m elmo_jax.data.prepare --num_workers=N` and set "
-        "config.data.prepared_dir for full speed")
+    log.info(f"training text is {size_mb:,.0f} MB (> config.data.auto_prepare_max_mb={limit:g}): tokenizing on the "
+             "fly; prepare it once with `python -m elmo_jax.data.prepare --num_workers=N` and set "
+             "config.data.prepared_dir for full speed")
     return "", ""
   vocab = dict(vocab_file=data.vocab_file, vocab_max_size=data.vocab_max_size, vocab_min_count=data.vocab_min_count)
   kw = dict(pretokenized=data.pretokenized, max_token_chars=data.max_token_chars)
@@ -66,9 +66,9 @@ def _auto_prepare(config, workdir: str) -> tuple[str, str]:
   train_dir = os.path.join(root, "train")
   eval_dir = os.path.join(root, "eval") if data.eval_files else ""
   if jax.process_index() == 0:  # the others wait at the barrier, then read what process 0 wrote
-    prepare_lib.prepare(train_dir, _split(data.train_files), chunk_sentences=50_000, say=say, **vocab, **kw)
+    prepare_lib.prepare(train_dir, _split(data.train_files), chunk_sentences=50_000, log_line=log.info, **vocab, **kw)
     if eval_dir:
-      prepare_lib.prepare(eval_dir, _split(data.eval_files), vocab_max_size=None, say=say, **kw)
+      prepare_lib.prepare(eval_dir, _split(data.eval_files), vocab_max_size=None, log_line=log.info, **kw)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     multihost_utils.sync_global_devices("auto_prepare")
@@ -89,9 +89,9 @@ def _report_skipped(name: str, source) -> None:
   skipped = {k: v for k, v in getattr(source, "skipped", {}).items() if v}
   if skipped:  # bad lines never stop a run, but the user should know they were dropped
     first = getattr(source, "first_skipped", {})
-    say(f"{name} data: skipped " + ", ".join(
-        f"{n:,} {reason} lines" + (f" (first at {first[reason]})" if reason in first else "")
-        for reason, n in skipped.items()))
+    log.info(f"{name} data: skipped " + ", ".join(
+             f"{n:,} {reason} lines" + (f" (first at {first[reason]})" if reason in first else "")
+             for reason, n in skipped.items()))
 
 
 def _run_vocab(config, workdir: str, build: Callable[[], Vocab]) -> Vocab:
@@ -136,8 +136,8 @@ def make_input(config, workdir: str, local_rows: int) -> TrainInput:
                      disable=jax.process_index() != 0)
     vocab = Vocab.build((tokenizer(train_source[i]) for i in lines),
                         max_size=data.vocab_max_size, min_count=data.vocab_min_count)
-    say(f"built vocabulary of {len(vocab):,} tokens from {len(train_source):,} training lines "
-        f"in {time.time() - started:.1f}s")
+    log.info(f"built vocabulary of {len(vocab):,} tokens from {len(train_source):,} training lines "
+             f"in {time.time() - started:.1f}s")
     return vocab
 
   vocab = _run_vocab(config, workdir, build)

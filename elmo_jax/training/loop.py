@@ -10,23 +10,42 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import signal
 import time
 from typing import Any
 
 import jax
 import ml_collections
 
+from elmo_jax import log
 from elmo_jax import files
 from elmo_jax import options as options_lib
+from elmo_jax.model import make_model, zero_state
 from elmo_jax.training import init_from, lm_eval, resume, step as step_lib
 from elmo_jax.training import input as input_lib
 from elmo_jax.training.checkpoint import Checkpointer, abstract_like, gather_process_states
 from elmo_jax.training.distributed import StopRequest
 from elmo_jax.training.export import export_model
-from elmo_jax.training.metrics import LogWindow, MetricWriter, progress_line, say
+from elmo_jax.training.metrics import LogWindow, MetricWriter, progress_line
 
 def _every(step: int, n: int, last: int) -> bool:
   return step % n == 0 or step == last
+
+
+TEST_SIGNAL_ENV = "ELMO_JAX_TEST_SIGNAL_AT_STEP"
+
+
+def signal_self_for_tests(step: int, checkpointer: Checkpointer) -> None:
+  """The fault tests' deterministic preemption: with `ELMO_JAX_TEST_SIGNAL_AT_STEP=N:KILL` (or `N:TERM`),
+  this process sends itself SIGKILL (SIGTERM) once step N is logged and saved and every pending save is
+  on disk, instead of a test racing a sleep-paced run with a timed kill. Unset: nothing happens."""
+  spec = os.environ.get(TEST_SIGNAL_ENV)
+  if not spec:
+    return
+  at, name = spec.split(":")
+  if int(at) == step:
+    checkpointer.wait()
+    os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
 
 
 def restore_or_init(config, workdir, checkpointer, state, train_iter, check, optimizer, options, vocab,
@@ -37,16 +56,17 @@ def restore_or_init(config, workdir, checkpointer, state, train_iter, check, opt
     restored_step, state, meta = restored
     train_iter.set_state(meta["data"][jax.process_index()])
     dropped = resume.rewind_metrics(workdir, restored_step) if jax.process_index() == 0 else 0
-    say(f"resumed from step {restored_step} in {checkpointer.directory}"
-        + (f" (dropped {dropped} metrics.jsonl records written after it)" if dropped else ""))
+    log.info(f"resumed from step {restored_step} in {checkpointer.directory}"
+                  + (f" (dropped {dropped} metrics.jsonl records written after it)" if dropped else ""),
+                  all_processes=True)  # every process restores its own data position
     return state, meta.get("log_window")
   if config.init_from:
     state, source = init_from.apply(config.init_from, state, options, vocab.sha256(), optimizer, shardings)
-    say(f"initialised from {source}; fresh optimizer")
+    log.info(f"initialised from {source}; fresh optimizer")
     if source.endswith(init_from.NEW_SOFTMAX + ")") and not config.get("freeze_bilm_steps", 0):
-      say("init_from gave no softmax for this vocabulary: a random softmax's first gradients reach the "
-          "pretrained biLM; consider --config.freeze_bilm_steps=200 (softmax alone first), or "
-          "--config.data.vocab_file=<the source run's vocab.txt> to keep its softmax")
+      log.info("init_from gave no softmax for this vocabulary: a random softmax's first gradients reach the "
+               "pretrained biLM; consider --config.freeze_bilm_steps=200 (softmax alone first), or "
+               "--config.data.vocab_file=<the source run's vocab.txt> to keep its softmax")
   return state, None
 
 
@@ -62,6 +82,8 @@ def make_feed(train_iter, mesh, dedupe: bool, depth: int, block: int):
   return input_lib.AgreedFeed(input_lib.Prefetcher(train_iter, host, max(depth, block)), mesh, block)
 
 
+# Over 60 lines on purpose: the loop reads top to bottom as flax's examples/lm1b train_and_evaluate (setup,
+# restore, step loop); its steps share the state, the feed and the writers, and helpers would hide the order.
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains per `config` in `workdir`, resuming if it holds a checkpoint; returns the last metrics.
 
@@ -84,14 +106,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     files.write_json(os.path.join(workdir, "config.json"), config.to_dict())
 
   mesh = step_lib.make_mesh()
-  model = step_lib.make_model(options, config)
+  model = make_model(options, dropout=config.dropout, dtype=config.dtype,
+                     unroll=config.get("scan_unroll", 1))
   optimizer = step_lib.make_optimizer(config)
   num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < len(vocab) - 1 else 0
   create = lambda: step_lib.create_train_state(model, optimizer, len(vocab), config.batch_size, config.seed)
   shardings = step_lib.state_shardings(jax.eval_shape(create), mesh, bool(config.get("shard_softmax", False)))
   state = jax.jit(create, out_shardings=shardings)()
   train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
-  eval_step = step_lib.make_eval_step(model, mesh, shardings)
+  eval_step = step_lib.make_eval_step(model, mesh, shardings.params)
   dedupe = bool(config.get("dedupe_tokens", False))
   train_iter = data.train(dedupe_shards=len(mesh.local_devices) if dedupe else None)
 
@@ -106,8 +129,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   def run_eval(params) -> dict[str, Any]:
     if data.eval is None:
       return {}
-    zero = jax.device_put(model.zero_state(config.batch_size), shardings.lstm_state)
-    to_global = lambda b: step_lib.global_batch(b, mesh, dedupe=dedupe)
+    zero = jax.device_put(zero_state(model.config, config.batch_size), shardings.lstm_state)
+    to_global = lambda b: step_lib.global_arrays(b, mesh, dedupe=dedupe)
     batches = lm_eval.with_progress(data.eval(), data.eval_sentences // n_proc, config.eval_max_batches, "eval",
                                     disable=not is_main)
     result = lm_eval.perplexity(eval_step, params, zero, batches, to_global, config.eval_max_batches)
@@ -115,9 +138,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             "eval_ppl": result["ppl"], "eval_tokens": result["n_tokens"]}
 
   def save(step: int) -> None:
-    window.pause()  # fetches and checks the pending steps: a checkpoint never holds a non-finite state
+    log_window.pause()  # fetches and checks the pending steps: a checkpoint never holds a non-finite state
     checkpointer.save(step, state, {"data": gather_process_states(data_state), "vocab_sha256": vocab.sha256(),
-                                    "config": config.to_dict(), "log_window": window.sums})
+                                    "config": config.to_dict(), "log_window": log_window.sums})
     if is_main:
       export_model(workdir, state.params, options)
 
@@ -130,20 +153,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       batches = itertools.islice(batches, config.eval_max_batches * n_proc)
     base = lm_eval.unigram_baseline(vocab, batches)
     writer.write({"step": 0, **base})
-    say(f"unigram baseline on the eval split: ppl {base['unigram_ppl']:.1f}, OOV rate {base['oov_rate']:.2%}")
-  say(f"training {config.num_train_steps} steps of {config.batch_size} x {config.unroll_steps} tokens on "
-      f"{n_devices} device(s) / {n_proc} process(es) from {data.description}; vocab {len(vocab):,}; "
-      f"{'sampled softmax ' + str(num_sampled) if num_sampled else 'full softmax'}")
+    log.info(f"unigram baseline on the eval split: ppl {base['unigram_ppl']:.1f}, OOV rate {base['oov_rate']:.2%}")
+  log.info(f"training {config.num_train_steps} steps of {config.batch_size} x {config.unroll_steps} tokens on "
+           f"{n_devices} device(s) / {n_proc} process(es) from {data.description}; vocab {len(vocab):,}; "
+           f"{'sampled softmax ' + str(num_sampled) if num_sampled else 'full softmax'}")
 
   freeze = int(config.get("freeze_bilm_steps", 0) or 0)
   if start_step < freeze:
-    say(f"biLM frozen for steps {start_step + 1}-{min(freeze, config.num_train_steps)}: only the "
-        f"softmax trains (config.freeze_bilm_steps={freeze})")
+    log.info(f"biLM frozen for steps {start_step + 1}-{min(freeze, config.num_train_steps)}: only the "
+             f"softmax trains (config.freeze_bilm_steps={freeze})")
 
   # --- the step loop -------------------------------------------------------------------------------------
   started = time.time()
   record: dict[str, Any] = {}
-  window = LogWindow(window_sums)
+  log_window = LogWindow(window_sums)
   last = config.num_train_steps
   stop_every = 1 if n_proc == 1 else max(int(config.get("stop_check_every_steps", 10)), 1)
   ahead = max(int(config.get("prefetch_batches", 2)), 1)
@@ -160,40 +183,41 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       batch, data_state = feed.next()
       state, metrics = train_step(state, batch)
       done = step + 1
-      window.add(done, metrics)
+      log_window.add(done, metrics)
       # The host stays `ahead` steps in front of the devices, no further: queued work stays bounded, and the
       # time it waits for a batch (data_wait_share) is time the devices would wait too.
       in_flight.append(metrics)
       if len(in_flight) > ahead:
         jax.block_until_ready(in_flight.popleft())
       if done == freeze and done < last:
-        say(f"step {done}: biLM unfrozen (config.freeze_bilm_steps={freeze}); everything trains from here")
+        log.info(f"step {done}: biLM unfrozen (config.freeze_bilm_steps={freeze}); everything trains from here")
       if _every(done, config.log_every_steps, last):
         now = time.time()
-        record = {**window.record(done), "learning_rate": step_lib.learning_rate_at(config, done),
+        record = {**log_window.record(done), "learning_rate": step_lib.learning_rate_at(config, done),
                   "elapsed_sec": now - started,
                   # share of the wall time the devices waited for a batch
                   "data_wait_share": (feed.wait_sec - waited) / max(now - since, 1e-9)}
         waited, since = feed.wait_sec, now
         writer.write(record)
         if is_main:
-          say(progress_line(done, last, record, started, start_step))
+          log.info(progress_line(done, last, record, started, start_step))
       if _every(done, config.eval_every_steps, last) and data.eval is not None:
-        window.pause()
+        log_window.pause()
         result = run_eval(state.params)
         writer.write({"step": done, **result})
-        say(f"step {done}: eval ppl {result['eval_ppl']:.1f} (forward {result['eval_ppl_forward']:.1f}, "
-            f"backward {result['eval_ppl_backward']:.1f})")
+        log.info(f"step {done}: eval ppl {result['eval_ppl']:.1f} (forward {result['eval_ppl_forward']:.1f}, "
+                 f"backward {result['eval_ppl_backward']:.1f})")
         record = {**record, **result}
       saved = _every(done, config.checkpoint_every_steps, last)
       if saved:
         save(done)
+      signal_self_for_tests(done, checkpointer)
       # Every process asks at the same steps, so all of them stop after the same one.
       if (done % stop_every == 0 or done == last) and stop.requested():
         if not saved:
           save(done)
-        say(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
-            f"{checkpointer.directory}/{done}; run the same command again to resume")
+        log.info(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
+                 f"{checkpointer.directory}/{done}; run the same command again to resume")
         return record
   finally:
     feed.close()
@@ -201,7 +225,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     checkpointer.close()  # waits for the last asynchronous save and its checksum; never half-written
     writer.close()
   counts = data_state["counters"]
-  say(f"done: step {int(state.step)}; read {counts['sentences']:,} sentences, {counts['tokens']:,} words "
-      f"({counts['truncated_tokens']:,} over-long tokens truncated); checkpoints in {checkpointer.directory}; "
-      f"export in {workdir}/export")
+  log.info(f"done: step {int(state.step)}; read {counts['sentences']:,} sentences, {counts['tokens']:,} words "
+           f"({counts['truncated_tokens']:,} over-long tokens truncated); checkpoints in {checkpointer.directory}; "
+           f"export in {workdir}/export")
   return record

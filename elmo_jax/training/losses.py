@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 
 
 def _logits(h: jax.Array, w: jax.Array, b: jax.Array, dtype) -> jax.Array:
@@ -18,9 +19,7 @@ def _logits(h: jax.Array, w: jax.Array, b: jax.Array, dtype) -> jax.Array:
 def full_softmax_nll(h: jax.Array, targets: jax.Array, w: jax.Array, b: jax.Array,
                      dtype=jnp.float32) -> jax.Array:
   """Token NLL `[...]` of targets `[...]` under softmax(h W^T + b); h `[..., P]`, W `[V, P]`."""
-  logits = _logits(h, w, b, dtype)
-  true = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  return jax.nn.logsumexp(logits, axis=-1) - true
+  return optax.softmax_cross_entropy_with_integer_labels(_logits(h, w, b, dtype), targets)
 
 
 def log_uniform_log_prob(ids: jax.Array, vocab_size: int) -> jax.Array:

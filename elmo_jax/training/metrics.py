@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from typing import Any
 
@@ -141,6 +140,3 @@ def progress_line(step: int, total: int, record: dict[str, Any], started: float,
           f"ppl fwd {record['train_ppl_forward']:.1f} bwd {record['train_ppl_backward']:.1f}  "
           f"{record['tokens_per_sec']:,.0f} tok/s  elapsed {format_duration(elapsed)}  ETA {format_duration(eta)}")
 
-
-def say(message: str) -> None:
-  print(message, flush=True, file=sys.stdout)

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import ml_collections
+from flax import traverse_util
 
 from elmo_jax import files
 from elmo_jax.training.checkpoint import IncompatibleCheckpointError
@@ -15,13 +16,9 @@ _SHAPE_KEYS = ("batch_size", "unroll_steps", "optimizer", "data.vocab_file", "da
                "data.vocab_min_count", "data.pretokenized", "data.shard", "freeze_bilm_steps")
 
 
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-  if isinstance(tree, dict):
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-      out.update(flatten(v, f"{prefix}{k}."))
-    return out
-  return {prefix[:-1]: tree.tolist() if hasattr(tree, "tolist") else tree}
+def flatten(tree: dict[str, Any]) -> dict[str, Any]:
+  """{"a.b": leaf} of a nested dict; array leaves as lists (JSON-comparable). Empty dicts drop out."""
+  return {k: v.tolist() if hasattr(v, "tolist") else v for k, v in traverse_util.flatten_dict(tree, sep=".").items()}
 
 
 def _normalise(value: Any) -> Any:

@@ -16,7 +16,7 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax.model import BiLM, BiLMConfig
+from elmo_jax.model import BiLM, zero_state
 from elmo_jax.training import dedupe as dedupe_lib
 from elmo_jax.training import freeze as freeze_lib
 from elmo_jax.training import losses
@@ -38,27 +38,10 @@ def make_mesh(devices=None) -> Mesh:
   return Mesh(devices.reshape(-1), (DATA_AXIS,))
 
 
-def compute_dtype(name: str):
-  if name not in ("float32", "bfloat16"):
-    raise ValueError(f"config.dtype must be 'float32' or 'bfloat16', got {name!r}")
-  return jnp.bfloat16 if name == "bfloat16" else jnp.float32
-
-
-def make_model(options: dict[str, Any], config) -> BiLM:
-  return BiLM(BiLMConfig.from_options(options), dropout_rate=float(config.dropout),
-              dtype=compute_dtype(config.dtype), unroll=int(config.get("scan_unroll", 1)))
-
-
 def make_optimizer(config) -> optax.GradientTransformation:
   """bilm-tf's recipe by default: Adagrad(lr 0.2, initial accumulator 1.0) after global-norm clip 10."""
   name = config.optimizer
-  lr = config.learning_rate
-  warmup = int(config.get("warmup_steps", 0) or 0)
-  if warmup:
-    # Update k (1-based; optax counts from 0) uses lr * min(k, warmup) / warmup: the first update is not
-    # wasted at rate 0, and `learning_rate_at(config, k)` is exactly the rate the k-th update applied.
-    peak = float(config.learning_rate)
-    lr = lambda count: peak * jnp.minimum(count + 1, warmup).astype(jnp.float32) / warmup
+  lr = make_schedule(config)
   if name == "adagrad":
     opt = optax.adagrad(lr, initial_accumulator_value=config.adagrad_initial_accumulator, eps=0.0)
   elif name == "adam":
@@ -75,19 +58,31 @@ def make_optimizer(config) -> optax.GradientTransformation:
   return optax.chain(optax.clip_by_global_norm(config.grad_clip), opt)
 
 
-def learning_rate_at(config, step: int) -> float:
-  """The learning rate the `step`-th update (1-based) applied."""
+def make_schedule(config) -> optax.ScalarOrSchedule:
+  """The learning rate by optax's update count (0-based): config.learning_rate, after a linear warmup over
+  config.warmup_steps. Update k (1-based) uses lr * min(k, warmup) / warmup: the first update is not wasted
+  at rate 0. A plain float without warmup."""
   warmup = int(config.get("warmup_steps", 0) or 0)
-  if warmup and step < warmup:
-    return float(config.learning_rate) * step / warmup
-  return float(config.learning_rate)
+  if not warmup:
+    return config.learning_rate
+  peak = float(config.learning_rate)
+  return lambda count: peak * jnp.minimum(count + 1, warmup).astype(jnp.float32) / warmup
+
+
+def learning_rate_at(config, step: int) -> float:
+  """The learning rate the `step`-th update (1-based) applied, read off `make_schedule(config)`.
+
+  A warmup rate is float32 (as the update applies it) and is given at float32's 7 significant digits, so
+  the log says 0.03, not 0.029999997466802597."""
+  schedule = make_schedule(config)
+  return float(f"{float(schedule(step - 1)):.7g}") if callable(schedule) else float(schedule)
 
 
 def init_params(model: BiLM, vocab_size: int, rng: jax.Array) -> dict[str, Any]:
   cfg = model.config
   k_model, k_softmax = jax.random.split(rng)
   dummy = jnp.zeros((1, 1, cfg.max_characters_per_token), jnp.int32)
-  bilm = model.init(k_model, dummy, dummy, method=BiLM.lm)["params"]
+  bilm = model.init(k_model, dummy, dummy, method=BiLM.lm_windows)["params"]
   # bilm-tf: softmax W ~ N(0, 1/sqrt(P)), b = 0.
   w = jax.random.normal(k_softmax, (vocab_size, cfg.projection_dim)) / np.sqrt(cfg.projection_dim)
   return {"bilm": bilm, "softmax": {"W": w, "b": jnp.zeros((vocab_size,))}}
@@ -100,7 +95,7 @@ def create_train_state(model: BiLM, optimizer, vocab_size: int, global_batch: in
   if params is None:
     params = init_params(model, vocab_size, k_init)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
-                    lstm_state=model.zero_state(global_batch), rng=rng)
+                    lstm_state=zero_state(model.config, global_batch), rng=rng)
 
 
 def state_shardings(state: TrainState, mesh: Mesh, shard_softmax: bool = False) -> TrainState:
@@ -112,7 +107,6 @@ def state_shardings(state: TrainState, mesh: Mesh, shard_softmax: bool = False) 
   all-reducing it densely. Losses equal the replicated layout's.
   """
   replicated = NamedSharding(mesh, P())
-  rows = NamedSharding(mesh, P(None, None, DATA_AXIS))
   n = mesh.devices.size
   split_p = NamedSharding(mesh, P(None, DATA_AXIS))
 
@@ -125,7 +119,13 @@ def state_shardings(state: TrainState, mesh: Mesh, shard_softmax: bool = False) 
   shardings = state.replace(params=jax.tree_util.tree_map_with_path(place, state.params),
                             opt_state=jax.tree_util.tree_map_with_path(place, state.opt_state))
   shardings = jax.tree_util.tree_map(lambda x: x if isinstance(x, NamedSharding) else replicated, shardings)
-  return shardings.replace(lstm_state=jax.tree_util.tree_map(lambda _: rows, state.lstm_state))
+  return shardings.replace(lstm_state=lstm_state_sharding(mesh))
+
+
+def lstm_state_sharding(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
+  """(c, h) [L, 2, batch, ...] split by batch row over the mesh."""
+  rows = NamedSharding(mesh, P(None, None, DATA_AXIS))
+  return (rows, rows)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -134,14 +134,14 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def _lm_nll(model, params, batch, lstm_state, rng, num_sampled, deterministic):
   rngs = {} if deterministic else {"dropout": rng}
-  if "token_chars" in batch:  # deduped on the host (`global_batch(..., dedupe=True)`)
+  if "token_chars" in batch:  # deduped on the host (`global_arrays(..., dedupe=True)`)
     chars_in = {"token_chars": batch["token_chars"], "fwd_index": batch["fwd_index"],
                 "bwd_index": batch["bwd_index"]}
     fwd, bwd, new_state = model.apply({"params": params["bilm"]}, None, None, lstm_state, deterministic,
-                                      method=BiLM.lm, rngs=rngs, **chars_in)
+                                      method=BiLM.lm_windows, rngs=rngs, **chars_in)
   else:
     fwd, bwd, new_state = model.apply({"params": params["bilm"]}, batch["fwd_chars"], batch["bwd_chars"],
-                                      lstm_state, deterministic, method=BiLM.lm, rngs=rngs)
+                                      lstm_state, deterministic, method=BiLM.lm_windows, rngs=rngs)
   w, b = params["softmax"]["W"], params["softmax"]["b"]
   if num_sampled and not deterministic:
     k_f, k_b = jax.random.split(jax.random.fold_in(rng, 1))
@@ -181,7 +181,7 @@ def make_train_step(model: BiLM, optimizer, mesh: Mesh, state_sharding: TrainSta
                  out_shardings=(state_sharding, replicated), donate_argnums=(0,))
 
 
-def make_eval_step(model: BiLM, mesh: Mesh, state_sharding: TrainState):
+def make_eval_step(model: BiLM, mesh: Mesh, params_sharding: Any):
   """Returns jitted `eval_step(params, lstm_state, batch) -> (lstm_state, sums)` with full softmax."""
 
   def eval_step(params, lstm_state, batch):
@@ -191,8 +191,9 @@ def make_eval_step(model: BiLM, mesh: Mesh, state_sharding: TrainState):
                        "n_tokens": jnp.sum(w)}
 
   replicated = NamedSharding(mesh, P())
-  return jax.jit(eval_step, in_shardings=(state_sharding.params, state_sharding.lstm_state, batch_sharding(mesh)),
-                 out_shardings=(state_sharding.lstm_state, replicated))
+  lstm_sharding = lstm_state_sharding(mesh)
+  return jax.jit(eval_step, in_shardings=(params_sharding, lstm_sharding, batch_sharding(mesh)),
+                 out_shardings=(lstm_sharding, replicated))
 
 
 def host_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, np.ndarray]:
@@ -218,7 +219,7 @@ def to_devices(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
 
 
-def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, jax.Array]:
+def global_arrays(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, jax.Array]:
   """This process's rows -> global arrays split over the mesh (works for one or many processes).
 
   With `dedupe`, the char ids are first replaced by per-device tables of distinct tokens and indices
