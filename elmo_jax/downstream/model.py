@@ -43,6 +43,14 @@ class TaskConfig:
   bilm: BiLMConfig | None = None  # fine-tuning only
 
 
+def _char_cnn_config(cfg: "TaskConfig", max_chars: int) -> BiLMConfig:
+  """The baseline's own small char CNN (one highway layer, relu) in the biLM's config type; the LSTM
+  fields are unused by `CharCNN`."""
+  return BiLMConfig(filters=tuple(cfg.char_filters), char_dim=cfg.char_dim, n_highway=1, activation="relu",
+                    max_characters_per_token=max_chars, lstm_dim=0, projection_dim=cfg.char_out, n_layers=0,
+                    cell_clip=None, proj_clip=None, use_skip_connections=False)
+
+
 class TaskModel(nn.Module):
   config: TaskConfig
 
@@ -64,7 +72,7 @@ class TaskModel(nn.Module):
     [batch, C] (sentiment)."""
     cfg = self.config
     words = nn.Embed(cfg.vocab_size, cfg.word_dim, name="word_embed")(word_ids)
-    char_emb = CharCNN(cfg.char_filters, cfg.char_dim, 1, cfg.char_out, name="char_cnn")(char_ids)
+    char_emb = CharCNN(_char_cnn_config(cfg, char_ids.shape[-1]), name="char_cnn")(char_ids)
     char_emb = jnp.where((char_ids > 0).any(-1, keepdims=True), char_emb, 0.0)
     x = jnp.concatenate([words, char_emb], -1)
     mixes: list[jax.Array] = []
