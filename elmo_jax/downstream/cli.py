@@ -99,10 +99,13 @@ def read_splits(task: str, data_dir, given, tfds_data_dir, dev_fraction: float) 
 
 
 def write_outputs(workdir: str, results: dict) -> None:
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   from elmo_jax.downstream import plots  # pylint: disable=g-import-not-at-top
-  fig, ax = plots.new_figure()
+  from elmo_jax.evaluation import plots as evaluation_plots  # pylint: disable=g-import-not-at-top
+  fig = Figure(figsize=(6.0, 3.6), layout="constrained")
+  ax = fig.add_subplot()
   plots.dev_curve(ax, [results])
-  results["plots"] = [plots.save_figure(fig, os.path.join(workdir, "dev_curve.png"))]
+  results["plots"] = [evaluation_plots.save(fig, os.path.join(workdir, "dev_curve.png"))]
   files.write_json(os.path.join(workdir, "results.json"), results)
 
 

@@ -1,6 +1,6 @@
 """Plots of the downstream results; each draws on a given matplotlib `ax` (the notebook calls them too).
 
-`save_figure` writes a `matplotlib.figure.Figure` atomically without pyplot (no backend is selected here).
+Saving and the per-layer probe bars are `elmo_jax.evaluation.plots` (`save`, `layer_scores`).
 """
 from __future__ import annotations
 
@@ -8,21 +8,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from elmo_jax import files
 
 SETTING_COLOURS = {"none": "tab:grey", "frozen": "tab:blue", "finetune": "tab:orange"}
-
-
-def new_figure(width: float = 6.0, height: float = 3.6):
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  fig = Figure(figsize=(width, height), layout="constrained")
-  return fig, fig.add_subplot()
-
-
-def save_figure(fig, path: str) -> str:
-  with files.atomic_path(path, suffix=".png") as tmp:
-    fig.savefig(tmp, format="png", dpi=100)
-  return path
 
 
 def dev_curve(ax, results: Sequence[dict[str, Any]]) -> None:
@@ -56,25 +43,6 @@ def settings_bars(ax, summary: dict[str, Any], task: str) -> None:
   ax.set_xticks(x, names, fontsize=8)
   ax.set_ylabel("test accuracy")
   ax.set_title(f"{task}: task model test accuracy (mean ± std over seeds)")
-
-
-def probe_layers(ax, probe: dict[str, Any], title: str) -> None:
-  """Per-layer linear-probe accuracy, trained vs untrained biLM (an evaluate.py TASK.json)."""
-  keys = sorted((k for k in probe["trained"] if k.startswith("layer_") and k[6:].isdigit()),
-                key=lambda k: int(k[6:]))
-  if probe["trained"].get("mix") is not None:
-    keys.append("mix")
-  x = np.arange(len(keys))
-  for offset, model, colour in ((-0.2, "trained", "tab:blue"), (0.2, "untrained", "tab:grey")):
-    if model in probe:
-      vals = [probe[model].get(k) for k in keys]
-      vals = [np.nan if v is None else v for v in vals]
-      ax.bar_label(ax.bar(x + offset, vals, width=0.4, label=model, color=colour), fmt="%.2f", fontsize=7)
-  ax.set_xticks(x, keys)
-  ax.set_ylim(0, 1.05)
-  ax.set_ylabel("accuracy")
-  ax.set_title(title)
-  ax.legend(loc="lower right", fontsize=8)
 
 
 def perplexity_bars(ax, results: dict[str, dict[str, Any]]) -> None:
