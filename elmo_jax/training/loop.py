@@ -227,5 +227,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   counts = data_state["counters"]
   log.info(f"done: step {int(state.step)}; read {counts['sentences']:,} sentences, {counts['tokens']:,} words "
            f"({counts['truncated_tokens']:,} over-long tokens truncated); checkpoints in {checkpointer.directory}; "
-           f"export in {workdir}/export")
+           f"export in {workdir}/export", all_processes=True)  # each process's data counts differ
   return record
