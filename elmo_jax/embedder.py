@@ -22,6 +22,7 @@ import numpy as np
 
 from elmo_jax import chars
 from elmo_jax import download
+from elmo_jax import memory
 from elmo_jax import options as options_lib
 from elmo_jax import pretrained
 from elmo_jax import token_cache as token_cache_lib
@@ -29,6 +30,7 @@ from elmo_jax import weights as weights_lib
 from elmo_jax.model import BiLM, BiLMConfig, embed_vocab, zero_state
 from elmo_jax.progress import progress
 
+_TRIM_EVERY_BATCHES = 32  # freed batch copies go back to the OS this often (elmo_jax/memory.py)
 _TIME_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # Char positions the CNN sees for tokens short enough (else all max_characters_per_token); measured on 2 CPU
 # cores the convolutions cost in proportion to the positions, and most tokens fit in 16.
@@ -331,7 +333,9 @@ class Embedder:
     if not self.stateful:
       order.sort(key=lambda i: len(sentences[i]))
     pending = None
-    for start in range(0, len(order), batch_size):
+    for k, start in enumerate(range(0, len(order), batch_size)):
+      if k % _TRIM_EVERY_BATCHES == _TRIM_EVERY_BATCHES - 1:
+        memory.release_free_memory()
       chunk = order[start:start + batch_size]
       full = full_rows or self.stateful
       prepared = self._prepare([sentences[i] for i in chunk],
@@ -342,6 +346,7 @@ class Embedder:
       pending = launched
     if pending is not None:
       yield pending[0], self._fetch(*pending[1:])
+    memory.release_free_memory()
 
   def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int = DEFAULT_BATCH_SIZE,
                       progress: Any = None) -> list[np.ndarray]:

@@ -4,7 +4,9 @@
 #   2. perplexity in domain (data/pd-mix/test) and out of domain (WIKI_DIR/test.txt.gz), + unigram,
 #   3. per-layer probes (POS, WSD, sentiment), trained biLM vs its untrained twin,
 #   4. task models: --elmo=none vs frozen (SEEDS) vs finetune (FINETUNE_SEEDS) on POS and sentiment,
-#   5. copies the small result files (config, metrics.jsonl, JSONs, tables, plots; no weights) into OUT.
+#   5. sentiment extras: ELMo at the task model's output too, and the biLM first fine-tuned on the task's
+#      unlabelled training sentences (the paper's domain adaptation), then frozen,
+#   6. copies the small result files (config, metrics.jsonl, JSONs, tables, plots; no weights) into OUT.
 #
 #   bash scripts/reference.sh PROBE_DIR WIKI_DIR [OUT]
 #
@@ -30,13 +32,13 @@ DS=$RUN/downstream
 [[ -f $RUN/eval-wiki/perplexity.json ]] || python evaluate.py --task=perplexity --workdir="$RUN" \
     --text_file="$WIKI/test.txt.gz" --output_dir="$RUN/eval-wiki" --noprogress
 
-task_model() {  # task elmo seed [flags...]
+task_model() {  # task elmo seed [flags...]; NAME (default: elmo) names the run, BILM (RUN) the biLM
   local task=$1 elmo=$2 seed=$3; shift 3
-  local dir=$DS/$task-$elmo-s$seed
+  local dir=$DS/$task-${NAME:-$elmo}-s$seed
   [[ -f $dir/results.json ]] && return 0
   local extra=()
   [[ $task == pos ]] && extra+=(--max_train_sentences="${POS_TRAIN_SENTENCES:-4000}")
-  [[ $elmo != none ]] && extra+=(--bilm="$RUN" --layer_cache_dir="$DS/cache")
+  [[ $elmo != none ]] && extra+=(--bilm="${BILM:-$RUN}" --layer_cache_dir="${CACHE:-$DS/cache}")
   python -m elmo_jax.downstream --task="$task" --elmo="$elmo" --data_dir="$PROBES" --seed="$seed" \
       --workdir="$dir" --noprogress "${extra[@]}" "$@"
 }
@@ -50,7 +52,32 @@ for seed in $SEEDS; do
     fi
   done
 done
-python -m elmo_jax.downstream.table "$DS"/*-s* --output="$DS/summary"
+python -m elmo_jax.downstream.table "$DS"/pos-*-s* "$DS"/sentiment-{none,frozen,finetune}-s* --output="$DS/summary"
+
+# --- sentiment extras ------------------------------------------------------------------------------------
+TUNED=$(dirname "$RUN")/ref_sentdom; TEXT=$TUNED-text
+if [[ ! -f $TEXT/test.txt.gz ]]; then
+  mkdir -p "$TEXT"
+  for pair in train:train dev:valid test:test; do  # the sentences of the TSV (label<TAB>text), no labels
+    cut -f2- "$PROBES/sentiment/${pair%%:*}.tsv" | gzip > "$TEXT/${pair##*:}.txt.gz"
+  done
+fi
+for t in test; do
+  [[ -f $TUNED-before/$t/perplexity.json ]] || python evaluate.py --task=perplexity --workdir="$RUN" \
+      --text_file="$TEXT/$t.txt.gz" --output_dir="$TUNED-before/$t" --noprogress
+done
+[[ -f $TUNED/export/weights.hdf5 ]] || python train.py --config=configs/reference.py --workdir="$TUNED" \
+    --config.init_from="$RUN" --config.data.train_files="$TEXT/train.txt.gz" \
+    --config.data.eval_files="$TEXT/valid.txt.gz" --config.data.vocab_file="$RUN/vocab.txt" \
+    --config.num_train_steps=250 --config.learning_rate=1e-3 --config.warmup_steps=20 \
+    --config.eval_every_steps=250 --config.checkpoint_every_steps=250
+[[ -f $TUNED/eval/test/perplexity.json ]] || python evaluate.py --task=perplexity --workdir="$TUNED" \
+    --text_file="$TEXT/test.txt.gz" --output_dir="$TUNED/eval/test" --noprogress
+for seed in $SEEDS; do
+  NAME=frozenout task_model sentiment frozen "$seed" --elmo_at_output
+  NAME=frozendom BILM=$TUNED CACHE=$DS/cache-dom task_model sentiment frozen "$seed"
+done
+python -m elmo_jax.downstream.table "$DS"/sentiment-*-s* --output="$DS/sentiment_extras"
 
 mkdir -p "$OUT/downstream"
 cp "$RUN/config.json" "$RUN/metrics.jsonl" "$OUT/"
@@ -59,4 +86,9 @@ cp "$RUN"/eval/*.json "$RUN"/eval/*.png "$RUN"/eval/report.md "$OUT/eval/"
 cp "$RUN"/eval-wiki/*.json "$OUT/eval-wiki/"
 cp "$DS"/summary/* "$OUT/downstream/"
 for d in "$DS"/*-s*; do cp "$d/results.json" "$OUT/downstream/$(basename "$d").json"; done
+for f in "$DS"/sentiment_extras/*; do cp "$f" "$OUT/downstream/sentiment_extras.${f##*.}"; done
+mkdir -p "$OUT/sentiment_domain"
+cp "$TUNED/config.json" "$TUNED/metrics.jsonl" "$OUT/sentiment_domain/"
+cp "$TUNED-before/test/perplexity.json" "$OUT/sentiment_domain/perplexity_test_before.json"
+cp "$TUNED/eval/test/perplexity.json" "$OUT/sentiment_domain/perplexity_test_after.json"
 echo "reference results in $OUT"

@@ -1,4 +1,4 @@
-"""Shared fixtures of the model-core tests: bilm-tf's fixture model and a tiny random configuration."""
+"""Shared fixtures: bilm-tf's fixture model, the tiny model (tests/tiny.py), the tests' compilation cache."""
 from __future__ import annotations
 
 import json
@@ -12,6 +12,7 @@ from absl import flags
 from elmo_jax import options as options_lib
 from elmo_jax.embedder import enable_compilation_cache
 from elmo_jax import weights as weights_lib
+from tiny import tiny_options  # noqa: F401  (the model-core tests import it from here)
 
 # JAX's persistent compilation cache, on from the first test, in the clone's ignored .cache/tests (not
 # ~/.cache): a second run of the quick tier skips most compiling; CI's clean clone starts cold. Entries are
@@ -50,16 +51,6 @@ def fixture_expected():
     with h5py.File(os.path.join(FIXTURE_DIR, f"lm_embeddings_{k}.hdf5"), "r") as f:
       out.append([np.concatenate([f[str(i)][0], f[str(i)][1]], -1) for i in range(10)])
   return out
-
-
-def tiny_options(skip: bool = True, cell_clip=3.0, proj_clip=3.0, n_layers: int = 2) -> dict:
-  """A tiny biLM: 16 filters projected to P=6, 2 highway layers, LSTM 8 units."""
-  return options_lib.validate({
-      "char_cnn": {"activation": "relu", "embedding": {"dim": 4}, "filters": [[1, 4], [2, 4], [3, 8]],
-                   "max_characters_per_token": 50, "n_characters": 262, "n_highway": 2},
-      "lstm": {"cell_clip": cell_clip, "dim": 8, "n_layers": n_layers, "proj_clip": proj_clip,
-               "projection_dim": 6, "use_skip_connections": skip},
-  })
 
 
 @pytest.fixture

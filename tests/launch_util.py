@@ -12,26 +12,11 @@ import time
 import h5py
 import numpy as np
 
+import tiny
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING_FIELDS = ("tokens_per_sec", "elapsed_sec", "data_wait_share")
 
-# train.py with every train step slowed down by ELMO_TEST_STEP_SLEEP seconds (numerics untouched), so a test
-# can kill the run between two known steps. Patches the module attribute the loop looks up.
-_SLOW_MAIN = """
-import os, runpy, sys, time
-from elmo_jax.training import step as step_lib
-delay = float(os.environ.get("ELMO_TEST_STEP_SLEEP", "0"))
-make = step_lib.make_train_step
-def slow_make(*args, **kwargs):
-  step = make(*args, **kwargs)
-  def slow(state, batch):
-    time.sleep(delay)
-    return step(state, batch)
-  return slow
-step_lib.make_train_step = slow_make
-sys.argv = ["train.py"] + sys.argv[1:]
-runpy.run_path(os.path.join(%r, "train.py"), run_name="__main__")
-""" % REPO
 
 WORDS = ("the cat sat on a mat dog ran far away under big small red tree house river boat sun "
          "moon star hill road town").split()
@@ -46,32 +31,13 @@ def write_corpus(path: str, n_lines: int = 300, seed: int = 0, words=WORDS) -> s
 
 
 def write_config(path: str, train_file: str, **overrides) -> str:
-  """A tiny config file (lists such as char_cnn.filters cannot be set by flags)."""
-  lines = [f"  c.{k} = {v!r}" for k, v in overrides.items()]
-  with open(path, "w") as f:
-    f.write(f"""from elmo_jax.training.config import base_config
+  """The tiny config of these tests (tests/tiny.py, no eval set, full softmax) as a file for train.py."""
+  settings = {"options.char_cnn.n_highway": 1, "data.vocab_max_size": 500, "eval_every_steps": 10_000,
+              "n_negative_samples": 0, **overrides}
+  return tiny.write_train_config(path, train_file, **settings)
 
 
-def get_config():
-  c = base_config()
-  c.options.lstm.dim = 32
-  c.options.lstm.projection_dim = 8
-  c.options.char_cnn.filters = [[1, 8], [2, 8]]
-  c.options.char_cnn.embedding.dim = 4
-  c.options.char_cnn.n_highway = 1
-  c.batch_size = 4
-  c.unroll_steps = 5
-  c.data.vocab_max_size = 500
-  c.data.train_files = {train_file!r}
-  c.data.eval_files = ""
-  c.data.pretokenized = True
-  c.eval_every_steps = 10_000
-  c.n_negative_samples = 0
-""" + "\n".join(lines) + "\n  return c\n")
-  return path
-
-
-def env(devices: int = 1, sleep: float = 0.0, cache_dir: str | None = None,
+def env(devices: int = 1, cache_dir: str | None = None,
         signal_at: str | None = None) -> dict[str, str]:
   """The child's environment; `signal_at="N:KILL"` / `"N:TERM"`: the run signals itself after step N."""
   e = dict(os.environ)
@@ -80,7 +46,6 @@ def env(devices: int = 1, sleep: float = 0.0, cache_dir: str | None = None,
     e["ELMO_JAX_TEST_SIGNAL_AT_STEP"] = signal_at
   e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   e["JAX_PLATFORMS"] = "cpu"
-  e["ELMO_TEST_STEP_SLEEP"] = str(sleep)
   e["PYTHONPATH"] = REPO + os.pathsep + e.get("PYTHONPATH", "")
   if cache_dir:  # later launches reuse the compiled steps: the same executables, so the same bits
     e["JAX_COMPILATION_CACHE_DIR"] = cache_dir
@@ -91,8 +56,8 @@ def env(devices: int = 1, sleep: float = 0.0, cache_dir: str | None = None,
 
 def launch(workdir: str, config: str, *flags: str, log: str, **env_kw) -> subprocess.Popen:
   out = open(log, "ab")
-  return subprocess.Popen([sys.executable, "-c", _SLOW_MAIN, f"--workdir={workdir}", f"--config={config}", *flags],
-                          cwd=REPO, env=env(**env_kw), stdout=out, stderr=subprocess.STDOUT)
+  return subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), f"--workdir={workdir}",
+                           f"--config={config}", *flags], cwd=REPO, env=env(**env_kw), stdout=out, stderr=subprocess.STDOUT)
 
 
 def wait(procs, timeout: float = 150.0) -> list[int]:
@@ -106,16 +71,6 @@ def wait(procs, timeout: float = 150.0) -> list[int]:
         q.kill()
       raise
   return codes
-
-
-def wait_for(predicate, procs, timeout: float = 120.0, what: str = "") -> None:
-  deadline = time.time() + timeout
-  while not predicate():
-    if any(p.poll() is not None for p in procs):
-      raise AssertionError(f"a process exited (codes {[p.poll() for p in procs]}) before {what}")
-    if time.time() > deadline:
-      raise AssertionError(f"timed out waiting for {what}")
-    time.sleep(0.01)
 
 
 def free_port() -> int:

@@ -148,6 +148,18 @@ def test_table_mean_std_over_seeds():
   assert "| pos | frozen | 0.9500 ± 0.0200 | +0.0400 | 0.9400 | 3 |" in text
 
 
+def test_table_names_the_bilm_when_it_compares_several():
+  def res(elmo, seed, bilm=None):
+    return {"task": "sentiment", "elmo": elmo, "seed": seed, "test_accuracy": 0.8, "dev_accuracy": 0.8,
+            "bilm": bilm}
+  ref = {"spec": "/abs/runs/reference", "weights_sha256": "a" * 64}
+  results = [res("none", 0), res("frozen", 0, ref), res("frozen", 1, dict(ref, spec="runs/reference/")),
+             res("frozen", 0, {"spec": "runs/ref_sentdom", "weights_sha256": "b" * 64})]
+  settings = [r["setting"] for r in table.summarise(results)["rows"]]
+  assert settings == ["none", "frozen [ref_sentdom]", "frozen [reference]"]  # the same weights: one row
+  assert [r["setting"] for r in table.summarise(results[:3])["rows"]] == ["none", "frozen"]
+
+
 # --- end to end (seconds of compiling each) ------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["pos", "sentiment"])

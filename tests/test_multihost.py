@@ -30,22 +30,21 @@ def runs(tmp_path_factory):
   flags = ("--config.data.shard=rows",)
   one = launch_util.launch(single, config, *flags, log=os.path.join(root, "single.log"), devices=4, cache_dir=cache)
 
-  def two(sleep):
+  def two(signal_at=None):
     port = launch_util.free_port()
     return [launch_util.launch(multi, config, *flags, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                      f"--process_id={i}", log=os.path.join(root, f"multi{i}.log"), devices=2, sleep=sleep,
-                      cache_dir=cache) for i in range(2)]
+                               f"--process_id={i}", log=os.path.join(root, f"multi{i}.log"), devices=2,
+                               signal_at=signal_at, cache_dir=cache) for i in range(2)]
 
-  procs = two(sleep=0.2)
-  launch_util.wait_for(lambda: (os.path.exists(f"{multi}/checkpoints/checksums/4.json")
-                                and launch_util.max_step(multi) >= 5),
-                       procs, timeout=150, what="checkpoint 4 of the 2-process run")
-  for p in procs:  # a preempted slice: every host dies at once
-    p.send_signal(signal.SIGKILL)
-  for p in procs:
-    p.wait()
+  # A preempted slice: process 0 SIGKILLs itself once step 5 is logged and checkpoint 4 is on disk
+  # (loop.signal_self_for_tests), and the test kills process 1, which cannot pass step 6 without it.
+  procs = two(signal_at="5:KILL")
+  launch_util.wait(procs[:1], timeout=150)
+  procs[1].send_signal(signal.SIGKILL)
+  procs[1].wait()
+  assert os.path.exists(f"{multi}/checkpoints/checksums/4.json")
   killed_at = launch_util.max_step(multi)
-  procs = two(sleep=0.0)
+  procs = two()
   codes = launch_util.wait([one, *procs], timeout=170)
   logs = {name: launch_util.read(os.path.join(root, f"{name}.log")) for name in ("single", "multi0", "multi1")}
   assert codes == [0, 0, 0], "\n".join(text[-2500:] for text in logs.values())

@@ -17,6 +17,8 @@ from elmo_jax.data import Tokenizer, Vocab, make_lm_iterator
 from elmo_jax.evaluation import perplexity, tasks
 from elmo_jax.training import lm_eval
 
+import tiny
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _WORDS = ("the bank of the river flooded . she sat on the river bank . the bank lent money . "
           "they plant trees near the plant . a power plant makes power . money is in the bank .").split(" . ")
@@ -29,7 +31,6 @@ def _lines(n: int, seed: int) -> list[str]:
 
 def train_tiny(workdir: str, steps: int = 10) -> str:
   """Trains a tiny biLM (LSTM 32, projection 8) on a synthetic corpus; returns the workdir."""
-  from elmo_jax.training.config import base_config  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
 
   data = os.path.join(workdir, "data")
@@ -37,15 +38,9 @@ def train_tiny(workdir: str, steps: int = 10) -> str:
   for name, n, seed in (("train.txt", 200, 0), ("valid.txt", 30, 1)):
     with open(os.path.join(data, name), "w", encoding="utf-8") as f:
       f.write("\n".join(_lines(n, seed)) + "\n")
-  c = base_config()
-  c.options.char_cnn.embedding.dim = 4
-  c.options.char_cnn.filters = [[1, 8], [2, 8]]
-  c.options.lstm.dim, c.options.lstm.projection_dim = 32, 8
-  c.batch_size, c.unroll_steps = 4, 5
-  c.num_train_steps, c.eval_every_steps, c.checkpoint_every_steps, c.log_every_steps = steps, 5, steps, 5
-  c.n_negative_samples = 0
-  c.data.train_files = os.path.join(data, "train.txt")
-  c.data.eval_files = os.path.join(data, "valid.txt")
+  c = tiny.train_config(os.path.join(data, "train.txt"), os.path.join(data, "valid.txt"), **{
+      "num_train_steps": steps, "eval_every_steps": 5, "checkpoint_every_steps": steps, "log_every_steps": 5,
+      "n_negative_samples": 0, "data.pretokenized": False})
   train_and_evaluate(c, workdir)
   return workdir
 

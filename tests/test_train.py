@@ -23,6 +23,8 @@ import pytest
 from elmo_jax import options as options_lib
 from elmo_jax.training.config import base_config, unknown_override_error
 
+import tiny
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
 
@@ -51,24 +53,7 @@ def _write_corpus(directory) -> tuple[str, str]:
 
 def tiny_config(corpus_dir, **overrides):
   train, evals = _write_corpus(corpus_dir)
-  c = base_config()
-  c.options.lstm.dim = 32
-  c.options.lstm.projection_dim = 8
-  c.options.char_cnn.filters = [[1, 8], [2, 8]]
-  c.options.char_cnn.embedding.dim = 4
-  c.batch_size = 8
-  c.unroll_steps = 5
-  c.data.vocab_max_size = 300
-  c.data.train_files = train
-  c.data.eval_files = evals
-  c.data.pretokenized = True
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return tiny.train_config(train, evals, **{"batch_size": 8, "data.vocab_max_size": 300, **overrides})
 
 
 def _restore_raw(checkpoint_state_dir: str) -> dict:

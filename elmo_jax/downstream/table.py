@@ -40,22 +40,26 @@ def find_results(paths: Sequence[str]) -> list[str]:
   return sorted(set(found))
 
 
-def setting_of(result: dict[str, Any]) -> str:
-  """'none', 'frozen', 'finetune', plus '+output' (second mix at the output) and ' (random biLM)'."""
+def setting_of(result: dict[str, Any], name_bilm: bool = False) -> str:
+  """'none', 'frozen', 'finetune', plus '+output' (second mix at the output) and ' (random biLM)';
+  with `name_bilm`, the biLM's run directory too (tables that compare several biLMs)."""
   name = result["elmo"]
   model = result.get("settings", {}).get("model", {})
   if name != "none" and model.get("elmo_at_output"):
     name += "+output"
   if name != "none" and (result.get("bilm") or {}).get("init") == "random":
     name += " (random biLM)"
+  if name_bilm and result.get("bilm"):
+    name += f" [{os.path.basename(os.path.normpath(result['bilm']['spec']))}]"
   return name
 
 
 def summarise(results: Sequence[dict[str, Any]], sources: Sequence[str] | None = None) -> dict[str, Any]:
   """{"rows": [{task, setting, elmo, n, seeds, values, mean, std, dev_mean, delta_vs_none}], "runs": [...]}."""
   groups: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
+  several = len({(r.get("bilm") or {}).get("weights_sha256") for r in results} - {None}) > 1
   for r in results:
-    groups[(r["task"], setting_of(r))].append(r)
+    groups[(r["task"], setting_of(r, several))].append(r)
   rows = []
   for (task, setting), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], _ORDER.get(kv[1][0]["elmo"], 9),
                                                                          kv[0][1])):

@@ -176,14 +176,8 @@ def evaluate(eval_step: Callable, params: Any, data: data_lib.Encoded, batch_ite
   return correct / max(count, 1.0)
 
 
-def run(cfg: DownstreamConfig, splits: dict[str, data_lib.Split], bilm: Bilm | None = None,
-        on_epoch: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-  """Trains on splits["train"], early-stops on splits["dev"], scores splits["test"]; returns the results."""
-  t_start = time.time()
-  if cfg.elmo not in ELMO_SETTINGS:
-    raise ValueError(f"elmo must be one of {ELMO_SETTINGS}, got {cfg.elmo!r}")
-  if cfg.elmo != "none" and bilm is None:
-    raise ValueError(f"elmo={cfg.elmo} needs a biLM")
+def _encode_splits(cfg: DownstreamConfig, splits: dict[str, data_lib.Split], bilm: Bilm | None):
+  """(train split used, labels, vocab, encoded splits, seconds spent caching biLM layers)."""
   task = cfg.task
   train_split = data_lib.subsample(splits["train"], cfg.max_train_sentences, cfg.seed)
   labels = data_lib.label_ids(task, splits["train"])
@@ -193,29 +187,16 @@ def run(cfg: DownstreamConfig, splits: dict[str, data_lib.Split], bilm: Bilm | N
   vocab_index, label_index = {w: i for i, w in enumerate(vocab)}, {l: i for i, l in enumerate(labels)}
   encoded = {name: data_lib.encode(task, train_split if name == "train" else splits[name], vocab_index,
                                    label_index) for name in ("train", "dev", "test")}
-  bilm_config = bilm.embedder.config if bilm is not None else None
   t_cache = time.time()
   if cfg.elmo == "frozen":
     for name, enc in encoded.items():
       compute = functools.partial(cache_layers, bilm.embedder, enc, cfg.cache_dtype, cfg.embed_batch_size, name)
       enc.layers = features.cached(cfg.layer_cache_dir, layer_cache_key(bilm, enc, cfg.cache_dtype), compute)
-  t_cache = time.time() - t_cache
+  return train_split, labels, vocab, encoded, time.time() - t_cache
 
-  task_cfg = TaskConfig(task=task, n_classes=len(labels), vocab_size=len(vocab), elmo=cfg.elmo,
-                        n_bilm_layers=(bilm_config.n_layers + 1) if bilm_config else 3,
-                        bilm=bilm_config if cfg.elmo == "finetune" else None, **cfg.model)
-  model = TaskModel(task_cfg)
-  char_len = 20  # the baseline's own char CNN: longer words are cut (the word embedding still sees them)
-  bilm_chars = bilm_config.max_characters_per_token if cfg.elmo == "finetune" else None
 
-  def batch_iter(data, rng):
-    return data_lib.batches(data, cfg.batch_size, task=task, char_len=char_len, bilm_chars=bilm_chars, rng=rng)
-
-  first = next(batch_iter(encoded["train"], None))
-  first.pop("index")
-  params = init_params(model, first, cfg.seed)
-  if cfg.elmo == "finetune":
-    params = dict(params, bilm=jax.tree_util.tree_map(jnp.asarray, bilm.embedder.params))
+def _fit(cfg: DownstreamConfig, model: TaskModel, params, encoded, batch_iter, on_epoch):
+  """Epochs of training with early stopping on dev accuracy: (best dev row, its params, the dev curve)."""
   tx = make_optimizer(cfg)
   opt_state = tx.init(params)
   loss_fn = make_loss(model)
@@ -227,12 +208,10 @@ def run(cfg: DownstreamConfig, splits: dict[str, data_lib.Split], bilm: Bilm | N
     return optax.apply_updates(params, updates), opt_state, dict(aux, loss=loss)
 
   eval_step = jax.jit(lambda p, b: loss_fn(p, b, jax.random.key(0), deterministic=True)[1])
-
   rng = np.random.default_rng(cfg.seed)
   key = jax.random.key(cfg.seed)
   curve, best, best_params, bad_epochs = [], None, params, 0
   n_batches = -(-len(encoded["train"]) // cfg.batch_size)
-  t_train = time.time()
   for epoch in range(1, cfg.num_epochs + 1):
     t0, losses = time.time(), []
     bar = progress(desc=f"epoch {epoch}/{cfg.num_epochs}", total=n_batches, unit="batch")
@@ -255,6 +234,37 @@ def run(cfg: DownstreamConfig, splits: dict[str, data_lib.Split], bilm: Bilm | N
       on_epoch(row)
     if bad_epochs >= cfg.patience:
       break
+  return best, best_params, curve, eval_step
+
+
+def run(cfg: DownstreamConfig, splits: dict[str, data_lib.Split], bilm: Bilm | None = None,
+        on_epoch: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+  """Trains on splits["train"], early-stops on splits["dev"], scores splits["test"]; returns the results."""
+  t_start = time.time()
+  if cfg.elmo not in ELMO_SETTINGS:
+    raise ValueError(f"elmo must be one of {ELMO_SETTINGS}, got {cfg.elmo!r}")
+  if cfg.elmo != "none" and bilm is None:
+    raise ValueError(f"elmo={cfg.elmo} needs a biLM")
+  task = cfg.task
+  train_split, labels, vocab, encoded, t_cache = _encode_splits(cfg, splits, bilm)
+  bilm_config = bilm.embedder.config if bilm is not None else None
+  task_cfg = TaskConfig(task=task, n_classes=len(labels), vocab_size=len(vocab), elmo=cfg.elmo,
+                        n_bilm_layers=(bilm_config.n_layers + 1) if bilm_config else 3,
+                        bilm=bilm_config if cfg.elmo == "finetune" else None, **cfg.model)
+  model = TaskModel(task_cfg)
+  char_len = 20  # the baseline's own char CNN: longer words are cut (the word embedding still sees them)
+  bilm_chars = bilm_config.max_characters_per_token if cfg.elmo == "finetune" else None
+
+  def batch_iter(data, rng):
+    return data_lib.batches(data, cfg.batch_size, task=task, char_len=char_len, bilm_chars=bilm_chars, rng=rng)
+
+  first = next(batch_iter(encoded["train"], None))
+  first.pop("index")
+  params = init_params(model, first, cfg.seed)
+  if cfg.elmo == "finetune":
+    params = dict(params, bilm=jax.tree_util.tree_map(jnp.asarray, bilm.embedder.params))
+  t_train = time.time()
+  best, best_params, curve, eval_step = _fit(cfg, model, params, encoded, batch_iter, on_epoch)
   t_train = time.time() - t_train
   test_accuracy = evaluate(eval_step, best_params, encoded["test"], batch_iter)
   return {

@@ -84,6 +84,20 @@ def make_feed(train_iter, mesh, dedupe: bool, depth: int, block: int):
 
 # Over 60 lines on purpose: the loop reads top to bottom as flax's examples/lm1b train_and_evaluate (setup,
 # restore, step loop); its steps share the state, the feed and the writers, and helpers would hide the order.
+def log_unigram_baseline(config, data, vocab, writer: MetricWriter, n_proc: int) -> None:
+  """The eval split's unigram perplexity as metrics.jsonl's step-0 record (process 0; a fresh run).
+
+  Process 0 reads every shard; with one process these are exactly the targets the biLM's eval scores
+  (several processes: the same number of batch rows, drawn from the unsharded split).
+  """
+  batches = data.eval(process_index=0, process_count=1)
+  if config.eval_max_batches:
+    batches = itertools.islice(batches, config.eval_max_batches * n_proc)
+  base = lm_eval.unigram_baseline(vocab, batches)
+  writer.write({"step": 0, **base})
+  log.info(f"unigram baseline on the eval split: ppl {base['unigram_ppl']:.1f}, OOV rate {base['oov_rate']:.2%}")
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains per `config` in `workdir`, resuming if it holds a checkpoint; returns the last metrics.
 
@@ -91,6 +105,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   process's data position and the open log window, and metrics.jsonl is rewound to the restored step.
   SIGTERM/SIGINT finish the current step, save and return normally.
   """
+  # Long on purpose (flax lm1b's shape): setup, restore, and the step loop read top to bottom in one place;
+  # what stands alone lives outside (restore_or_init, make_feed, LogWindow, log_unigram_baseline).
   # --- setup ---------------------------------------------------------------------------------------------
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -146,14 +162,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   writer = MetricWriter(workdir, enabled=is_main, purge_step=start_step + 1, config=config.to_dict())
   if is_main and data.eval is not None and start_step == 0:
-    # Process 0 reads every shard; with one process these are exactly the targets the biLM's eval scores
-    # (several processes: the same number of batch rows, drawn from the unsharded split).
-    batches = data.eval(process_index=0, process_count=1)
-    if config.eval_max_batches:
-      batches = itertools.islice(batches, config.eval_max_batches * n_proc)
-    base = lm_eval.unigram_baseline(vocab, batches)
-    writer.write({"step": 0, **base})
-    log.info(f"unigram baseline on the eval split: ppl {base['unigram_ppl']:.1f}, OOV rate {base['oov_rate']:.2%}")
+    log_unigram_baseline(config, data, vocab, writer, n_proc)
   log.info(f"training {config.num_train_steps} steps of {config.batch_size} x {config.unroll_steps} tokens on "
            f"{n_devices} device(s) / {n_proc} process(es) from {data.description}; vocab {len(vocab):,}; "
            f"{'sampled softmax ' + str(num_sampled) if num_sampled else 'full softmax'}")
