@@ -81,3 +81,18 @@ def test_compilation_cache_dir_from_environment():
   Embedder.random(tiny_options())
   assert jax.config.jax_compilation_cache_dir == os.environ["ELMO_JAX_CACHE"]
   assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+
+
+def test_embedding_hands_freed_memory_back(monkeypatch):
+  """iter_batches releases the allocator's free pages every _TRIM_EVERY_BATCHES batches and at its end
+  (elmo_jax/memory.py); on glibc the call reaches malloc_trim."""
+  from elmo_jax import embedder as embedder_lib
+  from elmo_jax import memory
+  calls = []
+  monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1))
+  monkeypatch.setattr(embedder_lib, "_TRIM_EVERY_BATCHES", 2)
+  emb = Embedder.random(tiny_options(), seed=0)
+  assert len(emb.embed_sentences([["a", "b"]] * 5, batch_size=1)) == 5
+  assert len(calls) == 5 // 2 + 1
+  monkeypatch.undo()
+  memory.release_free_memory()  # the real call: a no-op off glibc, never an error
