@@ -39,7 +39,8 @@ def runs(tmp_path_factory):
   # A preempted slice: process 0 SIGKILLs itself once step 5 is logged and checkpoint 4 is on disk
   # (loop.signal_self_for_tests), and the test kills process 1, which cannot pass step 6 without it.
   procs = two(signal_at="5:KILL")
-  launch_util.wait(procs[:1], timeout=150)
+  code = launch_util.wait(procs[:1], timeout=150)
+  assert code == [-signal.SIGKILL], launch_util.read(os.path.join(root, "multi0.log"))[-2500:]
   procs[1].send_signal(signal.SIGKILL)
   procs[1].wait()
   assert os.path.exists(f"{multi}/checkpoints/checksums/4.json")
@@ -53,7 +54,8 @@ def runs(tmp_path_factory):
 
 def test_two_processes_match_one_and_resume(runs):
   assert "2 process(es)" in runs["logs"]["multi0"] and "4 device(s)" in runs["logs"]["multi0"]
-  assert "resumed from step" in runs["logs"]["multi0"] and "resumed from step" in runs["logs"]["multi1"]
+  assert "resumed from step 4" in runs["logs"]["multi0"] and "resumed from step 4" in runs["logs"]["multi1"]
+  assert runs["killed_at"] == 5
   one, two = launch_util.records(runs["single"]), launch_util.records(runs["multi"])
   assert [r["step"] for r in two] == list(range(1, STEPS + 1))  # rewound: every step once
   for a, b in zip(one, two):
