@@ -40,7 +40,7 @@ def define_flags() -> None:
 def child(argv: list[str]) -> None:
   """Runs the CLI in this process with a listener on JAX's compile events; prints their total last."""
   import jax  # pylint: disable=g-import-not-at-top
-  from elmo_jax import embed  # pylint: disable=g-import-not-at-top
+  from elmo_jax.cli import embed  # pylint: disable=g-import-not-at-top
   total = {e.rsplit("/", 1)[-1]: 0.0 for e in _COMPILE_EVENTS}
 
   def listen(event: str, duration: float, **kwargs) -> None:

@@ -1,5 +1,5 @@
-"""Command-line entry points (console scripts `elmo-jax-train`, `elmo-jax-evaluate`; `elmo-jax-embed` is
-`elmo_jax.embed`). The top-level `train.py` / `evaluate.py` are thin wrappers around these."""
+"""Command-line entry points (console scripts `elmo-jax-train`, `elmo-jax-evaluate`, `elmo-jax-embed`).
+The top-level `train.py` / `evaluate.py` and `python -m elmo_jax.embed` are thin wrappers around these."""
 import os
 
 

@@ -1,0 +1,154 @@
+"""The embedding command (`python -m elmo_jax.embed`, `elmo-jax-embed`); the work is `elmo_jax.embed`.
+
+Flags are defined only when run as a command, so importing `embed_file` adds none.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from elmo_jax import devices
+from elmo_jax import embed
+from elmo_jax import options as options_lib
+from elmo_jax import progress as progress_lib
+from elmo_jax import token_cache
+from elmo_jax import weights as weights_lib
+from elmo_jax.embedder import Embedder
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defines the command's flags; only when run as a command, so importing `embed_file` adds none."""
+  flags.DEFINE_string("options_file", None, "options.json of the biLM (a path, file:// or http(s):// URL).")
+  flags.DEFINE_string("weight_file", None, "ELMo weights (hdf5, bilm-tf/AllenNLP layout; path or URL).")
+  flags.DEFINE_string("model", None, "A released model (small, medium, original, original_5.5B; downloaded "
+                      "once into $ELMO_JAX_CACHE), a folder or a URL; instead of --options_file/--weight_file.")
+  flags.DEFINE_string("workdir", None, "A training run's directory (uses export/options.json and "
+                      "export/weights.hdf5); instead of --options_file/--weight_file.")
+  flags.DEFINE_string("input_file", None, "One whitespace-tokenized sentence per line (UTF-8; .gz ok).")
+  flags.DEFINE_string("output_file", None, "Output hdf5.")
+  flags.DEFINE_bool("all", False, "Write all layers, (n_layers + 1, n_tokens, 2P) per line (the default).")
+  flags.DEFINE_bool("top", False, "Write the top layer only, (n_tokens, 2P) per line.")
+  flags.DEFINE_bool("average", False, "Write the mean of the layers, (n_tokens, 2P) per line.")
+  flags.DEFINE_bool("sentence_vectors", False, "Write one vector per line: the mean over its tokens of "
+                    "the chosen output ((n_layers + 1, 2P) with --all, (2P,) with --top/--average).")
+  flags.DEFINE_enum("output_dtype", "float32", ["float32", "float16"], "Dtype of the written arrays.")
+  flags.DEFINE_bool("use_sentence_keys", False, "Name each dataset by the line's text (AllenNLP's "
+                    "--use-sentence-keys) instead of its index; no sentence_to_index then.")
+  flags.DEFINE_bool("forget_sentences", False, "Do not write sentence_to_index.")
+  flags.DEFINE_bool("tokenize", False, "Input is raw text: tokenize it with the trainer's Moses tokenizer "
+                    "(sentence keys stay the raw line).")
+  flags.DEFINE_string("token_embedding_file", None, "Precomputed token embeddings (--dump_token_embeddings) "
+                      "for the words they cover; other words still go through the char CNN.")
+  flags.DEFINE_bool("dump_token_embeddings", False, "Instead of embedding sentences, write the char-CNN "
+                    "output of every word of --vocab_file to --output_file.")
+  flags.DEFINE_string("vocab_file", None, "Vocabulary (one word per line) of --dump_token_embeddings.")
+  flags.DEFINE_integer("batch_size", embed.DEFAULT_BATCH_SIZE, "Sentences per batch.")
+  flags.DEFINE_bool("stateful", False, "Carry each batch row's LSTM state into the next batch "
+                    "(bilm-tf semantics; sentences are then batched in file order).")
+  flags.DEFINE_integer("chunk_size", 4096, "Lines read and embedded at once (bounds memory).")
+  flags.DEFINE_float("progress_every", 5.0, "Seconds between progress lines on stderr.")
+  flags.DEFINE_bool("progress", True, "Progress lines on stderr (--noprogress: none).")
+  flags.DEFINE_bool("compilation_cache", True, "Keep compiled shapes in JAX's persistent compilation cache "
+                    "under $ELMO_JAX_CACHE (default ~/.cache/elmo_jax), so the next run starts fast.")
+
+
+def _on_signal(signum, frame):  # pylint: disable=unused-argument
+  # Raising from a signal handler is unreliable (it can land in a weakref callback and be swallowed), so
+  # the handler itself removes the unfinished outputs and exits at once.
+  for tmp in list(embed.ACTIVE_TEMPS):
+    try:
+      os.remove(tmp)
+    except OSError:
+      pass
+  os.write(2, f"error: interrupted by signal {signum}; no output written\n".encode())
+  os._exit(128 + signum)
+
+
+def _check_flags(argv: list[str]) -> None:
+  """Usage errors (absl prints them with the usage text)."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  for name in (("vocab_file",) if FLAGS.dump_token_embeddings else ("input_file",)) + ("output_file",):
+    if not FLAGS[name].value:
+      raise app.UsageError(f"--{name} is required")
+  sources = [bool(FLAGS.workdir), bool(FLAGS.model), bool(FLAGS.options_file or FLAGS.weight_file)]
+  if sum(sources) > 1:
+    raise app.UsageError("give one of --model, --workdir or --options_file/--weight_file")
+  if not FLAGS.workdir and not FLAGS.model and not (FLAGS.options_file and FLAGS.weight_file):
+    raise app.UsageError("give --model, or --options_file and --weight_file (or --workdir)")
+  if FLAGS.top + FLAGS.average + FLAGS.all > 1:
+    raise app.UsageError("give at most one of --all, --top, --average")
+
+
+def _load_embedder() -> Embedder:
+  kwargs = {"stateful": FLAGS.stateful, "token_embedding_file": FLAGS.token_embedding_file,
+            "compilation_cache": FLAGS.compilation_cache}
+  if FLAGS.workdir:
+    return Embedder.from_workdir(FLAGS.workdir, **kwargs)
+  if FLAGS.model:
+    return Embedder.from_pretrained(FLAGS.model, **kwargs)
+  return Embedder.from_files(FLAGS.options_file, FLAGS.weight_file, **kwargs)
+
+
+def main(argv: list[str]) -> int:
+  _check_flags(argv)
+  if FLAGS.batch_size < 1:  # the message alone, not absl's usage text
+    print(f"error: --batch_size must be >= 1, got {FLAGS.batch_size}", file=sys.stderr)
+    return 1
+  if not FLAGS.progress:
+    progress_lib.set_enabled(False)
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # keeps JAX's backend INFO lines out of the one-line errors
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, _on_signal)
+  try:
+    source = FLAGS.vocab_file if FLAGS.dump_token_embeddings else FLAGS.input_file
+    if not os.path.exists(source):  # fail before spending time on loading the model
+      raise embed.EmbedInputError(f"{source}: {'vocab' if FLAGS.dump_token_embeddings else 'input'} file not found")
+    embed.check_output_path(FLAGS.output_file)
+    for name in embed.remove_stale_temps(FLAGS.output_file):
+      logging.warning("removed %s, left by an embedding run that was killed", name)
+    devices.announce()
+    embedder = _load_embedder()
+    if FLAGS.dump_token_embeddings:
+      start = time.perf_counter()
+      n = embed.dump_token_embeddings(embedder, FLAGS.vocab_file, FLAGS.output_file)
+      print(f"wrote {FLAGS.output_file}: {n} token embeddings of width {embedder.config.projection_dim} in "
+            f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
+      return 0
+    tokenize = None
+    if FLAGS.tokenize:
+      from elmo_jax.data.tokenize import Tokenizer  # pylint: disable=g-import-not-at-top
+      tokenize = Tokenizer()
+    stats = embed.embed_file(embedder, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size,
+                       chunk_size=FLAGS.chunk_size,
+                       progress_every=FLAGS.progress_every if FLAGS.progress else None,
+                       output="top" if FLAGS.top else "average" if FLAGS.average else "all",
+                       sentence_vectors=FLAGS.sentence_vectors, output_dtype=FLAGS.output_dtype,
+                       use_sentence_keys=FLAGS.use_sentence_keys, forget_sentences=FLAGS.forget_sentences,
+                       tokenize=tokenize)
+  except (embed.EmbedInputError, weights_lib.WeightFileError, options_lib.OptionsError, OSError,
+          token_cache.TokenCacheError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  rate = stats["sentences"] / max(stats["seconds"], 1e-9)
+  print(f"wrote {FLAGS.output_file}: {stats['sentences']} sentences, {stats['tokens']} tokens in "
+        f"{stats['seconds']:.1f} s ({rate:.1f} sent/s)", file=sys.stderr)
+  return 0
+
+
+def run() -> None:
+  define_flags()
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()
