@@ -37,6 +37,7 @@ _TIME_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _CHAR_WIDTHS = (16, 24, 32)
 _CNN_ROWS = 64  # distinct tokens per char-CNN call: a fixed shape (per width), little padding per batch
 _PAD_ID = chars.PAD_CHAR + 1  # token_to_ids shifts ids by one
+_CNN_CACHE_TOKENS = 1 << 15
 DEFAULT_BATCH_SIZE = 64
 
 
@@ -125,8 +126,9 @@ class _Prepared:
   n: int
   positions: np.ndarray
   mask: np.ndarray
-  chunks: list[np.ndarray]  # [_CNN_ROWS, width] each; concatenated outputs are indexed by `positions`
-  tokens: list[str] | None = None  # with a token embedding file: the distinct tokens `positions` index
+  chunks: list[np.ndarray]  # [_CNN_ROWS, width]: char ids of the tokens not yet in the token table
+  dests: list[np.ndarray]  # [_CNN_ROWS] each: their table rows (out of range for padding: dropped)
+  capacity: int  # table rows the batch needs (`positions` index them)
 
 
 class Embedder:
@@ -144,12 +146,14 @@ class Embedder:
       --dump_token_embeddings`); its words skip the char CNN, other words still run through it.
     token_vocab_file: the vocabulary of a bilm-tf token embedding file (ours store their words).
     compilation_cache: turn on JAX's persistent compilation cache (`enable_compilation_cache`).
+    cnn_cache_tokens: char-CNN outputs kept on device across batches (`token_cache.TokenRows`; small:
+      16 MB, original: 64 MB at the default), so each token runs through the CNN once, not once per batch.
   """
 
   def __init__(self, options: dict[str, Any], params: dict[str, Any], *, softmax: dict | None = None,
                vocab_file: str | None = None, stateful: bool = False, dtype: Any = jnp.float32,
                token_embedding_file: str | os.PathLike | None = None, token_vocab_file: str | None = None,
-               compilation_cache: bool = True):
+               compilation_cache: bool = True, cnn_cache_tokens: int = _CNN_CACHE_TOKENS):
     if compilation_cache:
       enable_compilation_cache()
     self.options = options
@@ -160,20 +164,21 @@ class Embedder:
     self.stateful = stateful
     self.model = BiLM(self.config, dtype=dtype)
     self._state = None
-    self._cnn = jax.jit(lambda p, ids: self.model.apply({"params": p}, ids, method=BiLM.embed_tokens))
-    self._gather = jax.jit(lambda table, positions: jnp.take(jnp.concatenate(table), positions, axis=0))
+    # The table is updated in place (donated); padding rows of a chunk carry an out-of-range row: dropped.
+    self._cnn_into = jax.jit(lambda p, table, ids, dest: table.at[dest].set(
+        self.model.apply({"params": p}, ids, method=BiLM.embed_tokens).astype(table.dtype), mode="drop"),
+        donate_argnums=1)
+    self._gather = jax.jit(lambda table, positions: jnp.take(table, positions, axis=0))
     self._bilm = jax.jit(lambda p, emb, mask, state: self.model.apply(
         {"params": p}, token_embeddings=emb, mask=mask, state=state, skip_padding=True))
     self._char_ids = chars.CharIdCache(self.config.max_characters_per_token, max_size=200_000)
     self._max_width = max(w for w, _ in self.config.filters)
-    self._token_rows: dict[str, int] | None = None
-    if token_embedding_file is not None:
-      table, tokens = token_cache_lib.read(token_embedding_file, self.config.projection_dim,
-                                           token_vocab_file)
-      self._token_rows = {t: i for i, t in enumerate(tokens)}
-      self._token_table = jnp.asarray(table)
-      self._mix = jax.jit(lambda table, rows, hit, cnn, cnn_rows: jnp.where(
-          hit[:, None], jnp.take(table, rows, axis=0), jnp.take(cnn, cnn_rows, axis=0)))
+    pinned, tokens = np.zeros((0, self.config.projection_dim), np.float32), []
+    if token_embedding_file is not None:  # its words are pinned rows of the table: they skip the char CNN
+      pinned, tokens = token_cache_lib.read(token_embedding_file, self.config.projection_dim,
+                                            token_vocab_file)
+    self._token_rows = token_cache_lib.TokenRows(cnn_cache_tokens, tokens)
+    self._table = jnp.asarray(pinned, jnp.float32)  # the char CNN's output dtype (float32 accumulation)
 
   # --- construction -------------------------------------------------------------------------------------
   @classmethod
@@ -246,36 +251,29 @@ class Embedder:
       for t, token in enumerate(sentence):
         positions[b, t] = index.setdefault(token, len(index))
         mask[b, t] = True
-    if self._token_rows is not None:  # cached words skip the char CNN (`_cached_embeddings`)
-      return _Prepared(n, positions, mask, [], tokens=list(index))
-    max_chars = self.config.max_characters_per_token
-    ids = (np.stack([self._char_ids(token) for token in index]) if index
-           else np.zeros((0, max_chars), np.int32))
+    tokens = list(index)
+    row, new = self._token_rows.assign(tokens)
+    ids = (np.stack([self._char_ids(tokens[u]) for u in new]) if len(new)
+           else np.zeros((0, self.config.max_characters_per_token), np.int32))
     widths = _char_widths(ids, self._max_width)
-    # Tokens grouped by width, each group padded to whole chunks; row[u]: token u's row of the CNN output.
-    row = np.zeros(len(index), np.int32)
-    chunks = []
+    # New tokens grouped by width, each group padded to whole chunks of the CNN's fixed shape.
+    chunks, dests = [], []
     for width in np.unique(widths):
       members = np.flatnonzero(widths == width)
-      row[members] = len(chunks) * _CNN_ROWS + np.arange(len(members))
       for start in range(0, len(members), _CNN_ROWS):
-        chunk = np.zeros((_CNN_ROWS, width), np.int32)  # id 0 rows: no token, embedded as zeros
         part = members[start:start + _CNN_ROWS]
-        chunk[:len(part)] = ids[part, :width]
+        chunk = np.zeros((_CNN_ROWS, width), np.int32)
+        dest = np.full(_CNN_ROWS, np.iinfo(np.int32).max, np.int32)
+        chunk[:len(part)], dest[:len(part)] = ids[part, :width], row[new[part]]
         chunks.append(chunk)
+        dests.append(dest)
     if len(row):
       positions = row[positions]  # padded slots point at some token; the mask zeroes them in the biLM
-    if not chunks:
-      chunks.append(np.zeros((_CNN_ROWS, min(_CHAR_WIDTHS[0], max_chars)), np.int32))
-    return _Prepared(n, positions, mask, chunks)
+    return _Prepared(n, positions, mask, chunks, dests, self._token_rows.capacity)
 
   def _launch(self, prepared: _Prepared) -> jax.Array:
     """Dispatches a prepared batch (asynchronously); returns the device array of its layers."""
-    if prepared.tokens is not None:
-      emb = jnp.take(self._cached_embeddings(prepared.tokens), prepared.positions, axis=0)
-    else:
-      table = tuple(self._cnn(self.params, chunk) for chunk in prepared.chunks)  # [_CNN_ROWS, P] each
-      emb = self._gather(table, prepared.positions)  # [rows, time, P], stays on device
+    emb = self._token_embeddings(prepared)
     state = self._take_state(prepared.mask.shape[0]) if self.stateful else None
     out = self._bilm(self.params, emb, prepared.mask, state)
     if self.stateful:
@@ -285,24 +283,14 @@ class Embedder:
   def _fetch(self, prepared: _Prepared, layers: jax.Array) -> np.ndarray:
     return np.asarray(layers)[:prepared.n]
 
-  def _cached_embeddings(self, tokens: list[str]) -> jax.Array:
-    """`[pow2 >= len(tokens), P]`: rows of the token table for cached words, the char CNN for the rest."""
-    n = _pow2_at_least(len(tokens))
-    rows, hit, cnn_rows = np.zeros(n, np.int32), np.zeros(n, bool), np.zeros(n, np.int32)
-    missing: list[str] = []
-    for i, token in enumerate(tokens):
-      row = self._token_rows.get(token)
-      if row is None:
-        cnn_rows[i] = len(missing)
-        missing.append(token)
-      else:
-        rows[i], hit[i] = row, True
-    max_chars = self.config.max_characters_per_token
-    ids = np.zeros((_pow2_at_least(len(missing), floor=8), max_chars), np.int32)
-    for i, token in enumerate(missing):
-      ids[i] = chars.token_to_ids(token, max_chars)
-    cnn = self._cnn(self.params, ids) if missing else jnp.zeros((1, self.config.projection_dim))
-    return self._mix(self._token_table, rows, hit, cnn, cnn_rows)
+  def _token_embeddings(self, prepared: _Prepared) -> jax.Array:
+    """The batch's char-CNN outputs `[rows, time, P]`, on device: new tokens into the table, then a gather."""
+    if self._table.shape[0] < prepared.capacity:  # grown for a batch of more new tokens than it held
+      self._table = jnp.concatenate([self._table, jnp.zeros(
+          (prepared.capacity - self._table.shape[0], self._table.shape[1]), self._table.dtype)])
+    for chunk, dest in zip(prepared.chunks, prepared.dests):
+      self._table = self._cnn_into(self.params, self._table, chunk, dest)
+    return self._gather(self._table, prepared.positions)
 
   def _take_state(self, rows: int):
     if self._state is None or self._state[0].shape[2] < rows:

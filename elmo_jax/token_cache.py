@@ -49,3 +49,36 @@ def read(path: str | os.PathLike, dim: int, vocab_file: str | None = None) -> tu
     raise TokenCacheError(f"{path}: 'embedding' has shape {table.shape}, expected ({len(tokens)}, {dim}) "
                           "(made with another model or vocabulary?)")
   return table, tokens
+
+
+class TokenRows:
+  """Which row of a `[capacity, P]` table of char-CNN outputs holds each token (host bookkeeping).
+
+  The `Embedder` keeps the table on device across batches, so a token runs through the char CNN once, not
+  once per batch it appears in (exact: the CNN sees one token at a time). Pinned rows (a token embedding
+  file's words) stay; the others fill as new tokens arrive and are all dropped at once when the table is
+  full: frequent words come straight back, and nothing is tracked per use. A batch with more new tokens
+  than the table holds grows it.
+  """
+
+  def __init__(self, capacity: int, pinned: Sequence[str] = ()):
+    self.pinned = len(pinned)
+    self._pinned_rows = {t: i for i, t in enumerate(pinned)}
+    self.rows = dict(self._pinned_rows)
+    self.capacity = self.pinned + max(1, capacity)
+
+  def clear(self) -> None:
+    """Forgets every row but the pinned ones (their values stay in the table)."""
+    self.rows = dict(self._pinned_rows)
+
+  def assign(self, tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct `tokens` -> (their rows `[U]`, the indices into `tokens` whose rows must be computed)."""
+    new = [i for i, t in enumerate(tokens) if t not in self.rows]
+    if len(self.rows) + len(new) > self.capacity:
+      self.clear()
+      new = [i for i, t in enumerate(tokens) if t not in self.rows]
+      if self.pinned + len(new) > self.capacity:
+        self.capacity = self.pinned + (1 << (len(new) - 1).bit_length())
+    for i in new:
+      self.rows[tokens[i]] = len(self.rows)
+    return np.array([self.rows[t] for t in tokens], np.int32), np.array(new, np.int64)

@@ -96,3 +96,35 @@ def test_embedding_hands_freed_memory_back(monkeypatch):
   assert len(calls) == 5 // 2 + 1
   monkeypatch.undo()
   memory.release_free_memory()  # the real call: a no-op off glibc, never an error
+
+
+def test_token_rows_flush_keeps_pinned_rows_and_grows_for_a_big_batch():
+  from elmo_jax.token_cache import TokenRows
+  rows = TokenRows(4, pinned=["the", "a"])
+  r, new = rows.assign(["the", "x", "y"])
+  assert list(r) == [0, 2, 3] and list(new) == [1, 2] and rows.capacity == 6
+  r, new = rows.assign(["y", "z"])  # fits: y cached, z new
+  assert list(r) == [3, 4] and list(new) == [1]
+  r, new = rows.assign(["p", "q", "a"])  # 2 new, 1 free row: the unpinned rows are dropped
+  assert list(r) == [2, 3, 1] and list(new) == [0, 1] and rows.rows.keys() == {"the", "a", "p", "q"}
+  r, new = rows.assign([f"w{i}" for i in range(9)] + ["the"])  # more new tokens than the table holds
+  assert rows.capacity == 2 + 16 and list(new) == list(range(9)) and list(r) == list(range(2, 11)) + [0]
+
+
+def test_cnn_cache_across_batches_is_exact_through_flushes_and_growth():
+  """A token's char-CNN output computed in an earlier batch (or chunk, or after the table was emptied or
+  grown) is the same numbers as computing it in its own batch."""
+  options = _wide_options()
+  rng = np.random.default_rng(5)
+  vocab = _TOKENS + [f"tok{i}" * (1 + i % 4) for i in range(150)]
+  sentences = [[vocab[j] for j in rng.integers(0, len(vocab), n)] for n in rng.integers(1, 40, 24)]
+  fresh = Embedder.random(options, seed=2)
+  rows = fresh._token_rows  # pylint: disable=protected-access
+  assign = rows.assign
+  rows.assign = lambda tokens: (rows.clear(), assign(tokens))[1]  # every batch's tokens through the CNN
+  want = fresh.embed_sentences(sentences, batch_size=4)
+  for cache in (1 << 15, 40, 1):  # roomy; emptied between batches; grown by every batch
+    emb = Embedder.random(options, seed=2, cnn_cache_tokens=cache)
+    for _ in range(2):  # the second pass finds the tokens of the first in the table
+      for got, expected in zip(emb.embed_sentences(sentences, batch_size=4), want):
+        np.testing.assert_array_equal(got, expected)
