@@ -401,7 +401,7 @@ def _check_sentence_key(input_file: str, i: int, text: str, seen: dict[str, str]
 
 
 def dump_token_embeddings(embedder: Embedder, vocab_file: str | os.PathLike, output_file: str | os.PathLike,
-                          batch_size: int = 1024) -> int:
+                          batch_size: int = 4096) -> int:
   """bilm-tf's `dump_token_embeddings`: the char-CNN output of every word of `vocab_file`; returns the count."""
   from elmo_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
   try:

@@ -13,8 +13,9 @@ JAX's persistent compilation cache (`enable_compilation_cache`) makes a second p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,7 @@ from elmo_jax import options as options_lib
 from elmo_jax import pretrained
 from elmo_jax import token_cache as token_cache_lib
 from elmo_jax import weights as weights_lib
-from elmo_jax.model import BiLM, BiLMConfig, embed_vocab, zero_state
+from elmo_jax.model import BiLM, BiLMConfig, zero_state
 from elmo_jax.progress import progress
 
 _TRIM_EVERY_BATCHES = 32  # freed batch copies go back to the OS this often (elmo_jax/memory.py)
@@ -120,6 +121,43 @@ def _char_widths(ids: np.ndarray, max_width: int) -> np.ndarray:
   return widths[np.minimum(np.searchsorted(widths, need), len(widths) - 1)]
 
 
+# Compiled functions, shared by every Embedder of the same model (`BiLM` is hashable: its config and dtype),
+# so an untrained twin or a second copy compiles nothing and holds no second set of executables.
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _cnn_into(model: BiLM, params, table: jax.Array, ids: jax.Array, dest: jax.Array) -> jax.Array:
+  """Writes the char-CNN outputs of `ids [_CNN_ROWS, width]` into rows `dest` of `table [capacity, P]`, in
+  place (donated); a padding row's out-of-range `dest` drops it."""
+  values = model.apply({"params": params}, ids, method=BiLM.embed_tokens)
+  return table.at[dest].set(values.astype(table.dtype), mode="drop")
+
+
+@jax.jit
+def _gather(table: jax.Array, positions: jax.Array) -> jax.Array:
+  return jnp.take(table, positions, axis=0)  # [rows, time, P]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _bilm(model: BiLM, params, emb: jax.Array, mask: jax.Array, state) -> dict[str, Any]:
+  return model.apply({"params": params}, token_embeddings=emb, mask=mask, state=state, skip_padding=True)
+
+
+def _width_chunks(ids: np.ndarray, rows: np.ndarray, max_width: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """Char ids `[U, max_chars]` of tokens bound for table rows `rows [U]` -> chunks `[_CNN_ROWS, width]` of
+  tokens of one char width (the CNN's fixed shapes) and their rows `[_CNN_ROWS]` (padding: out of range)."""
+  widths = _char_widths(ids, max_width)
+  chunks, dests = [], []
+  for width in np.unique(widths):
+    members = np.flatnonzero(widths == width)
+    for start in range(0, len(members), _CNN_ROWS):
+      part = members[start:start + _CNN_ROWS]
+      chunk = np.zeros((_CNN_ROWS, width), np.int32)
+      dest = np.full(_CNN_ROWS, np.iinfo(np.int32).max, np.int32)
+      chunk[:len(part)], dest[:len(part)] = ids[part, :width], rows[part]
+      chunks.append(chunk)
+      dests.append(dest)
+  return chunks, dests
+
+
 @dataclasses.dataclass
 class _Prepared:
   """One batch on the host: sentences [n], `positions`/`mask` [rows, time] and char-CNN input chunks."""
@@ -164,13 +202,6 @@ class Embedder:
     self.stateful = stateful
     self.model = BiLM(self.config, dtype=dtype)
     self._state = None
-    # The table is updated in place (donated); padding rows of a chunk carry an out-of-range row: dropped.
-    self._cnn_into = jax.jit(lambda p, table, ids, dest: table.at[dest].set(
-        self.model.apply({"params": p}, ids, method=BiLM.embed_tokens).astype(table.dtype), mode="drop"),
-        donate_argnums=1)
-    self._gather = jax.jit(lambda table, positions: jnp.take(table, positions, axis=0))
-    self._bilm = jax.jit(lambda p, emb, mask, state: self.model.apply(
-        {"params": p}, token_embeddings=emb, mask=mask, state=state, skip_padding=True))
     self._char_ids = chars.CharIdCache(self.config.max_characters_per_token, max_size=200_000)
     self._max_width = max(w for w, _ in self.config.filters)
     pinned, tokens = np.zeros((0, self.config.projection_dim), np.float32), []
@@ -255,18 +286,7 @@ class Embedder:
     row, new = self._token_rows.assign(tokens)
     ids = (np.stack([self._char_ids(tokens[u]) for u in new]) if len(new)
            else np.zeros((0, self.config.max_characters_per_token), np.int32))
-    widths = _char_widths(ids, self._max_width)
-    # New tokens grouped by width, each group padded to whole chunks of the CNN's fixed shape.
-    chunks, dests = [], []
-    for width in np.unique(widths):
-      members = np.flatnonzero(widths == width)
-      for start in range(0, len(members), _CNN_ROWS):
-        part = members[start:start + _CNN_ROWS]
-        chunk = np.zeros((_CNN_ROWS, width), np.int32)
-        dest = np.full(_CNN_ROWS, np.iinfo(np.int32).max, np.int32)
-        chunk[:len(part)], dest[:len(part)] = ids[part, :width], row[new[part]]
-        chunks.append(chunk)
-        dests.append(dest)
+    chunks, dests = _width_chunks(ids, row[new], self._max_width)
     if len(row):
       positions = row[positions]  # padded slots point at some token; the mask zeroes them in the biLM
     return _Prepared(n, positions, mask, chunks, dests, self._token_rows.capacity)
@@ -275,7 +295,7 @@ class Embedder:
     """Dispatches a prepared batch (asynchronously); returns the device array of its layers."""
     emb = self._token_embeddings(prepared)
     state = self._take_state(prepared.mask.shape[0]) if self.stateful else None
-    out = self._bilm(self.params, emb, prepared.mask, state)
+    out = _bilm(self.model, self.params, emb, prepared.mask, state)
     if self.stateful:
       self._put_state(out["state"], prepared.n)
     return out["layers"]
@@ -289,8 +309,8 @@ class Embedder:
       self._table = jnp.concatenate([self._table, jnp.zeros(
           (prepared.capacity - self._table.shape[0], self._table.shape[1]), self._table.dtype)])
     for chunk, dest in zip(prepared.chunks, prepared.dests):
-      self._table = self._cnn_into(self.params, self._table, chunk, dest)
-    return self._gather(self._table, prepared.positions)
+      self._table = _cnn_into(self.model, self.params, self._table, chunk, dest)
+    return _gather(self._table, prepared.positions)
 
   def _take_state(self, rows: int):
     if self._state is None or self._state[0].shape[2] < rows:
@@ -377,12 +397,29 @@ class Embedder:
         out[i] = select_layers(layers, layer).mean(axis=-2, dtype=np.float64)
     return out
 
+  def token_embeddings(self, tokens: Sequence[str], batch_size: int = 4096,
+                       on_batch: Callable[[int], Any] | None = None) -> np.ndarray:
+    """The char-CNN output of each token, `[len(tokens), P]` float32: the token table's path, a fresh table
+    of `batch_size` rows at a time; `on_batch(n_tokens)` after each (progress)."""
+    out = np.zeros((len(tokens), self.config.projection_dim), np.float32)
+    for start in range(0, len(tokens), batch_size):
+      part = tokens[start:start + batch_size]
+      ids = np.stack([chars.token_to_ids(t, self.config.max_characters_per_token) for t in part])
+      table = jnp.zeros((batch_size, self.config.projection_dim), jnp.float32)
+      for chunk, dest in zip(*_width_chunks(ids, np.arange(len(part), dtype=np.int32), self._max_width)):
+        table = _cnn_into(self.model, self.params, table, chunk, dest)
+      out[start:start + len(part)] = np.asarray(table)[:len(part)]
+      if on_batch is not None:
+        on_batch(len(part))
+    return out
+
   def dump_token_embeddings(self, vocab: Sequence[str], output_file: str | os.PathLike,
-                            batch_size: int = 1024) -> None:
+                            batch_size: int = 4096) -> None:
     """Writes the char-CNN output of every word (bilm-tf's `dump_token_embeddings` layout + the words)."""
+    vocab = list(vocab)
     bar = progress(desc="token embeddings", total=len(vocab), unit="word")
     try:
-      table = embed_vocab(self.config, self.params, list(vocab), batch_size, self.model.dtype, bar.update)[1:]
+      table = self.token_embeddings(vocab, batch_size, bar.update)
     finally:
       bar.close()
     token_cache_lib.write(output_file, table, vocab)

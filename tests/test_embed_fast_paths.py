@@ -128,3 +128,15 @@ def test_cnn_cache_across_batches_is_exact_through_flushes_and_growth():
     for _ in range(2):  # the second pass finds the tokens of the first in the table
       for got, expected in zip(emb.embed_sentences(sentences, batch_size=4), want):
         np.testing.assert_array_equal(got, expected)
+
+
+def test_token_embeddings_equal_the_full_width_char_cnn():
+  """`dump_token_embeddings`' values (the token table's path: by width, in chunks) vs `embed_vocab`."""
+  from elmo_jax.model import embed_vocab
+  options = _wide_options()
+  emb = Embedder.random(options, seed=4)
+  vocab = _TOKENS + [f"w{i}" * (1 + i % 6) for i in range(90)]
+  done = []
+  got = emb.token_embeddings(vocab, batch_size=70, on_batch=done.append)
+  assert done == [70, len(vocab) - 70]
+  np.testing.assert_allclose(got, embed_vocab(emb.config, emb.params, vocab)[1:], rtol=0, atol=1e-6)
