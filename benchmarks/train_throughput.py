@@ -20,7 +20,8 @@ Sections (each can be switched off):
     backward + SGD, ours (`BiLSTMStack`, jit) vs `torch.nn.LSTM(proj_size=P)` one per layer and direction,
     torch in its own process at 1 and at all threads (baseline: the faster), interleaved rounds, median
     tokens/s and the ratio ours/torch.
-    torch is a benchmark-only dependency: `pip install -r benchmarks/requirements.txt`.
+    torch is a benchmark-only dependency: `pip install -r benchmarks/requirements.txt`, here or in a venv
+    of its own (`--torch_python=/path/to/venv/bin/python`).
 Peak RSS (`ru_maxrss`) is reported after each section (it only grows).
 """
 from __future__ import annotations
@@ -63,7 +64,8 @@ flags.DEFINE_list("lstm_sizes", "512x128x64,1024x128x32", "hidden x projection x
 flags.DEFINE_integer("lstm_rounds", 5, "Interleaved rounds of the LSTM comparison.")
 flags.DEFINE_integer("lstm_steps", 10, "Train steps per round and framework.")
 flags.DEFINE_integer("scan_unroll", -1, "Override config.scan_unroll (-1: the config's).")
-flags.DEFINE_string("torch_worker", "", "Internal: run as the torch side of the LSTM comparison.")
+flags.DEFINE_string("torch_python", sys.executable, "Python with torch for the LSTM comparison's worker "
+                    "(benchmarks/torch_lstm_worker.py; it needs nothing else), e.g. a separate venv's.")
 flags.DEFINE_string("data", os.path.join(_ROOT, "data", "pd-small", "train.txt.gz"), "Token source.")
 
 
@@ -250,41 +252,6 @@ def split_times(model: BiLM, params, batch, num_sampled: int, step_s: float) -> 
 # ----------------------------------------------------------------------------------------------------------
 # biLSTM vs torch.nn.LSTM(proj_size=...)
 # ----------------------------------------------------------------------------------------------------------
-def torch_worker(spec: str) -> None:
-  """`--torch_worker=H,P,B,T,L,threads`: builds the torch biLSTM, then for each stdin line `n` runs n train
-  steps and prints their mean seconds. A separate process, so that XLA's and torch's thread pools never
-  spin against each other (in one process torch with 2 threads ran ~10x slower)."""
-  import torch  # pylint: disable=g-import-not-at-top
-  hidden, proj, batch, unroll, n_layers, threads = (int(v) for v in spec.split(","))
-  torch.set_num_threads(threads)
-  torch.manual_seed(0)
-  lstms = [[torch.nn.LSTM(proj, hidden, num_layers=1, proj_size=proj) for _ in range(n_layers)] for _ in range(2)]
-  opt = torch.optim.SGD([q for d in lstms for m in d for q in m.parameters()], lr=0.01)
-  x = torch.randn(2, unroll, batch, proj)  # [dir, T, B, P], each direction in its reading order
-  y = torch.randn(2, unroll, batch, proj)
-
-  def step():
-    opt.zero_grad(set_to_none=True)
-    loss = 0.0
-    for d in range(2):
-      h = x[d]
-      for k, m in enumerate(lstms[d]):
-        o, _ = m(h)
-        h = o + h if k > 0 else o  # skip connections as ELMo's
-      loss = loss + torch.mean((h - y[d]) ** 2)
-    (loss / 2).backward()
-    opt.step()
-
-  step()
-  print("ready", flush=True)
-  for line in sys.stdin:
-    n = int(line)
-    t0 = time.perf_counter()
-    for _ in range(n):
-      step()
-    print((time.perf_counter() - t0) / n, flush=True)
-
-
 def lstm_compare(hidden: int, proj: int, batch: int, unroll: int = 20, n_layers: int = 2,
                  scan_unroll: int = 1) -> dict[str, Any]:
   import subprocess  # pylint: disable=g-import-not-at-top
@@ -317,7 +284,8 @@ def lstm_compare(hidden: int, proj: int, batch: int, unroll: int = 20, n_layers:
   workers = {}
   for nt in threads:
     workers[nt] = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), f"--torch_worker={hidden},{proj},{batch},{unroll},{n_layers},{nt}"],
+        [FLAGS.torch_python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_lstm_worker.py"),
+         f"{hidden},{proj},{batch},{unroll},{n_layers},{nt}"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert workers[nt].stdout.readline().strip() == "ready"
   ours_t: list[float] = []
@@ -351,9 +319,6 @@ def lstm_compare(hidden: int, proj: int, batch: int, unroll: int = 20, n_layers:
 
 def main(argv):
   del argv
-  if FLAGS.torch_worker:
-    torch_worker(FLAGS.torch_worker)
-    return
   result: dict[str, Any] = {"jax": jax.__version__, "backend": jax.default_backend(), "cpus": os.cpu_count(),
                             "xla_flags": os.environ.get("XLA_FLAGS", "")}
   peak = matmul_peak()
