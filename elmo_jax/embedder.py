@@ -3,12 +3,13 @@
     emb = Embedder.from_files("options.json", "weights.hdf5")
     layers = emb.embed_sentences([["The", "bank", "flooded", "."]])  # [(n_layers + 1, 4, 2P) float32]
 
-Speed: sentences are sorted by length and padded to a few time buckets; within each batch every distinct
-token runs through the char CNN once (exact: the CNN sees one token at a time) and is gathered back on
-device. Short tokens run through the CNN over fewer char positions (`_CHAR_WIDTHS`, exact, see
-`_char_widths`), in fixed chunks of `_CNN_ROWS` tokens, so the CNN compiles one shape per width. Batch k+1 is
-prepared on the host and dispatched before batch k is copied back (JAX dispatches asynchronously), and
-JAX's persistent compilation cache (`enable_compilation_cache`) makes a second process start fast.
+Speed: sentences are sorted by length and padded to a few time buckets; every distinct token runs through
+the char CNN once (exact: the CNN sees one token at a time) into an on-device token table that outlives
+the batch (`token_cache.TokenRows`), and each batch gathers its tokens from it. Short tokens run through
+the CNN over fewer char positions (`_CHAR_WIDTHS`, exact, see `_char_widths`), in fixed chunks of
+`_CNN_ROWS` tokens, so the CNN compiles one shape per width. Batch k+1 is prepared on the host and
+dispatched before batch k is copied back (JAX dispatches asynchronously), and JAX's persistent compilation
+cache (`enable_compilation_cache`) makes a second process start fast.
 """
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The embedding command (`python -m elmo_jax.embed`, `elmo-jax-embed`); the work is `elmo_jax.embed`.
-
-Flags are defined only when run as a command, so importing `embed_file` adds none.
-"""
+"""The embedding command (`python -m elmo_jax.embed`, `elmo-jax-embed`); the work is `elmo_jax.embed`."""
 from __future__ import annotations
 
 import os
@@ -112,7 +109,8 @@ def main(argv: list[str]) -> int:
   try:
     source = FLAGS.vocab_file if FLAGS.dump_token_embeddings else FLAGS.input_file
     if not os.path.exists(source):  # fail before spending time on loading the model
-      raise embed.EmbedInputError(f"{source}: {'vocab' if FLAGS.dump_token_embeddings else 'input'} file not found")
+      kind = "vocab" if FLAGS.dump_token_embeddings else "input"
+      raise embed.EmbedInputError(f"{source}: {kind} file not found")
     embed.check_output_path(FLAGS.output_file)
     for name in embed.remove_stale_temps(FLAGS.output_file):
       logging.warning("removed %s, left by an embedding run that was killed", name)
@@ -129,12 +127,12 @@ def main(argv: list[str]) -> int:
       from elmo_jax.data.tokenize import Tokenizer  # pylint: disable=g-import-not-at-top
       tokenize = Tokenizer()
     stats = embed.embed_file(embedder, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size,
-                       chunk_size=FLAGS.chunk_size,
-                       progress_every=FLAGS.progress_every if FLAGS.progress else None,
-                       output="top" if FLAGS.top else "average" if FLAGS.average else "all",
-                       sentence_vectors=FLAGS.sentence_vectors, output_dtype=FLAGS.output_dtype,
-                       use_sentence_keys=FLAGS.use_sentence_keys, forget_sentences=FLAGS.forget_sentences,
-                       tokenize=tokenize)
+                             chunk_size=FLAGS.chunk_size,
+                             progress_every=FLAGS.progress_every if FLAGS.progress else None,
+                             output="top" if FLAGS.top else "average" if FLAGS.average else "all",
+                             sentence_vectors=FLAGS.sentence_vectors, output_dtype=FLAGS.output_dtype,
+                             use_sentence_keys=FLAGS.use_sentence_keys,
+                             forget_sentences=FLAGS.forget_sentences, tokenize=tokenize)
   except (embed.EmbedInputError, weights_lib.WeightFileError, options_lib.OptionsError, OSError,
           token_cache.TokenCacheError) as e:
     print(f"error: {e}", file=sys.stderr)
