@@ -41,6 +41,7 @@ import numpy as np
 from bench_util import matmul_peak, memory_mb, peak_rss_mb  # pylint: disable=g-bad-import-order
 from elmo_jax import embed
 from elmo_jax import embedder as embedder_lib
+from elmo_jax import memory
 from elmo_jax import options as options_lib
 from elmo_jax.embedder import Embedder, _char_widths, _pow2_at_least
 from elmo_jax.model import BiLM, BiLMConfig
@@ -48,6 +49,8 @@ from elmo_jax.model import BiLM, BiLMConfig
 _CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "pd-small", "train.txt.gz")
 
 FLAGS = flags.FLAGS
+flags.DEFINE_bool("reuse_freed_memory", True, "glibc keeps freed blocks for reuse (memory.reuse_freed_memory), "
+                  "as the command-line entry points do.")
 flags.DEFINE_list("presets", ["small"], "options presets: small | medium | original.")
 flags.DEFINE_list("batch_sizes", ["64"], "Sentences per batch, e.g. 32,64,128,256.")
 flags.DEFINE_integer("num_sentences", 2000, "Sentences to embed (capped at what the corpus holds).")
@@ -274,9 +277,12 @@ def token_cache_pass(embedder: Embedder, opts: dict, sentences: list[list[str]],
 
 def main(argv: list[str]) -> None:
   del argv
+  # first, before JAX allocates, as the command-line entry points do (elmo_jax/memory.py)
+  reused = FLAGS.reuse_freed_memory and memory.reuse_freed_memory()
   result: dict[str, Any] = {"backend": jax.default_backend(), "devices": len(jax.devices()),
                             "cpu_count": os.cpu_count(), "load_avg_start": os.getloadavg(),
                             "corpus": os.path.relpath(FLAGS.corpus), "tokenizer": FLAGS.tokenizer}
+  result["reuse_freed_memory"] = reused
   result["memory_mb_start"] = memory_mb()
   peak = matmul_peak()
   result["matmul_peak_flops"] = round(peak)

@@ -44,6 +44,7 @@ import numpy as np
 
 from bench_util import matmul_peak, peak_rss_mb  # pylint: disable=g-bad-import-order
 from elmo_jax import chars
+from elmo_jax import memory
 from elmo_jax.model import BiLM, BiLMConfig, BiLSTMStack, make_model
 from elmo_jax.training import dedupe as dedupe_lib
 from elmo_jax.training import losses
@@ -52,6 +53,8 @@ from elmo_jax.training import step as step_lib
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 FLAGS = flags.FLAGS
+flags.DEFINE_bool("reuse_freed_memory", True, "glibc keeps freed blocks for reuse (memory.reuse_freed_memory), "
+                  "as the command-line entry points do.")
 flags.DEFINE_list("configs", ["default", "small"], "configs/<name>.py to time the full train step of.")
 flags.DEFINE_integer("small_batch", 32, "Batch rows for the `small` config (its own 128 is slow on a CPU).")
 flags.DEFINE_integer("small_vocab", 50_000, "Vocabulary size for the `small` config (sampled softmax).")
@@ -319,8 +322,11 @@ def lstm_compare(hidden: int, proj: int, batch: int, unroll: int = 20, n_layers:
 
 def main(argv):
   del argv
+  # first, before JAX allocates, as the command-line entry points do (elmo_jax/memory.py)
+  reused = FLAGS.reuse_freed_memory and memory.reuse_freed_memory()
   result: dict[str, Any] = {"jax": jax.__version__, "backend": jax.default_backend(), "cpus": os.cpu_count(),
                             "xla_flags": os.environ.get("XLA_FLAGS", "")}
+  result["reuse_freed_memory"] = reused
   peak = matmul_peak()
   result["matmul_peak_flops"] = peak
   if FLAGS.lstm_compare:

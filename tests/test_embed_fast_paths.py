@@ -140,3 +140,22 @@ def test_token_embeddings_equal_the_full_width_char_cnn():
   got = emb.token_embeddings(vocab, batch_size=70, on_batch=done.append)
   assert done == [70, len(vocab) - 70]
   np.testing.assert_allclose(got, embed_vocab(emb.config, emb.params, vocab)[1:], rtol=0, atol=1e-6)
+
+
+def test_entry_points_keep_freed_memory_for_reuse():
+  """glibc takes the settings (a fresh process: they are process-wide), and every console script's `run`
+  applies them before anything else (before JAX allocates)."""
+  import ast
+  import subprocess
+  import sys
+  import tomllib
+  code = "from elmo_jax import memory; print(memory.reuse_freed_memory())"
+  assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        check=True).stdout.strip() == "True"
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  scripts = tomllib.load(open(os.path.join(repo, "pyproject.toml"), "rb"))["project"]["scripts"]
+  for target in scripts.values():
+    module, func = target.split(":")
+    tree = ast.parse(open(os.path.join(repo, *module.split(".")) + ".py").read())
+    run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func)
+    assert ast.unparse(run.body[0]) == "memory.reuse_freed_memory()", target

@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 from absl import app, flags, logging
 
+from elmo_jax import memory
 from elmo_jax import progress
 from elmo_jax.evaluation import readers
 from elmo_jax.options import OptionsError
@@ -217,6 +218,7 @@ def _announce() -> None:
 
 
 def run() -> None:
+  memory.reuse_freed_memory()  # before JAX allocates: see elmo_jax/memory.py
   app.run(main)
 
 

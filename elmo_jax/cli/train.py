@@ -15,6 +15,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from elmo_jax import cli
+from elmo_jax import memory
 from elmo_jax import progress
 from elmo_jax.training import distributed
 from elmo_jax.training.config import unknown_override_error
@@ -104,6 +105,7 @@ def _exit_without_finalization() -> None:
 
 
 def run() -> None:
+  memory.reuse_freed_memory()  # before JAX allocates: see elmo_jax/memory.py
   define_flags()
   app.run(main)
 
