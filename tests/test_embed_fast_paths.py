@@ -144,7 +144,7 @@ def test_token_embeddings_equal_the_full_width_char_cnn():
 
 def test_entry_points_keep_freed_memory_for_reuse():
   """glibc takes the settings (a fresh process: they are process-wide), and every console script's `run`
-  applies them before anything else (before JAX allocates)."""
+  starts through `cli.run_main`, which applies them before anything else (before JAX allocates)."""
   import ast
   import subprocess
   import sys
@@ -158,4 +158,7 @@ def test_entry_points_keep_freed_memory_for_reuse():
     module, func = target.split(":")
     tree = ast.parse(open(os.path.join(repo, *module.split(".")) + ".py").read())
     run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func)
-    assert ast.unparse(run.body[0]) == "memory.reuse_freed_memory()", target
+    assert ast.unparse(run.body[0]).startswith("cli.run_main(main"), target
+  tree = ast.parse(open(os.path.join(repo, "elmo_jax", "cli", "__init__.py")).read())
+  run_main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_main")
+  assert ast.unparse(run_main.body[1]) == "memory.reuse_freed_memory()"  # body[0] is the docstring

@@ -1,6 +1,11 @@
 """Command-line entry points (console scripts `elmo-jax-train`, `elmo-jax-evaluate`, `elmo-jax-embed`).
 The top-level `train.py` / `evaluate.py` and `python -m elmo_jax.embed` are thin wrappers around these."""
 import os
+from typing import Callable
+
+from absl import app
+
+from elmo_jax import memory
 
 
 def default_config(name: str = "default") -> str:
@@ -11,3 +16,12 @@ def default_config(name: str = "default") -> str:
   tree = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                       "configs", f"{name}.py")
   return tree if os.path.exists(tree) else local
+
+
+def run_main(main: Callable, define_flags: Callable[[], None] | None = None) -> None:
+  """Every command's start: glibc keeps freed memory for XLA's buffers (first, before JAX allocates; see
+  elmo_jax/memory.py), then the command's flags where it defines them only when run, then absl."""
+  memory.reuse_freed_memory()
+  if define_flags is not None:
+    define_flags()
+  app.run(main)

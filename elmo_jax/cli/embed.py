@@ -10,9 +10,9 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from elmo_jax import cli
 from elmo_jax import devices
 from elmo_jax import embed
-from elmo_jax import memory
 from elmo_jax import options as options_lib
 from elmo_jax import progress as progress_lib
 from elmo_jax import token_cache
@@ -145,9 +145,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-  memory.reuse_freed_memory()  # before JAX allocates: see elmo_jax/memory.py
-  define_flags()
-  app.run(main)
+  cli.run_main(main, define_flags)
 
 
 if __name__ == "__main__":

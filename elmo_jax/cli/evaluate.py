@@ -22,9 +22,9 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from elmo_jax import memory
+from elmo_jax import cli
 from elmo_jax import progress
 from elmo_jax.evaluation import readers
 from elmo_jax.options import OptionsError
@@ -218,8 +218,7 @@ def _announce() -> None:
 
 
 def run() -> None:
-  memory.reuse_freed_memory()  # before JAX allocates: see elmo_jax/memory.py
-  app.run(main)
+  cli.run_main(main)
 
 
 if __name__ == "__main__":

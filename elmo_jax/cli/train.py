@@ -15,7 +15,6 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from elmo_jax import cli
-from elmo_jax import memory
 from elmo_jax import progress
 from elmo_jax.training import distributed
 from elmo_jax.training.config import unknown_override_error
@@ -105,9 +104,7 @@ def _exit_without_finalization() -> None:
 
 
 def run() -> None:
-  memory.reuse_freed_memory()  # before JAX allocates: see elmo_jax/memory.py
-  define_flags()
-  app.run(main)
+  cli.run_main(main, define_flags)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,9 @@ import os
 import sys
 from typing import Sequence
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from elmo_jax import files, memory, progress
+from elmo_jax import cli, files, progress
 from elmo_jax.downstream import data as data_lib
 from elmo_jax.evaluation import readers
 from elmo_jax.options import OptionsError
@@ -136,8 +136,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def run() -> None:
-  memory.reuse_freed_memory()  # before JAX allocates: see elmo_jax/memory.py
-  app.run(main)
+  cli.run_main(main)
 
 
 if __name__ == "__main__":
