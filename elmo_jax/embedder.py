@@ -167,7 +167,6 @@ class _Prepared:
   mask: np.ndarray
   chunks: list[np.ndarray]  # [_CNN_ROWS, width]: char ids of the tokens not yet in the token table
   dests: list[np.ndarray]  # [_CNN_ROWS] each: their table rows (out of range for padding: dropped)
-  capacity: int  # table rows the batch needs (`positions` index them)
 
 
 class Embedder:
@@ -290,7 +289,7 @@ class Embedder:
     chunks, dests = _width_chunks(ids, row[new], self._max_width)
     if len(row):
       positions = row[positions]  # padded slots point at some token; the mask zeroes them in the biLM
-    return _Prepared(n, positions, mask, chunks, dests, self._token_rows.capacity)
+    return _Prepared(n, positions, mask, chunks, dests)
 
   def _launch(self, prepared: _Prepared) -> jax.Array:
     """Dispatches a prepared batch (asynchronously); returns the device array of its layers."""
@@ -305,10 +304,11 @@ class Embedder:
     return np.asarray(layers)[:prepared.n]
 
   def _token_embeddings(self, prepared: _Prepared) -> jax.Array:
-    """The batch's char-CNN outputs `[rows, time, P]`, on device: new tokens into the table, then a gather."""
-    if self._table.shape[0] < prepared.capacity:  # grown for a batch of more new tokens than it held
-      self._table = jnp.concatenate([self._table, jnp.zeros(
-          (prepared.capacity - self._table.shape[0], self._table.shape[1]), self._table.dtype)])
+    """The batch's char-CNN outputs `[rows, time, P]`, on device: new tokens into the table, then a gather.
+    Runs right after the batch's `_prepare` (whose row assignment it writes), as `iter_batches` does."""
+    grow = self._token_rows.capacity - self._table.shape[0]
+    if grow > 0:  # first use, or a batch with more new tokens than the table held
+      self._table = jnp.concatenate([self._table, jnp.zeros((grow, self._table.shape[1]), self._table.dtype)])
     for chunk, dest in zip(prepared.chunks, prepared.dests):
       self._table = _cnn_into(self.model, self.params, self._table, chunk, dest)
     return _gather(self._table, prepared.positions)
