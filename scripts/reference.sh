@@ -55,7 +55,7 @@ done
 python -m elmo_jax.downstream.table "$DS"/pos-*-s* "$DS"/sentiment-{none,frozen,finetune}-s* --output="$DS/summary"
 
 # --- sentiment extras ------------------------------------------------------------------------------------
-TUNED=$(dirname "$RUN")/ref_sentdom; TEXT=$TUNED-text
+TUNED=${RUN}_sentdom; TEXT=$TUNED-text  # named after RUN: another RUN must not reuse this one's adapted biLM
 if [[ ! -f $TEXT/test.txt.gz ]]; then
   mkdir -p "$TEXT"
   for pair in train:train dev:valid test:test; do  # the sentences of the TSV (label<TAB>text), no labels
