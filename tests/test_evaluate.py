@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import evaluate
-from elmo_jax.evaluation import features, plots, probes, readers, tasks, wsd
+from elmo_jax.evaluation import features, plots, probes, readers, report, tasks, wsd
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = probes.ProbeConfig(max_epochs=25, patience=4)
@@ -137,6 +137,14 @@ def test_wsd_known_answer_and_ties(tmp_path):
   assert res["layer_0"] == 0.0 and res["layer_0_ties"] == 1.0  # one vector per type
   assert res["layer_0_excluding_ties"] is None
   assert res["layer_1"] == 1.0 and res["layer_1_ties"] == 0.0  # context separates
+  assert res["layer_1_answerable"] == 1.0
+  # A sense with one example cannot be right under leave-one-out: it lowers layer_k, not the answerable score.
+  lone = readers.read_wsd(write(tmp_path / "w1.tsv", wsd_tsv() + "bank\tnoun\tbank%tilt\t0\tbank the plane\n"))
+  feats1 = features.target_features(emb, [r.tokens for r in lone], [r.token_index for r in lone])
+  res1 = wsd.nearest_neighbour(lone, feats1)
+  assert res1["n"] == 7 and res1["n_answerable"] == 6
+  assert res1["layer_1"] == pytest.approx(6 / 7) and res1["layer_1_answerable"] == 1.0
+  assert "answerable rows: trained" in report.table({"trained": res1, "untrained": res})
   # Centroids from the same rows: the contextual layer picks the right sense.
   cent = wsd.sense_centroids(rows, feats, rows, feats)
   assert cent["layer_1"] == 1.0 and cent["layer_0_ties"] == 1.0

@@ -15,9 +15,12 @@ def table(result: dict[str, Any]) -> str:
   """Markdown table: one row per layer (+ mix), trained vs untrained columns."""
   trained, untrained = result["trained"], result.get("untrained", {})
   has_ties = any(k.endswith("_ties") for k in trained)
+  has_answerable = any(k.endswith("_answerable") for k in trained)
   head = ["", "trained", "untrained"]
   if has_ties:
     head += ["ties (trained)", "ties (untrained)"]
+  if has_answerable:
+    head += ["answerable rows: trained", "answerable rows: untrained"]
   if trained.get("mix_weights"):
     head += ["mix weight (trained)", "mix weight (untrained)"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -25,12 +28,17 @@ def table(result: dict[str, Any]) -> str:
     row = [key, _fmt(trained.get(key)), _fmt(untrained.get(key))]
     if has_ties:
       row += [_fmt(trained.get(f"{key}_ties")), _fmt(untrained.get(f"{key}_ties"))]
+    if has_answerable:
+      row += [_fmt(trained.get(f"{key}_answerable")), _fmt(untrained.get(f"{key}_answerable"))]
     if trained.get("mix_weights"):
       i = int(key[6:]) if key.startswith("layer_") else None
       pick = lambda r: r.get("mix_weights")[i] if i is not None and r.get("mix_weights") else None  # noqa: E731
       row += [_fmt(pick(trained)), _fmt(pick(untrained))]
     lines.append("| " + " | ".join(row) + " |")
   lines.append(f"\nn = {trained.get('n')} examples scored")
+  if has_answerable:
+    lines[-1] += (f"; {trained.get('n_answerable')} answerable (their sense has another example in the "
+                  "group; the others cannot be right under leave-one-out)")
   majority = result.get("data", {}).get("majority_baseline")
   if majority is not None:
     lines[-1] += f"; majority-class baseline {majority:.3f}"

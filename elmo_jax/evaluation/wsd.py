@@ -75,7 +75,9 @@ def nearest_neighbour(examples: Sequence[WsdExample], features: np.ndarray
 
   Returns:
     {"layer_k": acc, "layer_k_ties": share, "layer_k_excluding_ties": acc,
-     "n": occurrences scored, "n_groups": groups, "mix": None, "mix_weights": None}.
+     "layer_k_answerable": correct / n_answerable, "n": occurrences scored,
+     "n_groups": groups, "n_answerable": rows whose sense has another example in the group,
+     "mix": None, "mix_weights": None}.
   """
   groups = eligible_groups(examples)
   n_layers = features.shape[1]
@@ -92,10 +94,15 @@ def nearest_neighbour(examples: Sequence[WsdExample], features: np.ndarray
   out = _summarise(outcomes)
   out["n_groups"] = len(groups)
   # Occurrences whose sense occurs again in the group: the only ones a perfect
-  # representation could get right (many WordNet senses have one example).
-  out["n_answerable"] = sum(
+  # representation could get right (many WordNet senses have one example), so
+  # layer_k_answerable = correct / n_answerable is the score on a 0-1 scale.
+  n_answerable = sum(
       sum(1 for i in rows if sum(examples[j].sense == examples[i].sense for j in rows) > 1)
       for rows in groups.values())
+  out["n_answerable"] = n_answerable
+  for layer, verdicts in enumerate(outcomes):
+    out[f"layer_{layer}_answerable"] = (verdicts.count("correct") / n_answerable
+                                        if n_answerable else None)
   return out
 
 
