@@ -56,7 +56,9 @@ def perplexity_bars(ax, results: dict[str, dict[str, Any]]) -> None:
     ax.bar_label(ax.bar(x + offset, vals, width=0.27, label=key.replace("_ppl", "").replace("ppl_", ""),
                         color=colour), fmt="%.0f", fontsize=7)
   ax.set_yscale("log")
-  ax.set_xticks(x, names, fontsize=8)
+  # Path-like names of more than a few groups overlap unless slanted.
+  slant = {"rotation": 20, "ha": "right"} if len(names) > 4 else {}
+  ax.set_xticks(x, names, fontsize=8, **slant)
   ax.set_ylabel("perplexity")
   ax.set_title("biLM perplexity vs unigram")
   ax.legend(fontsize=8)
