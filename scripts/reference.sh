@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The reference experiment (README "Reference run"): seed 003's experiment at the scale of a 2-core CPU.
-#   1. trains configs/reference.py on data/pd-mix into RUN (about an hour; skipped when RUN/export exists),
+#   1. trains CONFIG (configs/reference.py: data/pd-mix, about 45 min on 2 CPU cores) into RUN (skipped when
+#      RUN/export exists),
 #   2. perplexity in domain (data/pd-mix/test) and out of domain (WIKI_DIR/test.txt.gz), + unigram,
 #   3. per-layer probes (POS, WSD, sentiment), trained biLM vs its untrained twin,
 #   4. task models: --elmo=none vs frozen (SEEDS) vs finetune (FINETUNE_SEEDS) on POS and sentiment,
@@ -12,7 +13,12 @@
 #
 # PROBE_DIR holds pos/{train,dev,test}.conll, sentiment/{train,dev,test}.tsv and wsd/wsd.tsv (research data:
 # never shipped); WIKI_DIR holds test.txt.gz of the out-of-domain corpus. Every step whose output exists
-# is skipped, so an interrupted run continues. Environment: RUN (runs/reference), SEEDS ("0 1 2"),
+# is skipped, so an interrupted run continues. Environment: RUN (runs/reference), CONFIG
+# (configs/reference.py) and TRAIN_FLAGS (extra --config.key=value flags of the biLM's training; step 5's
+# adaptation takes them too, then its own data, steps and optimizer), which repeat the experiment with a
+# larger biLM on an accelerator, e.g.
+#   TRAIN_FLAGS="--config.options.lstm.dim=2048 --config.options.lstm.projection_dim=256 --config.num_train_steps=50000"
+# SEEDS ("0 1 2"),
 # FINETUNE_SEEDS ("0"), POS_TRAIN_SENTENCES (4000: a seeded subset keeps a POS run to minutes on a CPU),
 # FINETUNE_EPOCHS (4), FINETUNE_LR (1e-4: the biLM's rate when fine-tuned).
 set -euo pipefail
@@ -23,10 +29,11 @@ if [[ -z "$PROBES" || ! -d "$PROBES/pos" || -z "$WIKI" || ! -f "$WIKI/test.txt.g
 fi
 source "$(dirname "$0")/env.sh"
 RUN=${RUN:-runs/reference}
+CONFIG=${CONFIG:-configs/reference.py}; read -r -a TRAIN_FLAGS <<< "${TRAIN_FLAGS:-}"
 SEEDS=${SEEDS:-0 1 2}; FINETUNE_SEEDS=${FINETUNE_SEEDS:-0}
 DS=$RUN/downstream
 
-[[ -f $RUN/export/weights.hdf5 ]] || python train.py --config=configs/reference.py --workdir="$RUN"
+[[ -f $RUN/export/weights.hdf5 ]] || python train.py --config="$CONFIG" --workdir="$RUN" "${TRAIN_FLAGS[@]}"
 [[ -f $RUN/eval/report.md ]] || python evaluate.py --task=all --workdir="$RUN" --probe_data_dir="$PROBES" \
     --text_file=data/pd-mix/test.txt.gz --output_dir="$RUN/eval" --noprogress
 [[ -f $RUN/eval-wiki/perplexity.json ]] || python evaluate.py --task=perplexity --workdir="$RUN" \
@@ -66,9 +73,13 @@ for t in test; do
   [[ -f $TUNED-before/$t/perplexity.json ]] || python evaluate.py --task=perplexity --workdir="$RUN" \
       --text_file="$TEXT/$t.txt.gz" --output_dir="$TUNED-before/$t" --noprogress
 done
-[[ -f $TUNED/export/weights.hdf5 ]] || python train.py --config=configs/reference.py --workdir="$TUNED" \
+# RUN's shape (CONFIG + TRAIN_FLAGS), then one recipe whatever trained RUN: 250 Adam steps of 64 x 20 tokens
+# (~2 epochs) of the raw reviews. The later flag wins.
+[[ -f $TUNED/export/weights.hdf5 ]] || python train.py --config="$CONFIG" --workdir="$TUNED" "${TRAIN_FLAGS[@]}" \
     --config.init_from="$RUN" --config.data.train_files="$TEXT/train.txt.gz" \
     --config.data.eval_files="$TEXT/valid.txt.gz" --config.data.vocab_file="$RUN/vocab.txt" \
+    --config.data.tfds_name= --config.data.prepared_dir= --config.data.prepared_eval_dir= \
+    --config.data.pretokenized=false --config.batch_size=64 --config.optimizer=adam \
     --config.num_train_steps=250 --config.learning_rate=1e-3 --config.warmup_steps=20 \
     --config.eval_every_steps=250 --config.checkpoint_every_steps=250
 [[ -f $TUNED/eval/test/perplexity.json ]] || python evaluate.py --task=perplexity --workdir="$TUNED" \

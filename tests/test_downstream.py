@@ -216,12 +216,17 @@ def test_cli_runs_and_tables(task_dir, tmp_path):
   runs = []
   for elmo, seed in (("none", 0), ("frozen", 0), ("frozen", 1)):
     out = str(tmp_path / f"sent-{elmo}-{seed}")
+    cap = ["--max_train_sentences=40"] if elmo == "none" else []  # of 48
     p = _cli("elmo_jax.downstream", "--task=sentiment", f"--elmo={elmo}", f"--bilm={FIXTURE_DIR}",
              f"--data_dir={task_dir}", f"--workdir={out}", f"--seed={seed}", "--num_epochs=2", "--hidden=8",
-             f"--layer_cache_dir={tmp_path / 'layers'}")
+             f"--layer_cache_dir={tmp_path / 'layers'}", *cap)
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.load(open(os.path.join(out, "results.json")))
     assert r["elmo"] == elmo and r["seed"] == seed and os.path.exists(os.path.join(out, "dev_curve.png"))
+    # The progress line says what is trained on, as results.json does.
+    n_train = 40 if cap else 48
+    assert r["data"]["train"]["sentences"] == n_train
+    assert (f"train {n_train} of 48 sentences (--max_train_sentences)" if cap else "train 48 sentences") in p.stderr
     if elmo == "frozen":
       from elmo_jax import files
       assert r["bilm"]["weights_sha256"] == files.sha256_file(os.path.join(FIXTURE_DIR, "lm_weights.hdf5"))
