@@ -123,8 +123,9 @@ def main(argv: Sequence[str]) -> None:
     from elmo_jax.downstream import train  # pylint: disable=g-import-not-at-top  (imports jax)
     bilm = train.load_bilm(cfg.bilm, cfg.bilm_init, cfg.seed) if cfg.elmo != "none" else None
     sizes = {name: f"{len(s.tokens)} sentences" for name, s in splits.items()}
-    if cfg.max_train_sentences and cfg.max_train_sentences < len(splits["train"].tokens):
-      sizes["train"] = f"{cfg.max_train_sentences} of {sizes['train']} (--max_train_sentences)"
+    kept = data_lib.subsample_size(len(splits["train"].tokens), cfg.max_train_sentences)
+    if kept < len(splits["train"].tokens):
+      sizes["train"] = f"{kept} of {sizes['train']} (--max_train_sentences)"
     print(f"{cfg.task} elmo={cfg.elmo} seed={cfg.seed}: " + ", ".join(
         f"{name} {size}" for name, size in sizes.items()), file=sys.stderr)
     results = train.run(cfg, splits, bilm, on_epoch=lambda row: print(

@@ -94,9 +94,14 @@ def hold_out(train: Split, fraction: float, seed: int = 0) -> tuple[Split, Split
                 pick(train.lines, True)))
 
 
+def subsample_size(total: int, n: int | None) -> int:
+  """How many of `total` sentences `subsample(split, n, ...)` keeps."""
+  return total if not n or n >= total else n
+
+
 def subsample(split: Split, n: int | None, seed: int) -> Split:
   """A seeded random `n` sentences of `split`, kept in file order (all when n is None or larger)."""
-  if not n or n >= len(split.tokens):
+  if subsample_size(len(split.tokens), n) == len(split.tokens):
     return split
   keep = np.sort(np.random.default_rng(seed).choice(len(split.tokens), n, replace=False))
   return dataclasses.replace(split, tokens=[split.tokens[i] for i in keep],
