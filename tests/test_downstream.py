@@ -258,6 +258,10 @@ def _run_notebook(results_dir) -> None:
   os.makedirs(results_dir / "eval")
   for task, acc in (("pos", 0.8), ("wsd", 0.1), ("sentiment", 0.6)):
     (results_dir / "eval" / f"{task}.json").write_text(json.dumps(probe(acc)))
+  # An older run kept below the folder (as results/reference/steps_5000/): its name sorts first, yet the
+  # folder's own eval/ is the one drawn.
+  os.makedirs(results_dir / "a_older_run" / "eval")
+  (results_dir / "a_older_run" / "eval" / "pos.json").write_text(json.dumps(probe(0.5)))
   (results_dir / "perplexity_pd-mix.json").write_text(json.dumps(
       {"ppl_forward": 120.0, "ppl_backward": 130.0, "ppl": 125.0, "unigram_ppl": 900.0}))
   prefix = str(results_dir / "jupyter")
@@ -282,3 +286,4 @@ def _run_notebook(results_dir) -> None:
   assert len(images) == 3, [o.get("output_type") for o in outputs]  # settings bars, probes, perplexity
   text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
   assert "| sentiment | frozen |" in text
+  assert "pos: eval/pos.json" in text and "a_older_run" not in text
