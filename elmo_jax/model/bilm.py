@@ -17,6 +17,7 @@ from flax import linen as nn
 from elmo_jax import chars
 from elmo_jax.model.char_cnn import CharCNN
 from elmo_jax.model.config import BiLMConfig
+from elmo_jax.model.dropout import Dropout, Rows
 from elmo_jax.model.lstm import BiLSTMStack, LSTMState
 
 
@@ -59,7 +60,7 @@ class BiLM(nn.Module):
     cfg = self.config
     self.char_cnn = CharCNN(cfg, dtype=self.dtype)
     self.lstm = BiLSTMStack(cfg, self.dropout_rate, self.dtype, self.unroll)
-    self.output_dropout = nn.Dropout(self.dropout_rate)
+    self.output_dropout = Dropout(self.dropout_rate)
 
   def embed_tokens(self, char_ids: jax.Array) -> jax.Array:
     """Context-independent token embeddings: `[..., max_chars]` -> `[..., P]` (0 where no token)."""
@@ -117,7 +118,7 @@ class BiLM(nn.Module):
 
   def lm_windows(self, fwd_char_ids: jax.Array | None, bwd_char_ids: jax.Array | None, state: LSTMState | None = None,
          deterministic: bool = True, *, token_chars: jax.Array | None = None, fwd_index: jax.Array | None = None,
-         bwd_index: jax.Array | None = None) -> tuple[jax.Array, jax.Array, LSTMState]:
+         bwd_index: jax.Array | None = None, rows: Rows = None) -> tuple[jax.Array, jax.Array, LSTMState]:
     """Training path over windows that already hold `<S>`/`</S>` (bilm-tf's training graph).
 
     Args:
@@ -127,6 +128,8 @@ class BiLM(nn.Module):
       fwd_index, bwd_index: [batch, unroll] indices into the table of the row's shard (rows split into
         n_shards consecutive chunks); 0 = padding.
       state: LSTMState carried from the previous window (truncated BPTT) or None.
+      rows: (first row, global rows) when these rows are one device's shard of a global batch: dropout
+        masks are those of the global batch, so they do not depend on the number of devices.
     Returns:
       top-layer outputs forward [batch, unroll, P] and backward [batch, unroll, P] (dropout applied while
       training, as bilm-tf does before the softmax), and the final LSTMState.
@@ -139,10 +142,10 @@ class BiLM(nn.Module):
       fwd_emb, bwd_emb = jnp.split(both, 2, axis=0)
       fwd_mask = jnp.any(fwd_char_ids > 0, axis=-1)
       bwd_mask = jnp.any(bwd_char_ids > 0, axis=-1)
-    outputs, new_state = self.lstm(fwd_emb, bwd_emb, fwd_mask, bwd_mask, state, deterministic)
-    top = outputs[-1]
+    outputs, new_state = self.lstm(fwd_emb, bwd_emb, fwd_mask, bwd_mask, state, deterministic, rows=rows)
+    top = outputs[-1]  # [2, batch, time, P]
     if self.dropout_rate > 0.0:
-      top = self.output_dropout(top, deterministic=deterministic)
+      top = self.output_dropout(top, deterministic, rows, batch_axis=1)
     return top[0], top[1], new_state
 
   def _gather_embeddings(self, token_chars: jax.Array, fwd_index: jax.Array, bwd_index: jax.Array

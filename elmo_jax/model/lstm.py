@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from elmo_jax.model.config import BiLMConfig
+from elmo_jax.model.dropout import Dropout, Rows
 
 Dtype = Any
 FORGET_BIAS = 1.0
@@ -246,7 +247,8 @@ class BiLSTMStack(nn.Module):
 
   @nn.compact
   def __call__(self, fwd_x: jax.Array, bwd_x: jax.Array, fwd_mask: jax.Array, bwd_mask: jax.Array,
-               state: LSTMState | None = None, deterministic: bool = True, n_steps: jax.Array | None = None):
+               state: LSTMState | None = None, deterministic: bool = True, n_steps: jax.Array | None = None,
+               rows: Rows = None):
     """Runs both stacks, each over its own reading order.
 
     Args:
@@ -254,6 +256,8 @@ class BiLSTMStack(nn.Module):
       fwd_mask, bwd_mask: [batch, time] bool.
       state: initial LSTMState or None for zeros.
       n_steps: optional int scalar, all steps from it on are padding: skipped (inference, `lstm_steps`).
+      rows: where these batch rows sit in the global batch (a data-parallel shard): dropout draws the
+        global batch's masks (`dropout.Dropout`).
     Returns:
       outputs [n_layers, 2, batch, time, P] in reading order, and the final LSTMState.
     """
@@ -272,7 +276,7 @@ class BiLSTMStack(nn.Module):
       w, b, w_p = (jnp.stack(t) for t in zip(*weights))  # [2, ...]
       inp = x
       if self.dropout_rate > 0.0:
-        inp = nn.Dropout(self.dropout_rate)(inp, deterministic=deterministic)
+        inp = Dropout(self.dropout_rate)(inp, deterministic, rows, batch_axis=1)
       if n_steps is None:
         gx = input_gates(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype), b + forget)
         out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], cfg.cell_clip, cfg.proj_clip,

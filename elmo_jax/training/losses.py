@@ -60,16 +60,26 @@ def expected_count(ids: jax.Array, tries: jax.Array, vocab_size: int) -> jax.Arr
   return -jnp.expm1(tries.astype(jnp.float32) * jnp.log1p(-p))
 
 
+def take_rows(w: jax.Array, ids: jax.Array, dtype, shared: bool) -> jax.Array:
+  """Rows `w[ids]` [..., P] in the compute dtype (`shared`: the ids are the same on every device)."""
+  del shared
+  return w[ids].astype(dtype)
+
+
 def sampled_softmax_nll(h: jax.Array, targets: jax.Array, w: jax.Array, b: jax.Array, rng: jax.Array,
-                        num_sampled: int, dtype=jnp.float32, oversample: int = 4) -> jax.Array:
-  """Sampled-softmax NLL `[...]`; an unbiased-in-the-limit estimate of `full_softmax_nll`."""
-  vocab_size = w.shape[0]
+                        num_sampled: int, dtype=jnp.float32, oversample: int = 4, take=take_rows) -> jax.Array:
+  """Sampled-softmax NLL `[...]`; an unbiased-in-the-limit estimate of `full_softmax_nll`.
+
+  `take(w, ids, dtype, shared)` fetches softmax rows: `take_rows`, or the data-parallel step's when W is
+  split over the devices (`training/step.py`).
+  """
+  vocab_size = b.shape[0]
   sampled, tries, valid = sample_log_uniform_unique(rng, num_sampled, vocab_size, oversample)
   sampled = jax.lax.stop_gradient(sampled)
-  true_logit = jnp.einsum("...p,...p->...", h.astype(dtype), w[targets].astype(dtype),
+  true_logit = jnp.einsum("...p,...p->...", h.astype(dtype), take(w, targets, dtype, False),
                           preferred_element_type=jnp.float32) + b[targets]
   true_logit = true_logit - jnp.log(expected_count(targets, tries, vocab_size))
-  sampled_logits = _logits(h, w[sampled], b[sampled], dtype)
+  sampled_logits = _logits(h, take(w, sampled, dtype, True), b[sampled], dtype)
   sampled_logits = sampled_logits - jnp.log(expected_count(sampled, tries, vocab_size))
   hit = targets[..., None] == sampled
   sampled_logits = jnp.where(hit | ~valid, -1e30, sampled_logits)

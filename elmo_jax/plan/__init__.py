@@ -1,0 +1,211 @@
+"""Ahead-of-time planning: compile the real train (and eval) step for a target without its hardware.
+
+    python -m elmo_jax.plan --config=configs/lm1b.py --target=v5e:8x8 --per_device_batch=256
+
+`plan(config, target)` lowers and compiles `training.step.make_train_step` on abstract devices
+(`targets.make_target`) with abstract inputs (nothing is allocated, nothing runs) and reads the compiler's
+memory analysis and the optimized HLO (`hlo.Module`): per device, HBM against the chip's memory (FITS / DOES
+NOT FIT), matmul FLOPs with loop trip counts, collective bytes by kind and the largest collectives, kernel
+launches per LSTM loop (GPUs), and a roofline step time: the largest of compute at the chip's bf16 peak, HBM
+traffic at its bandwidth, collectives at its interconnect bandwidth and (GPUs) kernel launches.
+A compile that runs out of memory is a result (DOES NOT FIT with the compiler's numbers), not an error.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from elmo_jax.plan import hlo as hlo_lib
+from elmo_jax.plan import targets as targets_lib
+
+DEFAULT_ROWS = 128  # bilm-tf's batch per GPU
+
+
+def forward_flops_per_token(options: dict[str, Any], vocab: int, num_sampled: int,
+                            cnn_rows_per_token: float = 2.0) -> dict[str, float]:
+  """Matmul/conv FLOPs (2 per multiply-add) of one token position's forward pass, both directions.
+
+  `cnn_rows_per_token`: char-CNN rows per token position: 2 when both windows are embedded position by
+  position, less with token dedupe (distinct tokens per shard / positions).
+  """
+  cnn, lstm = options["char_cnn"], options["lstm"]
+  mc, cd = cnn["max_characters_per_token"], cnn["embedding"]["dim"]
+  nf = sum(n for _, n in cnn["filters"])
+  p, h = lstm["projection_dim"], lstm["dim"]
+  char = sum(2 * (mc - w + 1) * w * cd * n for w, n in cnn["filters"])
+  char += cnn.get("n_highway", 0) * 2 * (2 * nf * nf) + (2 * nf * p if nf != p else 0)
+  char *= cnn_rows_per_token
+  rnn = 2 * lstm["n_layers"] * (2 * (p + p) * 4 * h + 2 * h * p)
+  classes = (num_sampled + 1) if num_sampled and num_sampled < vocab else vocab
+  soft = 2 * 2 * p * classes
+  return {"char_cnn": float(char), "lstm": float(rnn), "softmax": float(soft), "total": float(char + rnn + soft)}
+
+
+def _memory(compiled) -> dict[str, int]:
+  m = compiled.memory_analysis()
+  return {"arguments": int(m.argument_size_in_bytes), "temporaries": int(m.temp_size_in_bytes),
+          "outputs": int(m.output_size_in_bytes), "aliased": int(m.alias_size_in_bytes)}
+
+
+def _out_of_memory(error: Exception) -> dict[str, Any] | None:
+  """The compiler's numbers from an out-of-memory compile error, or None if it is another error."""
+  text = str(error)
+  if "RESOURCE_EXHAUSTED" not in text and "exceeds available" not in text and "out of memory" not in text.lower():
+    return None
+  first = next((line for line in text.splitlines() if "exceed" in line or "RESOURCE_EXHAUSTED" in line), text)
+  used = re.search(r"\(([\d.]+)([GMK])\) exceeds available \w+ \(([\d.]+)([GMK])\)", text)
+  scale = {"G": 2**30, "M": 2**20, "K": 2**10}
+  out: dict[str, Any] = {"compiler_message": first.strip()[:500]}
+  if used:
+    out["temporaries"] = int(float(used.group(1)) * scale[used.group(2)])
+    out["capacity"] = int(float(used.group(3)) * scale[used.group(4)])
+  return out
+
+
+def abstract_inputs(config, model, optimizer, mesh, vocab: int, global_batch: int, table_size: int):
+  """(state, batch) as ShapeDtypeStructs with the trainer's shardings, and the state shardings."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+  create = lambda: step_lib.create_train_state(model, optimizer, vocab, global_batch, config.seed)
+  abstract = jax.eval_shape(create)
+  shardings = step_lib.state_shardings(abstract, mesh, bool(config.get("shard_softmax", False)))
+  state = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+  rows = step_lib.batch_sharding(mesh)
+  b, t, c = global_batch, config.unroll_steps, model.config.max_characters_per_token
+  spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
+  batch = {"fwd_targets": spec((b, t)), "bwd_targets": spec((b, t)), "weights": spec((b, t), jnp.float32)}
+  if config.get("dedupe_tokens", False):
+    batch.update(token_chars=spec((mesh.devices.size, table_size, c)), fwd_index=spec((b, t)), bwd_index=spec((b, t)))
+  else:
+    batch.update(fwd_chars=spec((b, t, c)), bwd_chars=spec((b, t, c)))
+  return state, batch, shardings
+
+
+def _analyse(text: str, target, tokens_per_device: int, launch_us: float) -> dict[str, Any]:
+  module = hlo_lib.Module(text)
+  flops = module.flops()
+  traffic = module.hbm_bytes()
+  collectives = module.collectives()
+  by_kind: dict[str, int] = {}
+  seconds = 0.0
+  for c in collectives:
+    by_kind[c["op"]] = by_kind.get(c["op"], 0) + c["bytes"] * c["count"]
+    seconds += c["count"] * targets_lib.collective_seconds(target, c["op"], c["bytes"], c["group_size"])
+  largest = sorted(collectives, key=lambda c: -c["bytes"])[:5]
+  chip = target.chip
+  terms = {"compute_s": flops / chip.peak_flops, "hbm_s": traffic / chip.hbm_bandwidth, "collectives_s": seconds}
+  loops = module.loops()
+  launches = module.launches()
+  if chip.platform == "cuda":
+    terms["launch_s"] = launches * launch_us * 1e-6
+  step_s = max(terms.values())
+  return {
+      "flops_per_device_per_step": flops, "flops_per_token": flops / max(tokens_per_device, 1),
+      "hbm_traffic_bytes_per_step": traffic,
+      "collective_bytes_per_device": by_kind,
+      "largest_collectives": [{k: c[k] for k in ("op", "dtype", "shape", "bytes", "count")} for c in largest],
+      "loops": loops, "kernel_launches_per_step": launches,
+      "roofline": {**terms, "step_s": step_s, "bound_by": max(terms, key=terms.get).removesuffix("_s"),
+                   "tokens_per_s_per_device": tokens_per_device / step_s if step_s else math.inf,
+                   "mfu_bound": terms["compute_s"] / step_s if step_s else 0.0},
+  }
+
+
+def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_size: int = 0,
+         table_size: int = 0, launch_us: float = targets_lib.LAUNCH_US, with_eval: bool = True,
+         dump_hlo: str = "") -> dict[str, Any]:
+  """Compiles the train step of `config` for `target_spec` at `per_device_batch` rows per device; a report.
+
+  `vocab_size`: 0 = config.data.vocab_max_size. `table_size`: deduped char-CNN table per device
+  (config.dedupe_tokens), 0 = half the positions of one window, bucketed as the trainer does.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.model import make_model  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+
+  target = targets_lib.make_target(target_spec)
+  n = target.n
+  rows = per_device_batch or config.batch_size // n
+  if rows <= 0 or (not per_device_batch and config.batch_size % n):
+    raise targets_lib.TargetError(f"config.batch_size={config.batch_size} does not split over {n} devices; "
+                                  "pass --per_device_batch")
+  global_batch = rows * n
+  options = options_lib.validate(config.options.to_dict(), "config.options")
+  vocab = int(vocab_size or config.data.vocab_max_size)
+  num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < vocab - 1 else 0
+  unroll = int(config.unroll_steps)
+  dedupe = bool(config.get("dedupe_tokens", False))
+  table = table_size or dedupe_lib.bucket_size(rows * unroll // 2 + 1, cap=2 * rows * unroll + 1)
+  model = make_model(options, dropout=config.dropout, dtype=config.dtype, unroll=config.get("scan_unroll", 1))
+  optimizer = step_lib.make_optimizer(config)
+  mesh = step_lib.make_mesh(target.devices)
+  state, batch, shardings = abstract_inputs(config, model, optimizer, mesh, vocab, global_batch, table)
+  tokens = rows * unroll
+  cnn_rows = table / tokens if dedupe else 2.0
+  analytic = forward_flops_per_token(options, vocab, num_sampled, cnn_rows)
+  report: dict[str, Any] = {
+      "target": target_spec, "chip": target.chip.name, "devices": n, "per_device_batch": rows,
+      "global_batch": global_batch, "unroll_steps": unroll, "tokens_per_device_per_step": tokens,
+      "vocab": vocab, "num_sampled": num_sampled, "dtype": config.dtype, "dedupe_table_size": table if dedupe else 0,
+      "shard_softmax": bool(config.get("shard_softmax", False)),
+      "analytic_train_flops_per_token": 3 * analytic["total"], "analytic_forward_flops_per_token": analytic,
+      "peak": {"bf16_flops": target.chip.peak_flops, "hbm_bytes_per_s": target.chip.hbm_bandwidth,
+               "collective_bytes_per_s": target.chip.collective_bandwidth,
+               "cross_host_bytes_per_s": target.chip.cross_host_bandwidth,
+               "launch_us": launch_us if target.chip.platform == "cuda" else None},
+  }
+  train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
+  capacity = int(target.hbm_bytes)
+  try:
+    compiled = train_step.lower(state, batch).compile()
+  except Exception as e:  # pylint: disable=broad-except
+    oom = _out_of_memory(e)
+    if oom is None:
+      raise
+    report.update(fits=False, hbm_bytes={"capacity": oom.pop("capacity", capacity), **oom})
+    return report
+  memory = _memory(compiled)
+  used = memory["arguments"] + memory["temporaries"] + memory["outputs"] - memory["aliased"]
+  report["hbm_bytes"] = {**memory, "total": used, "capacity": capacity}
+  report["fits"] = bool(capacity == 0 or used <= capacity)
+  text = compiled.as_text()
+  if dump_hlo:
+    with open(dump_hlo, "w") as f:
+      f.write(text)
+  report.update(_analyse(text, target, tokens, launch_us))
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+  report["compiler_flops_loops_once"] = float(cost["flops"]) if cost and "flops" in cost else None
+  steps, config_tokens = int(config.num_train_steps), int(config.num_train_steps) * config.batch_size * unroll
+  rate = report["roofline"]["tokens_per_s_per_device"] * n
+  report["config_train_tokens"] = config_tokens
+  report["config_train_hours"] = config_tokens / rate / 3600 if rate else None
+  del steps
+  if with_eval:
+    eval_step = step_lib.make_eval_step(model, mesh, shardings.params)
+    try:
+      eval_compiled = eval_step.lower(state.params, state.lstm_state, batch).compile()
+      eval_memory = _memory(eval_compiled)
+      eval_used = eval_memory["arguments"] + eval_memory["temporaries"] + eval_memory["outputs"] - eval_memory["aliased"]
+      eval_text = eval_compiled.as_text()
+      module = hlo_lib.Module(eval_text)
+      report["eval"] = {"fits": bool(capacity == 0 or eval_used <= capacity), "hbm_bytes": {**eval_memory, "total": eval_used},
+                        "flops_per_device_per_step": module.flops(),
+                        "collective_bytes_per_device": _by_kind(module.collectives())}
+    except Exception as e:  # pylint: disable=broad-except
+      oom = _out_of_memory(e)
+      if oom is None:
+        raise
+      report["eval"] = {"fits": False, "hbm_bytes": oom}
+  return report
+
+
+def _by_kind(collectives: list[dict]) -> dict[str, int]:
+  out: dict[str, int] = {}
+  for c in collectives:
+    out[c["op"]] = out.get(c["op"], 0) + c["bytes"] * c["count"]
+  return out

@@ -1,0 +1,346 @@
+"""Reads an optimized, SPMD-partitioned HLO module (`compiled.as_text()`): per-device work with loop trip counts.
+
+XLA's cost analysis counts a `while` body once, however many times it runs (our LSTM scans run `unroll_steps`
+times), and on GPU `compiled.cost_analysis()` is None. So the planner reads the HLO text itself, which is the
+same on every backend: computations, their instructions with shapes, and how they call each other
+(fusions, while bodies with their trip counts, calls). From it:
+
+  * `flops`: matmul and convolution FLOPs (2 x multiply-adds; TPU writes dots as `convolution`, GPU as
+    cuBLAS custom calls), each loop body times its trip count. Elementwise work is not counted (the MFU
+    convention).
+  * `hbm_bytes`: bytes each kernel reads and writes (operands + results of every top-level instruction of
+    the entry, loop bodies and calls; a fusion's operand that it only slices counts the slice, an in-place
+    dynamic-update-slice counts the update), times trip counts. An estimate of HBM traffic, not a measurement.
+  * `collectives`: every all-reduce / all-gather / reduce-scatter / all-to-all / collective-permute with its
+    per-device result bytes, times trip counts.
+  * `loops`: each while loop's trip count and the kernels (top-level instructions that launch work) in its
+    body: on a GPU each is a launch per iteration.
+
+Everything here is text processing of the module the compiler produced; nothing is compiled or run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from typing import Iterator
+
+DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2,
+               "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+               "c128": 16}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# Instructions that move no data and launch nothing.
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
+         "replica-id", "opt-barrier", "add-dependency", "iota", "while", "call", "conditional", "domain"}
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9][a-z]*)?)\[([0-9,]*)\]")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+
+
+@dataclasses.dataclass
+class Instr:
+  name: str
+  shape: str  # result type text, e.g. "f32[128,512]{1,0}" or a tuple "(s32[], bf16[...])"
+  op: str
+  operands: list[str]
+  args: str  # the text inside the parentheses: operands, or a parameter's index / a constant's value
+  attrs: str  # everything after the operand list
+  root: bool = False
+
+
+@dataclasses.dataclass
+class Computation:
+  name: str
+  instrs: list[Instr]
+  entry: bool = False
+
+  def __post_init__(self):
+    self.by_name = {i.name: i for i in self.instrs}
+
+
+def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+  """The (dtype, dims) of every array in a type text (a tuple lists several)."""
+  out = []
+  for dtype, dims in _ARRAY.findall(shape):
+    if dtype in DTYPE_BYTES:
+      out.append((dtype, tuple(int(d) for d in dims.split(",") if d)))
+  return out
+
+
+def nbytes(shape: str) -> int:
+  return int(sum(math.prod(d) * DTYPE_BYTES[t] for t, d in arrays(shape)))
+
+
+def _balanced(text: str, start: int) -> int:
+  """Index just past the bracket group opening at text[start] ('(' or '{')."""
+  pairs = {"(": ")", "{": "}", "[": "]"}
+  stack = []
+  for i in range(start, len(text)):
+    c = text[i]
+    if c in pairs:
+      stack.append(pairs[c])
+    elif stack and c == stack[-1]:
+      stack.pop()
+      if not stack:
+        return i + 1
+  return len(text)
+
+
+def _parse_instr(line: str) -> Instr | None:
+  m = _INSTR.match(line)
+  if not m:
+    return None
+  rest = line[m.end():]
+  end = _balanced(rest, 0) if rest.startswith("(") else rest.find(" ")  # a tuple, or dims{layout}
+  shape, rest = rest[:end], rest[end:].lstrip()
+  op_end = rest.find("(")
+  if op_end < 0:
+    return None
+  op = rest[:op_end].strip()
+  close = _balanced(rest, op_end)
+  operands = re.findall(r"%([\w.\-]+)", rest[op_end:close])
+  return Instr(m.group(2), shape, op, operands, rest[op_end + 1:close - 1], rest[close:], bool(m.group(1)))
+
+
+def parse_module(text: str) -> dict[str, Computation]:
+  """Computation name -> Computation of an HLO module's text."""
+  comps: dict[str, Computation] = {}
+  current: list[Instr] | None = None
+  name, entry = "", False
+  for line in text.splitlines():
+    if current is None:
+      m = _HEADER.match(line)
+      if m:
+        current, name, entry = [], m.group(2), bool(m.group(1))
+      continue
+    if line.strip() == "}":
+      comps[name] = Computation(name, current, entry)
+      current = None
+      continue
+    instr = _parse_instr(line)
+    if instr is not None:
+      current.append(instr)
+  return comps
+
+
+def _attr(attrs: str, key: str) -> str | None:
+  m = re.search(rf"\b{key}=([%\w.\-]+)", attrs)
+  return m.group(1).lstrip("%") if m else None
+
+
+def _braced_ints(attrs: str, key: str) -> list[int]:
+  m = re.search(rf"\b{key}=\{{([0-9,]*)\}}", attrs)
+  return [int(x) for x in m.group(1).split(",") if x] if m else []
+
+
+def _backend_config(attrs: str) -> dict:
+  i = attrs.find("backend_config=")
+  if i < 0:
+    return {}
+  j = i + len("backend_config=")
+  if j < len(attrs) and attrs[j] == "{":
+    try:
+      return json.loads(attrs[j:_balanced(attrs, j)])
+    except ValueError:
+      return {}
+  return {}
+
+
+class Module:
+  """An optimized HLO module, with the call graph walked once."""
+
+  def __init__(self, text: str):
+    self.comps = parse_module(text)
+    entries = [c for c in self.comps.values() if c.entry]
+    if not entries:
+      raise ValueError("no ENTRY computation in the HLO text")
+    self.entry = entries[0]
+
+  # --- shapes -------------------------------------------------------------------------------------------
+  def _operand_shape(self, comp: Computation, instr: Instr, k: int) -> str:
+    if k >= len(instr.operands):
+      return ""
+    other = comp.by_name.get(instr.operands[k])
+    return other.shape if other is not None else ""
+
+  # --- loops --------------------------------------------------------------------------------------------
+  def trip_count(self, instr: Instr) -> int:
+    """A while loop's trip count: the compiler's `known_trip_count`, else `i < N` in its condition."""
+    known = _backend_config(instr.attrs).get("known_trip_count", {}).get("n")
+    if known is not None:
+      return int(known)
+    cond = self.comps.get(_attr(instr.attrs, "condition") or "")
+    if cond is not None:
+      root = next((i for i in cond.instrs if i.root), None)
+      if root is not None and root.op == "compare" and "direction=LT" in root.attrs:
+        for operand in root.operands:  # JAX's loops count from 0 in steps of 1
+          c = cond.by_name.get(operand)
+          if c is not None and c.op == "constant" and c.args.strip().lstrip("-").isdigit():
+            return int(c.args)
+    return 1
+
+  def walk(self, comp: Computation | None = None, times: int = 1, fused: bool = False
+           ) -> Iterator[tuple[Computation, Instr, int, bool]]:
+    """(computation, instruction, executions per step, inside a fusion) for every instruction reachable."""
+    comp = comp or self.entry
+    for instr in comp.instrs:
+      yield comp, instr, times, fused
+      if instr.op == "while":
+        n = self.trip_count(instr)
+        for key in ("body", "condition"):
+          callee = self.comps.get(_attr(instr.attrs, key) or "")
+          if callee is not None:
+            yield from self.walk(callee, times * n, fused)
+      elif instr.op in ("fusion", "call", "async-start") or instr.op.endswith("-start") and "calls=" in instr.attrs:
+        callee = self.comps.get(_attr(instr.attrs, "calls") or _attr(instr.attrs, "to_apply") or "")
+        if callee is not None:
+          yield from self.walk(callee, times, fused or instr.op == "fusion")
+      elif instr.op == "conditional":
+        m = re.search(r"branch_computations=\{([^}]*)\}", instr.attrs)
+        for name in re.findall(r"%?([\w.\-]+)", m.group(1)) if m else []:
+          if name in self.comps:
+            yield from self.walk(self.comps[name], times, fused)
+
+  # --- FLOPs --------------------------------------------------------------------------------------------
+  def instr_flops(self, comp: Computation, instr: Instr) -> float:
+    """2 x multiply-adds of a dot, convolution or library matmul/conv call; 0 for anything else."""
+    op = instr.op
+    if op == "dot":
+      out = arrays(instr.shape)
+      lhs = arrays(self._operand_shape(comp, instr, 0))
+      if not out or not lhs:
+        return 0.0
+      k = math.prod(lhs[0][1][d] for d in _braced_ints(instr.attrs, "lhs_contracting_dims"))
+      return 2.0 * math.prod(out[0][1]) * k
+    if op == "convolution":
+      return self._conv_flops(instr.attrs, arrays(instr.shape), arrays(self._operand_shape(comp, instr, 1)))
+    if op == "custom-call":
+      target = re.search(r'custom_call_target="([^"]+)"', instr.attrs)
+      target = target.group(1) if target else ""
+      out = arrays(instr.shape)
+      if "gemm" in target or "matmul" in target:
+        dims = _backend_config(instr.attrs).get("gemm_backend_config", {}).get("dot_dimension_numbers", {})
+        lhs = arrays(self._operand_shape(comp, instr, 0))
+        if not out or not lhs:
+          return 0.0
+        k = math.prod(lhs[0][1][int(d)] for d in dims.get("lhs_contracting_dimensions", []))
+        return 2.0 * math.prod(out[0][1]) * k
+      if "conv" in target:
+        a, b = arrays(self._operand_shape(comp, instr, 0)), arrays(self._operand_shape(comp, instr, 1))
+        if "BackwardFilter" in target:  # (input, d_output) -> filter
+          return self._conv_flops(instr.attrs, b, out)
+        if "BackwardInput" in target:  # (d_output, filter) -> d_input
+          return self._conv_flops(instr.attrs, a, b)
+        return self._conv_flops(instr.attrs, out, b)
+    return 0.0
+
+  @staticmethod
+  def _conv_flops(attrs: str, out, kernel) -> float:
+    """2 x output elements x (kernel elements per output feature)."""
+    if not out or not kernel:
+      return 0.0
+    labels = re.search(r"dim_labels=\w+_(\w+)->", attrs)
+    o = labels.group(1).index("o") if labels and "o" in labels.group(1) else -1
+    dims = kernel[0][1]
+    per_output = math.prod(dims) / max(dims[o], 1) if dims else 1
+    return 2.0 * math.prod(out[0][1]) * per_output
+
+  def flops(self) -> float:
+    return sum(self.instr_flops(c, i) * n for c, i, n, _ in self.walk())
+
+  # --- memory traffic -----------------------------------------------------------------------------------
+  def _fusion_operand_bytes(self, callee: Computation, k: int, full: int) -> int:
+    """Bytes a fusion reads of its k-th operand: the slices it takes if it only slices it."""
+    param = next((i for i in callee.instrs if i.op == "parameter" and i.args.strip() == str(k)), None)
+    if param is None:
+      return full
+    users = [i for i in callee.instrs if param.name in i.operands]
+    if users and all(u.op in ("dynamic-slice", "slice", "gather") for u in users):
+      return sum(nbytes(u.shape) for u in users)
+    if users and all(u.op == "dynamic-update-slice" and u.operands[0] == param.name for u in users):
+      return 0  # updated in place: only the update is written
+    return full
+
+  def instr_bytes(self, comp: Computation, instr: Instr) -> int:
+    """Bytes one execution of a kernel-level instruction reads and writes (0 for bookkeeping ops)."""
+    if instr.op in _FREE or instr.op.endswith("-done"):
+      return 0
+    out = nbytes(instr.shape)
+    if instr.op == "dynamic-update-slice":
+      return 2 * nbytes(self._operand_shape(comp, instr, 1))
+    if instr.op in ("dynamic-slice", "slice"):
+      return 2 * out
+    if instr.op == "fusion":
+      callee = self.comps.get(_attr(instr.attrs, "calls") or "")
+      if callee is not None:
+        root = next((i for i in callee.instrs if i.root), None)
+        reads = sum(self._fusion_operand_bytes(callee, k, nbytes(self._operand_shape(comp, instr, k)))
+                    for k in range(len(instr.operands)))
+        if root is not None and root.op == "dynamic-update-slice":
+          out = nbytes(callee.by_name[root.operands[1]].shape) if root.operands[1] in callee.by_name else out
+        return reads + out
+    return out + sum(nbytes(self._operand_shape(comp, instr, k)) for k in range(len(instr.operands)))
+
+  def hbm_bytes(self) -> float:
+    return float(sum(self.instr_bytes(c, i) * n for c, i, n, fused in self.walk() if not fused))
+
+  # --- collectives --------------------------------------------------------------------------------------
+  def collectives(self) -> list[dict]:
+    """Every collective: op kind, dtype/shape of its largest array, per-device bytes, executions, group size."""
+    out = []
+    for comp, instr, n, _ in self.walk():
+      op = instr.op[:-len("-start")] if instr.op.endswith("-start") else instr.op
+      if op not in COLLECTIVES:
+        continue
+      parts = arrays(instr.shape)
+      if instr.op.endswith("-start") and op in ("all-gather", "collective-permute") and len(parts) >= 2:
+        parts = parts[len(parts) // 2:] if op == "all-gather" else parts[1:2]  # (inputs..., outputs...)
+      if not parts:
+        continue
+      size = int(sum(math.prod(d) * DTYPE_BYTES[t] for t, d in parts))
+      dtype, dims = max(parts, key=lambda p: math.prod(p[1]) * DTYPE_BYTES[p[0]])
+      out.append({"op": op, "dtype": dtype, "shape": list(dims), "bytes": size, "count": n,
+                  "group_size": group_size(instr.attrs)})
+    return out
+
+  # --- kernels ------------------------------------------------------------------------------------------
+  def kernels(self, comp: Computation) -> int:
+    """Top-level instructions of a computation that launch work (a fusion or library call is one)."""
+    return sum(1 for i in comp.instrs if i.op not in _FREE and not i.op.endswith("-done"))
+
+  def loops(self) -> list[dict]:
+    """Each while loop: trip count, kernels per iteration (body + condition), launches per step."""
+    out = []
+    for comp, instr, n, fused in self.walk():
+      if instr.op != "while" or fused:
+        continue
+      trips = self.trip_count(instr)
+      body = self.comps.get(_attr(instr.attrs, "body") or "")
+      cond = self.comps.get(_attr(instr.attrs, "condition") or "")
+      k = (self.kernels(body) if body else 0) + (self.kernels(cond) if cond else 0)
+      meta = re.search(r'op_name="([^"]+)"', instr.attrs)
+      out.append({"name": instr.name, "op_name": meta.group(1) if meta else "", "trip_count": trips,
+                  "kernels_per_iteration": k, "launches_per_step": k * trips * n,
+                  "flops_per_iteration": sum(self.instr_flops(c, i) * m for c, i, m, _ in self.walk(body)) if body else 0})
+    return out
+
+  def launches(self) -> int:
+    """Kernel launches per step: every kernel-level instruction outside fusions, times its executions."""
+    return int(sum(n for c, i, n, fused in self.walk()
+                   if not fused and i.op not in _FREE and not i.op.endswith("-done")))
+
+
+def group_size(attrs: str) -> int | None:
+  """Devices per replica group of a collective, from `replica_groups` (list, iota or mesh form)."""
+  m = re.search(r"replica_groups=\{\{([0-9,]*)\}", attrs)
+  if m:
+    return len([x for x in m.group(1).split(",") if x])
+  m = re.search(r"replica_groups=\[(\d+),(\d+)\]", attrs)
+  if m:
+    return int(m.group(2))
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+  if m:
+    sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
+    return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", m.group(2)) if a in sizes)
+  return None
