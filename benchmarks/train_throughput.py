@@ -46,6 +46,7 @@ from bench_util import matmul_peak, peak_rss_mb  # pylint: disable=g-bad-import-
 from elmo_jax import chars
 from elmo_jax import memory
 from elmo_jax.model import BiLM, BiLMConfig, BiLSTMStack, make_model
+from elmo_jax.plan import forward_flops_per_token
 from elmo_jax.training import dedupe as dedupe_lib
 from elmo_jax.training import losses
 from elmo_jax.training import step as step_lib
@@ -112,21 +113,6 @@ def make_batches(path: str, n_batches: int, batch: int, unroll: int, max_chars: 
     out.append({"fwd_chars": c, "bwd_chars": c[:, ::-1].copy(), "fwd_targets": w,
                 "bwd_targets": w[:, ::-1].copy(), "weights": np.ones((batch, unroll), np.float32)})
   return out
-
-
-def forward_flops_per_token(options: dict[str, Any], vocab: int, num_sampled: int) -> dict[str, float]:
-  """Matmul/conv FLOPs (2 per multiply-add) of one token position's forward pass, both directions."""
-  cnn, lstm = options["char_cnn"], options["lstm"]
-  mc, cd = cnn["max_characters_per_token"], cnn["embedding"]["dim"]
-  nf = sum(n for _, n in cnn["filters"])
-  p, h = lstm["projection_dim"], lstm["dim"]
-  char = sum(2 * (mc - w + 1) * w * cd * n for w, n in cnn["filters"])
-  char += cnn.get("n_highway", 0) * 2 * (2 * nf * nf) + (2 * nf * p if nf != p else 0)
-  char *= 2  # BiLM.lm_windows embeds the forward and the backward window
-  rnn = 2 * lstm["n_layers"] * (2 * (p + p) * 4 * h + 2 * h * p)
-  classes = (num_sampled + 1) if num_sampled and num_sampled < vocab else vocab
-  soft = 2 * 2 * p * classes
-  return {"char_cnn": float(char), "lstm": float(rnn), "softmax": float(soft), "total": float(char + rnn + soft)}
 
 
 def _timeit(fn, args, n: int) -> float:

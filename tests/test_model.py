@@ -277,3 +277,29 @@ def test_elmo_stateful(tiny, ids):
   np.testing.assert_array_equal(np.asarray(out3["elmo_representations"][0]), r1)
   with pytest.raises(ValueError, match="max_batch_size"):
     elmo.apply({"params": params, "lstm_state": fresh}, chars.batch_to_ids([["a"]] * 7), mutable=["lstm_state"])
+
+
+# --- dropout of the global batch (model/dropout.py) -------------------------------------------------------
+def test_global_batch_dropout_equals_flax_dropout_and_its_row_slices():
+  """`Dropout` draws `nn.Dropout`'s mask bit for bit; a shard of rows gets exactly its rows of that mask."""
+  from flax import linen as nn
+  from elmo_jax.model.dropout import Dropout
+  x = jax.random.normal(jax.random.PRNGKey(3), (2, 12, 5, 7))
+  for key in (jax.random.PRNGKey(7), jax.random.key(7)):
+    full = nn.Dropout(0.3).apply({}, x, deterministic=False, rngs={"dropout": key})
+    ours = Dropout(0.3).apply({}, x, False, None, 1, rngs={"dropout": key})
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(full))
+    shard = Dropout(0.3).apply({}, x[:, 4:8], False, (4, 12), 1, rngs={"dropout": key})
+    np.testing.assert_array_equal(np.asarray(shard), np.asarray(full[:, 4:8]))
+  assert 0.2 < float(jnp.mean(full == 0)) < 0.4
+
+
+def test_global_bits_past_two_to_the_32_elements():
+  """Counters above 2**32 (a big global batch): the 64-bit index is split exactly (checked against numpy)."""
+  from elmo_jax.model.dropout import _mul_wide
+  a = np.array([0, 1, 65535, 65536, 2**31 + 12345, 2**32 - 1], np.uint32)
+  for m in (1, 7, 40960, 2**20 + 3, 2**32 - 1):
+    high, low = _mul_wide(jnp.asarray(a), m)
+    want = a.astype(object) * m
+    np.testing.assert_array_equal(np.asarray(high).astype(object), want >> 32)
+    np.testing.assert_array_equal(np.asarray(low).astype(object), want & 0xFFFFFFFF)

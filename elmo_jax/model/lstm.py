@@ -37,17 +37,25 @@ def zero_state(config: BiLMConfig, batch_size: int, xp: Any = jnp) -> LSTMState:
 
 
 class Residuals(NamedTuple):
-  """Per-step values of the forward pass that the hand-written backward pass reads, each [T, D, B, ...]."""
-  si: jax.Array  # sigmoid(i), input gate
-  tj: jax.Array  # tanh(j), candidate
-  sf: jax.Array  # sigmoid(f), forget gate
-  so: jax.Array  # sigmoid(o), output gate
-  c_prev: jax.Array  # cell state before the step
-  c_raw: jax.Array  # cell state before the clip
-  tc: jax.Array  # tanh(clipped cell state)
-  h_prev: jax.Array  # projected output before the step
-  m_new: jax.Array  # so * tc, the projection's input
-  h_raw: jax.Array  # projected output before the clip
+  """What the forward pass saves per step for the hand-written backward pass, each [T, D, B, ...].
+
+  Three arrays (one stacked write per step), not the ten per-step values the backward pass uses: the cell
+  state before the clip, tanh of the cell state and the projection's input are recomputed elementwise from
+  these (the same ops on the same values, so the same numbers), and whether a clip was active is read off
+  the clipped value (|clip(x)| < c iff -c < x < c).
+  """
+  gates: jax.Array  # [..., 4H]: sigmoid(i), tanh(j), sigmoid(f), sigmoid(o)
+  c_prev: jax.Array  # [..., H]: cell state before the step
+  h_prev: jax.Array  # [..., P]: projected output before the step
+
+
+def _cell(si: jax.Array, tj: jax.Array, sf: jax.Array, c_prev: jax.Array, cell_clip
+          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(c_raw, c_new, tanh(c_new)) of a step from its gate activations: the cell update before and after the
+  clip. Shared by the forward pass and the backward pass's recomputation."""
+  c_raw = sf * c_prev + si * tj
+  c_new = jnp.clip(c_raw, -cell_clip, cell_clip) if cell_clip else c_raw
+  return c_raw, c_new, jnp.tanh(c_new)
 
 
 class LSTMWeights(nn.Module):
@@ -128,9 +136,7 @@ def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None):
       g = jnp.einsum("dbi,dig->dbg", xh, w_h, preferred_element_type=jnp.float32) + bias[:, None]
     i, j, f, o = jnp.split(g, 4, axis=-1)
     si, tj, sf, so = jax.nn.sigmoid(i), jnp.tanh(j), jax.nn.sigmoid(f), jax.nn.sigmoid(o)
-    c_raw = sf * c + si * tj
-    c_new = jnp.clip(c_raw, -cell_clip, cell_clip) if cell_clip else c_raw
-    tc = jnp.tanh(c_new)
+    _, c_new, tc = _cell(si, tj, sf, c, cell_clip)
     m_new = so * tc
     h_raw = jnp.einsum("dbh,dhp->dbp", m_new.astype(dtype), w_p, preferred_element_type=jnp.float32)
     h_new = jnp.clip(h_raw, -proj_clip, proj_clip) if proj_clip else h_raw
@@ -138,7 +144,8 @@ def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None):
     y = jnp.where(keep, h_new, 0.0)
     carry = (jnp.where(keep, c_new, c), jnp.where(keep, h_new, h))
     if save:
-      return carry, (y, Residuals(si, tj, sf, so, c, c_raw, tc, h, m_new, h_raw))
+      # The four activations as one [.., 4H] array: one write per step for the backward pass.
+      return carry, (y, Residuals(jnp.concatenate([si, tj, sf, so], axis=-1), c, h))
     return carry, y
 
   return step
@@ -156,37 +163,42 @@ def _lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll):
 
 def _lstm_scan_fwd(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll):
   final, (outputs, saved) = _forward(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll, save=True)
-  return (outputs, final), (w_h, w_p, mask, saved)
+  return (outputs, final), (w_h, w_p, mask, saved, final[1])
 
 
 def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
-  w_h, w_p, mask, saved = res
+  w_h, w_p, mask, saved, h_last = res
   d_out, (d_c, d_h) = cts
   w_h_c, w_p_c = w_h.astype(dtype), w_p.astype(dtype)
 
   def step(carry, inputs):
-    dc, dh = carry
+    dc, dh, h_after = carry  # h_after: the projected output after this step (clipped), for the clip's gradient
     r, dy, m = inputs
-    si, tj, sf, so, tc = r.si, r.tj, r.sf, r.so, r.tc
+    si, tj, sf, so = jnp.split(r.gates, 4, axis=-1)
+    c_raw, _, tc = _cell(si, tj, sf, r.c_prev, cell_clip)
     keep = m[..., None]
     dh_new = jnp.where(keep, dh + dy, 0.0)
-    if proj_clip:  # jnp.clip's gradient: 0 outside the open interval
-      dh_new = jnp.where((r.h_raw > -proj_clip) & (r.h_raw < proj_clip), dh_new, 0.0)
+    if proj_clip:  # jnp.clip's gradient: 0 outside the open interval (|clip(x)| < c iff -c < x < c)
+      dh_new = jnp.where(jnp.abs(h_after) < proj_clip, dh_new, 0.0)
     dm = jnp.einsum("dbp,dhp->dbh", dh_new.astype(dtype), w_p_c, preferred_element_type=jnp.float32)
     dc_new = jnp.where(keep, dc, 0.0) + dm * so * (1.0 - tc * tc)
     if cell_clip:
-      dc_new = jnp.where((r.c_raw > -cell_clip) & (r.c_raw < cell_clip), dc_new, 0.0)
+      dc_new = jnp.where((c_raw > -cell_clip) & (c_raw < cell_clip), dc_new, 0.0)
     dg = jnp.concatenate([dc_new * tj * si * (1.0 - si), dc_new * si * (1.0 - tj * tj),
                           dc_new * r.c_prev * sf * (1.0 - sf), dm * tc * so * (1.0 - so)], axis=-1)
     dh_prev = jnp.einsum("dbg,dpg->dbp", dg.astype(dtype), w_h_c, preferred_element_type=jnp.float32)
     dh_prev = dh_prev + jnp.where(keep, 0.0, dh)
     dc_prev = dc_new * sf + jnp.where(keep, 0.0, dc)
-    return (dc_prev, dh_prev), (dg, dh_new)
+    return (dc_prev, dh_prev, r.h_prev), (dg, dh_new)
 
-  (dc0, dh0), (dgx, dh_raw) = jax.lax.scan(step, (d_c, d_h), (saved, d_out, mask), reverse=True, unroll=unroll)
+  (dc0, dh0, _), (dgx, dh_raw) = jax.lax.scan(step, (d_c, d_h, h_last), (saved, d_out, mask), reverse=True,
+                                              unroll=unroll)
   dw_h = jnp.einsum("tdbp,tdbg->dpg", saved.h_prev.astype(dtype), dgx.astype(dtype),
                     preferred_element_type=jnp.float32)
-  dw_p = jnp.einsum("tdbh,tdbp->dhp", saved.m_new.astype(dtype), dh_raw.astype(dtype),
+  # The projection's inputs of every step, recomputed at once (one elementwise pass, not a saved array).
+  si, tj, sf, so = jnp.split(saved.gates, 4, axis=-1)
+  m_new = so * _cell(si, tj, sf, saved.c_prev, cell_clip)[2]
+  dw_p = jnp.einsum("tdbh,tdbp->dhp", m_new.astype(dtype), dh_raw.astype(dtype),
                     preferred_element_type=jnp.float32)
   return dgx, dw_h.astype(w_h.dtype), dw_p.astype(w_p.dtype), None, dc0, dh0
 

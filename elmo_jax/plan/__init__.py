@@ -83,16 +83,16 @@ def abstract_inputs(config, model, optimizer, mesh, vocab: int, global_batch: in
   return state, batch, shardings
 
 
-def _analyse(text: str, target, tokens_per_device: int, launch_us: float) -> dict[str, Any]:
+
+def analyse_hlo(text: str, target: targets_lib.Target, tokens_per_device: int, launch_us: float) -> dict[str, Any]:
+  """The HLO-derived part of a report: FLOPs, HBM traffic, collectives, loops, launches and the roofline."""
   module = hlo_lib.Module(text)
   flops = module.flops()
   traffic = module.hbm_bytes()
   collectives = module.collectives()
-  by_kind: dict[str, int] = {}
-  seconds = 0.0
-  for c in collectives:
-    by_kind[c["op"]] = by_kind.get(c["op"], 0) + c["bytes"] * c["count"]
-    seconds += c["count"] * targets_lib.collective_seconds(target, c["op"], c["bytes"], c["group_size"])
+  by_kind = _by_kind(collectives)
+  seconds = sum(c["count"] * targets_lib.collective_seconds(target, c["op"], c["bytes"], c["group_size"])
+                for c in collectives)
   largest = sorted(collectives, key=lambda c: -c["bytes"])[:5]
   chip = target.chip
   terms = {"compute_s": flops / chip.peak_flops, "hbm_s": traffic / chip.hbm_bandwidth, "collectives_s": seconds}
@@ -176,15 +176,15 @@ def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_s
   if dump_hlo:
     with open(dump_hlo, "w") as f:
       f.write(text)
-  report.update(_analyse(text, target, tokens, launch_us))
+  report.update(analyse_hlo(text, target, tokens, launch_us))
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
   report["compiler_flops_loops_once"] = float(cost["flops"]) if cost and "flops" in cost else None
-  steps, config_tokens = int(config.num_train_steps), int(config.num_train_steps) * config.batch_size * unroll
+  # The config's token budget (lm1b: 10 epochs) at the roofline rate of this many devices.
+  config_tokens = int(config.num_train_steps) * config.batch_size * unroll
   rate = report["roofline"]["tokens_per_s_per_device"] * n
   report["config_train_tokens"] = config_tokens
   report["config_train_hours"] = config_tokens / rate / 3600 if rate else None
-  del steps
   if with_eval:
     eval_step = step_lib.make_eval_step(model, mesh, shardings.params)
     try:

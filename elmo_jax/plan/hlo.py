@@ -237,30 +237,75 @@ class Module:
 
   @staticmethod
   def _conv_flops(attrs: str, out, kernel) -> float:
-    """2 x output elements x (kernel elements per output feature)."""
+    """2 x output elements x (kernel elements per output feature that meet real input elements).
+
+    TPU writes batched matmuls as convolutions over a dilated spatial axis (`window={size=2 lhs_dilate=2}`):
+    of a window of w taps over input dilated by d, only ceil(w / d) meet input elements.
+    """
     if not out or not kernel:
       return 0.0
     labels = re.search(r"dim_labels=\w+_(\w+)->", attrs)
     o = labels.group(1).index("o") if labels and "o" in labels.group(1) else -1
     dims = kernel[0][1]
     per_output = math.prod(dims) / max(dims[o], 1) if dims else 1
+    size = re.search(r"window=\{[^}]*\bsize=([0-9x]+)", attrs)
+    dilate = re.search(r"window=\{[^}]*\blhs_dilate=([0-9x]+)", attrs)
+    if size and dilate:
+      for w, d in zip(map(int, size.group(1).split("x")), map(int, dilate.group(1).split("x"))):
+        per_output *= math.ceil(w / d) / w
     return 2.0 * math.prod(out[0][1]) * per_output
 
   def flops(self) -> float:
     return sum(self.instr_flops(c, i) * n for c, i, n, _ in self.walk())
 
   # --- memory traffic -----------------------------------------------------------------------------------
+  @staticmethod
+  def _users(comp: Computation, name: str) -> list[Instr]:
+    """Instructions reading `name`, looking through bitcasts (a bitcast's users stand for it)."""
+    out = []
+    for i in comp.instrs:
+      if name in i.operands:
+        out.extend(Module._users(comp, i.name) if i.op == "bitcast" else [i])
+    return out
+
+  @staticmethod
+  def _produced_by(comp: Computation, name: str) -> Instr | None:
+    i = comp.by_name.get(name)
+    while i is not None and i.op == "bitcast" and i.operands:
+      i = comp.by_name.get(i.operands[0])
+    return i
+
   def _fusion_operand_bytes(self, callee: Computation, k: int, full: int) -> int:
-    """Bytes a fusion reads of its k-th operand: the slices it takes if it only slices it."""
+    """Bytes a fusion reads of its k-th operand: the slices it takes if it only slices it, nothing if it
+    only updates it in place."""
     param = next((i for i in callee.instrs if i.op == "parameter" and i.args.strip() == str(k)), None)
     if param is None:
       return full
-    users = [i for i in callee.instrs if param.name in i.operands]
-    if users and all(u.op in ("dynamic-slice", "slice", "gather") for u in users):
+    users = self._users(callee, param.name)
+    sliced = lambda u: u.op in ("dynamic-slice", "slice", "gather") and self._produced_by(callee, u.operands[0]) is param
+    if users and all(sliced(u) for u in users):
       return sum(nbytes(u.shape) for u in users)
-    if users and all(u.op == "dynamic-update-slice" and u.operands[0] == param.name for u in users):
+    if users and all(u.op == "dynamic-update-slice" and self._produced_by(callee, u.operands[0]) is param
+                     for u in users):
       return 0  # updated in place: only the update is written
     return full
+
+  def _fusion_output_bytes(self, callee: Computation, fallback: int) -> int:
+    """Bytes a fusion writes: each output, or only the update of an output made by dynamic-update-slice."""
+    root = next((i for i in callee.instrs if i.root), None)
+    if root is None:
+      return fallback
+    outputs = [self._produced_by(callee, o) for o in root.operands] if root.op == "tuple" else [
+        self._produced_by(callee, root.name)]
+    total = 0
+    for o in outputs:
+      if o is None:
+        continue
+      if o.op == "dynamic-update-slice" and len(o.operands) > 1 and o.operands[1] in callee.by_name:
+        total += nbytes(callee.by_name[o.operands[1]].shape)
+      else:
+        total += nbytes(o.shape)
+    return total
 
   def instr_bytes(self, comp: Computation, instr: Instr) -> int:
     """Bytes one execution of a kernel-level instruction reads and writes (0 for bookkeeping ops)."""
@@ -271,15 +316,16 @@ class Module:
       return 2 * nbytes(self._operand_shape(comp, instr, 1))
     if instr.op in ("dynamic-slice", "slice"):
       return 2 * out
+    parts = arrays(instr.shape)
+    if instr.op.endswith("-start") and instr.op[:-len("-start")] not in COLLECTIVES and len(parts) >= 2:
+      dtype, dims = parts[1]  # async copy/slice: ((operand), result, context): the result is read and written
+      return int(2 * math.prod(dims) * DTYPE_BYTES[dtype])
     if instr.op == "fusion":
       callee = self.comps.get(_attr(instr.attrs, "calls") or "")
       if callee is not None:
-        root = next((i for i in callee.instrs if i.root), None)
         reads = sum(self._fusion_operand_bytes(callee, k, nbytes(self._operand_shape(comp, instr, k)))
                     for k in range(len(instr.operands)))
-        if root is not None and root.op == "dynamic-update-slice":
-          out = nbytes(callee.by_name[root.operands[1]].shape) if root.operands[1] in callee.by_name else out
-        return reads + out
+        return reads + self._fusion_output_bytes(callee, out)
     return out + sum(nbytes(self._operand_shape(comp, instr, k)) for k in range(len(instr.operands)))
 
   def hbm_bytes(self) -> float:

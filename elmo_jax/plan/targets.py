@@ -29,7 +29,6 @@ graphs); the planner reports launches per step so that a different cost is easy 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 
@@ -114,8 +113,7 @@ def make_target(spec: str) -> Target:
       raise TargetError(f"--target={spec} needs the TPU compiler (libtpu): {PIP['tpu']}") from None
     desc = topologies.get_topology_desc(topology_name=f"{name}:{topo}", platform="tpu")
     devices = list(desc.devices)
-    per_host = len({d.process_index for d in devices}) and max(
-        sum(1 for d in devices if d.process_index == p) for p in {d.process_index for d in devices})
+    per_host = sum(1 for d in devices if d.process_index == devices[0].process_index)
     return Target(spec, chip, devices, per_host, chip.hbm_bytes)
   parts = topo.split("x")
   if len(parts) != 3:
@@ -148,7 +146,3 @@ def collective_seconds(target: Target, op: str, nbytes: float, group: int | None
   if target.chip.cross_host_bandwidth and n > target.devices_per_host:
     bandwidth = target.chip.cross_host_bandwidth  # the ring crosses hosts: every GPU's NIC carries its share
   return wire / bandwidth
-
-
-def tokens_fmt(x: float) -> str:
-  return f"{x:,.0f}" if math.isfinite(x) else "inf"

@@ -29,8 +29,8 @@ def base_config() -> ml_collections.ConfigDict:
   # --- softmax ----------------------------------------------------------------------------------------
   c.n_negative_samples = 8192  # sampled softmax (bilm-tf); 0 = full softmax. Full when vocab is smaller.
   # Split the softmax W [V, P] and its optimizer state along P over the devices instead of replicating it:
-  # the step then moves ~MBs of softmax gradient instead of all-reducing all of W (benchmarks/
-  # softmax_collectives.py: 3.3 GB -> 6 MB per step for lm1b on 8 devices). Same losses.
+  # the step then moves ~MBs of softmax rows and their gradient instead of all-reducing all of W
+  # (3.3 GB per step for lm1b; `python -m elmo_jax.plan` shows the bytes). Same losses.
   c.shard_softmax = False
   # --- optimizer (bilm-tf: Adagrad 0.2, initial accumulator 1.0, global-norm clip 10) -------------------
   c.optimizer = "adagrad"  # adagrad | adam | adamw

@@ -1,0 +1,127 @@
+"""The planner over many targets (the README's scaling table); prints one JSON object and a markdown table.
+
+    PYTHONPATH=. python benchmarks/plan_sweep.py --out=/tmp/sweep \
+        --targets=v5e:2x2,v5e:4x4,v5e:8x8,v5e:16x16,v6e:16x16,h200:1x1x8,h200:1x2x8
+    PYTHONPATH=. python benchmarks/plan_sweep.py --out=/tmp/sweep --reanalyse   # from the saved HLO, no compile
+
+Each target is one `python -m elmo_jax.plan --json --dump_hlo` subprocess (a full lm1b compile takes minutes on
+2 cores; libtpu allows one process at a time unless ALLOW_MULTIPLE_LIBTPU_LOAD=1), writing
+`OUT/<target>.json` and `.hlo`; an existing JSON is kept, so a rerun continues. `--reanalyse` recomputes the
+HLO-derived fields (FLOPs, traffic, collectives, roofline) of every saved pair with this tree's
+`elmo_jax.plan`. `--repo` runs another checkout's step (e.g. a `git worktree` of an older commit with this
+`elmo_jax/plan/` copied in) for before/after tables. Needs libtpu / the CUDA plugin for TPU / GPU targets
+(`pip install -e ".[plan-tpu]" ".[plan-gpu]"`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, _ROOT)
+
+from elmo_jax import plan as plan_lib  # noqa: E402  pylint: disable=g-import-not-at-top
+from elmo_jax.plan import targets as targets_lib  # noqa: E402  pylint: disable=g-import-not-at-top
+
+EPOCH_TOKENS = 800_000_000  # lm1b's training split, as configs/lm1b.py counts it
+
+
+def _name(target: str) -> str:
+  return target.replace(":", "_")
+
+
+def compile_target(repo: str, out: str, target: str, args) -> None:
+  path = os.path.join(out, _name(target))
+  if os.path.exists(path + ".json"):
+    return
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+  cmd = [sys.executable, "-m", "elmo_jax.plan", f"--config={args.config}", f"--target={target}",
+         f"--per_device_batch={args.rows}", "--json", f"--dump_hlo={path}.hlo", *args.flag]
+  proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+  if proc.returncode:
+    sys.stderr.write(f"{target}: rc {proc.returncode}\n{proc.stderr[-2000:]}\n")
+    return
+  with open(path + ".json", "w") as f:
+    f.write(proc.stdout[proc.stdout.index("{"):])
+
+
+def reanalyse(report: dict, hlo_path: str, launch_us: float) -> dict:
+  """The report with its HLO-derived fields recomputed by this tree's planner (no compile)."""
+  if not report.get("fits") or not os.path.exists(hlo_path):
+    return report
+  name, _ = targets_lib.parse(report["target"])
+  chip = targets_lib.CHIPS[name]
+  per_host = int(report["target"].split("x")[-1]) if chip.platform == "cuda" else report["devices"]
+  target = targets_lib.Target(report["target"], chip, [None] * report["devices"], per_host, report["hbm_bytes"]["capacity"])
+  with open(hlo_path) as f:
+    report.update(plan_lib.analyse_hlo(f.read(), target, report["tokens_per_device_per_step"], launch_us))
+  return report
+
+
+def row(r: dict) -> dict:
+  """The table's columns of one report."""
+  out = {"target": r["target"], "devices": r["devices"], "rows_per_device": r["per_device_batch"], "fits": r["fits"]}
+  hbm = r["hbm_bytes"]
+  if not r["fits"]:
+    return {**out, "hbm_gb": round(hbm.get("temporaries", 0) / 1e9, 2), "note": hbm.get("compiler_message", "")}
+  coll = r["collective_bytes_per_device"]
+  rf = r["roofline"]
+  tokens_s = rf["tokens_per_s_per_device"] * r["devices"]
+  return {**out, "hbm_gb": round(hbm["total"] / 1e9, 2), "tflops_per_device": round(r["flops_per_device_per_step"] / 1e12, 3),
+          "gflop_per_token": round(r["flops_per_token"] / 1e9, 3),
+          "all_gather_gb": round(coll.get("all-gather", 0) / 1e9, 3),
+          "collective_gb": round(sum(coll.values()) / 1e9, 3),
+          "step_ms": round(rf["step_s"] * 1e3, 2), "bound_by": rf["bound_by"],
+          "compute_ms": round(rf["compute_s"] * 1e3, 2), "hbm_ms": round(rf["hbm_s"] * 1e3, 2),
+          "collectives_ms": round(rf["collectives_s"] * 1e3, 2),
+          "launch_ms": round(rf.get("launch_s", 0) * 1e3, 2),
+          "tokens_per_s_per_device": round(rf["tokens_per_s_per_device"]),
+          "mfu_bound": round(rf["mfu_bound"], 3),
+          "lm1b_10_epochs_h": round(10 * EPOCH_TOKENS / tokens_s / 3600, 2)}
+
+
+def markdown(rows: list[dict]) -> str:
+  head = ("| target | fits | HBM/chip | TFLOP/chip/step | GFLOP/token | all-gather | collectives | step (bound) "
+          "| tokens/s/chip | MFU bound | 10 lm1b epochs |\n|---|---|---|---|---|---|---|---|---|---|---|")
+  lines = [head]
+  for x in rows:
+    if not x["fits"]:
+      lines.append(f"| {x['target']} | **no** ({x['hbm_gb']} GB temporaries) | | | | | | | | | |")
+      continue
+    lines.append(f"| {x['target']} | yes | {x['hbm_gb']} GB | {x['tflops_per_device']} | {x['gflop_per_token']} | "
+                 f"{x['all_gather_gb']} GB | {x['collective_gb']} GB | {x['step_ms']} ms ({x['bound_by']}) | "
+                 f"{x['tokens_per_s_per_device']:,} | {x['mfu_bound']:.1%} | {x['lm1b_10_epochs_h']} h |")
+  return "\n".join(lines)
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--targets", default="v5e:2x2,v5e:4x4,v5e:8x8,v5e:16x16,v6e:16x16,h200:1x1x8,h200:1x2x8")
+  parser.add_argument("--config", default="configs/lm1b.py")
+  parser.add_argument("--rows", type=int, default=128, help="rows per device")
+  parser.add_argument("--out", required=True, help="folder for <target>.json / .hlo")
+  parser.add_argument("--repo", default=_ROOT, help="the checkout whose step is compiled")
+  parser.add_argument("--reanalyse", action="store_true", help="recompute from the saved HLO; compile nothing")
+  parser.add_argument("--launch_us", type=float, default=targets_lib.LAUNCH_US)
+  parser.add_argument("--flag", action="append", default=[], help="extra planner flag, e.g. --flag=--config.dtype=float32")
+  args = parser.parse_args()
+  os.makedirs(args.out, exist_ok=True)
+  rows = []
+  for target in args.targets.split(","):
+    if not args.reanalyse:
+      compile_target(os.path.abspath(args.repo), args.out, target, args)
+    path = os.path.join(args.out, _name(target))
+    if not os.path.exists(path + ".json"):
+      continue
+    with open(path + ".json") as f:
+      report = reanalyse(json.load(f), path + ".hlo", args.launch_us)
+    rows.append(row(report))
+  print(json.dumps({"config": args.config, "rows_per_device": args.rows, "rows": rows}, indent=1))
+  print(markdown(rows))
+
+
+if __name__ == "__main__":
+  main()
