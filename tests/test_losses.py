@@ -45,6 +45,12 @@ def test_full_softmax_matches_numpy():
   # bfloat16 matmuls stay close (accumulated in float32).
   got_bf16 = losses.full_softmax_nll(jnp.asarray(h), jnp.asarray(t), jnp.asarray(w), jnp.asarray(b), jnp.bfloat16)
   np.testing.assert_allclose(np.asarray(got_bf16), want, rtol=3e-2, atol=3e-2)
+  # Scored in chunks of positions (a large vocabulary's eval step): the same NLLs, padding dropped.
+  vocab = w.shape[0]
+  chunked = losses.full_softmax_nll(jnp.asarray(h), jnp.asarray(t), jnp.asarray(w), jnp.asarray(b),
+                                    max_logits=4 * vocab)
+  assert t.size % 4 and chunked.shape == t.shape  # 4 positions per chunk, the last one padded
+  np.testing.assert_allclose(np.asarray(chunked), want, rtol=1e-5, atol=1e-5)
 
 
 def test_log_uniform_log_prob_and_expected_count_formulas():

@@ -44,7 +44,7 @@ class Residuals(NamedTuple):
   these (the same ops on the same values, so the same numbers), and whether a clip was active is read off
   the clipped value (|clip(x)| < c iff -c < x < c).
   """
-  gates: jax.Array  # [..., 4H]: sigmoid(i), tanh(j), sigmoid(f), sigmoid(o)
+  gates: jax.Array  # [..., 4H]: sigmoid(i), tanh(j), sigmoid(f), sigmoid(o), in the matmul dtype
   c_prev: jax.Array  # [..., H]: cell state before the step
   h_prev: jax.Array  # [..., P]: projected output before the step
 
@@ -144,8 +144,9 @@ def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None):
     y = jnp.where(keep, h_new, 0.0)
     carry = (jnp.where(keep, c_new, c), jnp.where(keep, h_new, h))
     if save:
-      # The four activations as one [.., 4H] array: one write per step for the backward pass.
-      return carry, (y, Residuals(jnp.concatenate([si, tj, sf, so], axis=-1), c, h))
+      # The four activations as one [.., 4H] array in the matmul dtype: one write per step, and with
+      # bfloat16 half the bytes of the largest saved array (float32 runs save float32, exactly).
+      return carry, (y, Residuals(jnp.concatenate([si, tj, sf, so], axis=-1).astype(dtype), c, h))
     return carry, y
 
   return step
@@ -174,7 +175,7 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
   def step(carry, inputs):
     dc, dh, h_after = carry  # h_after: the projected output after this step (clipped), for the clip's gradient
     r, dy, m = inputs
-    si, tj, sf, so = jnp.split(r.gates, 4, axis=-1)
+    si, tj, sf, so = jnp.split(r.gates.astype(jnp.float32), 4, axis=-1)
     c_raw, _, tc = _cell(si, tj, sf, r.c_prev, cell_clip)
     keep = m[..., None]
     dh_new = jnp.where(keep, dh + dy, 0.0)
@@ -196,7 +197,7 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
   dw_h = jnp.einsum("tdbp,tdbg->dpg", saved.h_prev.astype(dtype), dgx.astype(dtype),
                     preferred_element_type=jnp.float32)
   # The projection's inputs of every step, recomputed at once (one elementwise pass, not a saved array).
-  si, tj, sf, so = jnp.split(saved.gates, 4, axis=-1)
+  si, tj, sf, so = jnp.split(saved.gates.astype(jnp.float32), 4, axis=-1)
   m_new = so * _cell(si, tj, sf, saved.c_prev, cell_clip)[2]
   dw_p = jnp.einsum("tdbh,tdbp->dhp", m_new.astype(dtype), dh_raw.astype(dtype),
                     preferred_element_type=jnp.float32)

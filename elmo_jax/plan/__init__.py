@@ -42,12 +42,6 @@ def forward_flops_per_token(options: dict[str, Any], vocab: int, num_sampled: in
   return {"char_cnn": float(char), "lstm": float(rnn), "softmax": float(soft), "total": float(char + rnn + soft)}
 
 
-def _memory(compiled) -> dict[str, int]:
-  m = compiled.memory_analysis()
-  return {"arguments": int(m.argument_size_in_bytes), "temporaries": int(m.temp_size_in_bytes),
-          "outputs": int(m.output_size_in_bytes), "aliased": int(m.alias_size_in_bytes)}
-
-
 def _out_of_memory(error: Exception) -> dict[str, Any] | None:
   """The compiler's numbers from an out-of-memory compile error, or None if it is another error."""
   text = str(error)
@@ -160,18 +154,9 @@ def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_s
   }
   train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
   capacity = int(target.hbm_bytes)
-  try:
-    compiled = train_step.lower(state, batch).compile()
-  except Exception as e:  # pylint: disable=broad-except
-    oom = _out_of_memory(e)
-    if oom is None:
-      raise
-    report.update(fits=False, hbm_bytes={"capacity": oom.pop("capacity", capacity), **oom})
+  compiled, report["hbm_bytes"], report["fits"] = _compile(train_step, (state, batch), capacity)
+  if compiled is None:
     return report
-  memory = _memory(compiled)
-  used = memory["arguments"] + memory["temporaries"] + memory["outputs"] - memory["aliased"]
-  report["hbm_bytes"] = {**memory, "total": used, "capacity": capacity}
-  report["fits"] = bool(capacity == 0 or used <= capacity)
   text = compiled.as_text()
   if dump_hlo:
     with open(dump_hlo, "w") as f:
@@ -187,21 +172,30 @@ def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_s
   report["config_train_hours"] = config_tokens / rate / 3600 if rate else None
   if with_eval:
     eval_step = step_lib.make_eval_step(model, mesh, shardings.params)
-    try:
-      eval_compiled = eval_step.lower(state.params, state.lstm_state, batch).compile()
-      eval_memory = _memory(eval_compiled)
-      eval_used = eval_memory["arguments"] + eval_memory["temporaries"] + eval_memory["outputs"] - eval_memory["aliased"]
-      eval_text = eval_compiled.as_text()
-      module = hlo_lib.Module(eval_text)
-      report["eval"] = {"fits": bool(capacity == 0 or eval_used <= capacity), "hbm_bytes": {**eval_memory, "total": eval_used},
-                        "flops_per_device_per_step": module.flops(),
-                        "collective_bytes_per_device": _by_kind(module.collectives())}
-    except Exception as e:  # pylint: disable=broad-except
-      oom = _out_of_memory(e)
-      if oom is None:
-        raise
-      report["eval"] = {"fits": False, "hbm_bytes": oom}
+    compiled, hbm, fits = _compile(eval_step, (state.params, state.lstm_state, batch), capacity)
+    report["eval"] = {"fits": fits, "hbm_bytes": hbm}
+    if compiled is not None:
+      module = hlo_lib.Module(compiled.as_text())
+      report["eval"].update(flops_per_device_per_step=module.flops(),
+                            collective_bytes_per_device=_by_kind(module.collectives()))
   return report
+
+
+def _compile(jitted, args, capacity: int):
+  """(compiled or None, HBM bytes per device, fits) of `jitted(*args)`; out of memory is a result."""
+  try:
+    compiled = jitted.lower(*args).compile()
+  except Exception as e:  # pylint: disable=broad-except
+    oom = _out_of_memory(e)
+    if oom is None:
+      raise
+    return None, {"capacity": oom.pop("capacity", capacity), **oom}, False
+  m = compiled.memory_analysis()
+  hbm = {"arguments": int(m.argument_size_in_bytes), "temporaries": int(m.temp_size_in_bytes),
+         "outputs": int(m.output_size_in_bytes), "aliased": int(m.alias_size_in_bytes)}
+  hbm["total"] = hbm["arguments"] + hbm["temporaries"] + hbm["outputs"] - hbm["aliased"]
+  hbm["capacity"] = capacity
+  return compiled, hbm, bool(capacity == 0 or hbm["total"] <= capacity)
 
 
 def _by_kind(collectives: list[dict]) -> dict[str, int]:

@@ -6,7 +6,8 @@
 
 Targets: v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB (TPU chips per axis), h100:/h200:PxHxD (partitions x hosts
 x GPUs per host), cpu:N. TPU targets need libtpu (pip install -e ".[plan-tpu]"), GPU targets the CUDA
-plugin (pip install -e ".[plan-gpu]"); neither needs the hardware. Config overrides as in train.py
+plugin (pip install -e ".[plan-gpu]"); neither needs the hardware. `bash scripts/plan.sh ...` sets up a venv
+with both and runs this command. Config overrides as in train.py
 (--config.dtype=bfloat16 ...).
 """
 from __future__ import annotations
@@ -64,7 +65,7 @@ def render(r: dict) -> str:
                f"aliased {_gb(hbm['aliased'])})")
   if "eval" in r:
     e = r["eval"]
-    lines.append(f"eval step:  {'FITS' if e['fits'] else 'DOES NOT FIT'}: {_gb(e['hbm_bytes'].get('total', e['hbm_bytes'].get('temporaries')))}")
+    lines.append(f"eval step:  {'FITS' if e['fits'] else 'DOES NOT FIT'}: {_gb(e['hbm_bytes'].get('total', e['hbm_bytes'].get('temporaries')))} per device")
   lines.append(f"FLOPs per device per step (matmul + conv, loop trip counts applied): "
                f"{r['flops_per_device_per_step'] / 1e12:.3f} T = {r['flops_per_token'] / 1e9:.3f} GFLOP per token "
                f"(analytic {r['analytic_train_flops_per_token'] / 1e9:.3f})")
@@ -87,8 +88,11 @@ def render(r: dict) -> str:
   lines.append(f"roofline step: {rf['step_s'] * 1e3:.2f} ms (bound by {rf['bound_by']}; {terms}) -> "
                f"{rf['tokens_per_s_per_device']:,.0f} tokens/s per device, MFU bound {rf['mfu_bound']:.1%}")
   if r.get("config_train_hours"):
-    lines.append(f"the config's {r['config_train_tokens'] / 1e9:.2f}B training tokens: "
-                 f"{r['config_train_hours']:.1f} h on {r['devices']} devices at that rate")
+    tokens = r["config_train_tokens"]
+    amount = f"{tokens / 1e9:.2f}B" if tokens >= 1e9 else f"{tokens / 1e6:.1f}M"
+    hours = r["config_train_hours"]
+    lines.append(f"the config's {amount} training tokens (num_train_steps x batch_size x unroll_steps): "
+                 f"{f'{hours:.1f} h' if hours >= 1 else f'{hours * 60:.1f} min'} on {r['devices']} devices at that rate")
   return "\n".join(lines)
 
 
@@ -113,6 +117,7 @@ def main(argv):
 def run() -> None:
   # Deviceless: compile for the target, run nothing; the host backend is the CPU (a TPU VM's chips too).
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no TPU is opened: two planners may run at once
   from elmo_jax import cli  # pylint: disable=g-import-not-at-top
   cli.run_main(main, define_flags)
 

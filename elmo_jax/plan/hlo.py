@@ -72,6 +72,25 @@ def nbytes(shape: str) -> int:
   return int(sum(math.prod(d) * DTYPE_BYTES[t] for t, d in arrays(shape)))
 
 
+def tuple_elements(shape: str) -> list[str]:
+  """The top-level elements of a tuple type text, `[shape]` if it is not a tuple."""
+  shape = re.sub(r"/\*[^*]*\*/", "", shape).strip()
+  if not shape.startswith("("):
+    return [shape]
+  out, depth, start = [], 0, 1
+  for i, c in enumerate(shape):
+    if c in "([{":
+      depth += 1
+    elif c in ")]}":
+      depth -= 1
+      if depth == 0:
+        out.append(shape[start:i].strip())
+    elif c == "," and depth == 1:
+      out.append(shape[start:i].strip())
+      start = i + 1
+  return [e for e in out if e]
+
+
 def _balanced(text: str, start: int) -> int:
   """Index just past the bracket group opening at text[start] ('(' or '{')."""
   pairs = {"(": ")", "{": "}", "[": "]"}
@@ -316,10 +335,10 @@ class Module:
       return 2 * nbytes(self._operand_shape(comp, instr, 1))
     if instr.op in ("dynamic-slice", "slice"):
       return 2 * out
-    parts = arrays(instr.shape)
-    if instr.op.endswith("-start") and instr.op[:-len("-start")] not in COLLECTIVES and len(parts) >= 2:
-      dtype, dims = parts[1]  # async copy/slice: ((operand), result, context): the result is read and written
-      return int(2 * math.prod(dims) * DTYPE_BYTES[dtype])
+    if instr.op.endswith("-start") and instr.op[:-len("-start")] not in COLLECTIVES:
+      elements = tuple_elements(instr.shape)  # async copy/slice: ((operand), result, context)
+      if len(elements) >= 2:
+        return 2 * nbytes(elements[1])  # the result is read and written
     if instr.op == "fusion":
       callee = self.comps.get(_attr(instr.attrs, "calls") or "")
       if callee is not None:
@@ -339,9 +358,12 @@ class Module:
       op = instr.op[:-len("-start")] if instr.op.endswith("-start") else instr.op
       if op not in COLLECTIVES:
         continue
-      parts = arrays(instr.shape)
-      if instr.op.endswith("-start") and op in ("all-gather", "collective-permute") and len(parts) >= 2:
-        parts = parts[len(parts) // 2:] if op == "all-gather" else parts[1:2]  # (inputs..., outputs...)
+      shape = instr.shape
+      if instr.op.endswith("-start"):
+        elements = tuple_elements(shape)
+        if len(elements) >= 2 and (elements[0].startswith("(") or op == "collective-permute"):
+          shape = elements[1]  # ((operands), (results), ...): the results
+      parts = arrays(shape)
       if not parts:
         continue
       size = int(sum(math.prod(d) * DTYPE_BYTES[t] for t, d in parts))

@@ -36,8 +36,8 @@ GiB = 2**30
 LAUNCH_US = 5.0
 
 _SPECS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "specs")
-PIP = {"tpu": 'pip install -e ".[plan-tpu]"   (libtpu, the TPU compiler; no TPU needed)',
-       "cuda": 'pip install -e ".[plan-gpu]"   (the CUDA plugin and ptxas; no GPU needed)'}
+PIP = {"tpu": 'pip install -e ".[plan-tpu]" (libtpu, the TPU compiler; no TPU needed), or run bash scripts/plan.sh',
+       "cuda": 'pip install -e ".[plan-gpu]" (the CUDA plugin and ptxas; no GPU needed), or run bash scripts/plan.sh'}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -107,8 +107,9 @@ def state_shardings(state: TrainState, mesh: Mesh, shard_softmax: bool = False) 
 
   With `shard_softmax`, the softmax `W` [V, P] and its optimizer state are split along P over the mesh
   (V, 793,471 for lm1b, does not divide by device counts; P = 512 does): each device keeps 1/n of the
-  largest tensor and its Adagrad accumulator, and the step reduce-scatters the softmax gradient instead of
-  all-reducing it densely. Losses equal the replicated layout's.
+  largest tensor and its Adagrad accumulator, and the step moves only the softmax rows it uses
+  (`take_split_rows`: the sampled rows all-gathered, their gradient reduce-scattered) instead of
+  all-reducing the dense [V, P] gradient. Losses equal the replicated layout's.
   """
   replicated = NamedSharding(mesh, P())
   n = mesh.devices.size
@@ -142,6 +143,13 @@ def _specs(shardings: Any) -> Any:
 
 def _replicated(spec: P) -> bool:
   return all(axis is None for axis in spec)
+
+
+def _softmax_is_split(param_specs: Any) -> bool:
+  """Whether the softmax W is split over the devices (`shard_softmax`); one spec for all params: its own."""
+  if isinstance(param_specs, P):
+    return not _replicated(param_specs)
+  return not _replicated(param_specs["softmax"]["W"])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -222,7 +230,7 @@ def make_train_step(model: BiLM, optimizer, mesh: Mesh, state_sharding: TrainSta
   """
   param_specs = _specs(state_sharding.params)
   lstm_specs = _specs(state_sharding.lstm_state)
-  split_softmax = not _replicated(param_specs["softmax"]["W"])
+  split_softmax = _softmax_is_split(param_specs)
   n_devices = mesh.devices.size
 
   def per_device(params, lstm_state, batch, key):
@@ -269,8 +277,8 @@ def make_train_step(model: BiLM, optimizer, mesh: Mesh, state_sharding: TrainSta
 def make_eval_step(model: BiLM, mesh: Mesh, params_sharding: Any):
   """Returns jitted `eval_step(params, lstm_state, batch) -> (lstm_state, sums)` with full softmax, a
   `shard_map` over the data axis as the train step: each device scores its rows, the sums are reduced."""
-  param_specs = _specs(params_sharding)
-  split_softmax = not _replicated(param_specs["softmax"]["W"])
+  param_specs = _specs(params_sharding)  # a tree of shardings, or one for all params
+  split_softmax = _softmax_is_split(param_specs)
   lstm_sharding = lstm_state_sharding(mesh)
 
   def per_device(params, lstm_state, batch):
