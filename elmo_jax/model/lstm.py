@@ -39,23 +39,23 @@ def zero_state(config: BiLMConfig, batch_size: int, xp: Any = jnp) -> LSTMState:
 class Residuals(NamedTuple):
   """What the forward pass saves per step for the hand-written backward pass, each [T, D, B, ...].
 
-  Three arrays (one stacked write per step), not the ten per-step values the backward pass uses: the cell
-  state before the clip, tanh of the cell state and the projection's input are recomputed elementwise from
-  these (the same ops on the same values, so the same numbers), and whether a clip was active is read off
-  the clipped value (|clip(x)| < c iff -c < x < c).
+  Four arrays (the four gate activations stacked into one write per step), not the ten per-step values the
+  backward pass uses: the cell state before the clip and the projection's input are recomputed
+  elementwise from these (the same ops on the same values, so the same numbers; tanh, the costly one, is
+  saved), and whether a clip was active is read off the clipped value (|clip(x)| < c iff -c < x < c).
+  With bfloat16 matmuls the activations are saved in bfloat16; float32 runs save float32.
   """
   gates: jax.Array  # [..., 4H]: sigmoid(i), tanh(j), sigmoid(f), sigmoid(o), in the matmul dtype
   c_prev: jax.Array  # [..., H]: cell state before the step
+  tc: jax.Array  # [..., H]: tanh of the (clipped) new cell state, in the matmul dtype
   h_prev: jax.Array  # [..., P]: projected output before the step
 
 
-def _cell(si: jax.Array, tj: jax.Array, sf: jax.Array, c_prev: jax.Array, cell_clip
-          ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(c_raw, c_new, tanh(c_new)) of a step from its gate activations: the cell update before and after the
-  clip. Shared by the forward pass and the backward pass's recomputation."""
+def _cell(si: jax.Array, tj: jax.Array, sf: jax.Array, c_prev: jax.Array, cell_clip) -> tuple[jax.Array, jax.Array]:
+  """(c_raw, c_new) of a step from its gate activations: the cell update before and after the clip.
+  Shared by the forward pass and the backward pass's recomputation."""
   c_raw = sf * c_prev + si * tj
-  c_new = jnp.clip(c_raw, -cell_clip, cell_clip) if cell_clip else c_raw
-  return c_raw, c_new, jnp.tanh(c_new)
+  return c_raw, (jnp.clip(c_raw, -cell_clip, cell_clip) if cell_clip else c_raw)
 
 
 class LSTMWeights(nn.Module):
@@ -136,7 +136,8 @@ def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None):
       g = jnp.einsum("dbi,dig->dbg", xh, w_h, preferred_element_type=jnp.float32) + bias[:, None]
     i, j, f, o = jnp.split(g, 4, axis=-1)
     si, tj, sf, so = jax.nn.sigmoid(i), jnp.tanh(j), jax.nn.sigmoid(f), jax.nn.sigmoid(o)
-    _, c_new, tc = _cell(si, tj, sf, c, cell_clip)
+    _, c_new = _cell(si, tj, sf, c, cell_clip)
+    tc = jnp.tanh(c_new)
     m_new = so * tc
     h_raw = jnp.einsum("dbh,dhp->dbp", m_new.astype(dtype), w_p, preferred_element_type=jnp.float32)
     h_new = jnp.clip(h_raw, -proj_clip, proj_clip) if proj_clip else h_raw
@@ -146,7 +147,8 @@ def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None):
     if save:
       # The four activations as one [.., 4H] array in the matmul dtype: one write per step, and with
       # bfloat16 half the bytes of the largest saved array (float32 runs save float32, exactly).
-      return carry, (y, Residuals(jnp.concatenate([si, tj, sf, so], axis=-1).astype(dtype), c, h))
+      gates = jnp.concatenate([si, tj, sf, so], axis=-1).astype(dtype)
+      return carry, (y, Residuals(gates, c, tc.astype(dtype), h))
     return carry, y
 
   return step
@@ -176,7 +178,8 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
     dc, dh, h_after = carry  # h_after: the projected output after this step (clipped), for the clip's gradient
     r, dy, m = inputs
     si, tj, sf, so = jnp.split(r.gates.astype(jnp.float32), 4, axis=-1)
-    c_raw, _, tc = _cell(si, tj, sf, r.c_prev, cell_clip)
+    tc = r.tc.astype(jnp.float32)
+    c_raw, _ = _cell(si, tj, sf, r.c_prev, cell_clip)
     keep = m[..., None]
     dh_new = jnp.where(keep, dh + dy, 0.0)
     if proj_clip:  # jnp.clip's gradient: 0 outside the open interval (|clip(x)| < c iff -c < x < c)
@@ -196,9 +199,8 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
                                               unroll=unroll)
   dw_h = jnp.einsum("tdbp,tdbg->dpg", saved.h_prev.astype(dtype), dgx.astype(dtype),
                     preferred_element_type=jnp.float32)
-  # The projection's inputs of every step, recomputed at once (one elementwise pass, not a saved array).
-  si, tj, sf, so = jnp.split(saved.gates.astype(jnp.float32), 4, axis=-1)
-  m_new = so * _cell(si, tj, sf, saved.c_prev, cell_clip)[2]
+  # The projection's inputs of every step, sigmoid(o) * tanh(c), recomputed at once (one elementwise pass).
+  m_new = saved.gates[..., 3 * saved.tc.shape[-1]:].astype(jnp.float32) * saved.tc.astype(jnp.float32)
   dw_p = jnp.einsum("tdbh,tdbp->dhp", m_new.astype(dtype), dh_raw.astype(dtype),
                     preferred_element_type=jnp.float32)
   return dgx, dw_h.astype(w_h.dtype), dw_p.astype(w_p.dtype), None, dc0, dh0
