@@ -19,11 +19,12 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from elmo_jax import cli
+
 FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  from elmo_jax import cli  # pylint: disable=g-import-not-at-top
   from elmo_jax.plan import DEFAULT_ROWS, targets  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.config import unknown_override_error  # pylint: disable=g-import-not-at-top
   default = cli.default_config("lm1b")
@@ -100,6 +101,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.ERROR)
+  # Deviceless: compile for the target, run nothing; the host backend is the CPU (on a TPU VM too), and no
+  # TPU is opened, so two planners may run at once (libtpu's lockfile otherwise refuses the second).
+  import jax  # pylint: disable=g-import-not-at-top
+  if not os.environ.get("JAX_PLATFORMS"):
+    jax.config.update("jax_platforms", "cpu")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from elmo_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.plan import targets  # pylint: disable=g-import-not-at-top
   try:
@@ -115,10 +122,6 @@ def main(argv):
 
 
 def run() -> None:
-  # Deviceless: compile for the target, run nothing; the host backend is the CPU (a TPU VM's chips too).
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no TPU is opened: two planners may run at once
-  from elmo_jax import cli  # pylint: disable=g-import-not-at-top
   cli.run_main(main, define_flags)
 
 

@@ -167,7 +167,7 @@ def _backend_config(attrs: str) -> dict:
 
 
 class Module:
-  """An optimized HLO module, with the call graph walked once."""
+  """An optimized HLO module: its computations, and walks over what the entry computation executes."""
 
   def __init__(self, text: str):
     self.comps = parse_module(text)
@@ -211,7 +211,7 @@ class Module:
           callee = self.comps.get(_attr(instr.attrs, key) or "")
           if callee is not None:
             yield from self.walk(callee, times * n, fused)
-      elif instr.op in ("fusion", "call", "async-start") or instr.op.endswith("-start") and "calls=" in instr.attrs:
+      elif instr.op == "call" or "calls=" in instr.attrs:  # fusions, calls, async wrappers (not reducers)
         callee = self.comps.get(_attr(instr.attrs, "calls") or _attr(instr.attrs, "to_apply") or "")
         if callee is not None:
           yield from self.walk(callee, times, fused or instr.op == "fusion")
