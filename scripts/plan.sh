@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The AOT planner with XLA's TPU and GPU compilers (no accelerator needed): sets up .venv-plan on first use
-# (requirements.txt + libtpu + the CUDA plugin and ptxas of the pinned jax, ~0.5 GB; kept apart from .venv,
+# (requirements.txt + libtpu + the CUDA plugin and ptxas of the pinned jax, ~2.5 GB in all; kept apart from .venv,
 # where an installed libtpu would make CPU training probe for a TPU), then runs `python -m elmo_jax.plan`:
 #   bash scripts/plan.sh --config=configs/lm1b.py --target=v5e:8x8 --per_device_batch=256
 set -euo pipefail

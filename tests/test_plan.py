@@ -29,7 +29,7 @@ _SCRIPT = textwrap.dedent(r"""
   import tiny
   from elmo_jax import plan
   out = {}
-  for spec in sys.argv[3:]:
+  for spec in sys.argv[2:]:
     config = tiny.train_config("unused.txt", **{"n_negative_samples": 12, "shard_softmax": True,
                                                 "data.vocab_max_size": 300})
     r = plan.plan(config, spec, per_device_batch=4, with_eval=spec == "cpu:8")
@@ -42,7 +42,7 @@ def _plan_cpu(tmp_path, *specs):
   script = tmp_path / "plan.py"
   script.write_text(_SCRIPT)
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([PYTHON, str(script), os.path.dirname(__file__), str(tmp_path), *specs], env=env,
+  proc = subprocess.run([PYTHON, str(script), os.path.dirname(__file__), *specs], env=env,
                         capture_output=True, text=True, timeout=300, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-4000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
