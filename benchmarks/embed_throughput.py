@@ -1,6 +1,7 @@
 """Throughput of the embedding path (`Embedder` + `embed_file`) on real sentences; prints one JSON object.
 
     python benchmarks/embed_throughput.py [--presets=small,original] [--batch_sizes=32,64,128,256]
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/embed_throughput.py --devices=8
 
 Random weights of each preset's size (speed does not depend on the values), sentences from the corpus in
 data/ (nothing outside the repository). Per preset and batch size:
@@ -18,7 +19,9 @@ FLOPs count the matmuls/convolutions as executed, padding included (char CNN row
 char widths, biLSTM rows x (longest row + <S>/</S>) steps); `useful_flops_per_token` counts real tokens only
 (every token through the CNN at its width, no padding). `peak_rss_mb` is the process's peak so far;
 `memory_mb` the resident memory after each stage (`rss`, its `anon` and `file` parts, and `hwm`, the peak
-so far), to tell the model, the compiled shapes and the held outputs apart.
+so far), to tell the model, the compiled shapes and the held outputs apart. With `--devices=N`, `devices`:
+the same params on N local devices vs 1 (`embed_sentences` and `embed_file`, interleaved rounds): tokens/s
+of each, their ratio and the outputs' largest difference.
 """
 from __future__ import annotations
 
@@ -40,10 +43,10 @@ import numpy as np
 
 from bench_util import matmul_peak, memory_mb, peak_rss_mb  # pylint: disable=g-bad-import-order
 from elmo_jax import embed
-from elmo_jax import embedder as embedder_lib
 from elmo_jax import memory
 from elmo_jax import options as options_lib
-from elmo_jax.embedder import Embedder, _char_widths, _pow2_at_least
+from elmo_jax.embed_step import char_widths as _char_widths
+from elmo_jax.embedder import Embedder, _pow2_at_least
 from elmo_jax.model import BiLM, BiLMConfig
 
 _CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "pd-small", "train.txt.gz")
@@ -61,6 +64,8 @@ flags.DEFINE_enum("tokenizer", "moses", ["moses", "whitespace"], "How raw lines 
 flags.DEFINE_bool("split", True, "Time each phase in a synchronous pass.")
 flags.DEFINE_bool("embed_file", True, "Also time the end-to-end `embed_file` (text in, HDF5 out).")
 flags.DEFINE_integer("seed", 0, "Init seed of the random weights.")
+flags.DEFINE_integer("devices", 1, "Also compare the Embedder on this many local devices with 1 (e.g. 8, with "
+                     "XLA_FLAGS=--xla_force_host_platform_device_count=8 on a CPU).")
 flags.DEFINE_bool("token_cache", True, "Also time cached token embeddings (words seen twice or more) "
                   "against the char path, in interleaved rounds.")
 
@@ -118,7 +123,7 @@ def useful_flops_per_token(embedder: Embedder, sentences: Sequence[Sequence[str]
   return (cnn + lstm) / n_tokens
 
 
-def random_embedder(preset: str, seed: int) -> Embedder:
+def random_embedder(preset: str, seed: int, devices: int = 1) -> Embedder:
   """Random weights of the preset, initialised in one compiled program.
 
   A user's model is loaded from a weight file, which compiles nothing; `Embedder.random`'s eager init
@@ -128,7 +133,7 @@ def random_embedder(preset: str, seed: int) -> Embedder:
   options = options_lib.validate(options_lib.preset(preset))
   dummy = np.zeros((1, 1, options["char_cnn"]["max_characters_per_token"]), np.int32)
   params = jax.jit(BiLM(BiLMConfig.from_options(options)).init)(jax.random.key(seed), dummy)["params"]
-  return Embedder(options, params)
+  return Embedder(options, params, devices=devices)
 
 
 # --- passes ---------------------------------------------------------------------------------------------
@@ -162,7 +167,7 @@ def split_pass(embedder: Embedder, sentences, batch_size: int) -> dict[str, Any]
       # pylint: disable=protected-access
       emb = jax.block_until_ready(embedder._token_embeddings(prepared))
       t.append(time.perf_counter())
-      layers = jax.block_until_ready(embedder_lib._bilm(embedder.model, embedder.params, emb, prepared.mask, None)["layers"])
+      layers = jax.block_until_ready(embedder._steps.bilm(embedder.params, emb, embedder._steps.put_rows(prepared.mask)))
       # pylint: enable=protected-access
       t.append(time.perf_counter())
       host = np.asarray(layers)[:len(chunk)]
@@ -200,8 +205,8 @@ def bench(preset: str, sentences: list[list[str]], batch_sizes: Sequence[int], p
     r["output_mb"] = round(sum(x.nbytes for x in held) / 2**20, 1)
     r["memory_mb"]["first_pass_output_held"] = memory_mb()
     del held
-    r["compiled_shapes"] = {name.strip("_"): getattr(embedder_lib, name)._cache_size()  # pylint: disable=protected-access
-                            for name in ("_cnn_into", "_gather", "_bilm")}
+    r["compiled_shapes"] = {name: getattr(embedder._steps, name)._cache_size()  # pylint: disable=protected-access
+                            for name in ("cnn_into", "gather", "bilm")}
     embedder._token_rows.clear()  # pylint: disable=protected-access
     split, flops = split_pass(embedder, sentences, bs) if FLAGS.split else ({}, None)
     secs = [timed(lambda: embedder.embed_sentences(sentences, batch_size=bs), embedder)
@@ -233,7 +238,36 @@ def bench(preset: str, sentences: list[list[str]], batch_sizes: Sequence[int], p
     out[f"batch_{bs}"] = r
   if FLAGS.token_cache:
     out["token_cache"] = token_cache_pass(embedder, options_lib.preset(preset), sentences, batch_sizes[0])
+  if FLAGS.devices > 1:
+    out["devices"] = devices_pass(embedder, sentences, batch_sizes[0])
   return out
+
+
+def devices_pass(one: Embedder, sentences: list[list[str]], bs: int) -> dict[str, Any]:
+  """`--devices=N` vs 1 device on the same params: steady `embed_sentences` and end-to-end `embed_file`, in
+  interleaved rounds (the machine is noisy); the outputs' largest difference."""
+  many = Embedder(one.options, one.params, devices=FLAGS.devices)
+  n_tokens = sum(len(s) for s in sentences)
+  diff = max(float(abs(a - b).max()) for a, b in zip(one.embed_sentences(sentences, bs),
+                                                      many.embed_sentences(sentences, bs)))  # compiles too
+  secs: dict[str, list[float]] = {"1": [], str(FLAGS.devices): [], "file_1": [], f"file_{FLAGS.devices}": []}
+  with tempfile.TemporaryDirectory() as tmp:
+    text = os.path.join(tmp, "in.txt")
+    with open(text, "w", encoding="utf-8") as f:
+      f.writelines(" ".join(s) + "\n" for s in sentences)
+    for e in (one, many):  # the first embed_file call compiles its last batches' shapes
+      embed.embed_file(e, text, os.path.join(tmp, "warm.hdf5"), bs, progress_every=None)
+    for _ in range(FLAGS.passes):
+      for e in (one, many):
+        n = str(len(e.devices))
+        secs[n].append(timed(lambda: e.embed_sentences(sentences, batch_size=bs), e))
+        secs[f"file_{n}"].append(timed(lambda: embed.embed_file(e, text, os.path.join(tmp, "o.hdf5"), bs,
+                                                                progress_every=None), e))
+  med = {k: statistics.median(v) for k, v in secs.items()}
+  d = str(FLAGS.devices)
+  return {"max_abs_diff": diff, "seconds_per_pass": {k: [round(x, 3) for x in v] for k, v in secs.items()},
+          "tokens_per_s": {k: round(n_tokens / v, 1) for k, v in med.items()},
+          "ratio_steady": round(med["1"] / med[d], 3), "ratio_embed_file": round(med["file_1"] / med[f"file_{d}"], 3)}
 
 
 def rates(n_sentences: int, n_tokens: int, seconds: float) -> dict[str, float]:

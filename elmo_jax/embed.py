@@ -27,161 +27,25 @@ and one left by a writer killed outright (kill -9) is removed by the next run fo
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import os
 import queue
-import socket
-import sys
 import threading
 import time
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, TextIO
 
 import h5py
 import numpy as np
 from absl import logging
 
+from elmo_jax import embed_files
+from elmo_jax import embed_job
 from elmo_jax import files
+from elmo_jax.embed_files import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, check_output_path,  # noqa: F401
+                                  count_lines, read_lines, remove_stale_temps)
 from elmo_jax.embedder import DEFAULT_BATCH_SIZE, Embedder, select_layers
 
 _MAX_EMPTY_WARNINGS = 10  # individual warnings; the rest are only counted
-ACTIVE_TEMPS: set[str] = set()  # temp outputs being written, for the CLI's signal handler
-
-
-class EmbedInputError(ValueError):
-  """An input file that cannot be embedded; the message names the file and line."""
-
-
-def open_binary(path: str | os.PathLike):
-  """The file's bytes, decompressed when it is gzip (by its magic number, whatever its name)."""
-  with open(path, "rb") as f:
-    magic = f.read(2)
-  return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
-
-
-def count_lines(path: str | os.PathLike) -> int:
-  """Number of lines (a last line without newline counts), by a fast binary scan."""
-  n, last = 0, b"\n"
-  with open_binary(path) as f:
-    try:
-      while block := f.read(1 << 20):
-        n += block.count(b"\n")
-        last = block[-1:]
-    except (OSError, EOFError) as e:  # a damaged .gz
-      raise EmbedInputError(f"{path}:{n + 1}: cannot read the file further ({e})") from None
-  return n + (last != b"\n")
-
-
-def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-  """Yields (0-based line index, stripped text); stops with `EmbedInputError` at invalid UTF-8.
-
-  Decoded line by line (binary mode) so the error can name the line, which text mode cannot.
-  """
-  if not os.path.exists(path):
-    raise EmbedInputError(f"{path}: input file not found")
-  with open_binary(path) as f:
-    i = -1
-    while True:
-      try:
-        raw = f.readline()
-      except (OSError, EOFError) as e:  # a damaged .gz
-        raise EmbedInputError(f"{path}:{i + 2}: cannot read the file further ({e})") from None
-      if not raw:
-        break
-      i += 1
-      try:
-        text = raw.decode("utf-8")
-      except UnicodeDecodeError as e:
-        raise EmbedInputError(
-            f"{path}:{i + 1}: invalid UTF-8 at byte {e.start} of the line ({e.reason})") from None
-      yield i, text.strip()
-
-
-def _temp_prefix(output_file: str) -> str:
-  """Temp outputs are named `.OUT.HOST.PID.xxxx.tmp`, so a later run can tell a dead writer's."""
-  return f".{os.path.basename(output_file)}.{socket.gethostname()}.{os.getpid()}."
-
-
-def remove_stale_temps(output_file: str | os.PathLike) -> list[str]:
-  """Removes temp outputs for `output_file` of writers on this host that no longer run; returns them."""
-  output_file = os.fspath(output_file)
-  out_dir = os.path.dirname(os.path.abspath(output_file))
-  head = f".{os.path.basename(output_file)}.{socket.gethostname()}."
-  removed = []
-  for name in (os.listdir(out_dir) if os.path.isdir(out_dir) else []):
-    if not (name.startswith(head) and name.endswith(".tmp")):
-      continue
-    pid = name[len(head):].split(".", 1)[0]
-    if not pid.isdigit() or _alive(int(pid)):
-      continue
-    try:
-      os.remove(os.path.join(out_dir, name))
-      removed.append(name)
-    except OSError:
-      pass
-  return removed
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
-
-
-def check_output_path(output_file: str | os.PathLike) -> None:
-  """Fails before any work when the output cannot be written there."""
-  output_file = os.fspath(output_file)
-  if os.path.isdir(output_file):
-    raise EmbedInputError(f"{output_file}: is a directory; give a file path for the output hdf5")
-  out_dir = os.path.dirname(os.path.abspath(output_file))
-  if not os.path.isdir(out_dir):
-    raise EmbedInputError(f"{output_file}: output directory {out_dir} does not exist")
-  if not os.access(out_dir, os.W_OK):
-    raise EmbedInputError(f"{output_file}: output directory {out_dir} is not writable")
-
-
-def _chunks(lines: Iterator[tuple[int, str]], size: int) -> Iterator[list[tuple[int, str]]]:
-  chunk: list[tuple[int, str]] = []
-  for item in lines:
-    chunk.append(item)
-    if len(chunk) == size:
-      yield chunk
-      chunk = []
-  if chunk:
-    yield chunk
-
-
-class Progress:
-  """Prints `embedded n/N sentences (x sent/s, y tok/s, ETA h:mm:ss)` at most every `every` seconds."""
-
-  def __init__(self, total: int, every: float | None = 5.0, stream: TextIO | None = None):
-    self.total, self.every = total, every
-    self.stream = stream if stream is not None else sys.stderr
-    self.start = self._last = time.perf_counter()
-    self.sentences = self.tokens = 0
-
-  def update(self, sentences: int, tokens: int) -> None:
-    self.sentences += sentences
-    self.tokens += tokens
-    now = time.perf_counter()
-    if self.every is not None and now - self._last >= self.every:
-      self._last = now
-      self.stream.write(self.line(now) + "\n")
-      self.stream.flush()
-
-  def line(self, now: float | None = None) -> str:
-    elapsed = max((now or time.perf_counter()) - self.start, 1e-9)
-    rate = self.sentences / elapsed
-    eta = (self.total - self.sentences) / rate if rate > 0 else float("inf")
-    eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta != float("inf") else "?"
-    return (f"embedded {self.sentences}/{self.total} sentences ({rate:.1f} sent/s, "
-            f"{self.tokens / elapsed:.0f} tok/s, ETA {eta_text})")
-
-
 @dataclasses.dataclass
 class _Format:
   """What each dataset holds and how it is named (see `embed_file`'s arguments)."""
@@ -193,21 +57,16 @@ class _Format:
 
 @dataclasses.dataclass
 class _Lines:
-  """What reading the input learned: the sentence index, empty lines, over-long tokens."""
+  """What reading the input learned: empty lines, over-long tokens."""
   input_file: str
   max_chars: int
-  use_sentence_keys: bool
   warn: Callable[[str], Any]
-  sentence_to_index: dict[str, str] = dataclasses.field(default_factory=dict)
   empty: list[int] = dataclasses.field(default_factory=list)
   long_tokens: int = 0
   first_long: str | None = None
 
   def tokens(self, i: int, text: str, tokenize: Callable[[str], list[str]] | None) -> list[str]:
-    """Line i's tokens; records its key, and warns about an empty line."""
-    if self.use_sentence_keys:
-      _check_sentence_key(self.input_file, i, text, self.sentence_to_index)
-    self.sentence_to_index[text] = str(i)
+    """Line i's tokens; warns about an empty line."""
     tokens = tokenize(text) if tokenize is not None else text.split()
     n_long = sum(len(t) > self.max_chars for t in tokens)
     if n_long:
@@ -230,16 +89,21 @@ class _Lines:
 
 
 class _Writer:
-  """Writes batches into an open HDF5 file from a background thread.
+  """Writes batches into the job's part files from a background thread.
 
   The device computes batch k+1 (and the main thread reads and prepares the next ones) while batch k is cut
   to its lengths, converted and written. The queue holds at most `depth` batches, so memory stays bounded
-  when the disk is slower than the device. An error in the thread is raised by the next `put` or `close`.
+  when the disk is slower than the device. A part is written to a temp file and committed
+  (`Job.commit`) once its last batch is written. An error in the thread is raised by the next `put` or
+  `close`.
   """
 
-  def __init__(self, fout: h5py.File, fmt: _Format, where: str, warn: Callable[[str], Any], depth: int = 2):
-    self.fout, self.fmt, self.where, self.warn = fout, fmt, where, warn
+  def __init__(self, job: embed_job.Job, fmt: _Format, where: str, warn: Callable[[str], Any], depth: int = 2):
+    self.job, self.fmt, self.where, self.warn = job, fmt, where, warn
     self.error: BaseException | None = None
+    self.fout: h5py.File | None = None
+    self._tmp: str | None = None
+    self._counts = [0, 0]
     self._slash_warned = False
     self._queue: queue.Queue = queue.Queue(maxsize=depth)
     self._thread = threading.Thread(target=self._run, name="embed-hdf5-writer", daemon=True)
@@ -247,10 +111,17 @@ class _Writer:
 
   def put(self, layers: np.ndarray, lines: list[tuple[int, str, int]]) -> None:
     """Queues one batch: layers `[rows, n_layers + 1, time, 2P]` and (line index, text, n_tokens) per row."""
+    self._put(("batch", layers, lines))
+
+  def commit(self, part: tuple[int, int], state=None) -> None:
+    """Queues the end of `part` (its batches were `put` before); `state`: the LSTM state after it."""
+    self._put(("commit", part, state))
+
+  def _put(self, item) -> None:
     while True:
       self._raise()
       try:
-        self._queue.put((layers, lines), timeout=0.1)
+        self._queue.put(item, timeout=0.1)
         return
       except queue.Full:
         if not self._thread.is_alive():
@@ -258,30 +129,53 @@ class _Writer:
           raise RuntimeError("the HDF5 writer thread stopped")
 
   def close(self, abort: bool = False) -> None:
-    """Waits for the queued batches to be written (`abort`: drops them); raises the thread's error."""
-    if abort:
-      self.error = self.error or _Aborted()
-      while not self._queue.empty():
-        self._queue.get_nowait()
+    """Waits for the queued batches to be written; raises the thread's error (not if `abort`: the main
+    thread failed, and its error is the one to report). The queued batches are written even then (at most
+    `depth`: the parts they finish are kept for the rerun)."""
     self._queue.put(None)
     self._thread.join()
+    self._drop_part()
     if not abort:
       self._raise()
 
   def _raise(self) -> None:
-    if self.error is not None and not isinstance(self.error, _Aborted):
+    if self.error is not None:
       raise self.error
 
   def _run(self) -> None:
-    while (batch := self._queue.get()) is not None:
+    while (item := self._queue.get()) is not None:
       if self.error is not None:
         continue  # drain until close()
-      layers, lines = batch
       try:
-        for row, (i, text, n) in enumerate(lines):
-          self._write(i, text, layers[row, :, :n])
+        if item[0] == "batch":
+          self._write_batch(*item[1:])
+        else:
+          self._commit(*item[1:])
       except BaseException as e:  # pylint: disable=broad-except
         self.error = e
+
+  def _write_batch(self, layers: np.ndarray, lines: list[tuple[int, str, int]]) -> None:
+    if self.fout is None:
+      self._tmp = embed_files.new_part_temp(self.job.parts_dir)
+      self.fout = h5py.File(self._tmp, "w")
+    for row, (i, text, n) in enumerate(lines):
+      self._write(i, text, layers[row, :, :n])
+      self._counts[0] += 1
+      self._counts[1] += n
+
+  def _commit(self, part: tuple[int, int], state) -> None:
+    self.fout.close()
+    self.job.commit(part, self._tmp, *self._counts, state=state)
+    ACTIVE_TEMPS.discard(self._tmp)
+    self.fout, self._tmp, self._counts = None, None, [0, 0]
+
+  def _drop_part(self) -> None:
+    """An unfinished part (a failed run) is removed; committed parts stay for the rerun."""
+    if self.fout is not None:
+      self.fout.close()
+      os.remove(self._tmp)
+      ACTIVE_TEMPS.discard(self._tmp)
+      self.fout = None
 
   def _write(self, i: int, text: str, layers: np.ndarray) -> None:
     data = select_layers(layers, self.fmt.output)
@@ -302,19 +196,20 @@ class _Writer:
                             "drop --use_sentence_keys") from None
 
 
-class _Aborted(Exception):
-  """Marks a writer closed because the main thread failed (its own error is the one to report)."""
-
-
 def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: str | os.PathLike,
                batch_size: int = DEFAULT_BATCH_SIZE, *, chunk_size: int = 4096,
+               part_sentences: int = embed_job.DEFAULT_PART_SENTENCES,
                progress_every: float | None = 5.0,
                progress_stream: TextIO | None = None,
                warn: Callable[[str], Any] = logging.warning, output: str = "all",
                sentence_vectors: bool = False, output_dtype: str = "float32", use_sentence_keys: bool = False,
-               forget_sentences: bool = False, tokenize: Callable[[str], list[str]] | None = None
-               ) -> dict[str, Any]:
-  """Embeds every line of `input_file` into `output_file` (HDF5, AllenNLP `elmo` layout).
+               forget_sentences: bool = False, tokenize: Callable[[str], list[str]] | None = None,
+               process_index: int | None = None, process_count: int | None = None) -> dict[str, Any]:
+  """Embeds every line of `input_file` into `output_file` (HDF5, AllenNLP `elmo` layout); resumable.
+
+  The work goes through the job folder `output_file.partial/` (`elmo_jax.embed_job`): a rerun of the same
+  call after a failure, a signal or `kill -9` skips the finished parts and gives the same file; with
+  several processes (`jax.distributed`), each embeds its share of the lines and process 0 writes the file.
 
   Args:
     embedder: the model; its `stateful` flag decides the batching (see `Embedder`).
@@ -323,6 +218,7 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     batch_size: sentences per batch.
     chunk_size: lines read (and held) at once; rounded up to a multiple of `batch_size` so stateful
       batches are the same consecutive groups of lines however the file is chunked.
+    part_sentences: sentences per part file (rounded up to whole batches): the most a kill can lose.
     progress_every: seconds between progress lines (None: none).
     progress_stream: where progress goes (default stderr).
     warn: called with a message for empty lines.
@@ -332,12 +228,15 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     use_sentence_keys: name each dataset by the line's text (AllenNLP); no `sentence_to_index`.
     forget_sentences: do not write `sentence_to_index`.
     tokenize: `str -> tokens` for raw text (default: split on whitespace).
+    process_index, process_count: this process's share (default: JAX's process index and count).
 
   Returns:
-    {"sentences", "tokens", "empty_lines", "long_tokens", "seconds"}.
+    {"lines", "sentences" (this process, this run), "resumed" (earlier runs'), "tokens", "empty_lines", "long_tokens", "seconds",
+     "wrote" (whether this process wrote the output)}.
 
   Raises:
-    EmbedInputError: missing input file or output directory, or invalid UTF-8 (names the line).
+    EmbedInputError: missing input file or output directory, invalid UTF-8 (names the line), a job folder
+      of another run (`embed_job.JobError`), or `--stateful` over several processes.
   """
   input_file, output_file = os.fspath(input_file), os.fspath(output_file)
   if not os.path.exists(input_file):
@@ -348,56 +247,111 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     raise ValueError(f"output must be all/top/average and output_dtype float32/float16, got {output!r}, "
                      f"{output_dtype!r}")
   check_output_path(output_file)
-  remove_stale_temps(output_file)
-  progress = Progress(count_lines(input_file), progress_every, progress_stream)
+  if process_index is None or process_count is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    process_index, process_count = jax.process_index(), jax.process_count()
+  if embedder.stateful and process_count > 1:
+    raise EmbedInputError(f"--stateful carries each batch row's state through {input_file} in order, so it "
+                          f"runs in one process (this job has {process_count})")
+  n_lines = count_lines(input_file, validate=True)
+  if use_sentence_keys:
+    embed_files.check_sentence_keys(input_file)
   fmt = _Format(output, sentence_vectors, output_dtype, use_sentence_keys)
+  layout = embed_job.Layout(n_lines, -(-max(chunk_size, 1) // batch_size) * batch_size, batch_size,
+                            max(1, -(-part_sentences // batch_size)))
+  settings = {"input": {"file": os.path.abspath(input_file), "lines": n_lines,
+                        "sha256": files.sha256_file(input_file)},
+              "model": embedder.fingerprint(), "devices": len(embedder.devices),
+              "layout": dataclasses.asdict(layout), "format": dataclasses.asdict(fmt),
+              "tokenize": None if tokenize is None else type(tokenize).__name__,
+              "sentence_to_index": not (use_sentence_keys or forget_sentences)}
+  job = embed_job.Job.open(output_file, settings, layout)
+  remove_stale_temps(output_file)
+  resumed = job.done_counts()
+  if resumed[0]:
+    warn(f"{output_file}: resuming; {resumed[0]} of {n_lines} lines are already embedded in {job.folder}")
+  progress = embed_job.Progress(n_lines, progress_every if process_index == 0 else None, progress_stream,
+                                done=resumed,
+                                poll=job.done_counts if process_count > 1 else None)
   # bilm-tf's ids leave room for the begin/end-of-word marks
-  lines = _Lines(input_file, embedder.config.max_characters_per_token - 2, use_sentence_keys, warn)
-  with files.atomic_path(output_file, prefix=_temp_prefix(output_file)) as tmp:
-    ACTIVE_TEMPS.add(tmp)
-    try:
-      with h5py.File(tmp, "w") as fout:
-        _embed_lines(embedder, lines, _Writer(fout, fmt, input_file, warn), progress,
-                     batch_size, -(-max(chunk_size, 1) // batch_size) * batch_size, tokenize)
-        lines.finish()
-        if not (use_sentence_keys or forget_sentences):
-          index = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
-          index[0] = json.dumps(lines.sentence_to_index)
-    finally:
-      ACTIVE_TEMPS.discard(tmp)
-  return {"sentences": progress.sentences, "tokens": progress.tokens, "empty_lines": len(lines.empty),
-          "long_tokens": lines.long_tokens, "seconds": time.perf_counter() - progress.start}
+  lines = _Lines(input_file, embedder.config.max_characters_per_token - 2, warn)
+  ACTIVE_JOBS.add(job.folder)
+  try:
+    _embed_share(embedder, job, lines, _Writer(job, fmt, input_file, warn), progress, tokenize,
+                 layout.share(process_index, process_count))
+    lines.finish()
+    if process_index == 0:
+      job.wait_for_all(on_poll=progress.update)
+      progress.finish()
+      _write_output(job, output_file, input_file if settings["sentence_to_index"] else None)
+  finally:
+    ACTIVE_JOBS.discard(job.folder)
+  return {"lines": n_lines, "sentences": progress.sentences, "resumed": resumed[0], "tokens": progress.tokens,
+          "empty_lines": len(lines.empty), "long_tokens": lines.long_tokens,
+          "seconds": time.perf_counter() - progress.start, "wrote": process_index == 0}
 
 
-def _embed_lines(embedder: Embedder, lines: _Lines, writer: _Writer, progress: Progress,
-                 batch_size: int, chunk_size: int, tokenize: Callable[[str], list[str]] | None) -> None:
-  """Reads the input chunk by chunk, embeds it with `Embedder.iter_batches` and hands batches to `writer`.
+def _embed_share(embedder: Embedder, job: embed_job.Job, lines: _Lines, writer: _Writer,
+                 progress: embed_job.Progress, tokenize: Callable[[str], list[str]] | None,
+                 share: range) -> None:
+  """Reads this process's chunks, embeds their unfinished parts with `Embedder.batches` and hands the
+  batches to `writer`, committing each part after its last batch.
 
   The batches are `embed_sentences`' (a short last batch padded to a power of two of rows), so the CLI
   compiles no shape the library would not, and a chunk's last batch costs no more than its sentences need.
-  (Padding it to full rows instead compiled one more shape; in benchmarks/embed_throughput.py the peak
-  RSS rose by ~190 MB during that first embed_file call.)
+  Stateful, the finished parts are the ones before the first unfinished part, and the state continues
+  from the last of them.
   """
+  layout, todo = job.layout, _unfinished(job, embedder, share)
   try:
-    for chunk in _chunks(read_lines(lines.input_file), chunk_size):
+    for c, chunk in enumerate(embed_files.chunks(read_lines(lines.input_file), layout.chunk_size)):
+      if c >= share.stop:
+        break
+      if c not in todo:
+        continue
       sentences = [lines.tokens(i, text, tokenize) for i, text in chunk]
-      for rows, layers in embedder.iter_batches(sentences, batch_size):
+      n_batches = -(-len(chunk) // layout.batch_size)
+      for k, rows, layers, state in embedder.batches(
+          sentences, layout.batch_size, skip=lambda k, c=c: k // layout.part_batches not in todo[c]):
         writer.put(layers, [(*chunk[pos], len(sentences[pos])) for pos in rows])
         progress.update(len(rows), sum(len(sentences[pos]) for pos in rows))
+        if k % layout.part_batches == layout.part_batches - 1 or k == n_batches - 1:
+          writer.commit((c, k // layout.part_batches), state)
   except BaseException:
     writer.close(abort=True)
     raise
   writer.close()
 
 
-def _check_sentence_key(input_file: str, i: int, text: str, seen: dict[str, str]) -> None:
-  """A line's text as an HDF5 dataset name: unique, non-empty, no path syntax."""
-  where = f"{input_file}:{i + 1}"
-  if text in seen:
-    raise EmbedInputError(f"{where}: repeats line {int(seen[text]) + 1}; sentence keys must be unique "
-                          "(drop --use_sentence_keys to embed repeated lines)")
-  if not text:
-    raise EmbedInputError(f"{where}: an empty line cannot name an HDF5 dataset; drop --use_sentence_keys")
+def _unfinished(job: embed_job.Job, embedder: Embedder, share: range) -> dict[int, set[int]]:
+  """{chunk: its parts still to embed} of `share`; stateful, also restores the state to continue from."""
+  parts = [(c, g) for c in share for g in range(job.layout.parts(c))]
+  if embedder.stateful:
+    first = next((i for i, p in enumerate(parts) if not job.is_done(p)), len(parts))
+    embedder.state = job.state_after(parts[first - 1]) if first else None
+    todo = parts[first:]
+  else:
+    todo = [p for p in parts if not job.is_done(p)]
+  out: dict[int, set[int]] = {}
+  for c, g in todo:
+    out.setdefault(c, set()).add(g)
+  return out
+
+
+def _write_output(job: embed_job.Job, output_file: str, index_from: str | None) -> None:
+  """Process 0, once every part is committed: the parts merged into the output (atomically), then the
+  job folder removed. `index_from`: the input, whose lines make `sentence_to_index`."""
+  with files.atomic_path(output_file, prefix=embed_files.temp_prefix(output_file)) as tmp:
+    ACTIVE_TEMPS.add(tmp)
+    try:
+      with h5py.File(tmp, "w") as fout:
+        job.merge(fout)
+        if index_from is not None:  # later duplicates win, as in AllenNLP
+          index = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
+          index[0] = json.dumps({text: str(i) for i, text in read_lines(index_from)})
+    finally:
+      ACTIVE_TEMPS.discard(tmp)
+  job.remove()
 
 
 def dump_token_embeddings(embedder: Embedder, vocab_file: str | os.PathLike, output_file: str | os.PathLike,

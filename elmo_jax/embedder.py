@@ -6,15 +6,15 @@
 Speed: sentences are sorted by length and padded to a few time buckets; every distinct token runs through
 the char CNN once (exact: the CNN sees one token at a time) into an on-device token table that outlives
 the batch (`token_cache.TokenRows`), and each batch gathers its tokens from it. Short tokens run through
-the CNN over fewer char positions (`_CHAR_WIDTHS`, exact, see `_char_widths`), in fixed chunks of
-`_CNN_ROWS` tokens, so the CNN compiles one shape per width. Batch k+1 is prepared on the host and
+the CNN over fewer char positions (`embed_step.CHAR_WIDTHS`, exact, see `embed_step.char_widths`), in fixed chunks of
+`CNN_ROWS` tokens, so the CNN compiles one shape per width. Batch k+1 is prepared on the host and
 dispatched before batch k is copied back (JAX dispatches asynchronously), and JAX's persistent compilation
-cache (`enable_compilation_cache`) makes a second process start fast.
+cache (`enable_compilation_cache`) makes a second process start fast. Every batch is split over all of
+this process's devices by default (`devices=`; the compiled functions are in `embed_step`).
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -24,21 +24,19 @@ import numpy as np
 
 from elmo_jax import chars
 from elmo_jax import download
+from elmo_jax import embed_job
+from elmo_jax import embed_step
 from elmo_jax import memory
 from elmo_jax import options as options_lib
 from elmo_jax import pretrained
 from elmo_jax import token_cache as token_cache_lib
 from elmo_jax import weights as weights_lib
+from elmo_jax.embed_step import CNN_ROWS, width_chunks
 from elmo_jax.model import BiLM, BiLMConfig, zero_state
 from elmo_jax.progress import progress
 
 _TRIM_EVERY_BATCHES = 32  # freed batch copies go back to the OS this often (elmo_jax/memory.py)
 _TIME_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-# Char positions the CNN sees for tokens short enough (else all max_characters_per_token); measured on 2 CPU
-# cores the convolutions cost in proportion to the positions, and most tokens fit in 16.
-_CHAR_WIDTHS = (16, 24, 32)
-_CNN_ROWS = 64  # distinct tokens per char-CNN call: a fixed shape (per width), little padding per batch
-_PAD_ID = chars.PAD_CHAR + 1  # token_to_ids shifts ids by one
 _CNN_CACHE_TOKENS = 1 << 15
 DEFAULT_BATCH_SIZE = 64
 
@@ -108,65 +106,14 @@ def _pow2_at_least(n: int, floor: int = 64) -> int:
   return max(floor, 1 << max(0, n - 1).bit_length())
 
 
-def _char_widths(ids: np.ndarray, max_width: int) -> np.ndarray:
-  """Char positions each token `ids [U, max_chars]` needs for an exact char CNN: `[U]`.
-
-  A token of n positions (BOW, bytes, EOW) padded with PAD ids: every conv window of width w that starts at
-  or after n sees only PAD, so all of them give the same value. Cut to k >= n + max_width positions, the
-  windows that touch the token are all still there and so is at least one all-PAD window (also present
-  over all max_chars positions), hence the max over positions -- the CNN's output -- is unchanged.
-  """
-  max_chars = ids.shape[1]
-  widths = np.array([w for w in _CHAR_WIDTHS if w < max_chars] + [max_chars])
-  need = np.count_nonzero(ids != _PAD_ID, axis=1) + max_width
-  return widths[np.minimum(np.searchsorted(widths, need), len(widths) - 1)]
-
-
-# Compiled functions, shared by every Embedder of the same model (`BiLM` is hashable: its config and dtype),
-# so an untrained twin or a second copy compiles nothing and holds no second set of executables.
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _cnn_into(model: BiLM, params, table: jax.Array, ids: jax.Array, dest: jax.Array) -> jax.Array:
-  """Writes the char-CNN outputs of `ids [_CNN_ROWS, width]` into rows `dest` of `table [capacity, P]`, in
-  place (donated); a padding row's out-of-range `dest` drops it."""
-  values = model.apply({"params": params}, ids, method=BiLM.embed_tokens)
-  return table.at[dest].set(values.astype(table.dtype), mode="drop")
-
-
-@jax.jit
-def _gather(table: jax.Array, positions: jax.Array) -> jax.Array:
-  return jnp.take(table, positions, axis=0)  # [rows, time, P]
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _bilm(model: BiLM, params, emb: jax.Array, mask: jax.Array, state) -> dict[str, Any]:
-  return model.apply({"params": params}, token_embeddings=emb, mask=mask, state=state, skip_padding=True)
-
-
-def _width_chunks(ids: np.ndarray, rows: np.ndarray, max_width: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-  """Char ids `[U, max_chars]` of tokens bound for table rows `rows [U]` -> chunks `[_CNN_ROWS, width]` of
-  tokens of one char width (the CNN's fixed shapes) and their rows `[_CNN_ROWS]` (padding: out of range)."""
-  widths = _char_widths(ids, max_width)
-  chunks, dests = [], []
-  for width in np.unique(widths):
-    members = np.flatnonzero(widths == width)
-    for start in range(0, len(members), _CNN_ROWS):
-      part = members[start:start + _CNN_ROWS]
-      chunk = np.zeros((_CNN_ROWS, width), np.int32)
-      dest = np.full(_CNN_ROWS, np.iinfo(np.int32).max, np.int32)
-      chunk[:len(part)], dest[:len(part)] = ids[part, :width], rows[part]
-      chunks.append(chunk)
-      dests.append(dest)
-  return chunks, dests
-
-
 @dataclasses.dataclass
 class _Prepared:
   """One batch on the host: sentences [n], `positions`/`mask` [rows, time] and char-CNN input chunks."""
   n: int
   positions: np.ndarray
   mask: np.ndarray
-  chunks: list[np.ndarray]  # [_CNN_ROWS, width]: char ids of the tokens not yet in the token table
-  dests: list[np.ndarray]  # [_CNN_ROWS] each: their table rows (out of range for padding: dropped)
+  chunks: list[np.ndarray]  # [CNN_ROWS, width]: char ids of the tokens not yet in the token table
+  dests: list[np.ndarray]  # [CNN_ROWS] each: their table rows (out of range for padding: dropped)
 
 
 class Embedder:
@@ -186,22 +133,30 @@ class Embedder:
     compilation_cache: turn on JAX's persistent compilation cache (`enable_compilation_cache`).
     cnn_cache_tokens: char-CNN outputs kept on device across batches (`token_cache.TokenRows`; small:
       16 MB, original: 64 MB at the default), so each token runs through the CNN once, not once per batch.
+    devices: this process's devices to split each batch over (`embed_step.local_mesh`): None = all local
+      devices, an int k = the first k, or a list. Rows are padded to a multiple of the device count; the
+      outputs equal one device's (to float rounding of the matmuls' other shapes).
   """
 
   def __init__(self, options: dict[str, Any], params: dict[str, Any], *, softmax: dict | None = None,
                vocab_file: str | None = None, stateful: bool = False, dtype: Any = jnp.float32,
                token_embedding_file: str | os.PathLike | None = None, token_vocab_file: str | None = None,
-               compilation_cache: bool = True, cnn_cache_tokens: int = _CNN_CACHE_TOKENS):
+               compilation_cache: bool = True, cnn_cache_tokens: int = _CNN_CACHE_TOKENS,
+               devices: int | Sequence[Any] | None = None):
     if compilation_cache:
       enable_compilation_cache()
     self.options = options
     self.config = BiLMConfig.from_options(options)
-    self.params = jax.tree_util.tree_map(jnp.asarray, params)
+    self.mesh = embed_step.local_mesh(devices)
     self.softmax = softmax
     self.vocab_file = vocab_file
     self.stateful = stateful
     self.model = BiLM(self.config, dtype=dtype)
+    self._steps = embed_step.steps(self.model, self.mesh)
+    self.params = jax.device_put(jax.tree_util.tree_map(jnp.asarray, params), self._steps.replicated)
+    self._cnn_rows = embed_step.round_rows(CNN_ROWS, self.mesh)  # each device's share of a CNN chunk
     self._state = None
+    self._fingerprint: str | None = None
     self._char_ids = chars.CharIdCache(self.config.max_characters_per_token, max_size=200_000)
     self._max_width = max(w for w, _ in self.config.filters)
     pinned, tokens = np.zeros((0, self.config.projection_dim), np.float32), []
@@ -209,7 +164,8 @@ class Embedder:
       pinned, tokens = token_cache_lib.read(token_embedding_file, self.config.projection_dim,
                                             token_vocab_file)
     self._token_rows = token_cache_lib.TokenRows(cnn_cache_tokens, tokens)
-    self._table = jnp.asarray(pinned, jnp.float32)  # the char CNN's output dtype (float32 accumulation)
+    # float32: the char CNN's output dtype (float32 accumulation); one copy on every device
+    self._table = jax.device_put(np.asarray(pinned, np.float32), self._steps.replicated)
 
   # --- construction -------------------------------------------------------------------------------------
   @classmethod
@@ -249,7 +205,7 @@ class Embedder:
 
   def untrained_twin(self, seed: int = 0) -> "Embedder":
     """Same options, random init: the control for probing experiments."""
-    return Embedder.random(self.options, seed=seed, stateful=self.stateful)
+    return Embedder.random(self.options, seed=seed, stateful=self.stateful, devices=list(self.mesh.devices.flat))
 
   # --- properties ---------------------------------------------------------------------------------------
   @property
@@ -261,8 +217,31 @@ class Embedder:
   def output_dim(self) -> int:
     return self.config.output_dim
 
+  @property
+  def devices(self) -> list[Any]:
+    return list(self.mesh.devices.flat)
+
   def reset_state(self) -> None:
     self._state = None
+
+  def fingerprint(self) -> str:
+    """sha256 of what decides the outputs: options, params, matmul dtype, statefulness, pinned token rows
+    (a resumable job checks it: `elmo_jax.embed_job`)."""
+    if self._fingerprint is None:
+      pinned = np.asarray(self._table[:self._token_rows.pinned])
+      self._fingerprint = embed_job.fingerprint(
+          *jax.tree_util.tree_leaves(self.params), pinned,
+          extra={"options": self.options, "dtype": str(np.dtype(self.model.dtype)), "stateful": self.stateful})
+    return self._fingerprint
+
+  @property
+  def state(self):
+    """Stateful use: the LSTMState `(c, h)` each batch row carries on (host arrays), None before the first."""
+    return self._state
+
+  @state.setter
+  def state(self, value) -> None:  # e.g. the state a resumed job saved after its last finished part
+    self._state = None if value is None else tuple(np.array(v, np.float32) for v in value)
 
   # --- embedding ----------------------------------------------------------------------------------------
   def embed_batch(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None = None) -> np.ndarray:
@@ -273,7 +252,7 @@ class Embedder:
   def _prepare(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None) -> _Prepared:
     """Host side of a batch: token positions, mask, and the distinct tokens' char ids by char width."""
     n = len(sentences)
-    rows = max(n, pad_batch_to or 0)
+    rows = embed_step.round_rows(max(n, pad_batch_to or 0), self.mesh)
     time = bucket(max((len(s) for s in sentences), default=1) or 1)
     index: dict[str, int] = {}
     positions = np.zeros((rows, time), np.int32)
@@ -286,7 +265,7 @@ class Embedder:
     row, new = self._token_rows.assign(tokens)
     ids = (np.stack([self._char_ids(tokens[u]) for u in new]) if len(new)
            else np.zeros((0, self.config.max_characters_per_token), np.int32))
-    chunks, dests = _width_chunks(ids, row[new], self._max_width)
+    chunks, dests = width_chunks(ids, row[new], self._max_width, self._cnn_rows)
     if len(row):
       positions = row[positions]  # padded slots point at some token; the mask zeroes them in the biLM
     return _Prepared(n, positions, mask, chunks, dests)
@@ -294,11 +273,13 @@ class Embedder:
   def _launch(self, prepared: _Prepared) -> jax.Array:
     """Dispatches a prepared batch (asynchronously); returns the device array of its layers."""
     emb = self._token_embeddings(prepared)
-    state = self._take_state(prepared.mask.shape[0]) if self.stateful else None
-    out = _bilm(self.model, self.params, emb, prepared.mask, state)
-    if self.stateful:
-      self._put_state(out["state"], prepared.n)
-    return out["layers"]
+    mask = self._steps.put_rows(prepared.mask)
+    if not self.stateful:
+      return self._steps.bilm(self.params, emb, mask)
+    state = jax.device_put(self._take_state(prepared.mask.shape[0]), self._steps.state_sharding)
+    layers, state = self._steps.bilm_stateful(self.params, emb, mask, state)
+    self._put_state(state, prepared.n)
+    return layers
 
   def _fetch(self, prepared: _Prepared, layers: jax.Array) -> np.ndarray:
     return np.asarray(layers)[:prepared.n]
@@ -308,10 +289,13 @@ class Embedder:
     Runs right after the batch's `_prepare` (whose row assignment it writes), as `iter_batches` does."""
     grow = self._token_rows.capacity - self._table.shape[0]
     if grow > 0:  # first use, or a batch with more new tokens than the table held
-      self._table = jnp.concatenate([self._table, jnp.zeros((grow, self._table.shape[1]), self._table.dtype)])
+      self._table = jax.device_put(
+          jnp.concatenate([self._table, jnp.zeros((grow, self._table.shape[1]), self._table.dtype)]),
+          self._steps.replicated)
+    put = self._steps.put_rows
     for chunk, dest in zip(prepared.chunks, prepared.dests):
-      self._table = _cnn_into(self.model, self.params, self._table, chunk, dest)
-    return _gather(self._table, prepared.positions)
+      self._table = self._steps.cnn_into(self.params, self._table, put(chunk), put(dest))
+    return self._steps.gather(self._table, put(prepared.positions))
 
   def _take_state(self, rows: int):
     if self._state is None or self._state[0].shape[2] < rows:
@@ -338,23 +322,34 @@ class Embedder:
     more shapes), unless `full_rows`. Batch k+1 is prepared and dispatched before batch k is fetched, so
     the host's work (and the caller's, e.g. writing batch k) overlaps the device's.
     """
+    for _, chunk, layers, _ in self.batches(sentences, batch_size, full_rows=full_rows):
+      yield chunk, layers
+
+  def batches(self, sentences: Sequence[Sequence[str]], batch_size: int = DEFAULT_BATCH_SIZE, *,
+              full_rows: bool = False, skip: Callable[[int], bool] | None = None
+              ) -> Iterator[tuple[int, list[int], np.ndarray, Any]]:
+    """`iter_batches` with the batch number k and, stateful, the state right after batch k:
+    yields (k, indices, layers, state or None); batches with `skip(k)` are neither run nor yielded (a
+    resumed job's finished parts)."""
     order = list(range(len(sentences)))
     if not self.stateful:
       order.sort(key=lambda i: len(sentences[i]))
     pending = None
     for k, start in enumerate(range(0, len(order), batch_size)):
+      if skip is not None and skip(k):
+        continue
       if k % _TRIM_EVERY_BATCHES == _TRIM_EVERY_BATCHES - 1:
         memory.release_free_memory()
       chunk = order[start:start + batch_size]
       full = full_rows or self.stateful
       prepared = self._prepare([sentences[i] for i in chunk],
                                batch_size if full else min(batch_size, _pow2_at_least(len(chunk), floor=1)))
-      launched = (chunk, prepared, self._launch(prepared))
+      launched = (k, chunk, prepared, self._launch(prepared), self._state)
       if pending is not None:
-        yield pending[0], self._fetch(*pending[1:])
+        yield pending[0], pending[1], self._fetch(*pending[2:4]), pending[4]
       pending = launched
     if pending is not None:
-      yield pending[0], self._fetch(*pending[1:])
+      yield pending[0], pending[1], self._fetch(*pending[2:4]), pending[4]
     memory.release_free_memory()
 
   def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int = DEFAULT_BATCH_SIZE,
@@ -406,9 +401,12 @@ class Embedder:
     for start in range(0, len(tokens), batch_size):
       part = tokens[start:start + batch_size]
       ids = np.stack([chars.token_to_ids(t, self.config.max_characters_per_token) for t in part])
-      table = jnp.zeros((batch_size, self.config.projection_dim), jnp.float32)
-      for chunk, dest in zip(*_width_chunks(ids, np.arange(len(part), dtype=np.int32), self._max_width)):
-        table = _cnn_into(self.model, self.params, table, chunk, dest)
+      table = jax.device_put(np.zeros((batch_size, self.config.projection_dim), np.float32),
+                             self._steps.replicated)
+      put = self._steps.put_rows
+      for chunk, dest in zip(*width_chunks(ids, np.arange(len(part), dtype=np.int32), self._max_width,
+                                            self._cnn_rows)):
+        table = self._steps.cnn_into(self.params, table, put(chunk), put(dest))
       out[start:start + len(part)] = np.asarray(table)[:len(part)]
       if on_batch is not None:
         on_batch(len(part))

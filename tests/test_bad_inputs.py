@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from elmo_jax import embed, files
+from elmo_jax import embed, embed_files, files
 from elmo_jax import options as options_lib
 from elmo_jax import weights as weights_lib
 from elmo_jax.embedder import Embedder
@@ -114,7 +114,7 @@ def test_stale_temp_of_a_killed_writer_is_removed_by_the_next_run(tmp_path, emb)
   out = tmp_path / "out.hdf5"
   dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                         text=True, check=True).stdout.strip()
-  prefix = embed._temp_prefix(str(out))  # pylint: disable=protected-access
+  prefix = embed_files.temp_prefix(str(out))
   stale = tmp_path / (prefix.replace(f".{os.getpid()}.", f".{dead}.") + "abc.tmp")
   live = tmp_path / (prefix + "xyz.tmp")  # this process is alive: its temp is not touched
   other = tmp_path / ".other.hdf5.host.1.abc.tmp"

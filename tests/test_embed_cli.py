@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -188,7 +189,7 @@ def test_workdir(tmp_path, embedder):
 
 
 @pytest.mark.slow
-def test_sigterm_leaves_no_output_or_temp(tmp_path):
+def test_sigterm_leaves_no_output_or_temp_and_the_rerun_resumes(tmp_path):
   path = write_lines(tmp_path / "in.txt", [s for group in SENTENCES for s in group] * 1000)  # 30k lines
   out = tmp_path / "out.hdf5"
   proc = subprocess.Popen([sys.executable, "-m", "elmo_jax.embed", *model_args(), f"--input_file={path}",
@@ -198,14 +199,23 @@ def test_sigterm_leaves_no_output_or_temp(tmp_path):
     line = proc.stderr.readline()
     while line and "embedded" not in line:  # the device line comes first
       line = proc.stderr.readline()
-    assert "embedded" in line, line  # the first progress line: the temp file exists and is being written
+    assert "embedded" in line, line  # the first progress line: a part is being written
+    parts = tmp_path / "out.hdf5.partial" / "parts"
+    while not any(n.endswith(".json") for n in os.listdir(parts)):  # and one is finished
+      time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     rest = proc.communicate(timeout=60)[1]
   finally:
     proc.kill()
   assert proc.returncode == 128 + signal.SIGTERM, rest
-  assert "interrupted" in rest and "Traceback" not in rest
-  assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+  assert "interrupted" in rest and "rerun the same command to resume" in rest and "Traceback" not in rest
+  assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5.partial"]
+  assert not [n for n in os.listdir(tmp_path / "out.hdf5.partial" / "parts") if n.endswith(".tmp")]
+  proc = run_cli(*model_args(), f"--input_file={path}", f"--output_file={out}")
+  assert proc.returncode == 0 and "resuming" in proc.stderr and "resumed after" in proc.stderr and "(30000 lines)" in proc.stderr, proc.stderr
+  assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5"]
+  with h5py.File(out, "r") as f:
+    assert len(f) == 30_001  # every line and sentence_to_index
 
 
 # --- the Python API -----------------------------------------------------------------------------------
@@ -253,9 +263,19 @@ def test_failure_mid_run_leaves_nothing(tmp_path, embedder, monkeypatch):
 
   monkeypatch.setattr(embedder, "_launch", flaky)
   with pytest.raises(KeyboardInterrupt):
-    embed.embed_file(embedder, path, out, batch_size=2, progress_every=None)
+    embed.embed_file(embedder, path, out, batch_size=2, part_sentences=2, progress_every=None)
   assert out.read_bytes() == b"previous result"  # the old output is untouched, not half-replaced
+  assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5", "out.hdf5.partial"]
+  # the part fetched before the failure is kept (and nothing half-written); the rerun resumes after it
+  assert sorted(os.listdir(tmp_path / "out.hdf5.partial" / "parts")) == ["000000-0000.hdf5", "000000-0000.json"]
+  monkeypatch.undo()
+  stats = embed.embed_file(embedder, path, out, batch_size=2, part_sentences=2, progress_every=None)
+  assert stats["resumed"] == 2 and stats["sentences"] == len(SENTENCES[0]) - 2
   assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5"]
+  arrays, _ = read_output(out)
+  expected = embedder.embed_sentences([s.split() for s in SENTENCES[0]], batch_size=2)
+  for i in range(len(SENTENCES[0])):
+    np.testing.assert_array_equal(arrays[str(i)], expected[i])
 
 
 def test_count_lines(tmp_path):
@@ -289,7 +309,9 @@ def test_writer_thread_error_propagates_and_leaves_nothing(tmp_path, embedder, m
   with pytest.raises(OSError, match="disk full"):
     embed.embed_file(embedder, path, out, batch_size=2, chunk_size=4, progress_every=None)
   assert len(written) == 7
-  assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+  assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5.partial"]
+  parts = sorted(os.listdir(tmp_path / "out.hdf5.partial" / "parts"))
+  assert parts == ["000000-0000.hdf5", "000000-0000.json"], parts  # chunk 1's unfinished part: removed
 
 
 def test_output_gets_the_umask_permissions(tmp_path, embedder):

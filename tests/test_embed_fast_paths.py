@@ -11,7 +11,8 @@ import pytest
 
 from elmo_jax import chars
 from elmo_jax import options as options_lib
-from elmo_jax.embedder import _CNN_ROWS, Embedder, _char_widths
+from elmo_jax.embed_step import CNN_ROWS as _CNN_ROWS, char_widths as _char_widths
+from elmo_jax.embedder import Embedder
 from elmo_jax.model import BiLM, BiLMConfig
 from elmo_jax.model import lstm as lstm_mod
 

@@ -4,6 +4,7 @@ import os
 from typing import Callable
 
 from absl import app
+from absl import flags
 
 from elmo_jax import memory
 
@@ -25,3 +26,13 @@ def run_main(main: Callable, define_flags: Callable[[], None] | None = None) -> 
   if define_flags is not None:
     define_flags()
   app.run(main)
+
+
+def define_distributed_flags() -> None:
+  """The multi-process flags of the commands that run on many hosts (train, embed)."""
+  flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
+                    "Call jax.distributed.initialize: 'auto' when --coordinator_address is given or a cluster "
+                    "(TPU pod, SLURM, Open MPI) is detected; 'on' always (JAX detects the cluster); 'off' never.")
+  flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0's coordinator (multi-process runs).")
+  flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
+  flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")

@@ -13,9 +13,13 @@ from absl import logging
 from elmo_jax import cli
 from elmo_jax import devices
 from elmo_jax import embed
+from elmo_jax import embed_files
+from elmo_jax import embed_job
+from elmo_jax import embed_step
 from elmo_jax import options as options_lib
 from elmo_jax import progress as progress_lib
 from elmo_jax import token_cache
+from elmo_jax.training import distributed
 from elmo_jax import weights as weights_lib
 from elmo_jax.embedder import Embedder
 
@@ -54,6 +58,10 @@ def define_flags() -> None:
   flags.DEFINE_integer("chunk_size", 4096, "Lines read and embedded at once (bounds memory).")
   flags.DEFINE_float("progress_every", 5.0, "Seconds between progress lines on stderr.")
   flags.DEFINE_bool("progress", True, "Progress lines on stderr (--noprogress: none).")
+  flags.DEFINE_integer("devices", None, "Local devices to split each batch over (default: all of them).")
+  flags.DEFINE_integer("part_sentences", embed_job.DEFAULT_PART_SENTENCES, "Sentences per part of the job "
+                       "folder OUTPUT.partial/ (what a kill can cost: a rerun resumes after the last part).")
+  cli.define_distributed_flags()
   flags.DEFINE_bool("compilation_cache", True, "Keep compiled shapes in JAX's persistent compilation cache "
                     "under $ELMO_JAX_CACHE (default ~/.cache/elmo_jax), so the next run starts fast.")
 
@@ -61,12 +69,10 @@ def define_flags() -> None:
 def _on_signal(signum, frame):  # pylint: disable=unused-argument
   # Raising from a signal handler is unreliable (it can land in a weakref callback and be swallowed), so
   # the handler itself removes the unfinished outputs and exits at once.
-  for tmp in list(embed.ACTIVE_TEMPS):
-    try:
-      os.remove(tmp)
-    except OSError:
-      pass
-  os.write(2, f"error: interrupted by signal {signum}; no output written\n".encode())
+  embed_files.remove_active_temps()
+  kept = "".join(f"; finished parts are kept in {job}: rerun the same command to resume"
+                 for job in list(embed_files.ACTIVE_JOBS)[:1])
+  os.write(2, f"error: interrupted by signal {signum}; no output written{kept}\n".encode())
   os._exit(128 + signum)
 
 
@@ -88,7 +94,7 @@ def _check_flags(argv: list[str]) -> None:
 
 def _load_embedder() -> Embedder:
   kwargs = {"stateful": FLAGS.stateful, "token_embedding_file": FLAGS.token_embedding_file,
-            "compilation_cache": FLAGS.compilation_cache}
+            "compilation_cache": FLAGS.compilation_cache, "devices": FLAGS.devices}
   if FLAGS.workdir:
     return Embedder.from_workdir(FLAGS.workdir, **kwargs)
   if FLAGS.model:
@@ -111,10 +117,13 @@ def main(argv: list[str]) -> int:
     source = FLAGS.vocab_file if FLAGS.dump_token_embeddings else FLAGS.input_file
     if not os.path.exists(source):  # fail before spending time on loading the model
       kind = "vocab" if FLAGS.dump_token_embeddings else "input"
-      raise embed.EmbedInputError(f"{source}: {kind} file not found")
-    embed.check_output_path(FLAGS.output_file)
-    for name in embed.remove_stale_temps(FLAGS.output_file):
+      raise embed_files.EmbedInputError(f"{source}: {kind} file not found")
+    embed_files.check_output_path(FLAGS.output_file)
+    for name in embed_files.remove_stale_temps(FLAGS.output_file):
       logging.warning("removed %s, left by an embedding run that was killed", name)
+    # Before anything touches a JAX backend: initialize() must come first in every process.
+    distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
+                           FLAGS.process_id)
     devices.announce()
     embedder = _load_embedder()
     if FLAGS.dump_token_embeddings:
@@ -133,14 +142,17 @@ def main(argv: list[str]) -> int:
                              output="top" if FLAGS.top else "average" if FLAGS.average else "all",
                              sentence_vectors=FLAGS.sentence_vectors, output_dtype=FLAGS.output_dtype,
                              use_sentence_keys=FLAGS.use_sentence_keys,
-                             forget_sentences=FLAGS.forget_sentences, tokenize=tokenize)
-  except (embed.EmbedInputError, weights_lib.WeightFileError, options_lib.OptionsError, OSError,
-          token_cache.TokenCacheError) as e:
+                             forget_sentences=FLAGS.forget_sentences, tokenize=tokenize,
+                             part_sentences=FLAGS.part_sentences)
+  except (embed_files.EmbedInputError, weights_lib.WeightFileError, options_lib.OptionsError, OSError,
+          token_cache.TokenCacheError, embed_job.JobError, embed_step.DeviceError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   rate = stats["sentences"] / max(stats["seconds"], 1e-9)
-  print(f"wrote {FLAGS.output_file}: {stats['sentences']} sentences, {stats['tokens']} tokens in "
-        f"{stats['seconds']:.1f} s ({rate:.1f} sent/s)", file=sys.stderr)
+  what = f"wrote {FLAGS.output_file} ({stats['lines']} lines)" if stats["wrote"] else "done with my share"
+  resumed = f", resumed after {stats['resumed']} in earlier runs" if stats["resumed"] else ""
+  print(f"{what}: this process embedded {stats['sentences']} sentences, {stats['tokens']} tokens in "
+        f"{stats['seconds']:.1f} s ({rate:.1f} sent/s){resumed}", file=sys.stderr)
   return 0
 
 

@@ -29,12 +29,7 @@ def define_flags() -> None:
     sys.exit(f"FATAL Flags parsing error: {error}")  # instead of config_flags' traceback
   flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, vocab and the exported model.")
   config_flags.DEFINE_config_file("config", default, "Training config (a configs/*.py file).", lock_config=True)
-  flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
-                    "Call jax.distributed.initialize: 'auto' when --coordinator_address is given or a cluster "
-                    "(TPU pod, SLURM, Open MPI) is detected; 'on' always (JAX detects the cluster); 'off' never.")
-  flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0's coordinator (multi-process runs).")
-  flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
-  flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
+  cli.define_distributed_flags()
   flags.DEFINE_bool("progress", True, "Progress bars on stderr (--noprogress: none; off anyway when stderr "
                     "is not a terminal).")
   flags.mark_flags_as_required(["workdir"])

@@ -3,6 +3,7 @@
   python -m elmo_jax.plan --config=configs/lm1b.py --target=v5e:8x8 --per_device_batch=256
   elmo-jax-plan --config=configs/lm1b.py --target=h200:1x1x8 --per_device_batch=512 --json
   python -m elmo_jax.plan --config=configs/default.py --target=cpu:8      # no extra package needed
+  python -m elmo_jax.plan --step=embed --model=original --target=h200:1x1x8   # the Embedder's step
 
 Targets: v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB (TPU chips per axis), h100:/h200:PxHxD (partitions x hosts
 x GPUs per host), cpu:N. TPU targets need libtpu (pip install -e ".[plan-tpu]"), GPU targets the CUDA
@@ -41,6 +42,12 @@ def define_flags() -> None:
   flags.DEFINE_float("launch_us", targets.LAUNCH_US, "GPU targets: microseconds charged per kernel launch.")
   flags.DEFINE_bool("eval", True, "Also compile the eval step (full softmax) and say whether it fits.")
   flags.DEFINE_bool("json", False, "Print one JSON object instead of the report.")
+  flags.DEFINE_enum("step", "train", ["train", "embed"], "What to plan: the config's train step, or the "
+                    "Embedder's step of --model (HBM per device, the largest batch per --time_buckets).")
+  flags.DEFINE_string("model", "original", "--step=embed: an options preset (small, medium, original).")
+  flags.DEFINE_enum("embed_dtype", "float32", ["float32", "bfloat16"], "--step=embed: the Embedder's matmul "
+                    "dtype (its default: float32).")
+  flags.DEFINE_list("time_buckets", ["64", "512"], "--step=embed: time buckets to find the largest batch of.")
   flags.DEFINE_string("dump_hlo", "", "Write the optimized HLO text of the train step to this file.")
 
 
@@ -114,6 +121,18 @@ def main(argv):
     if chip == "cpu" and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
       os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                  f" --xla_force_host_platform_device_count={int(topo)}").strip()
+    if FLAGS.step == "embed":
+      from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+      from elmo_jax.plan import embed as embed_plan  # pylint: disable=g-import-not-at-top
+      try:
+        options = options_lib.validate(options_lib.preset(FLAGS.model))
+        buckets = [int(t) for t in FLAGS.time_buckets]
+      except (options_lib.OptionsError, ValueError) as e:
+        sys.exit(f"plan: error: --model / --time_buckets: {e}")
+      report = embed_plan.plan_embed(options, FLAGS.target, buckets, FLAGS.per_device_batch,
+                                     dtype=FLAGS.embed_dtype)
+      print(json.dumps(report, indent=1) if FLAGS.json else embed_plan.render(report))
+      return
     report = plan_lib.plan(FLAGS.config, FLAGS.target, FLAGS.per_device_batch, FLAGS.vocab_size,
                            FLAGS.table_size, FLAGS.launch_us, FLAGS.eval, FLAGS.dump_hlo)
   except targets.TargetError as e:

@@ -1,0 +1,176 @@
+"""The embedding command's files: the input read line by line (and checked before any work), the output
+path checked, and the temp files of a run tracked, so a signal or the next run can remove them."""
+from __future__ import annotations
+
+import codecs
+import gzip
+import os
+import socket
+import tempfile
+import threading
+import time
+from typing import Iterator
+
+from elmo_jax import embed_job
+
+ACTIVE_TEMPS: set[str] = set()  # temp outputs and parts being written, for the CLI's signal handler
+_TEMPS_LOCK = threading.Lock()  # the writer thread creates part temps under it; remove_active_temps stops that
+_EXITING = threading.Event()
+ACTIVE_JOBS: set[str] = set()  # job folders of running embed_file calls (kept on a signal, for the rerun)
+
+
+class EmbedInputError(ValueError):
+  """An input file that cannot be embedded; the message names the file and line."""
+
+
+def open_binary(path: str | os.PathLike):
+  """The file's bytes, decompressed when it is gzip (by its magic number, whatever its name)."""
+  with open(path, "rb") as f:
+    magic = f.read(2)
+  return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+def count_lines(path: str | os.PathLike, validate: bool = False) -> int:
+  """Number of lines (a last line without newline counts), by a fast binary scan; `validate`: also checks
+  that the text is UTF-8 (`EmbedInputError` naming the line, as `read_lines` would, before any work)."""
+  n, last = 0, b"\n"
+  decoder = codecs.getincrementaldecoder("utf-8")()
+  with open_binary(path) as f:
+    try:
+      while block := f.read(1 << 20):
+        n += block.count(b"\n")
+        last = block[-1:]
+        if validate:
+          decoder.decode(block)
+      if validate:
+        decoder.decode(b"", final=True)
+    except (OSError, EOFError) as e:  # a damaged .gz
+      raise EmbedInputError(f"{path}:{n + 1}: cannot read the file further ({e})") from None
+    except UnicodeDecodeError:
+      for _ in read_lines(path):  # raises at the line
+        pass
+  return n + (last != b"\n")
+
+
+def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+  """Yields (0-based line index, stripped text); stops with `EmbedInputError` at invalid UTF-8.
+
+  Decoded line by line (binary mode) so the error can name the line, which text mode cannot.
+  """
+  if not os.path.exists(path):
+    raise EmbedInputError(f"{path}: input file not found")
+  with open_binary(path) as f:
+    i = -1
+    while True:
+      try:
+        raw = f.readline()
+      except (OSError, EOFError) as e:  # a damaged .gz
+        raise EmbedInputError(f"{path}:{i + 2}: cannot read the file further ({e})") from None
+      if not raw:
+        break
+      i += 1
+      try:
+        text = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise EmbedInputError(
+            f"{path}:{i + 1}: invalid UTF-8 at byte {e.start} of the line ({e.reason})") from None
+      yield i, text.strip()
+
+
+def temp_prefix(output_file: str) -> str:
+  """Temp outputs are named `.OUT.HOST.PID.xxxx.tmp`, so a later run can tell a dead writer's."""
+  return f".{os.path.basename(output_file)}.{socket.gethostname()}.{os.getpid()}."
+
+
+def remove_active_temps() -> None:
+  """The signal handler's cleanup: removes every temp file being written, and no new one is created after
+  (the writer thread would otherwise start the next part between this and the exit)."""
+  _EXITING.set()
+  with _TEMPS_LOCK:
+    for tmp in list(ACTIVE_TEMPS):
+      try:
+        os.remove(tmp)
+      except OSError:
+        pass
+
+
+def new_part_temp(directory: str) -> str:
+  with _TEMPS_LOCK:
+    while _EXITING.is_set():  # the process is exiting: never create a file it would leave behind
+      time.sleep(3600)
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp", prefix=f".part.{socket.gethostname()}.{os.getpid()}.")
+    os.close(fd)
+    ACTIVE_TEMPS.add(tmp)
+  return tmp
+
+
+def remove_stale_temps(output_file: str | os.PathLike) -> list[str]:
+  """Removes temp files of writers on this host that no longer run: outputs for `output_file` and parts of
+  its job folder (`embed_job`); returns their names."""
+  output_file = os.fspath(output_file)
+  host = socket.gethostname()
+  return (_remove_dead_temps(os.path.dirname(os.path.abspath(output_file)),
+                             f".{os.path.basename(output_file)}.{host}.") +
+          _remove_dead_temps(os.path.join(output_file + embed_job.SUFFIX, "parts"), f".part.{host}."))
+
+
+def _remove_dead_temps(directory: str, head: str) -> list[str]:
+  removed = []
+  for name in (os.listdir(directory) if os.path.isdir(directory) else []):
+    if not (name.startswith(head) and name.endswith(".tmp")):
+      continue
+    pid = name[len(head):].split(".", 1)[0]
+    if not pid.isdigit() or _alive(int(pid)):
+      continue
+    try:
+      os.remove(os.path.join(directory, name))
+      removed.append(name)
+    except OSError:
+      pass
+  return removed
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def check_output_path(output_file: str | os.PathLike) -> None:
+  """Fails before any work when the output cannot be written there."""
+  output_file = os.fspath(output_file)
+  if os.path.isdir(output_file):
+    raise EmbedInputError(f"{output_file}: is a directory; give a file path for the output hdf5")
+  out_dir = os.path.dirname(os.path.abspath(output_file))
+  if not os.path.isdir(out_dir):
+    raise EmbedInputError(f"{output_file}: output directory {out_dir} does not exist")
+  if not os.access(out_dir, os.W_OK):
+    raise EmbedInputError(f"{output_file}: output directory {out_dir} is not writable")
+
+
+def chunks(lines: Iterator[tuple[int, str]], size: int) -> Iterator[list[tuple[int, str]]]:
+  chunk: list[tuple[int, str]] = []
+  for item in lines:
+    chunk.append(item)
+    if len(chunk) == size:
+      yield chunk
+      chunk = []
+  if chunk:
+    yield chunk
+
+
+def check_sentence_keys(input_file: str) -> None:
+  """Every line's text as an HDF5 dataset name: unique, non-empty (before any device work)."""
+  seen: dict[str, int] = {}
+  for i, text in read_lines(input_file):
+    where = f"{input_file}:{i + 1}"
+    if text in seen:
+      raise EmbedInputError(f"{where}: repeats line {seen[text] + 1}; sentence keys must be unique "
+                            "(drop --use_sentence_keys to embed repeated lines)")
+    if not text:
+      raise EmbedInputError(f"{where}: an empty line cannot name an HDF5 dataset; drop --use_sentence_keys")
+    seen[text] = i

@@ -1,0 +1,157 @@
+"""The `Embedder`'s compiled functions, over a 1-D mesh of this process's devices.
+
+Sentences are split over the devices by batch row: each device runs the biLM on its rows (a `shard_map`,
+so no device sees another's rows and there is no collective in the biLM), with the params replicated. The
+token table of char-CNN outputs is one replicated table: a chunk of new tokens is split over the devices
+for the char CNN and the rows are gathered into every device's copy (one all-gather of the chunk's
+[rows, P] outputs), so each distinct token runs through the CNN once on the whole mesh, the host keeps one
+row assignment (`token_cache.TokenRows`) and every device gathers its rows' embeddings locally. Per-device
+tables would save that all-gather but run each frequent word through the CNN once per device and need a
+row assignment per device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from elmo_jax import chars
+from elmo_jax.model import BiLM
+
+AXIS = "rows"
+_STATE = P(None, None, AXIS)  # LSTMState arrays are [layers, 2, rows, dim]
+# Char positions the CNN sees for tokens short enough (else all max_characters_per_token); measured on 2 CPU
+# cores the convolutions cost in proportion to the positions, and most tokens fit in 16.
+CHAR_WIDTHS = (16, 24, 32)
+CNN_ROWS = 64  # distinct tokens per char-CNN call: a fixed shape (per width), little padding per batch
+PAD_ID = chars.PAD_CHAR + 1  # token_to_ids shifts ids by one
+
+
+class DeviceError(ValueError):
+  """A `devices=` choice this process cannot make; the message says what it has."""
+
+
+def local_mesh(devices: int | Sequence[Any] | None = None) -> Mesh:
+  """A 1-D mesh over `devices`: None = all of this process's devices, an int k = the first k, or a list.
+
+  Only local devices: an embedding process never waits on another (many processes each embed their own
+  share of the input, see `elmo_jax.embed`).
+  """
+  local = jax.local_devices()
+  if devices is None:
+    chosen = list(local)
+  elif isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
+    if not 1 <= devices <= len(local):
+      raise DeviceError(f"devices={devices}: this process has {len(local)} local device"
+                       f"{'s' if len(local) > 1 else ''} ({local[0].platform})")
+    chosen = list(local[:int(devices)])
+  else:
+    try:
+      chosen = list(devices)
+    except TypeError:
+      raise TypeError(f"devices must be None, an int or a list of devices, got {devices!r}") from None
+    ids = [getattr(d, "id", None) for d in chosen]
+    if not chosen or len(set(ids)) != len(ids) or any(d not in local for d in chosen):
+      raise DeviceError(f"devices must be distinct local devices of this process ({local}), got {chosen}")
+  return Mesh(np.array(chosen), (AXIS,))
+
+
+def char_widths(ids: np.ndarray, max_width: int) -> np.ndarray:
+  """Char positions each token `ids [U, max_chars]` needs for an exact char CNN: `[U]`.
+
+  A token of n positions (BOW, bytes, EOW) padded with PAD ids: every conv window of width w that starts at
+  or after n sees only PAD, so all of them give the same value. Cut to k >= n + max_width positions, the
+  windows that touch the token are all still there and so is at least one all-PAD window (also present
+  over all max_chars positions), hence the max over positions -- the CNN's output -- is unchanged.
+  """
+  max_chars = ids.shape[1]
+  widths = np.array([w for w in CHAR_WIDTHS if w < max_chars] + [max_chars])
+  need = np.count_nonzero(ids != PAD_ID, axis=1) + max_width
+  return widths[np.minimum(np.searchsorted(widths, need), len(widths) - 1)]
+
+
+def width_chunks(ids: np.ndarray, rows: np.ndarray, max_width: int, chunk_rows: int = CNN_ROWS
+                  ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """Char ids `[U, max_chars]` of tokens bound for table rows `rows [U]` -> chunks `[chunk_rows, width]` of
+  tokens of one char width (the CNN's fixed shapes) and their rows `[chunk_rows]` (padding: out of range)."""
+  widths = char_widths(ids, max_width)
+  chunks, dests = [], []
+  for width in np.unique(widths):
+    members = np.flatnonzero(widths == width)
+    for start in range(0, len(members), chunk_rows):
+      part = members[start:start + chunk_rows]
+      chunk = np.zeros((chunk_rows, width), np.int32)
+      dest = np.full(chunk_rows, np.iinfo(np.int32).max, np.int32)
+      chunk[:len(part)], dest[:len(part)] = ids[part, :width], rows[part]
+      chunks.append(chunk)
+      dests.append(dest)
+  return chunks, dests
+
+
+def round_rows(rows: int, mesh: Mesh) -> int:
+  """`rows` rounded up to a multiple of the device count (every device gets the same number)."""
+  n = mesh.size
+  return -(-max(rows, 1) // n) * n
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+  """What an `Embedder` dispatches; see `steps`."""
+  mesh: Mesh
+  cnn_into: Callable[..., jax.Array]  # (params, table [capacity, P], ids [R, width], dest [R]) -> table
+  gather: Callable[..., jax.Array]  # (table [capacity, P], positions [rows, time]) -> [rows, time, P]
+  bilm: Callable[..., Any]  # (params, emb, mask [rows, time]) -> layers [rows, n_layers + 1, time, 2P]
+  bilm_stateful: Callable[..., Any]  # (params, emb, mask, state) -> (layers, state)
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, P())
+
+  @property
+  def by_rows(self) -> NamedSharding:
+    return NamedSharding(self.mesh, P(AXIS))
+
+  @property
+  def state_sharding(self) -> NamedSharding:
+    return NamedSharding(self.mesh, _STATE)
+
+  def put_rows(self, x: np.ndarray) -> jax.Array:
+    """A host array `[rows, ...]` onto the devices, each its own rows (one copy per device, no broadcast)."""
+    return jax.device_put(x, self.by_rows)
+
+
+# One set per (model, mesh): `BiLM` is hashable (its config and dtype), so every Embedder of the same model
+# on the same devices (an untrained twin, a second copy) shares the executables.
+@functools.lru_cache(maxsize=None)
+def steps(model: BiLM, mesh: Mesh) -> Steps:
+  """The jitted char CNN, table gather and biLM of `model` over `mesh`."""
+  replicated = NamedSharding(mesh, P())
+
+  def cnn_into(params, table, ids, dest):
+    # Writes the char-CNN outputs of the chunk into rows `dest` of the table, in place (donated); a padding
+    # row's out-of-range `dest` drops it. The chunk is split over the devices; the table is replicated.
+    values = model.apply({"params": params}, ids, method=BiLM.embed_tokens)
+    return table.at[dest].set(values.astype(table.dtype), mode="drop")
+
+  def bilm(params, emb, mask, state=None):
+    out = model.apply({"params": params}, token_embeddings=emb, mask=mask, state=state, skip_padding=True)
+    return out["layers"] if state is None else (out["layers"], out["state"])
+
+  # check_vma=False: inference only (no transpose to type), and the LSTM scan's zero initial carry is
+  # device-invariant while its body's is per-device.
+  stateless = jax.shard_map(bilm, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P(AXIS),
+                            check_vma=False)
+  stateful = jax.shard_map(bilm, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), _STATE),
+                           out_specs=(P(AXIS), _STATE), check_vma=False)
+  return Steps(
+      mesh=mesh,
+      cnn_into=jax.jit(cnn_into, donate_argnums=1, out_shardings=replicated),
+      gather=jax.jit(lambda table, positions: jnp.take(table, positions, axis=0),
+                     out_shardings=NamedSharding(mesh, P(AXIS))),
+      bilm=jax.jit(stateless),
+      bilm_stateful=jax.jit(stateful))
