@@ -244,30 +244,34 @@ def bench(preset: str, sentences: list[list[str]], batch_sizes: Sequence[int], p
 
 
 def devices_pass(one: Embedder, sentences: list[list[str]], bs: int) -> dict[str, Any]:
-  """`--devices=N` vs 1 device on the same params: steady `embed_sentences` and end-to-end `embed_file`, in
-  interleaved rounds (the machine is noisy); the outputs' largest difference."""
+  """`--devices=N` vs 1 device on the same params, in interleaved rounds (the machine is noisy): steady
+  `embed_sentences` and end-to-end `embed_file`, N devices at their default batch (64 per device) and at
+  the 1-device batch `bs`; the outputs' largest difference."""
   many = Embedder(one.options, one.params, devices=FLAGS.devices)
   n_tokens = sum(len(s) for s in sentences)
+  runs = {"1_device": (one, bs), f"{FLAGS.devices}_devices": (many, many.default_batch_size),
+          f"{FLAGS.devices}_devices_batch_{bs}": (many, bs)}
   diff = max(float(abs(a - b).max()) for a, b in zip(one.embed_sentences(sentences, bs),
-                                                      many.embed_sentences(sentences, bs)))  # compiles too
-  secs: dict[str, list[float]] = {"1": [], str(FLAGS.devices): [], "file_1": [], f"file_{FLAGS.devices}": []}
+                                                      many.embed_sentences(sentences)))  # compiles too
+  secs: dict[str, list[float]] = {}
   with tempfile.TemporaryDirectory() as tmp:
     text = os.path.join(tmp, "in.txt")
     with open(text, "w", encoding="utf-8") as f:
       f.writelines(" ".join(s) + "\n" for s in sentences)
-    for e in (one, many):  # the first embed_file call compiles its last batches' shapes
-      embed.embed_file(e, text, os.path.join(tmp, "warm.hdf5"), bs, progress_every=None)
+    for e, b in runs.values():  # the first calls compile every shape they meet
+      e.embed_sentences(sentences, b)
+      embed.embed_file(e, text, os.path.join(tmp, "warm.hdf5"), b, progress_every=None)
     for _ in range(FLAGS.passes):
-      for e in (one, many):
-        n = str(len(e.devices))
-        secs[n].append(timed(lambda: e.embed_sentences(sentences, batch_size=bs), e))
-        secs[f"file_{n}"].append(timed(lambda: embed.embed_file(e, text, os.path.join(tmp, "o.hdf5"), bs,
-                                                                progress_every=None), e))
+      for name, (e, b) in runs.items():
+        secs.setdefault(name, []).append(timed(lambda: e.embed_sentences(sentences, batch_size=b), e))
+        secs.setdefault(f"embed_file_{name}", []).append(timed(
+            lambda: embed.embed_file(e, text, os.path.join(tmp, "o.hdf5"), b, progress_every=None), e))
   med = {k: statistics.median(v) for k, v in secs.items()}
-  d = str(FLAGS.devices)
-  return {"max_abs_diff": diff, "seconds_per_pass": {k: [round(x, 3) for x in v] for k, v in secs.items()},
+  return {"batch_sizes": {k: b for k, (_, b) in runs.items()}, "max_abs_diff": diff,
+          "seconds_per_pass": {k: [round(x, 3) for x in v] for k, v in secs.items()},
           "tokens_per_s": {k: round(n_tokens / v, 1) for k, v in med.items()},
-          "ratio_steady": round(med["1"] / med[d], 3), "ratio_embed_file": round(med["file_1"] / med[f"file_{d}"], 3)}
+          "ratio_to_1_device": {k: round(med[("embed_file_" if k.startswith("embed_file") else "") + "1_device"] / v, 3)
+                                for k, v in med.items()}}
 
 
 def rates(n_sentences: int, n_tokens: int, seconds: float) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """Embeds a file of sentences into an HDF5 file of ELMo layers (the layout of AllenNLP's `elmo` command).
 
     python -m elmo_jax.embed --options_file=O.json --weight_file=W.hdf5 \
-        --input_file=S.txt --output_file=E.hdf5 [--batch_size=64] [--stateful]
+        --input_file=S.txt --output_file=E.hdf5 [--batch_size=N] [--stateful]
     python -m elmo_jax.embed --workdir=DIR --input_file=S.txt --output_file=E.hdf5
     python -m elmo_jax.embed --model=original --input_file=S.txt.gz --output_file=E.hdf5 --top \
         --output_dtype=float16
@@ -43,7 +43,7 @@ from elmo_jax import embed_job
 from elmo_jax import files
 from elmo_jax.embed_files import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, check_output_path,  # noqa: F401
                                   count_lines, read_lines, remove_stale_temps)
-from elmo_jax.embedder import DEFAULT_BATCH_SIZE, Embedder, select_layers
+from elmo_jax.embedder import Embedder, select_layers
 
 _MAX_EMPTY_WARNINGS = 10  # individual warnings; the rest are only counted
 @dataclasses.dataclass
@@ -197,7 +197,7 @@ class _Writer:
 
 
 def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: str | os.PathLike,
-               batch_size: int = DEFAULT_BATCH_SIZE, *, chunk_size: int = 4096,
+               batch_size: int | None = None, *, chunk_size: int = 4096,
                part_sentences: int = embed_job.DEFAULT_PART_SENTENCES,
                progress_every: float | None = 5.0,
                progress_stream: TextIO | None = None,
@@ -215,7 +215,7 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     embedder: the model; its `stateful` flag decides the batching (see `Embedder`).
     input_file: UTF-8 text, one whitespace-tokenized sentence per line.
     output_file: HDF5 to write; replaced only once everything succeeded.
-    batch_size: sentences per batch.
+    batch_size: sentences per batch (None: `embedder.default_batch_size`, 64 per device).
     chunk_size: lines read (and held) at once; rounded up to a multiple of `batch_size` so stateful
       batches are the same consecutive groups of lines however the file is chunked.
     part_sentences: sentences per part file (rounded up to whole batches): the most a kill can lose.
@@ -241,6 +241,7 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   input_file, output_file = os.fspath(input_file), os.fspath(output_file)
   if not os.path.exists(input_file):
     raise EmbedInputError(f"{input_file}: input file not found")
+  batch_size = embedder.default_batch_size if batch_size is None else batch_size
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   if output not in ("all", "top", "average") or output_dtype not in ("float32", "float16"):
@@ -259,13 +260,13 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   fmt = _Format(output, sentence_vectors, output_dtype, use_sentence_keys)
   layout = embed_job.Layout(n_lines, -(-max(chunk_size, 1) // batch_size) * batch_size, batch_size,
                             max(1, -(-part_sentences // batch_size)))
-  settings = {"input": {"file": os.path.abspath(input_file), "lines": n_lines,
-                        "sha256": files.sha256_file(input_file)},
+  settings = {"input": {"lines": n_lines, "sha256": files.sha256_file(input_file)},
               "model": embedder.fingerprint(), "devices": len(embedder.devices),
               "layout": dataclasses.asdict(layout), "format": dataclasses.asdict(fmt),
               "tokenize": None if tokenize is None else type(tokenize).__name__,
               "sentence_to_index": not (use_sentence_keys or forget_sentences)}
   job = embed_job.Job.open(output_file, settings, layout)
+  job.clear_failure(process_index)  # an earlier run's report of this process
   remove_stale_temps(output_file)
   resumed = job.done_counts()
   if resumed[0]:
@@ -277,8 +278,13 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   lines = _Lines(input_file, embedder.config.max_characters_per_token - 2, warn)
   ACTIVE_JOBS.add(job.folder)
   try:
-    _embed_share(embedder, job, lines, _Writer(job, fmt, input_file, warn), progress, tokenize,
-                 layout.share(process_index, process_count))
+    try:
+      _embed_share(embedder, job, lines, _Writer(job, fmt, input_file, warn), progress, tokenize,
+                   layout.share(process_index, process_count))
+    except BaseException as e:
+      if process_index > 0:
+        job.record_failure(process_index, e)
+      raise
     lines.finish()
     if process_index == 0:
       job.wait_for_all(on_poll=progress.update)
@@ -326,12 +332,13 @@ def _embed_share(embedder: Embedder, job: embed_job.Job, lines: _Lines, writer: 
 def _unfinished(job: embed_job.Job, embedder: Embedder, share: range) -> dict[int, set[int]]:
   """{chunk: its parts still to embed} of `share`; stateful, also restores the state to continue from."""
   parts = [(c, g) for c in share for g in range(job.layout.parts(c))]
+  done = job.done_parts(parts)
   if embedder.stateful:
-    first = next((i for i, p in enumerate(parts) if not job.is_done(p)), len(parts))
+    first = next((i for i, p in enumerate(parts) if p not in done), len(parts))
     embedder.state = job.state_after(parts[first - 1]) if first else None
     todo = parts[first:]
   else:
-    todo = [p for p in parts if not job.is_done(p)]
+    todo = [p for p in parts if p not in done]
   out: dict[int, set[int]] = {}
   for c, g in todo:
     out.setdefault(c, set()).add(g)

@@ -133,7 +133,8 @@ class Job:
     return os.path.join(self.parts_dir, f"{part_name(part)}.{ext}")
 
   def committed(self) -> dict[str, tuple[int, int]]:
-    """{part name: (sentences, tokens)} of every committed part (any process's); cached per record."""
+    """{part name: (sentences, tokens)} of every committed part (any process's): one directory listing,
+    and each record read once."""
     for record in glob.glob(os.path.join(self.parts_dir, "*.json")):
       name = os.path.basename(record)[:-5]
       if name not in self._counted:
@@ -145,8 +146,10 @@ class Job:
           continue  # being written by another process (it is renamed into place, so: a stale read)
     return self._counted
 
-  def is_done(self, part: tuple[int, int]) -> bool:
-    return part_name(part) in self.committed() and os.path.exists(self.path(part, "hdf5"))
+  def done_parts(self, parts: list[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Those of `parts` that are committed (one listing of the folder)."""
+    committed = self.committed()
+    return {p for p in parts if part_name(p) in committed and os.path.exists(self.path(p, "hdf5"))}
 
   def commit(self, part: tuple[int, int], tmp_hdf5: str, sentences: int, tokens: int, state=None) -> None:
     """Makes a written part final: the data file, the state (stateful jobs), then the record."""
@@ -167,14 +170,28 @@ class Job:
   def wait_for_all(self, every: float = 2.0, on_poll: Callable[[], Any] | None = None,
                    timeout: float | None = None) -> None:
     """Process 0: waits until every part of the job is committed (by whichever process)."""
-    start = time.monotonic()
-    while missing := [p for p in self.layout.all_parts() if not self.is_done(p)]:
+    start, parts = time.monotonic(), self.layout.all_parts()
+    while missing := sorted(set(parts) - self.done_parts(parts)):
+      for failure in sorted(glob.glob(os.path.join(self.folder, "failed-*.txt"))):
+        with open(failure, encoding="utf-8") as f:
+          raise JobError(f"{os.path.basename(failure)[:-4].replace('-', ' process ')}: {f.read().strip()}; "
+                         "the finished parts are kept: rerun every process to resume")
       if timeout is not None and time.monotonic() - start > timeout:
         raise JobError(f"{self.folder}: {len(missing)} parts still missing after {timeout:.0f} s (first: "
                        f"{part_name(missing[0])}); did another process fail?")
       if on_poll is not None:
         on_poll()
       time.sleep(every)
+
+  def record_failure(self, process: int, error: BaseException) -> None:
+    """A process other than 0 failed: tells process 0 (waiting in `wait_for_all`) instead of leaving it
+    waiting for parts that will not come."""
+    files.write_text(os.path.join(self.folder, f"failed-{process}.txt"), f"{type(error).__name__}: {error}\n")
+
+  def clear_failure(self, process: int) -> None:
+    path = os.path.join(self.folder, f"failed-{process}.txt")
+    if os.path.exists(path):
+      os.remove(path)
 
   def merge(self, dest: h5py.File) -> int:
     """Copies every part's datasets, part by part in order, into `dest` (HDF5's own object copy: layout and

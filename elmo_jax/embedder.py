@@ -38,7 +38,7 @@ from elmo_jax.progress import progress
 _TRIM_EVERY_BATCHES = 32  # freed batch copies go back to the OS this often (elmo_jax/memory.py)
 _TIME_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _CNN_CACHE_TOKENS = 1 << 15
-DEFAULT_BATCH_SIZE = 64
+DEFAULT_BATCH_SIZE = 64  # sentences per device (stateless) or per batch (stateful: it defines the rows)
 
 
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
@@ -221,6 +221,12 @@ class Embedder:
   def devices(self) -> list[Any]:
     return list(self.mesh.devices.flat)
 
+  @property
+  def default_batch_size(self) -> int:
+    """What `batch_size=None` means: 64 sentences per device, so each device gets the rows one device
+    would; stateful, 64 whatever the devices (the batch rows are the state's rows, part of the result)."""
+    return DEFAULT_BATCH_SIZE if self.stateful else DEFAULT_BATCH_SIZE * self.mesh.size
+
   def reset_state(self) -> None:
     self._state = None
 
@@ -312,7 +318,7 @@ class Embedder:
     c[:, :, :n], h[:, :, :n] = np.asarray(state[0])[:, :, :n], np.asarray(state[1])[:, :, :n]
     self._state = (c, h)
 
-  def iter_batches(self, sentences: Sequence[Sequence[str]], batch_size: int = DEFAULT_BATCH_SIZE, *,
+  def iter_batches(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None, *,
                    full_rows: bool = False) -> Iterator[tuple[list[int], np.ndarray]]:
     """Yields (indices into `sentences`, layers `[len(indices), n_layers + 1, time, 2P]`) batch by batch.
 
@@ -325,12 +331,13 @@ class Embedder:
     for _, chunk, layers, _ in self.batches(sentences, batch_size, full_rows=full_rows):
       yield chunk, layers
 
-  def batches(self, sentences: Sequence[Sequence[str]], batch_size: int = DEFAULT_BATCH_SIZE, *,
+  def batches(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None, *,
               full_rows: bool = False, skip: Callable[[int], bool] | None = None
               ) -> Iterator[tuple[int, list[int], np.ndarray, Any]]:
     """`iter_batches` with the batch number k and, stateful, the state right after batch k:
     yields (k, indices, layers, state or None); batches with `skip(k)` are neither run nor yielded (a
     resumed job's finished parts)."""
+    batch_size = batch_size or self.default_batch_size
     order = list(range(len(sentences)))
     if not self.stateful:
       order.sort(key=lambda i: len(sentences[i]))
@@ -352,7 +359,7 @@ class Embedder:
       yield pending[0], pending[1], self._fetch(*pending[2:4]), pending[4]
     memory.release_free_memory()
 
-  def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int = DEFAULT_BATCH_SIZE,
+  def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None,
                       progress: Any = None) -> list[np.ndarray]:
     """Each sentence -> `(n_layers + 1, n_tokens, 2P)` float32, in input order.
 
@@ -360,6 +367,7 @@ class Embedder:
     `progress`, if given, is called with the number of sentences finished after each batch.
     `sentences` may be any iterable (a generator too) of token sequences.
     """
+    batch_size = self.default_batch_size if batch_size is None else batch_size
     sentences = _check_sentences(sentences, batch_size)
     results: list[np.ndarray | None] = [None] * len(sentences)
     done = 0
@@ -372,13 +380,12 @@ class Embedder:
         progress(done)
     return results  # type: ignore[return-value]
 
-  def __call__(self, sentences: Iterable[Sequence[str]], batch_size: int = DEFAULT_BATCH_SIZE
-               ) -> list[np.ndarray]:
+  def __call__(self, sentences: Iterable[Sequence[str]], batch_size: int | None = None) -> list[np.ndarray]:
     return self.embed_sentences(sentences, batch_size)
 
   # --- sentence vectors and token caches ----------------------------------------------------------------
   def sentence_vectors(self, sentences: Sequence[Sequence[str]], layer: str | int | Sequence[float] = "all",
-                       batch_size: int = 64) -> np.ndarray:
+                       batch_size: int | None = None) -> np.ndarray:
     """One vector per sentence: the mean over its tokens (padding never enters; no tokens: zeros).
 
     Args:

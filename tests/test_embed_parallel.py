@@ -176,6 +176,25 @@ def test_stateful_over_processes_is_refused(tmp_path):
   assert os.listdir(tmp_path) == ["in.txt"]
 
 
+def test_a_failed_process_stops_process_0_instead_of_leaving_it_waiting(tmp_path, embedder, monkeypatch):
+  text = write_lines(tmp_path / "in.txt", LINES)
+  kwargs = dict(batch_size=4, chunk_size=8, part_sentences=4, progress_every=None, process_count=2)
+  monkeypatch.setattr(embedder, "_launch", lambda prepared: (_ for _ in ()).throw(OSError("disk full")))
+  with pytest.raises(OSError):
+    embed.embed_file(embedder, text, tmp_path / "o.hdf5", process_index=1, **kwargs)
+  monkeypatch.undo()
+  with pytest.raises(embed_job.JobError, match=r"failed process 1: OSError: disk full; .* rerun every process"):
+    embed.embed_file(embedder, text, tmp_path / "o.hdf5", process_index=0, **kwargs)
+  assert not (tmp_path / "o.hdf5").exists()
+  # the rerun of process 1 clears its report and does its share; then process 0 finishes the file
+  assert embed.embed_file(embedder, text, tmp_path / "o.hdf5", process_index=1, **kwargs)["wrote"] is False
+  stats = embed.embed_file(embedder, text, tmp_path / "o.hdf5", process_index=0, **kwargs)
+  assert stats["resumed"] == 30 and stats["sentences"] == 0 and stats["wrote"]  # both shares were done
+  whole = tmp_path / "whole.hdf5"
+  embed.embed_file(embedder, text, whole, batch_size=4, chunk_size=8, part_sentences=4, progress_every=None)
+  assert_same_contents(contents(tmp_path / "o.hdf5"), contents(whole))
+
+
 def test_changed_input_or_flags_on_rerun_are_refused(tmp_path, embedder):
   text = write_lines(tmp_path / "in.txt", LINES)
   out = tmp_path / "out.hdf5"

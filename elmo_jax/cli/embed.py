@@ -52,7 +52,7 @@ def define_flags() -> None:
   flags.DEFINE_bool("dump_token_embeddings", False, "Instead of embedding sentences, write the char-CNN "
                     "output of every word of --vocab_file to --output_file.")
   flags.DEFINE_string("vocab_file", None, "Vocabulary (one word per line) of --dump_token_embeddings.")
-  flags.DEFINE_integer("batch_size", embed.DEFAULT_BATCH_SIZE, "Sentences per batch.")
+  flags.DEFINE_integer("batch_size", None, "Sentences per batch (default: 64 per device; --stateful: 64).")
   flags.DEFINE_bool("stateful", False, "Carry each batch row's LSTM state into the next batch "
                     "(bilm-tf semantics; sentences are then batched in file order).")
   flags.DEFINE_integer("chunk_size", 4096, "Lines read and embedded at once (bounds memory).")
@@ -104,7 +104,7 @@ def _load_embedder() -> Embedder:
 
 def main(argv: list[str]) -> int:
   _check_flags(argv)
-  if FLAGS.batch_size < 1:  # the message alone, not absl's usage text
+  if FLAGS.batch_size is not None and FLAGS.batch_size < 1:  # the message alone, not absl's usage text
     print(f"error: --batch_size must be >= 1, got {FLAGS.batch_size}", file=sys.stderr)
     return 1
   if not FLAGS.progress:
