@@ -41,7 +41,8 @@ flags.DEFINE_string("preset", "small", "options preset of the random model.")
 flags.DEFINE_integer("lines", 20_000, "Lines of the long job.")
 flags.DEFINE_integer("small_lines", 2_000, "Lines of the short job (memory comparison).")
 flags.DEFINE_float("kill_at", 0.5, "Share of the lines committed when the job is killed.")
-flags.DEFINE_string("corpus", os.path.join(REPO, "data", "pd-small", "train.txt.gz"), "Raw text, one sentence per line.")
+flags.DEFINE_string("corpus", os.path.join(REPO, "data", "pd-small", "train.txt.gz"),
+                    "Raw text, one sentence per line (gzip).")
 
 
 def write_inputs(tmp: str) -> dict[str, str]:
@@ -108,7 +109,7 @@ def main(argv) -> None:
     run(model + [f"--input_file={inputs['short']}", out("warm")])  # fills the persistent compilation cache
     result["full"] = run(model + [f"--input_file={inputs['long']}", out("full")])
     result["small"] = run(model + [f"--input_file={inputs['short']}", out("small")])
-    job = embed_job.Job(f"{tmp}/resumed.hdf5", {}, None)
+    job = embed_job.Job(f"{tmp}/resumed.hdf5")
     target = FLAGS.kill_at * FLAGS.lines
     result["killed"] = run(model + [f"--input_file={inputs['long']}", out("resumed")],
                            kill_when=lambda: job.done_counts()[0] >= target)

@@ -20,9 +20,12 @@ in AllenNLP). With `--use_sentence_keys` the datasets are named by the line text
 
 Unlike AllenNLP, an empty line is not an error: it gets a `(n_layers + 1, 0, 2P)` entry and a warning.
 The file is streamed in chunks, so memory stays bounded; within a chunk the `Embedder`'s length bucketing
-and token dedupe apply. The output is written to a temp file next to it and renamed at the end, so a
-failed or interrupted run leaves no half-written output; the temp file is removed on failure and SIGTERM,
-and one left by a writer killed outright (kill -9) is removed by the next run for the same output.
+and token dedupe apply, on all of the process's devices. The work goes through the job folder
+`OUTPUT.partial/` (`elmo_jax.embed_job`): parts of each chunk are committed as they are written, a rerun of
+the same command after a failure, a signal or `kill -9` continues after the last one, and with several
+processes each embeds its share of the chunks. Process 0 merges the parts into a temp file next to the
+output and renames it at the end, so no reader ever sees a half-written output; temp files are removed on
+failure and SIGTERM, and one left by a writer killed outright is removed by the next run for that output.
 """
 from __future__ import annotations
 
@@ -41,11 +44,14 @@ from absl import logging
 from elmo_jax import embed_files
 from elmo_jax import embed_job
 from elmo_jax import files
+# The command's input and temp-file functions, under the names the callers of embed_file know.
 from elmo_jax.embed_files import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, check_output_path,  # noqa: F401
                                   count_lines, read_lines, remove_stale_temps)
 from elmo_jax.embedder import Embedder, select_layers
 
 _MAX_EMPTY_WARNINGS = 10  # individual warnings; the rest are only counted
+
+
 @dataclasses.dataclass
 class _Format:
   """What each dataset holds and how it is named (see `embed_file`'s arguments)."""
@@ -231,8 +237,8 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     process_index, process_count: this process's share (default: JAX's process index and count).
 
   Returns:
-    {"lines", "sentences" (this process, this run), "resumed" (earlier runs'), "tokens", "empty_lines", "long_tokens", "seconds",
-     "wrote" (whether this process wrote the output)}.
+    {"lines", "sentences" (this process, this run), "resumed" (earlier runs'), "tokens", "empty_lines",
+     "long_tokens", "seconds", "wrote" (whether this process wrote the output)}.
 
   Raises:
     EmbedInputError: missing input file or output directory, invalid UTF-8 (names the line), a job folder

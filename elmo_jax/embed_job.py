@@ -103,16 +103,15 @@ def _short(value: Any) -> str:
 class Job:
   """The folder of one embedding job; `open` creates it or checks that it is this job's."""
 
-  def __init__(self, output_file: str, settings: dict[str, Any], layout: Layout):
-    self.output_file = output_file
+  def __init__(self, output_file: str, layout: Layout | None = None):
     self.folder = output_file + SUFFIX
     self.parts_dir = os.path.join(self.folder, "parts")
-    self.settings, self.layout = settings, layout
+    self.layout = layout
     self._counted: dict[str, tuple[int, int]] = {}
 
   @classmethod
   def open(cls, output_file: str, settings: dict[str, Any], layout: Layout) -> "Job":
-    job = cls(output_file, settings, layout)
+    job = cls(output_file, layout)
     path = os.path.join(job.folder, "settings.json")
     if not os.path.exists(path):  # every process writes the same content; a rename is atomic
       os.makedirs(job.parts_dir, exist_ok=True)
@@ -167,18 +166,15 @@ class Job:
     committed = self.committed().values()
     return sum(s for s, _ in committed), sum(t for _, t in committed)
 
-  def wait_for_all(self, every: float = 2.0, on_poll: Callable[[], Any] | None = None,
-                   timeout: float | None = None) -> None:
-    """Process 0: waits until every part of the job is committed (by whichever process)."""
-    start, parts = time.monotonic(), self.layout.all_parts()
-    while missing := sorted(set(parts) - self.done_parts(parts)):
+  def wait_for_all(self, every: float = 2.0, on_poll: Callable[[], Any] | None = None) -> None:
+    """Process 0: waits until every part of the job is committed (by whichever process); a failure another
+    process recorded stops the wait with its message."""
+    parts = self.layout.all_parts()
+    while set(parts) - self.done_parts(parts):
       for failure in sorted(glob.glob(os.path.join(self.folder, "failed-*.txt"))):
         with open(failure, encoding="utf-8") as f:
           raise JobError(f"{os.path.basename(failure)[:-4].replace('-', ' process ')}: {f.read().strip()}; "
                          "the finished parts are kept: rerun every process to resume")
-      if timeout is not None and time.monotonic() - start > timeout:
-        raise JobError(f"{self.folder}: {len(missing)} parts still missing after {timeout:.0f} s (first: "
-                       f"{part_name(missing[0])}); did another process fail?")
       if on_poll is not None:
         on_poll()
       time.sleep(every)

@@ -134,7 +134,7 @@ def test_parts_are_independent_of_where_a_run_stopped(tmp_path, embedder):
         embed.embed_file(embedder, text, out, batch_size=4, chunk_size=12, part_sentences=4, progress_every=None)
     finally:
       del embedder._launch  # pylint: disable=protected-access
-    job = embed_job.Job(str(out), {}, None)
+    job = embed_job.Job(str(out))
     done = job.done_counts()[0]
     assert done == 4 * (stop_after + (stop_after > 2))  # and the last batch of a finished chunk
     stats = embed.embed_file(embedder, text, out, batch_size=4, chunk_size=12, part_sentences=4,
@@ -246,7 +246,7 @@ def test_kill_9_then_rerun_gives_the_same_file(tmp_path):
   finally:
     proc.kill()
   assert not out.exists()
-  done = embed_job.Job(str(out), {}, None).done_counts()[0]
+  done = embed_job.Job(str(out)).done_counts()[0]
   assert 0 < done < len(lines)
   rerun = subprocess.run(args + [f"--output_file={out}"], env=env(), capture_output=True, text=True, timeout=600)
   assert rerun.returncode == 0 and f"resumed after {done} in earlier runs" in rerun.stderr, rerun.stderr[-2000:]
@@ -263,8 +263,8 @@ def test_two_processes_write_the_one_process_file(tmp_path):
                           text=True, timeout=600)
   assert single.returncode == 0, single.stderr[-2000:]
   port = free_port()
-  procs = [subprocess.Popen(common + [f"--output_file={tmp_path / 'two.hdf5'}", f"--coordinator_address=127.0.0.1:{port}",
-                                      "--num_processes=2", f"--process_id={i}"],
+  procs = [subprocess.Popen(common + [f"--output_file={tmp_path / 'two.hdf5'}", "--num_processes=2",
+                                      f"--coordinator_address=127.0.0.1:{port}", f"--process_id={i}"],
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
   logs = [p.communicate(timeout=600)[1] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], logs[0][-2000:] + logs[1][-2000:]

@@ -197,3 +197,34 @@ def test_plan_compiles_for_tpu_v5e_without_hardware(tmp_path):
   assert r["hbm_bytes"]["capacity"] == 16 * 2**30
   assert abs(r["flops_per_token"] / r["analytic_train_flops_per_token"] - 1) < 0.10
   assert all(c["bytes"] < 1_000_000 for c in r["largest_collectives"] if c["op"] == "all-gather")
+
+
+@pytest.mark.slow
+def test_embed_step_plan_finds_the_largest_batch_that_fits():
+  """`--step=embed` (here in process, on this process's one CPU device): the Embedder's own biLM step, its
+  memory per device at the given batch and the largest power-of-two batch per time bucket: it fits the
+  capacity beside the token table, twice as many rows would not (by the fitted bytes per row)."""
+  from elmo_jax.plan import embed as embed_plan  # pylint: disable=g-import-not-at-top
+  r = embed_plan.plan_embed(tiny.tiny_options(), "cpu:1", time_buckets=(8, 32), per_device_batch=4)
+  assert r["devices"] == 1 and r["token_table_bytes"] == (2**15 + 1) * 6 * 4 and r["param_bytes"] > 0
+  assert [b["time"] for b in r["buckets"]] == [8, 32]
+  for b in r["buckets"]:
+    rows = b["largest_rows_per_device"]
+    assert b["fits_at_batch"] and rows & (rows - 1) == 0 and rows > 4
+    assert b["hbm_bytes_at_largest"]["total"] <= r["hbm_capacity"] - r["token_table_bytes"]
+    assert b["fixed_bytes"] + 2 * rows * b["bytes_per_row"] > 0.9 * (r["hbm_capacity"] - r["token_table_bytes"])
+  assert r["buckets"][0]["bytes_per_row"] < r["buckets"][1]["bytes_per_row"]  # longer rows cost more
+  assert "largest power of two that fits" in embed_plan.render(r)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu (pip install -e '.[plan-tpu]') "
+                    "is not installed: the TPU compiler is an optional package")
+def test_embed_step_plan_for_tpu_v5e(tmp_path):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+  proc = subprocess.run([PYTHON, "-m", "elmo_jax.plan", "--step=embed", "--model=small", "--target=v5e:2x2",
+                         "--time_buckets=16", "--per_device_batch=8"], env=env, cwd=REPO, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "v5e:2x2: 4 x TPU v5e, embed step of lstm 1024 -> 128" in proc.stdout
+  assert "time bucket   16: 8 rows per device FIT" in proc.stdout and "largest power of two" in proc.stdout

@@ -7,7 +7,8 @@ Compiles the `Embedder`'s own functions (`embed_step.steps`: the biLM over rows 
 the char CNN writing into the replicated token table) for abstract devices, as `plan.plan` does for the
 train step. Per time bucket the biLM step is compiled at two batch sizes; its memory is linear in the rows,
 so the largest power-of-two batch per device that fits next to the token table is predicted from those two
-and then compiled to confirm (a compile that runs out of memory moves one power of two down).
+and then compiled to confirm: twice as many rows must not fit, and a prediction that does not fit moves
+down by powers of two (the compiler's layouts and padding make memory not quite linear).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def plan_embed(options: dict[str, Any], target_spec: str, time_buckets: Sequence
   from elmo_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.model import BiLM, BiLMConfig  # pylint: disable=g-import-not-at-top
 
+  compile_ = plan_lib._compile  # pylint: disable=protected-access  (the train planner's: OOM is a result)
   target = targets_lib.make_target(target_spec)
   n, capacity = target.n, int(target.hbm_bytes)
   config = BiLMConfig.from_options(options)
@@ -49,13 +51,13 @@ def plan_embed(options: dict[str, Any], target_spec: str, time_buckets: Sequence
   def bilm_hbm(rows: int, time: int):
     emb = jax.ShapeDtypeStruct((rows * n, time, p), jnp.float32, sharding=by_rows)
     mask = jax.ShapeDtypeStruct((rows * n, time), jnp.bool_, sharding=by_rows)
-    _, hbm, fits = plan_lib._compile(steps.bilm, (params, emb, mask), capacity)  # pylint: disable=protected-access
+    _, hbm, fits = compile_(steps.bilm, (params, emb, mask), capacity)
     return hbm, fits
 
   chunk_rows = embed_step.round_rows(embed_step.CNN_ROWS, mesh)
   ids = jax.ShapeDtypeStruct((chunk_rows, config.max_characters_per_token), jnp.int32, sharding=by_rows)
   dest = jax.ShapeDtypeStruct((chunk_rows,), jnp.int32, sharding=by_rows)
-  _, cnn_hbm, _ = plan_lib._compile(steps.cnn_into, (params, table, ids, dest), capacity)  # pylint: disable=protected-access
+  _, cnn_hbm, _ = compile_(steps.cnn_into, (params, table, ids, dest), capacity)
   table_bytes = table_rows * p * 4
   report: dict[str, Any] = {
       "step": "embed", "target": target_spec, "chip": target.chip.name, "devices": n, "dtype": dtype,
@@ -79,11 +81,15 @@ def plan_embed(options: dict[str, Any], target_spec: str, time_buckets: Sequence
     fixed = h0["total"] - per_row * r0
     predicted = int((budget - fixed) // per_row) if per_row > 0 else 1 << 20
     rows = 1 << max(0, predicted.bit_length() - 1)
-    while rows >= 1:
-      hbm, fits = bilm_hbm(rows, time)
-      if fits and hbm.get("total", capacity) <= budget:
-        break
-      rows //= 2
+    fit = lambda hbm, fits: fits and hbm.get("total", capacity) <= budget  # noqa: E731
+    hbm, fits = bilm_hbm(rows, time)
+    if fit(hbm, fits):  # the prediction fits: confirm that twice as many rows do not
+      while fit(*(bigger := bilm_hbm(2 * rows, time))):
+        rows, hbm = 2 * rows, bigger[0]
+    else:
+      while rows > 1 and not fit(hbm, fits):
+        rows //= 2
+        hbm, fits = bilm_hbm(rows, time)
     entry.update(largest_rows_per_device=rows, largest_tokens_per_device=rows * int(time),
                  hbm_bytes_at_largest=hbm, bytes_per_row=int(per_row), fixed_bytes=int(fixed))
     report["buckets"].append(entry)
