@@ -141,7 +141,7 @@ def timed(fn: Callable[[], Any], *cold: Embedder) -> float:
   """Seconds of `fn()`; the `cold` embedders first forget the char-CNN outputs they hold, so each timed
   pass embeds the sentences as a new file would (a long file's later batches find more words cached)."""
   for embedder in cold:
-    embedder._token_rows.clear()  # pylint: disable=protected-access
+    embedder.clear_token_table()
   start = time.perf_counter()
   jax.block_until_ready(fn())
   return time.perf_counter() - start
@@ -207,7 +207,7 @@ def bench(preset: str, sentences: list[list[str]], batch_sizes: Sequence[int], p
     del held
     r["compiled_shapes"] = {name: getattr(embedder._steps, name)._cache_size()  # pylint: disable=protected-access
                             for name in ("cnn_into", "gather", "bilm")}
-    embedder._token_rows.clear()  # pylint: disable=protected-access
+    embedder.clear_token_table()
     split, flops = split_pass(embedder, sentences, bs) if FLAGS.split else ({}, None)
     secs = [timed(lambda: embedder.embed_sentences(sentences, batch_size=bs), embedder)
             for _ in range(FLAGS.passes)]

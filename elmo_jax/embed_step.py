@@ -1,13 +1,14 @@
 """The `Embedder`'s compiled functions, over a 1-D mesh of this process's devices.
 
-Sentences are split over the devices by batch row: each device runs the biLM on its rows (a `shard_map`,
-so no device sees another's rows and there is no collective in the biLM), with the params replicated. The
-token table of char-CNN outputs is one replicated table: a chunk of new tokens is split over the devices
-for the char CNN and the rows are gathered into every device's copy (one all-gather of the chunk's
-[rows, P] outputs), so each distinct token runs through the CNN once on the whole mesh, the host keeps one
-row assignment (`token_cache.TokenRows`) and every device gathers its rows' embeddings locally. Per-device
-tables would save that all-gather but run each frequent word through the CNN once per device and need a
-row assignment per device.
+Sentences are split over the devices by batch row, and every function is a `shard_map` in which a device
+sees only its own rows, with the params replicated: the char CNN, the token table and the biLM of one
+device are those of a single-device `Embedder` (the same shapes, hence the same numbers), and nothing
+passes between devices -- no collective at all. Each device keeps its own table of char-CNN outputs
+([devices, capacity, P], one block per device) with its own row assignment on the host
+(`token_cache.TokenRows`): a token runs through the CNN once per device that meets it, not once per batch.
+One replicated table would save those repeats (a few per word, early in a file) but needs an all-gather
+per chunk of new tokens, which orders every device behind the slowest; and on CPU devices that share a
+thread pool, collectives inside asynchronously dispatched programs can wait on each other for good.
 """
 from __future__ import annotations
 
@@ -76,11 +77,12 @@ def char_widths(ids: np.ndarray, max_width: int) -> np.ndarray:
 
 
 def width_chunks(ids: np.ndarray, rows: np.ndarray, max_width: int, chunk_rows: int = CNN_ROWS
-                  ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-  """Char ids `[U, max_chars]` of tokens bound for table rows `rows [U]` -> chunks `[chunk_rows, width]` of
-  tokens of one char width (the CNN's fixed shapes) and their rows `[chunk_rows]` (padding: out of range)."""
+                 ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+  """Char ids `[U, max_chars]` of tokens bound for table rows `rows [U]` -> (width, chunk
+  `[chunk_rows, width]`, their rows `[chunk_rows]`) per chunk of tokens of one char width (the CNN's fixed
+  shapes; padding rows: an out-of-range row)."""
   widths = char_widths(ids, max_width)
-  chunks, dests = [], []
+  out = []
   for width in np.unique(widths):
     members = np.flatnonzero(widths == width)
     for start in range(0, len(members), chunk_rows):
@@ -88,9 +90,25 @@ def width_chunks(ids: np.ndarray, rows: np.ndarray, max_width: int, chunk_rows: 
       chunk = np.zeros((chunk_rows, width), np.int32)
       dest = np.full(chunk_rows, np.iinfo(np.int32).max, np.int32)
       chunk[:len(part)], dest[:len(part)] = ids[part, :width], rows[part]
-      chunks.append(chunk)
-      dests.append(dest)
-  return chunks, dests
+      out.append((int(width), chunk, dest))
+  return out
+
+
+def stack_chunks(per_device: Sequence[list[tuple[int, np.ndarray, np.ndarray]]]
+                 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """Each device's `width_chunks` -> one call's input per chunk: ids `[devices * CNN_ROWS, width]` and rows
+  `[devices * CNN_ROWS]` (device d's block d; a device with fewer chunks of a width gets padding)."""
+  widths = sorted({w for chunks in per_device for w, _, _ in chunks})
+  ids, dests = [], []
+  for width in widths:
+    mine = [[(c, d) for w, c, d in chunks if w == width] for chunks in per_device]
+    rows = max(c.shape[0] for m in mine for c, _ in m)
+    pad = (np.zeros((rows, width), np.int32), np.full(rows, np.iinfo(np.int32).max, np.int32))
+    for j in range(max(len(m) for m in mine)):
+      blocks = [m[j] if j < len(m) else pad for m in mine]
+      ids.append(np.concatenate([c for c, _ in blocks]))
+      dests.append(np.concatenate([d for _, d in blocks]))
+  return ids, dests
 
 
 def round_rows(rows: int, mesh: Mesh) -> int:
@@ -101,10 +119,10 @@ def round_rows(rows: int, mesh: Mesh) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Steps:
-  """What an `Embedder` dispatches; see `steps`."""
+  """What an `Embedder` dispatches; see `steps`. Shapes are global: device d holds block d of each."""
   mesh: Mesh
-  cnn_into: Callable[..., jax.Array]  # (params, table [capacity, P], ids [R, width], dest [R]) -> table
-  gather: Callable[..., jax.Array]  # (table [capacity, P], positions [rows, time]) -> [rows, time, P]
+  cnn_into: Callable[..., jax.Array]  # (params, tables [devices, capacity, P], ids [d*R, width], dest [d*R])
+  gather: Callable[..., jax.Array]  # (tables, positions [rows, time]) -> [rows, time, P]
   bilm: Callable[..., Any]  # (params, emb, mask [rows, time]) -> layers [rows, n_layers + 1, time, 2P]
   bilm_stateful: Callable[..., Any]  # (params, emb, mask, state) -> (layers, state)
 
@@ -121,7 +139,7 @@ class Steps:
     return NamedSharding(self.mesh, _STATE)
 
   def put_rows(self, x: np.ndarray) -> jax.Array:
-    """A host array `[rows, ...]` onto the devices, each its own rows (one copy per device, no broadcast)."""
+    """A host array `[rows, ...]` onto the devices, each its own block (one copy per device, no broadcast)."""
     return jax.device_put(x, self.by_rows)
 
 
@@ -129,14 +147,16 @@ class Steps:
 # on the same devices (an untrained twin, a second copy) shares the executables.
 @functools.lru_cache(maxsize=None)
 def steps(model: BiLM, mesh: Mesh) -> Steps:
-  """The jitted char CNN, table gather and biLM of `model` over `mesh`."""
-  replicated = NamedSharding(mesh, P())
+  """The jitted char CNN, table gather and biLM of `model` over `mesh`, each a `shard_map` by rows."""
 
-  def cnn_into(params, table, ids, dest):
-    # Writes the char-CNN outputs of the chunk into rows `dest` of the table, in place (donated); a padding
-    # row's out-of-range `dest` drops it. The chunk is split over the devices; the table is replicated.
+  def cnn_into(params, tables, ids, dest):
+    # Writes the char-CNN outputs of this device's chunk into rows `dest` of its table, in place (donated);
+    # a padding row's out-of-range `dest` drops it.
     values = model.apply({"params": params}, ids, method=BiLM.embed_tokens)
-    return table.at[dest].set(values.astype(table.dtype), mode="drop")
+    return tables.at[0, dest].set(values.astype(tables.dtype), mode="drop")
+
+  def gather(tables, positions):
+    return jnp.take(tables[0], positions, axis=0)
 
   def bilm(params, emb, mask, state=None):
     out = model.apply({"params": params}, token_embeddings=emb, mask=mask, state=state, skip_padding=True)
@@ -144,14 +164,11 @@ def steps(model: BiLM, mesh: Mesh) -> Steps:
 
   # check_vma=False: inference only (no transpose to type), and the LSTM scan's zero initial carry is
   # device-invariant while its body's is per-device.
-  stateless = jax.shard_map(bilm, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P(AXIS),
-                            check_vma=False)
-  stateful = jax.shard_map(bilm, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), _STATE),
-                           out_specs=(P(AXIS), _STATE), check_vma=False)
+  by_rows = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
   return Steps(
       mesh=mesh,
-      cnn_into=jax.jit(cnn_into, donate_argnums=1, out_shardings=replicated),
-      gather=jax.jit(lambda table, positions: jnp.take(table, positions, axis=0),
-                     out_shardings=NamedSharding(mesh, P(AXIS))),
-      bilm=jax.jit(stateless),
-      bilm_stateful=jax.jit(stateful))
+      cnn_into=jax.jit(by_rows(cnn_into, in_specs=(P(), P(AXIS), P(AXIS), P(AXIS)), out_specs=P(AXIS)),
+                       donate_argnums=1),
+      gather=jax.jit(by_rows(gather, in_specs=(P(AXIS), P(AXIS)), out_specs=P(AXIS))),
+      bilm=jax.jit(by_rows(bilm, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P(AXIS))),
+      bilm_stateful=jax.jit(by_rows(bilm, in_specs=(P(), P(AXIS), P(AXIS), _STATE), out_specs=(P(AXIS), _STATE))))

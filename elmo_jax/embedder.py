@@ -31,7 +31,7 @@ from elmo_jax import options as options_lib
 from elmo_jax import pretrained
 from elmo_jax import token_cache as token_cache_lib
 from elmo_jax import weights as weights_lib
-from elmo_jax.embed_step import CNN_ROWS, width_chunks
+from elmo_jax.embed_step import width_chunks
 from elmo_jax.model import BiLM, BiLMConfig, zero_state
 from elmo_jax.progress import progress
 
@@ -112,8 +112,8 @@ class _Prepared:
   n: int
   positions: np.ndarray
   mask: np.ndarray
-  chunks: list[np.ndarray]  # [CNN_ROWS, width]: char ids of the tokens not yet in the token table
-  dests: list[np.ndarray]  # [CNN_ROWS] each: their table rows (out of range for padding: dropped)
+  chunks: list[np.ndarray]  # [devices * CNN_ROWS, width]: char ids of tokens not yet in their device's table
+  dests: list[np.ndarray]  # [devices * CNN_ROWS] each: their table rows (out of range for padding: dropped)
 
 
 class Embedder:
@@ -131,11 +131,12 @@ class Embedder:
       --dump_token_embeddings`); its words skip the char CNN, other words still run through it.
     token_vocab_file: the vocabulary of a bilm-tf token embedding file (ours store their words).
     compilation_cache: turn on JAX's persistent compilation cache (`enable_compilation_cache`).
-    cnn_cache_tokens: char-CNN outputs kept on device across batches (`token_cache.TokenRows`; small:
-      16 MB, original: 64 MB at the default), so each token runs through the CNN once, not once per batch.
+    cnn_cache_tokens: char-CNN outputs kept on each device across batches (`token_cache.TokenRows`;
+      small: 16 MB, original: 64 MB at the default), so a token runs through the CNN once per device, not
+      once per batch.
     devices: this process's devices to split each batch over (`embed_step.local_mesh`): None = all local
-      devices, an int k = the first k, or a list. Rows are padded to a multiple of the device count; the
-      outputs equal one device's (to float rounding of the matmuls' other shapes).
+      devices, an int k = the first k, or a list. Rows are padded to a multiple of the device count; each
+      device computes as a one-device Embedder would, so the outputs equal one device's.
   """
 
   def __init__(self, options: dict[str, Any], params: dict[str, Any], *, softmax: dict | None = None,
@@ -154,7 +155,6 @@ class Embedder:
     self.model = BiLM(self.config, dtype=dtype)
     self._steps = embed_step.steps(self.model, self.mesh)
     self.params = jax.device_put(jax.tree_util.tree_map(jnp.asarray, params), self._steps.replicated)
-    self._cnn_rows = embed_step.round_rows(CNN_ROWS, self.mesh)  # each device's share of a CNN chunk
     self._state = None
     self._fingerprint: str | None = None
     self._char_ids = chars.CharIdCache(self.config.max_characters_per_token, max_size=200_000)
@@ -163,9 +163,11 @@ class Embedder:
     if token_embedding_file is not None:  # its words are pinned rows of the table: they skip the char CNN
       pinned, tokens = token_cache_lib.read(token_embedding_file, self.config.projection_dim,
                                             token_vocab_file)
-    self._token_rows = token_cache_lib.TokenRows(cnn_cache_tokens, tokens)
-    # float32: the char CNN's output dtype (float32 accumulation); one copy on every device
-    self._table = jax.device_put(np.asarray(pinned, np.float32), self._steps.replicated)
+    # One table per device [devices, capacity, P] (embed_step), float32: the char CNN's output dtype
+    # (float32 accumulation); the pinned rows start every device's table.
+    self._token_rows = [token_cache_lib.TokenRows(cnn_cache_tokens, tokens) for _ in range(self.mesh.size)]
+    self._table = jax.device_put(np.repeat(np.asarray(pinned, np.float32)[None], self.mesh.size, axis=0),
+                                 self._steps.by_rows)
 
   # --- construction -------------------------------------------------------------------------------------
   @classmethod
@@ -230,11 +232,16 @@ class Embedder:
   def reset_state(self) -> None:
     self._state = None
 
+  def clear_token_table(self) -> None:
+    """Forgets the char-CNN outputs held for the tokens met so far (not a token embedding file's words)."""
+    for rows in self._token_rows:
+      rows.clear()
+
   def fingerprint(self) -> str:
     """sha256 of what decides the outputs: options, params, matmul dtype, statefulness, pinned token rows
     (a resumable job checks it: `elmo_jax.embed_job`)."""
     if self._fingerprint is None:
-      pinned = np.asarray(self._table[:self._token_rows.pinned])
+      pinned = np.asarray(self._table[0, :self._token_rows[0].pinned])
       self._fingerprint = embed_job.fingerprint(
           *jax.tree_util.tree_leaves(self.params), pinned,
           extra={"options": self.options, "dtype": str(np.dtype(self.model.dtype)), "stateful": self.stateful})
@@ -256,25 +263,30 @@ class Embedder:
     return self._fetch(prepared, self._launch(prepared))
 
   def _prepare(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None) -> _Prepared:
-    """Host side of a batch: token positions, mask, and the distinct tokens' char ids by char width."""
+    """Host side of a batch: token positions, mask, and the distinct tokens' char ids by char width, each
+    device's rows against its own token table."""
     n = len(sentences)
     rows = embed_step.round_rows(max(n, pad_batch_to or 0), self.mesh)
+    per_device = rows // self.mesh.size
     time = bucket(max((len(s) for s in sentences), default=1) or 1)
-    index: dict[str, int] = {}
     positions = np.zeros((rows, time), np.int32)
     mask = np.zeros((rows, time), bool)
-    for b, sentence in enumerate(sentences):
-      for t, token in enumerate(sentence):
-        positions[b, t] = index.setdefault(token, len(index))
-        mask[b, t] = True
-    tokens = list(index)
-    row, new = self._token_rows.assign(tokens)
-    ids = (np.stack([self._char_ids(tokens[u]) for u in new]) if len(new)
-           else np.zeros((0, self.config.max_characters_per_token), np.int32))
-    chunks, dests = width_chunks(ids, row[new], self._max_width, self._cnn_rows)
-    if len(row):
-      positions = row[positions]  # padded slots point at some token; the mask zeroes them in the biLM
-    return _Prepared(n, positions, mask, chunks, dests)
+    chunks = []
+    for d, token_rows in enumerate(self._token_rows):
+      block = slice(d * per_device, (d + 1) * per_device)
+      index: dict[str, int] = {}
+      for b in range(block.start, min(block.stop, n)):
+        for t, token in enumerate(sentences[b]):
+          positions[b, t] = index.setdefault(token, len(index))
+          mask[b, t] = True
+      tokens = list(index)
+      row, new = token_rows.assign(tokens)
+      ids = (np.stack([self._char_ids(tokens[u]) for u in new]) if len(new)
+             else np.zeros((0, self.config.max_characters_per_token), np.int32))
+      chunks.append(width_chunks(ids, row[new], self._max_width))
+      if len(row):
+        positions[block] = row[positions[block]]  # padded slots point at some token; the mask zeroes them
+    return _Prepared(n, positions, mask, *embed_step.stack_chunks(chunks))
 
   def _launch(self, prepared: _Prepared) -> jax.Array:
     """Dispatches a prepared batch (asynchronously); returns the device array of its layers."""
@@ -293,11 +305,9 @@ class Embedder:
   def _token_embeddings(self, prepared: _Prepared) -> jax.Array:
     """The batch's char-CNN outputs `[rows, time, P]`, on device: new tokens into the table, then a gather.
     Runs right after the batch's `_prepare` (whose row assignment it writes), as `iter_batches` does."""
-    grow = self._token_rows.capacity - self._table.shape[0]
-    if grow > 0:  # first use, or a batch with more new tokens than the table held
-      self._table = jax.device_put(
-          jnp.concatenate([self._table, jnp.zeros((grow, self._table.shape[1]), self._table.dtype)]),
-          self._steps.replicated)
+    grow = max(rows.capacity for rows in self._token_rows) - self._table.shape[1]
+    if grow > 0:  # first use, or a batch with more new tokens than a table held
+      self._table = jax.device_put(jnp.pad(self._table, ((0, 0), (0, grow), (0, 0))), self._steps.by_rows)
     put = self._steps.put_rows
     for chunk, dest in zip(prepared.chunks, prepared.dests):
       self._table = self._steps.cnn_into(self.params, self._table, put(chunk), put(dest))
@@ -405,16 +415,18 @@ class Embedder:
     """The char-CNN output of each token, `[len(tokens), P]` float32: the token table's path, a fresh table
     of `batch_size` rows at a time; `on_batch(n_tokens)` after each (progress)."""
     out = np.zeros((len(tokens), self.config.projection_dim), np.float32)
+    n_dev, put = self.mesh.size, self._steps.put_rows
+    per_device = -(-batch_size // n_dev)
     for start in range(0, len(tokens), batch_size):
       part = tokens[start:start + batch_size]
-      ids = np.stack([chars.token_to_ids(t, self.config.max_characters_per_token) for t in part])
-      table = jax.device_put(np.zeros((batch_size, self.config.projection_dim), np.float32),
-                             self._steps.replicated)
-      put = self._steps.put_rows
-      for chunk, dest in zip(*width_chunks(ids, np.arange(len(part), dtype=np.int32), self._max_width,
-                                            self._cnn_rows)):
-        table = self._steps.cnn_into(self.params, table, put(chunk), put(dest))
-      out[start:start + len(part)] = np.asarray(table)[:len(part)]
+      shares = [part[d * per_device:(d + 1) * per_device] for d in range(n_dev)]  # device d's tokens
+      table = put(np.zeros((n_dev, per_device, self.config.projection_dim), np.float32))
+      chunks = [width_chunks(np.stack([chars.token_to_ids(t, self.config.max_characters_per_token) for t in share])
+                             if share else np.zeros((0, self.config.max_characters_per_token), np.int32),
+                             np.arange(len(share), dtype=np.int32), self._max_width) for share in shares]
+      for ids, dest in zip(*embed_step.stack_chunks(chunks)):
+        table = self._steps.cnn_into(self.params, table, put(ids), put(dest))
+      out[start:start + len(part)] = np.concatenate([t[:len(sh)] for t, sh in zip(np.asarray(table), shares)])
       if on_batch is not None:
         on_batch(len(part))
     return out

@@ -120,7 +120,7 @@ def test_cnn_cache_across_batches_is_exact_through_flushes_and_growth():
   vocab = _TOKENS + [f"tok{i}" * (1 + i % 4) for i in range(150)]
   sentences = [[vocab[j] for j in rng.integers(0, len(vocab), n)] for n in rng.integers(1, 40, 24)]
   fresh = Embedder.random(options, seed=2)
-  rows = fresh._token_rows  # pylint: disable=protected-access
+  rows = fresh._token_rows[0]  # pylint: disable=protected-access  (its one device)
   assign = rows.assign
   rows.assign = lambda tokens: (rows.clear(), assign(tokens))[1]  # every batch's tokens through the CNN
   want = fresh.embed_sentences(sentences, batch_size=4)
