@@ -324,7 +324,8 @@ def _embed_share(embedder: Embedder, job: embed_job.Job, lines: _Lines, writer: 
       sentences = [lines.tokens(i, text, tokenize) for i, text in chunk]
       n_batches = -(-len(chunk) // layout.batch_size)
       for k, rows, layers, state in embedder.batches(
-          sentences, layout.batch_size, skip=lambda k, c=c: k // layout.part_batches not in todo[c]):
+          sentences, layout.batch_size, fresh_every=layout.part_batches,
+          skip=lambda k, c=c: k // layout.part_batches not in todo[c]):
         writer.put(layers, [(*chunk[pos], len(sentences[pos])) for pos in rows])
         progress.update(len(rows), sum(len(sentences[pos]) for pos in rows))
         if k % layout.part_batches == layout.part_batches - 1 or k == n_batches - 1:

@@ -2,8 +2,9 @@
 
 Sentences are split over the devices by batch row, and every function is a `shard_map` in which a device
 sees only its own rows, with the params replicated: the char CNN, the token table and the biLM of one
-device are those of a single-device `Embedder` (the same shapes, hence the same numbers), and nothing
-passes between devices -- no collective at all. Each device keeps its own table of char-CNN outputs
+device are those of a single-device `Embedder` (with the same rows and time bucket, the same shapes and
+so the same numbers; otherwise equal to float rounding), and nothing passes between devices -- no
+collective at all. Each device keeps its own table of char-CNN outputs
 ([devices, capacity, P], one block per device) with its own row assignment on the host
 (`token_cache.TokenRows`): a token runs through the CNN once per device that meets it, not once per batch.
 One replicated table would save those repeats (a few per word, early in a file) but needs an all-gather
@@ -76,19 +77,18 @@ def char_widths(ids: np.ndarray, max_width: int) -> np.ndarray:
   return widths[np.minimum(np.searchsorted(widths, need), len(widths) - 1)]
 
 
-def width_chunks(ids: np.ndarray, rows: np.ndarray, max_width: int, chunk_rows: int = CNN_ROWS
-                 ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+def width_chunks(ids: np.ndarray, rows: np.ndarray, max_width: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
   """Char ids `[U, max_chars]` of tokens bound for table rows `rows [U]` -> (width, chunk
-  `[chunk_rows, width]`, their rows `[chunk_rows]`) per chunk of tokens of one char width (the CNN's fixed
+  `[CNN_ROWS, width]`, their rows `[CNN_ROWS]`) per chunk of tokens of one char width (the CNN's fixed
   shapes; padding rows: an out-of-range row)."""
   widths = char_widths(ids, max_width)
   out = []
   for width in np.unique(widths):
     members = np.flatnonzero(widths == width)
-    for start in range(0, len(members), chunk_rows):
-      part = members[start:start + chunk_rows]
-      chunk = np.zeros((chunk_rows, width), np.int32)
-      dest = np.full(chunk_rows, np.iinfo(np.int32).max, np.int32)
+    for start in range(0, len(members), CNN_ROWS):
+      part = members[start:start + CNN_ROWS]
+      chunk = np.zeros((CNN_ROWS, width), np.int32)
+      dest = np.full(CNN_ROWS, np.iinfo(np.int32).max, np.int32)
       chunk[:len(part)], dest[:len(part)] = ids[part, :width], rows[part]
       out.append((int(width), chunk, dest))
   return out

@@ -6,10 +6,10 @@
 Speed: sentences are sorted by length and padded to a few time buckets; every distinct token runs through
 the char CNN once (exact: the CNN sees one token at a time) into an on-device token table that outlives
 the batch (`token_cache.TokenRows`), and each batch gathers its tokens from it. Short tokens run through
-the CNN over fewer char positions (`embed_step.CHAR_WIDTHS`, exact, see `embed_step.char_widths`), in fixed chunks of
-`CNN_ROWS` tokens, so the CNN compiles one shape per width. Batch k+1 is prepared on the host and
-dispatched before batch k is copied back (JAX dispatches asynchronously), and JAX's persistent compilation
-cache (`enable_compilation_cache`) makes a second process start fast. Every batch is split over all of
+the CNN over fewer char positions (`embed_step.CHAR_WIDTHS`, exact, see `embed_step.char_widths`), in
+fixed chunks of `embed_step.CNN_ROWS` tokens, so the CNN compiles one shape per width. Batch k+1 is
+prepared on the host and dispatched before batch k is copied back (JAX dispatches asynchronously), and
+JAX's persistent compilation cache (`enable_compilation_cache`) makes a second process start fast. Every batch is split over all of
 this process's devices by default (`devices=`; the compiled functions are in `embed_step`).
 """
 from __future__ import annotations
@@ -207,7 +207,7 @@ class Embedder:
 
   def untrained_twin(self, seed: int = 0) -> "Embedder":
     """Same options, random init: the control for probing experiments."""
-    return Embedder.random(self.options, seed=seed, stateful=self.stateful, devices=list(self.mesh.devices.flat))
+    return Embedder.random(self.options, seed=seed, stateful=self.stateful, devices=self.devices)
 
   # --- properties ---------------------------------------------------------------------------------------
   @property
@@ -233,9 +233,10 @@ class Embedder:
     self._state = None
 
   def clear_token_table(self) -> None:
-    """Forgets the char-CNN outputs held for the tokens met so far (not a token embedding file's words)."""
+    """Forgets the char-CNN outputs held for the tokens met so far (not a token embedding file's words):
+    the batches that follow compute exactly what they would in a new Embedder."""
     for rows in self._token_rows:
-      rows.clear()
+      rows.reset()
 
   def fingerprint(self) -> str:
     """sha256 of what decides the outputs: options, params, matmul dtype, statefulness, pinned token rows
@@ -333,20 +334,25 @@ class Embedder:
     """Yields (indices into `sentences`, layers `[len(indices), n_layers + 1, time, 2P]`) batch by batch.
 
     Stateless: sentences sorted by length (stable), so batches hold similar lengths. Stateful: input order,
-    rows padded to `batch_size`. A short last batch is padded to a power of two of rows, not to batch_size
-    (it holds the longest sentences, so full padding would dominate its cost; at most log2(batch_size)
-    more shapes), unless `full_rows`. Batch k+1 is prepared and dispatched before batch k is fetched, so
+    rows padded to `batch_size` (None: `default_batch_size`). A short last batch is padded to a power of
+    two of rows, not to batch_size (it holds the longest sentences, so full padding would dominate its
+    cost; at most log2(batch_size) more shapes), unless `full_rows`. Batch k+1 is prepared and dispatched before batch k is fetched, so
     the host's work (and the caller's, e.g. writing batch k) overlaps the device's.
     """
     for _, chunk, layers, _ in self.batches(sentences, batch_size, full_rows=full_rows):
       yield chunk, layers
 
   def batches(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None, *,
-              full_rows: bool = False, skip: Callable[[int], bool] | None = None
-              ) -> Iterator[tuple[int, list[int], np.ndarray, Any]]:
+              full_rows: bool = False, skip: Callable[[int], bool] | None = None,
+              fresh_every: int | None = None) -> Iterator[tuple[int, list[int], np.ndarray, Any]]:
     """`iter_batches` with the batch number k and, stateful, the state right after batch k:
     yields (k, indices, layers, state or None); batches with `skip(k)` are neither run nor yielded (a
-    resumed job's finished parts)."""
+    resumed job's finished parts).
+
+    `fresh_every=m`: the token table is cleared before batches 0, m, 2m, ..., so each group of m batches
+    gives the same bits whatever ran before it. (XLA:CPU's matmuls round a row by where it sits in its
+    chunk, ~1e-7, so a token's char-CNN output depends on the tokens it was first computed with; a resumed
+    or many-process job would otherwise differ from an uninterrupted one in the last bits.)"""
     batch_size = batch_size or self.default_batch_size
     order = list(range(len(sentences)))
     if not self.stateful:
@@ -355,6 +361,8 @@ class Embedder:
     for k, start in enumerate(range(0, len(order), batch_size)):
       if skip is not None and skip(k):
         continue
+      if fresh_every and k % fresh_every == 0:
+        self.clear_token_table()
       if k % _TRIM_EVERY_BATCHES == _TRIM_EVERY_BATCHES - 1:
         memory.release_free_memory()
       chunk = order[start:start + batch_size]

@@ -65,11 +65,16 @@ class TokenRows:
     self.pinned = len(pinned)
     self._pinned_rows = {t: i for i, t in enumerate(pinned)}
     self.rows = dict(self._pinned_rows)
-    self.capacity = self.pinned + max(1, capacity)
+    self.capacity = self._initial_capacity = self.pinned + max(1, capacity)
 
   def clear(self) -> None:
     """Forgets every row but the pinned ones (their values stay in the table)."""
     self.rows = dict(self._pinned_rows)
+
+  def reset(self) -> None:
+    """`clear`, and the capacity back to its first value: what follows is assigned as in a new table."""
+    self.clear()
+    self.capacity = self._initial_capacity
 
   def assign(self, tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Distinct `tokens` -> (their rows `[U]`, the indices into `tokens` whose rows must be computed)."""

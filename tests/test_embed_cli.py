@@ -53,6 +53,19 @@ def error_lines(stderr: str) -> list[str]:
   return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
+def stop_at_launch(monkeypatch, embedder: Embedder, k: int) -> None:
+  """The embedder's k-th batch launch raises KeyboardInterrupt (an interrupted job); undo: monkeypatch."""
+  real, launched = embedder._launch, []  # pylint: disable=protected-access
+
+  def stopping(prepared):
+    launched.append(1)
+    if len(launched) == k:
+      raise KeyboardInterrupt
+    return real(prepared)
+
+  monkeypatch.setattr(embedder, "_launch", stopping)
+
+
 def leftovers(directory) -> list[str]:
   return sorted(name for name in os.listdir(directory) if name.endswith(".tmp") or name.endswith(".hdf5"))
 
@@ -252,16 +265,7 @@ def test_failure_mid_run_leaves_nothing(tmp_path, embedder, monkeypatch):
   out = tmp_path / "out.hdf5"
   out.write_bytes(b"previous result")
   path = write_lines(tmp_path / "in.txt", SENTENCES[0])
-  calls = []
-  real = embedder._launch  # pylint: disable=protected-access
-
-  def flaky(prepared):
-    calls.append(1)
-    if len(calls) == 3:
-      raise KeyboardInterrupt
-    return real(prepared)
-
-  monkeypatch.setattr(embedder, "_launch", flaky)
+  stop_at_launch(monkeypatch, embedder, 3)
   with pytest.raises(KeyboardInterrupt):
     embed.embed_file(embedder, path, out, batch_size=2, part_sentences=2, progress_every=None)
   assert out.read_bytes() == b"previous result"  # the old output is untouched, not half-replaced

@@ -6,6 +6,7 @@ resumed run: equal bit for bit, since both go through the same parts).
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ from elmo_jax import embed
 from elmo_jax import embed_job
 from elmo_jax.embedder import Embedder
 from launch_util import REPO, free_port
-from test_embed_cli import OPTIONS, SENTENCES, WEIGHTS, error_lines, model_args, write_lines
+from test_embed_cli import OPTIONS, SENTENCES, WEIGHTS, error_lines, model_args, stop_at_launch, write_lines
 
 LINES = [s for group in SENTENCES for s in group]  # 30 fixture sentences, lengths 1-22
 
@@ -112,58 +113,46 @@ def test_devices_choice_is_checked():
     Embedder.from_files(OPTIONS, WEIGHTS, devices=3)
 
 
-def test_parts_are_independent_of_where_a_run_stopped(tmp_path, embedder):
-  """Two runs that stop at different parts, then finish: both files equal the uninterrupted run's."""
-  text = write_lines(tmp_path / "in.txt", LINES)
+def corpus_lines(n: int) -> list[str]:
+  """The first n lines of the shipped corpus: enough distinct tokens that where a token's char-CNN output
+  is first computed shows in its last bits (see `Embedder.batches`' fresh_every)."""
+  with gzip.open(os.path.join(REPO, "data", "pd-small", "train.txt.gz"), "rt", encoding="utf-8") as f:
+    return [next(f).strip() for _ in range(n)]
+
+
+def test_parts_are_independent_of_where_a_run_stopped(tmp_path, embedder, monkeypatch):
+  """Runs that stop at different parts, then finish: every file equals the uninterrupted run's, bit for bit."""
+  text = write_lines(tmp_path / "in.txt", corpus_lines(240))
   whole = tmp_path / "whole.hdf5"
-  embed.embed_file(embedder, text, whole, batch_size=4, chunk_size=12, part_sentences=4, progress_every=None)
-  for stop_after in (1, 5):
+  kwargs = dict(batch_size=8, chunk_size=64, part_sentences=16, progress_every=None)
+  embed.embed_file(embedder, text, whole, **kwargs)
+  for stop_after in (1, 11):
     out = tmp_path / f"resumed{stop_after}.hdf5"
-    launched = []
-    real = embedder._launch  # pylint: disable=protected-access
-
-    def stopping(prepared):
-      launched.append(1)
-      if len(launched) > stop_after + 1:
-        raise KeyboardInterrupt  # after `stop_after` batches were fetched
-      return real(prepared)
-
-    embedder._launch = stopping  # pylint: disable=protected-access
-    try:
-      with pytest.raises(KeyboardInterrupt):
-        embed.embed_file(embedder, text, out, batch_size=4, chunk_size=12, part_sentences=4, progress_every=None)
-    finally:
-      del embedder._launch  # pylint: disable=protected-access
+    stop_at_launch(monkeypatch, embedder, stop_after + 2)  # after `stop_after` batches were fetched
+    with pytest.raises(KeyboardInterrupt):
+      embed.embed_file(embedder, text, out, **kwargs)
+    monkeypatch.undo()
     job = embed_job.Job(str(out))
     done = job.done_counts()[0]
-    assert done == 4 * (stop_after + (stop_after > 2))  # and the last batch of a finished chunk
-    stats = embed.embed_file(embedder, text, out, batch_size=4, chunk_size=12, part_sentences=4,
-                             progress_every=None)
-    assert stats["resumed"] == done and stats["sentences"] == len(LINES) - done
+    assert done == 16 * (stop_after // 2)  # the whole parts (of 2 batches) among the fetched batches
+    stats = embed.embed_file(embedder, text, out, **kwargs)
+    assert stats["resumed"] == done and stats["sentences"] == 240 - done
     assert_same_contents(contents(out), contents(whole))
     assert not os.path.exists(job.folder)
 
 
-def test_stateful_resume_continues_the_state(tmp_path):
+def test_stateful_resume_continues_the_state(tmp_path, monkeypatch):
   text = write_lines(tmp_path / "in.txt", LINES)
+  kwargs = dict(batch_size=3, part_sentences=6, progress_every=None)
+  embed.embed_file(Embedder.from_files(OPTIONS, WEIGHTS, stateful=True), text, tmp_path / "whole.hdf5", **kwargs)
   emb = Embedder.from_files(OPTIONS, WEIGHTS, stateful=True)
-  embed.embed_file(emb, text, tmp_path / "whole.hdf5", batch_size=3, part_sentences=6, progress_every=None)
-  emb = Embedder.from_files(OPTIONS, WEIGHTS, stateful=True)
-  real, launched = emb._launch, []  # pylint: disable=protected-access
-
-  def stopping(prepared):
-    launched.append(1)
-    if len(launched) == 6:
-      raise KeyboardInterrupt
-    return real(prepared)
-
-  emb._launch = stopping  # pylint: disable=protected-access
+  stop_at_launch(monkeypatch, emb, 6)
   with pytest.raises(KeyboardInterrupt):
-    embed.embed_file(emb, text, tmp_path / "out.hdf5", batch_size=3, part_sentences=6, progress_every=None)
+    embed.embed_file(emb, text, tmp_path / "out.hdf5", **kwargs)
   parts = sorted(os.listdir(tmp_path / "out.hdf5.partial" / "parts"))
   assert "000000-0000.npz" in parts and "000000-0001.json" in parts  # 4 batches fetched: 2 parts
   fresh = Embedder.from_files(OPTIONS, WEIGHTS, stateful=True)  # a new process: no state in memory
-  stats = embed.embed_file(fresh, text, tmp_path / "out.hdf5", batch_size=3, part_sentences=6, progress_every=None)
+  stats = embed.embed_file(fresh, text, tmp_path / "out.hdf5", **kwargs)
   assert stats["resumed"] == 12
   assert_same_contents(contents(tmp_path / "out.hdf5"), contents(tmp_path / "whole.hdf5"))
 
@@ -195,24 +184,13 @@ def test_a_failed_process_stops_process_0_instead_of_leaving_it_waiting(tmp_path
   assert_same_contents(contents(tmp_path / "o.hdf5"), contents(whole))
 
 
-def test_changed_input_or_flags_on_rerun_are_refused(tmp_path, embedder):
+def test_changed_input_or_flags_on_rerun_are_refused(tmp_path, embedder, monkeypatch):
   text = write_lines(tmp_path / "in.txt", LINES)
   out = tmp_path / "out.hdf5"
-  calls = []
-  real = embedder._launch  # pylint: disable=protected-access
-
-  def stopping(prepared):
-    calls.append(1)
-    if len(calls) == 3:
-      raise KeyboardInterrupt
-    return real(prepared)
-
-  embedder._launch = stopping  # pylint: disable=protected-access
-  try:
-    with pytest.raises(KeyboardInterrupt):
-      embed.embed_file(embedder, text, out, batch_size=4, part_sentences=4, progress_every=None)
-  finally:
-    del embedder._launch  # pylint: disable=protected-access
+  stop_at_launch(monkeypatch, embedder, 3)
+  with pytest.raises(KeyboardInterrupt):
+    embed.embed_file(embedder, text, out, batch_size=4, part_sentences=4, progress_every=None)
+  monkeypatch.undo()
   parts = tmp_path / "out.hdf5.partial" / "parts"
   before = sorted(os.listdir(parts))
   write_lines(tmp_path / "in.txt", LINES[:-1] + ["a changed last line"])

@@ -4,7 +4,7 @@
     python -m elmo_jax.plan --step=embed --model=original --target=v5e:2x2 --time_buckets=64,512
 
 Compiles the `Embedder`'s own functions (`embed_step.steps`: the biLM over rows split across the devices,
-the char CNN writing into the replicated token table) for abstract devices, as `plan.plan` does for the
+the char CNN writing into each device's token table) for abstract devices, as `plan.plan` does for the
 train step. Per time bucket the biLM step is compiled at two batch sizes; its memory is linear in the rows,
 so the largest power-of-two batch per device that fits next to the token table is predicted from those two
 and then compiled to confirm: twice as many rows must not fit, and a prediction that does not fit moves
@@ -45,7 +45,7 @@ def plan_embed(options: dict[str, Any], target_spec: str, time_buckets: Sequence
                                   jax.eval_shape(lambda: model.init(jax.random.key(0), dummy)["params"]))
   p = config.projection_dim
   table_rows = (cnn_cache_tokens or embedder_lib._CNN_CACHE_TOKENS) + 1  # pylint: disable=protected-access
-  table = jax.ShapeDtypeStruct((table_rows, p), jnp.float32, sharding=replicated)
+  table = jax.ShapeDtypeStruct((n, table_rows, p), jnp.float32, sharding=by_rows)  # one per device
   param_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
 
   def bilm_hbm(rows: int, time: int):
@@ -54,7 +54,7 @@ def plan_embed(options: dict[str, Any], target_spec: str, time_buckets: Sequence
     _, hbm, fits = compile_(steps.bilm, (params, emb, mask), capacity)
     return hbm, fits
 
-  chunk_rows = embed_step.round_rows(embed_step.CNN_ROWS, mesh)
+  chunk_rows = n * embed_step.CNN_ROWS
   ids = jax.ShapeDtypeStruct((chunk_rows, config.max_characters_per_token), jnp.int32, sharding=by_rows)
   dest = jax.ShapeDtypeStruct((chunk_rows,), jnp.int32, sharding=by_rows)
   _, cnn_hbm, _ = compile_(steps.cnn_into, (params, table, ids, dest), capacity)
@@ -105,8 +105,9 @@ def render(r: dict[str, Any]) -> str:
            f"char-CNN step: {gb(r['cnn_step_hbm_bytes'].get('total', 0))} per device"]
   for b in r["buckets"]:
     at = b["hbm_bytes_at_batch"]
+    used = gb(at.get("total", at.get("temporaries", 0)))
     lines.append(f"time bucket {b['time']:>4}: {r['per_device_batch']} rows per device "
-                 f"{'FIT' if b['fits_at_batch'] else 'DO NOT FIT'} in {gb(at.get('total', at.get('temporaries', 0)))}; "
+                 f"{'FIT' if b['fits_at_batch'] else 'DO NOT FIT'} in {used}; "
                  f"largest power of two that fits: {b['largest_rows_per_device']:,} rows per device "
                  f"({b.get('largest_tokens_per_device', 0):,} tokens, "
                  f"{gb(b.get('hbm_bytes_at_largest', {}).get('total', 0))})")
