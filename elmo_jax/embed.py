@@ -204,7 +204,7 @@ class _Writer:
 
 def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: str | os.PathLike,
                batch_size: int | None = None, *, chunk_size: int = 4096,
-               part_sentences: int = embed_job.DEFAULT_PART_SENTENCES,
+               part_sentences: int | None = None,
                progress_every: float | None = 5.0,
                progress_stream: TextIO | None = None,
                warn: Callable[[str], Any] = logging.warning, output: str = "all",
@@ -224,7 +224,8 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     batch_size: sentences per batch (None: `embedder.default_batch_size`, 64 per device).
     chunk_size: lines read (and held) at once; rounded up to a multiple of `batch_size` so stateful
       batches are the same consecutive groups of lines however the file is chunked.
-    part_sentences: sentences per part file (rounded up to whole batches): the most a kill can lose.
+    part_sentences: sentences per part file (rounded up to whole batches; None: 8 batches): the most a
+      kill can lose, and how long the token table lives.
     progress_every: seconds between progress lines (None: none).
     progress_stream: where progress goes (default stderr).
     warn: called with a message for empty lines.
@@ -265,7 +266,8 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     embed_files.check_sentence_keys(input_file)
   fmt = _Format(output, sentence_vectors, output_dtype, use_sentence_keys)
   layout = embed_job.Layout(n_lines, -(-max(chunk_size, 1) // batch_size) * batch_size, batch_size,
-                            max(1, -(-part_sentences // batch_size)))
+                            max(1, -(-part_sentences // batch_size)) if part_sentences
+                            else embed_job.DEFAULT_PART_BATCHES)
   settings = {"input": {"lines": n_lines, "sha256": files.sha256_file(input_file)},
               "model": embedder.fingerprint(), "devices": len(embedder.devices),
               "layout": dataclasses.asdict(layout), "format": dataclasses.asdict(fmt),

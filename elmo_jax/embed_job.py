@@ -36,7 +36,9 @@ import numpy as np
 from elmo_jax import files
 
 SUFFIX = ".partial"
-DEFAULT_PART_SENTENCES = 512  # sentences per part: what a kill -9 can cost, and one small file each
+# Batches per part: what a kill -9 can cost, one file each, and how long the token table lives (it starts
+# fresh at every part, see `Embedder.batches`): 512 sentences at one device's default batch.
+DEFAULT_PART_BATCHES = 8
 
 
 class JobError(ValueError):

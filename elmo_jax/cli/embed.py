@@ -59,8 +59,8 @@ def define_flags() -> None:
   flags.DEFINE_float("progress_every", 5.0, "Seconds between progress lines on stderr.")
   flags.DEFINE_bool("progress", True, "Progress lines on stderr (--noprogress: none).")
   flags.DEFINE_integer("devices", None, "Local devices to split each batch over (default: all of them).")
-  flags.DEFINE_integer("part_sentences", embed_job.DEFAULT_PART_SENTENCES, "Sentences per part of the job "
-                       "folder OUTPUT.partial/ (what a kill can cost: a rerun resumes after the last part).")
+  flags.DEFINE_integer("part_sentences", None, "Sentences per part of the job folder OUTPUT.partial/ (what a "
+                       "kill can cost: a rerun resumes after the last part); default 8 batches.")
   cli.define_distributed_flags()
   flags.DEFINE_bool("compilation_cache", True, "Keep compiled shapes in JAX's persistent compilation cache "
                     "under $ELMO_JAX_CACHE (default ~/.cache/elmo_jax), so the next run starts fast.")
