@@ -3,8 +3,8 @@
     python benchmarks/embed_resume.py [--preset=small] [--lines=20000] [--small_lines=2000]
 
 All through the command (`python -m elmo_jax.embed`, fresh processes, the persistent compilation cache
-warmed first): random weights of the preset (speed does not depend on the values), lines of the corpus in
-data/. Measured:
+warmed first): random weights of the preset (speed does not depend on the values), the first --small_lines
+lines of the corpus in data/, repeated to make --lines (see `write_inputs`). Measured:
   * `full`: an uninterrupted run over --lines (seconds, peak RSS of the process);
   * `small`: the same over --small_lines (peak RSS: memory must not grow with the input);
   * `killed` + `rerun`: a run `kill -9`ed once half the lines are in committed parts, then the same command
@@ -46,21 +46,24 @@ flags.DEFINE_string("corpus", os.path.join(REPO, "data", "pd-small", "train.txt.
 
 
 def write_inputs(tmp: str) -> dict[str, str]:
-  """The first --lines non-empty corpus lines (Moses-tokenized, repeated if the corpus is shorter) and the
-  first --small_lines of them."""
+  """The first --small_lines non-empty corpus lines (Moses-tokenized) and --lines of them repeated.
+
+  Repeated, so the long input holds the same sentence lengths as the short one: an XLA:CPU process keeps
+  the temporaries of the largest batch shape it has run, so a longer input with a longer longest sentence
+  needs more memory for that reason alone; this compares input size, not the longest sentence.
+  """
   tokenize, lines = Tokenizer(), []
   with gzip.open(FLAGS.corpus, "rt", encoding="utf-8") as f:
     for line in f:
       if tokens := tokenize(line.strip()):
         lines.append(" ".join(tokens))
-      if len(lines) == FLAGS.lines:
+      if len(lines) == FLAGS.small_lines:
         break
-  lines = (lines * (FLAGS.lines // len(lines) + 1))[:FLAGS.lines]
   paths = {}
   for name, n in (("long", FLAGS.lines), ("short", FLAGS.small_lines)):
     paths[name] = os.path.join(tmp, f"{name}.txt")
     with open(paths[name], "w", encoding="utf-8") as f:
-      f.writelines(line + "\n" for line in lines[:n])
+      f.writelines(lines[i % len(lines)] + "\n" for i in range(n))
   return paths
 
 

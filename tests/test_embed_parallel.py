@@ -252,11 +252,16 @@ def test_two_processes_write_the_one_process_file(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["in.txt", "one.hdf5", "two.hdf5"]
 
 
-def test_cli_devices_error_is_one_line(tmp_path):
+def test_cli_devices_and_cluster_errors_are_one_line(tmp_path):
   text = write_lines(tmp_path / "in.txt", LINES[:2])
   proc = subprocess.run([sys.executable, "-m", "elmo_jax.embed", *model_args(), f"--input_file={text}",
                          f"--output_file={tmp_path / 'o.hdf5'}", "--devices=4"], env=env(devices=2),
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
   assert error_lines(proc.stderr) == ["error: devices=4: this process has 2 local devices (cpu)"]
+  proc = subprocess.run([sys.executable, "-m", "elmo_jax.embed", *model_args(), f"--input_file={text}",
+                         f"--output_file={tmp_path / 'o.hdf5'}", "--coordinator_address=127.0.0.1:1"], env=env(),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+  assert error_lines(proc.stderr) == ["error: --coordinator_address needs --num_processes and --process_id too"]
   assert os.listdir(tmp_path) == ["in.txt"]

@@ -19,9 +19,9 @@ from elmo_jax import embed_step
 from elmo_jax import options as options_lib
 from elmo_jax import progress as progress_lib
 from elmo_jax import token_cache
-from elmo_jax.training import distributed
 from elmo_jax import weights as weights_lib
 from elmo_jax.embedder import Embedder
+from elmo_jax.training import distributed
 
 FLAGS = flags.FLAGS
 
@@ -122,8 +122,11 @@ def main(argv: list[str]) -> int:
     for name in embed_files.remove_stale_temps(FLAGS.output_file):
       logging.warning("removed %s, left by an embedding run that was killed", name)
     # Before anything touches a JAX backend: initialize() must come first in every process.
-    distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
-                           FLAGS.process_id)
+    try:
+      distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
+                             FLAGS.process_id)
+    except ValueError as e:  # e.g. --coordinator_address without --num_processes
+      raise embed_files.EmbedInputError(str(e)) from None
     devices.announce()
     embedder = _load_embedder()
     if FLAGS.dump_token_embeddings:
