@@ -120,6 +120,7 @@ def corpus_lines(n: int) -> list[str]:
     return [next(f).strip() for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_parts_are_independent_of_where_a_run_stopped(tmp_path, embedder, monkeypatch):
   """Runs that stop at different parts, then finish: every file equals the uninterrupted run's, bit for bit."""
   text = write_lines(tmp_path / "in.txt", corpus_lines(240))
@@ -252,6 +253,7 @@ def test_two_processes_write_the_one_process_file(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["in.txt", "one.hdf5", "two.hdf5"]
 
 
+@pytest.mark.slow
 def test_cli_devices_and_cluster_errors_are_one_line(tmp_path):
   text = write_lines(tmp_path / "in.txt", LINES[:2])
   proc = subprocess.run([sys.executable, "-m", "elmo_jax.embed", *model_args(), f"--input_file={text}",
