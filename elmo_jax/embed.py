@@ -30,6 +30,7 @@ failure and SIGTERM, and one left by a writer killed outright is removed by the 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import queue
@@ -44,9 +45,8 @@ from absl import logging
 from elmo_jax import embed_files
 from elmo_jax import embed_job
 from elmo_jax import files
-# The command's input and temp-file functions, under the names the callers of embed_file know.
-from elmo_jax.embed_files import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, check_output_path,  # noqa: F401
-                                  count_lines, read_lines, remove_stale_temps)
+from elmo_jax.embed_files import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, check_output_path, count_lines,
+                                  read_lines, remove_stale_temps)
 from elmo_jax.embedder import Embedder, select_layers
 
 _MAX_EMPTY_WARNINGS = 10  # individual warnings; the rest are only counted
@@ -261,14 +261,15 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   if embedder.stateful and process_count > 1:
     raise EmbedInputError(f"--stateful carries each batch row's state through {input_file} in order, so it "
                           f"runs in one process (this job has {process_count})")
-  n_lines = count_lines(input_file, validate=True)
+  digest = hashlib.sha256()  # of the (decompressed) text: the job's identity, read in the same pass
+  n_lines = count_lines(input_file, validate=True, digest=digest)
   if use_sentence_keys:
     embed_files.check_sentence_keys(input_file)
   fmt = _Format(output, sentence_vectors, output_dtype, use_sentence_keys)
   layout = embed_job.Layout(n_lines, -(-max(chunk_size, 1) // batch_size) * batch_size, batch_size,
                             max(1, -(-part_sentences // batch_size)) if part_sentences
                             else embed_job.DEFAULT_PART_BATCHES)
-  settings = {"input": {"lines": n_lines, "sha256": files.sha256_file(input_file)},
+  settings = {"input": {"lines": n_lines, "sha256": digest.hexdigest()},
               "model": embedder.fingerprint(), "devices": len(embedder.devices),
               "layout": dataclasses.asdict(layout), "format": dataclasses.asdict(fmt),
               "tokenize": None if tokenize is None else type(tokenize).__name__,

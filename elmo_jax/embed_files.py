@@ -9,7 +9,7 @@ import socket
 import tempfile
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 from elmo_jax import embed_job
 
@@ -30,9 +30,10 @@ def open_binary(path: str | os.PathLike):
   return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
-def count_lines(path: str | os.PathLike, validate: bool = False) -> int:
+def count_lines(path: str | os.PathLike, validate: bool = False, digest: Any = None) -> int:
   """Number of lines (a last line without newline counts), by a fast binary scan; `validate`: also checks
-  that the text is UTF-8 (`EmbedInputError` naming the line, as `read_lines` would, before any work)."""
+  that the text is UTF-8 (`EmbedInputError` naming the line, as `read_lines` would, before any work);
+  `digest` (a hashlib object) is updated with the text's bytes in the same pass."""
   n, last = 0, b"\n"
   decoder = codecs.getincrementaldecoder("utf-8")()
   with open_binary(path) as f:
@@ -40,6 +41,8 @@ def count_lines(path: str | os.PathLike, validate: bool = False) -> int:
       while block := f.read(1 << 20):
         n += block.count(b"\n")
         last = block[-1:]
+        if digest is not None:
+          digest.update(block)
         if validate:
           decoder.decode(block)
       if validate:

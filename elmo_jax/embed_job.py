@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -76,32 +75,6 @@ def part_name(part: tuple[int, int]) -> str:
   return f"{part[0]:06d}-{part[1]:04d}"
 
 
-def fingerprint(*arrays: Any, extra: Any = None) -> str:
-  """sha256 of JSON `extra` and the bytes, dtypes and shapes of `arrays` (e.g. a model's params)."""
-  digest = hashlib.sha256(json.dumps(extra, sort_keys=True, default=str).encode())
-  for a in arrays:
-    a = np.ascontiguousarray(np.asarray(a))
-    digest.update(f"{a.dtype}{a.shape}".encode())
-    digest.update(a.tobytes())
-  return digest.hexdigest()
-
-
-def _differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
-  out = []
-  for key in sorted(set(saved) | set(wanted)):
-    a, b = saved.get(key), wanted.get(key)
-    if isinstance(a, dict) and isinstance(b, dict):
-      out += _differences(a, b, f"{prefix}{key}.")
-    elif a != b:
-      out.append(f"{prefix}{key} is {_short(a)} there, {_short(b)} here")
-  return out
-
-
-def _short(value: Any) -> str:
-  text = json.dumps(value)
-  return text if len(text) <= 24 else text[:12] + "..." + text[-8:]
-
-
 class Job:
   """The folder of one embedding job; `open` creates it or checks that it is this job's."""
 
@@ -124,7 +97,7 @@ class Job:
     except (OSError, ValueError) as e:
       raise JobError(f"{job.folder}: unreadable settings.json ({e}); delete the folder to start over") from None
     if saved != settings:
-      diff = "; ".join(_differences(saved, settings)[:3])
+      diff = files.first_difference(saved, settings)
       raise JobError(f"{job.folder}: an unfinished job of another run ({diff}); rerun with the same input "
                      f"and flags to finish it, or delete {job.folder} to start over")
     os.makedirs(job.parts_dir, exist_ok=True)

@@ -24,8 +24,8 @@ import numpy as np
 
 from elmo_jax import chars
 from elmo_jax import download
-from elmo_jax import embed_job
 from elmo_jax import embed_step
+from elmo_jax import files
 from elmo_jax import memory
 from elmo_jax import options as options_lib
 from elmo_jax import pretrained
@@ -240,10 +240,10 @@ class Embedder:
 
   def fingerprint(self) -> str:
     """sha256 of what decides the outputs: options, params, matmul dtype, statefulness, pinned token rows
-    (a resumable job checks it: `elmo_jax.embed_job`)."""
+    (a resumable embedding job checks it)."""
     if self._fingerprint is None:
       pinned = np.asarray(self._table[0, :self._token_rows[0].pinned])
-      self._fingerprint = embed_job.fingerprint(
+      self._fingerprint = files.sha256_arrays(
           *jax.tree_util.tree_leaves(self.params), pinned,
           extra={"options": self.options, "dtype": str(np.dtype(self.model.dtype)), "stateful": self.stateful})
     return self._fingerprint

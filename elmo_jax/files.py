@@ -9,6 +9,8 @@ import shutil
 import tempfile
 from typing import Any, Iterator
 
+import numpy as np
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = ".tmp", prefix: str | None = None) -> Iterator[str]:
@@ -88,6 +90,30 @@ def looks_like(path: str | os.PathLike) -> str:
     if e.start < len(head) - 4:  # not just a character cut at the 512-byte boundary
       return "binary data"
   return "a text file"
+
+
+def first_difference(saved: dict, wanted: dict, prefix: str = "") -> str:
+  """'a.b is 1 there, 2 here' for the first key (nested dicts by dotted path) where two settings differ;
+  "" if they agree. For refusing a run whose saved state was made with other settings."""
+  for key in sorted(set(saved) | set(wanted)):
+    a, b = saved.get(key), wanted.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      found = first_difference(a, b, f"{prefix}{key}.")
+      if found:
+        return found
+    elif a != b:
+      return f"{prefix}{key} is {json.dumps(a)[:80]} there, {json.dumps(b)[:80]} here"
+  return ""
+
+
+def sha256_arrays(*arrays: Any, extra: Any = None) -> str:
+  """sha256 of JSON `extra` and the dtypes, shapes and bytes of `arrays` (e.g. a model's params)."""
+  digest = hashlib.sha256(json.dumps(extra, sort_keys=True, default=str).encode())
+  for a in arrays:
+    a = np.ascontiguousarray(np.asarray(a))
+    digest.update(f"{a.dtype}{a.shape}".encode())
+    digest.update(a.tobytes())
+  return digest.hexdigest()
 
 
 def sha256_file(path: str | os.PathLike) -> str:

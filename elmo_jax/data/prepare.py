@@ -92,18 +92,6 @@ def settings_of(spec, pretokenized: bool, lang: str, max_token_chars: int, max_c
           "vocab": vocab}
 
 
-def _first_difference(saved: dict, wanted: dict, prefix: str = "") -> str:
-  for key in sorted(set(saved) | set(wanted)):
-    a, b = saved.get(key), wanted.get(key)
-    if isinstance(a, dict) and isinstance(b, dict):
-      found = _first_difference(a, b, f"{prefix}{key}.")
-      if found:
-        return found
-    elif a != b:
-      return f"{prefix}{key} is {json.dumps(a)[:80]} there, {json.dumps(b)[:80]} here"
-  return ""
-
-
 # --- pass 1: tokenize fixed chunks in worker processes ------------------------------------------------
 _WORKER: dict[str, Any] = {}  # set before the pool forks; workers inherit the opened source
 
@@ -273,7 +261,7 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
   out = os.path.abspath(output_dir)
   manifest = read_manifest(out)
   if manifest is not None:
-    diff = _first_difference(manifest["settings"], settings)
+    diff = files.first_difference(manifest["settings"], settings)
     if diff:
       raise PrepareError(f"{out} holds another prepared corpus ({diff}); use another --output_dir or delete it")
     log_line(f"{out} is already prepared ({manifest['counts']['n_tokens']:,} tokens); nothing to do")
@@ -282,7 +270,7 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
   settings_path = os.path.join(work, "settings.json")
   if os.path.exists(settings_path):
     with open(settings_path, encoding="utf-8") as f:
-      diff = _first_difference(json.load(f), {**settings, "chunk_sentences": chunk_sentences})
+      diff = files.first_difference(json.load(f), {**settings, "chunk_sentences": chunk_sentences})
     if diff:
       raise PrepareError(f"{out} holds an unfinished preparation of another corpus ({diff}); "
                          "use another --output_dir or delete it")
