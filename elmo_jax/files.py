@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -90,6 +91,86 @@ def looks_like(path: str | os.PathLike) -> str:
     if e.start < len(head) - 4:  # not just a character cut at the 512-byte boundary
       return "binary data"
   return "a text file"
+
+
+def text_problem(path: str | os.PathLike) -> str | None:
+  """Why `path` cannot be a text corpus ('is an HDF5 file, not text', ...), from its first bytes (a `.gz`
+  file's decompressed ones); None for text. One check for every command that reads sentences."""
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    return "is a directory, not a text file"
+  try:
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+      head = f.read(4096)
+  except (OSError, EOFError) as e:
+    return f"cannot be read ({e})"
+  if head.startswith(_HDF5_MAGIC):
+    return "is an HDF5 file, not text"
+  if b"\x00" in head:
+    return "holds NUL bytes: binary data, not text"
+  try:
+    head.decode("utf-8")
+  except UnicodeDecodeError as e:
+    if e.start < len(head) - 4:  # not just a character cut at the block boundary
+      return f"is not UTF-8 text (byte {e.start} is {head[e.start:e.start + 1]!r}): binary data?"
+  return None
+
+
+class UnsafeOutputError(ValueError):
+  """An output path that cannot be written, or whose writing would destroy an input; one line."""
+
+
+# A trained run's folders whose files other commands read (checkpoints and the exported model).
+_RUN_FOLDERS = ("checkpoints", "export")
+
+
+def _within(path: str, folder: str) -> bool:
+  return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _nearest_existing(path: str) -> str:
+  while not os.path.exists(path):
+    path = os.path.dirname(path)
+  return path
+
+
+def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), directory: bool = False,
+                 replaces: bool = False) -> None:
+  """Refuses, in one line naming `what` (e.g. '--output_file'), an output path that
+  - is of the wrong kind (a directory for a file, a file for a directory) or cannot be created there
+    (missing parent of a file, read-only folder);
+  - is, or resolves to (links included), one of `inputs` (the run's input, options, weight, vocab files);
+  - lies in a trained run's `checkpoints/` or `export/` folder (other runs read them);
+  - with `replaces` (a folder swapped in whole): holds one of `inputs`.
+  Checked before any work, so nothing is written when it fails. Raises UnsafeOutputError."""
+  raw = os.fspath(path)
+  real = os.path.realpath(raw)
+  if directory and os.path.exists(real) and not os.path.isdir(real):
+    raise UnsafeOutputError(f"{what}={raw} is a file, not a directory")
+  if not directory and os.path.isdir(real):
+    raise UnsafeOutputError(f"{what}={raw} is a directory; give a file path")
+  if not directory and not os.path.isdir(os.path.dirname(real)):
+    raise UnsafeOutputError(f"{what}={raw}: its directory {os.path.dirname(real)} does not exist")
+  for item in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs):
+    if not item or not os.path.exists(item):
+      continue
+    source = os.path.realpath(item)
+    if source == real or (os.path.exists(real) and os.path.samefile(source, real)):
+      raise UnsafeOutputError(f"{what}={raw} is an input of this run ({item}); writing it would destroy it")
+    if replaces and _within(source, real):
+      raise UnsafeOutputError(f"{what}={raw} holds an input of this run ({item}), and is replaced whole")
+  for folder in _RUN_FOLDERS:  # a trained run's folder: WORKDIR/{checkpoints,export} beside config.json
+    parts = real.split(os.sep)
+    for i, part in enumerate(parts[:-1] if not directory else parts):
+      run = os.sep.join(parts[:i]) or os.sep
+      if part == folder and os.path.isfile(os.path.join(run, "config.json")):
+        raise UnsafeOutputError(f"{what}={raw} is inside the trained run {run}'s {folder}/ folder, which "
+                                "other commands read; write elsewhere")
+  existing = _nearest_existing(real if directory else os.path.dirname(real))
+  if not os.path.isdir(existing):
+    raise UnsafeOutputError(f"{what}={raw}: {existing} is a file, not a directory")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise UnsafeOutputError(f"{what}={raw}: {existing} is not writable")
 
 
 def first_difference(saved: dict, wanted: dict, prefix: str = "") -> str:
