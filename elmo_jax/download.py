@@ -5,12 +5,27 @@
     path = cached_path("weights.hdf5")                  # a local path is returned as is
 
 The cache is `$ELMO_JAX_CACHE` (default `~/.cache/elmo_jax`); each URL maps to one file there, named by
-a hash of the URL plus the URL's file name. A download streams into a temp file beside it and is renamed
-only once all bytes (the server's Content-Length) arrived and the sha256 matched, so an interrupted
-download never leaves a file that looks complete. `manifest.json` in the cache records each file's URL,
-size and sha256: a `sha256` given by the caller (a published hash) is checked; otherwise the hash seen on
-the first download is recorded and every later use is checked against it (trust on first use). A cached
-file that fails its check is moved aside (`*.corrupt-<time>`) and fetched again.
+a hash of the URL plus the URL's file name. A download streams into a `.part` file beside it and is renamed
+into place only when it is whole and of the right kind: every byte of the server's Content-Length arrived
+(a connection cut mid-way is one line saying to run again), a published sha256 matches, and `check_kind`
+passes (a `.hdf5`/`.h5` name must be a readable HDF5 file, a `.json` name a JSON object), which catches
+half a file sent without a Content-Length, or an HTML error page. A failed download leaves nothing in the
+cache, so the next run fetches again.
+
+`manifest.json` in the cache records each file's URL, size and sha256. What is trusted:
+
+  * a `sha256` given by the caller (a published hash): the cached file must match it;
+  * otherwise the hash recorded when the file was downloaded (after it passed `check_kind`): every later
+    use is checked against it (trust on first use);
+  * a file put in the cache by hand (the offline route) while the manifest is intact and has no entry for
+    its URL: adopted if it passes `check_kind`, and its hash is recorded from then on.
+
+Every use also runs `check_kind`. A cached file that fails its hash or its kind check is moved aside
+(`*.corrupt-<time>`) and fetched again. An unreadable `manifest.json` is moved aside too (one warning line)
+and the files then in the cache lose their trust: each is used only if it matches a published sha256, else
+fetched again (the old copy moved aside) or, when that fails (offline), refused in one line naming the file
+to delete or to replace with a copy you verified. A malformed manifest entry (no valid sha256) is treated
+the same way.
 """
 from __future__ import annotations
 
@@ -18,8 +33,11 @@ import contextlib
 import fcntl
 import glob
 import hashlib
+import http.client
 import json
 import os
+import re
+import shutil
 import sys
 import time
 import urllib.error
@@ -27,12 +45,19 @@ import urllib.parse
 import urllib.request
 from typing import Any, Iterator
 
+import h5py
+
 from elmo_jax import files
 from elmo_jax import log
 from elmo_jax.progress import progress
 
 _CHUNK = 1 << 20
 MANIFEST = "manifest.json"
+# Manifest key (never a URL): cache file name -> [inode, bytes, mtime_ns] of the files that were in the cache
+# when an unreadable manifest was set aside. A file replaced since (another stamp) is no longer on the list.
+_UNTRUSTED = "#untrusted"
+_CACHE_NAME = re.compile(r"[0-9a-f]{16}-.+")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class DownloadError(OSError):
@@ -54,41 +79,125 @@ def cache_file(url: str, cache: str | None = None) -> str:
   return os.path.join(cache or cache_dir(), f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{name}")
 
 
+def _one_line(x: Any, limit: int = 200) -> str:
+  text = " ".join(str(x).split())
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _touch_hdf5(_: str, obj: Any) -> None:
+  """Reads an object's header (and a dataset's shape and type), so damaged metadata raises."""
+  if isinstance(obj, h5py.Dataset):
+    _ = obj.shape, obj.dtype
+  _ = list(obj.attrs.keys())
+
+
+def check_kind(path: str | os.PathLike, name: str | None = None) -> str | None:
+  """The one cache-entry validator: why `path` is not what its name (`name`, default `path`) says, else None.
+
+  `.hdf5`/`.h5`: opens with h5py and every object's header reads (a truncated file fails); `.json`: parses
+  as a JSON object; other names: no check (None). Used on a fresh download before it is renamed into place
+  and its hash recorded, and on every cached file before it is used.
+  """
+  kind = os.fspath(name or path).lower()
+  if kind.endswith((".hdf5", ".h5")):
+    try:
+      with h5py.File(path, "r") as f:
+        f.visititems(_touch_hdf5)
+    except Exception as e:  # noqa: BLE001 - h5py raises OSError, KeyError, RuntimeError... for damaged files
+      looks = files.looks_like(path)
+      return (f"not a readable HDF5 file (truncated? {_one_line(e)})" if looks == "an HDF5 file" else
+              f"not an HDF5 file (it is {looks})")
+  elif kind.endswith(".json"):
+    try:
+      with open(path, encoding="utf-8") as f:
+        obj = json.load(f)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+      looks = files.looks_like(path)
+      return (f"not a readable JSON file (truncated? {_one_line(e)})" if looks == "a JSON file" else
+              f"not a JSON file (it is {looks})")
+    if not isinstance(obj, dict):
+      return f"not a JSON object (it holds a JSON {type(obj).__name__})"
+  return None
+
+
+def _aside_path(path: str) -> str:
+  aside = f"{path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
+  k = 1
+  while os.path.lexists(aside if k == 1 else f"{aside}.{k}"):
+    k += 1
+  return aside if k == 1 else f"{aside}.{k}"
+
+
+def _move_aside(path: str, why: str, then: str = "fetching it again") -> str:
+  aside = _aside_path(path)
+  os.replace(path, aside)
+  log.info(f"warning: {path}: {why}; moved to {aside}, {then}", stream=sys.stderr)
+  return aside
+
+
+def _stamp(path: str) -> list[int]:
+  st = os.stat(path)
+  return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _read_manifest(path: str) -> tuple[dict[str, Any], str | None]:
+  """(manifest, None), ({}, None) when there is none, or ({}, why it cannot be trusted)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      manifest = json.load(f)
+  except FileNotFoundError:
+    return {}, None
+  except (OSError, ValueError) as e:
+    return {}, f"unreadable ({_one_line(e)})"
+  if not isinstance(manifest, dict):
+    return {}, f"not a JSON object (a JSON {type(manifest).__name__})"
+  if not isinstance(manifest.get(_UNTRUSTED, {}), dict):
+    return {}, f"its {_UNTRUSTED!r} list is malformed"
+  return manifest, None
+
+
 @contextlib.contextmanager
 def _locked_manifest(cache: str) -> Iterator[dict[str, Any]]:
-  """The manifest, read and written under an exclusive lock (several processes may share a cache)."""
+  """The manifest, read and written under an exclusive lock (several processes may share a cache).
+
+  An unreadable one is copied aside (`manifest.json.corrupt-<time>`, one warning line) and replaced at once
+  by one that lists every file then in the cache as untrusted (so a crash cannot make them look placed by
+  hand)."""
   os.makedirs(cache, exist_ok=True)
   with open(os.path.join(cache, MANIFEST + ".lock"), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     path = os.path.join(cache, MANIFEST)
-    try:
-      with open(path) as f:
-        manifest = json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
-      manifest = {}
+    manifest, problem = _read_manifest(path)
+    if problem is not None:
+      aside = _aside_path(path)
+      if os.path.isfile(path):
+        shutil.copyfile(path, aside)
+      else:
+        os.replace(path, aside)
+      names = sorted(n for n in os.listdir(cache) if _CACHE_NAME.fullmatch(n) and not n.endswith(".part")
+                     and ".corrupt-" not in n and os.path.isfile(os.path.join(cache, n)))
+      manifest = {_UNTRUSTED: {n: _stamp(os.path.join(cache, n)) for n in names}}
+      files.write_json(path, manifest)
+      log.info(f"warning: {path}: {problem}; moved to {aside}; the {len(names)} file(s) in the cache are no "
+               "longer trusted: each is fetched again on its next use (or refused offline)", stream=sys.stderr)
     before = json.dumps(manifest, sort_keys=True)
     yield manifest
     if json.dumps(manifest, sort_keys=True) != before:
       files.write_json(path, manifest)
 
 
-def _move_aside(path: str, why: str) -> str:
-  aside = f"{path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
-  os.replace(path, aside)
-  log.info(f"warning: {path}: {why}; moved to {aside}, fetching it again", stream=sys.stderr)
-  return aside
-
-
-def _download(url: str, target: str, timeout: float, sha256: str | None) -> tuple[str, int]:
-  """Streams `url` into `target` (temp + rename once complete and matching `sha256` if given); returns
-  (sha256, bytes). Raises DownloadError."""
+def _download(url: str, target: str, timeout: float, sha256: str | None,
+              replacing: str | None = None) -> tuple[str, int]:
+  """Streams `url` into `target` (a temp file renamed into place once complete, of the right kind
+  (`check_kind`) and matching `sha256` if given); returns (sha256, bytes). An existing `target` is moved
+  aside just before the rename, with the warning `replacing` (why it is replaced). Raises DownloadError."""
   h, n = hashlib.sha256(), 0
   try:
     response = urllib.request.urlopen(url, timeout=timeout)  # noqa: S310 - http(s) only, checked by caller
   except urllib.error.HTTPError as e:
     raise DownloadError(f"{url}: HTTP {e.code} {e.reason} (check the URL)") from None
-  except (urllib.error.URLError, OSError) as e:
-    reason = getattr(e, "reason", e)
+  except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+    reason = _one_line(getattr(e, "reason", None) or repr(e))
     raise DownloadError(f"{url}: cannot download ({reason}); offline? fetch it by hand and put it at "
                         f"{target} (or pass its local path instead of the URL)") from None
   # Under the manifest lock no other download of this file runs: any `.part` is a killed one's leftover.
@@ -103,8 +212,12 @@ def _download(url: str, target: str, timeout: float, sha256: str | None) -> tupl
         while True:
           try:
             block = response.read(_CHUNK)
-          except OSError as e:
-            raise DownloadError(f"{url}: download interrupted after {n} bytes ({e}); run again to retry"
+          except (OSError, http.client.HTTPException) as e:  # IncompleteRead: a chunked reply cut mid-way
+            if isinstance(e, http.client.IncompleteRead):
+              got, why = n + len(e.partial or b""), "the connection closed mid-reply"
+            else:
+              got, why = n, _one_line(repr(e))
+            raise DownloadError(f"{url}: download interrupted after {got} bytes ({why}); run again to retry"
                                 ) from None
           if not block:
             break
@@ -116,15 +229,33 @@ def _download(url: str, target: str, timeout: float, sha256: str | None) -> tupl
       bar.close()
     if total is not None and n != total:
       raise DownloadError(f"{url}: download incomplete ({n} of {total} bytes); run again to retry")
+    problem = check_kind(tmp, name=target)
+    if problem is not None:
+      unsized = "" if total is not None else " (the server sent no Content-Length, so a cut was not seen)"
+      raise DownloadError(f"{url}: the downloaded {n} bytes are {problem}{unsized}; not cached, run again "
+                          "to retry")
     if sha256 is not None and h.hexdigest() != sha256:
       raise DownloadError(f"{url}: downloaded file fails its published sha256 (got {h.hexdigest()}); the "
                           "server's copy differs from the one this table knows")
+    if replacing is not None and os.path.lexists(target):
+      _move_aside(target, replacing, then="fetched it again")
   return h.hexdigest(), n
+
+
+def _record(manifest: dict[str, Any], url: str, target: str, sha256: str, n: int, source: str) -> None:
+  manifest.get(_UNTRUSTED, {}).pop(os.path.basename(target), None)
+  if _UNTRUSTED in manifest and not manifest[_UNTRUSTED]:
+    del manifest[_UNTRUSTED]
+  manifest[url] = {"file": os.path.basename(target), "sha256": sha256, "bytes": n,
+                   "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"), "source": source}
 
 
 def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, cache: str | None = None,
                 timeout: float = 60.0) -> str:
   """A local, verified path for a local path, `file://` URL or `http(s)://` URL (downloaded once).
+
+  What is trusted is in the module docstring: a published `sha256`, else the hash recorded when the file
+  was downloaded (or first found placed by hand, with an intact manifest); `check_kind` on every use.
 
   Args:
     url_or_path: what to fetch.
@@ -133,7 +264,8 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
     cache: cache directory (default `cache_dir()`).
     timeout: seconds to wait for the server.
   Raises:
-    DownloadError: offline with no cached copy, HTTP error, short download or a hash mismatch.
+    DownloadError: offline with no trusted cached copy, HTTP error, short or cut download, a download of
+      the wrong kind (`check_kind`) or a hash mismatch.
   """
   text = os.fspath(url_or_path)
   parsed = urllib.parse.urlparse(text)
@@ -143,21 +275,49 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
     return os.path.expanduser(text)
   cache = os.path.abspath(cache or cache_dir())
   target = cache_file(text, cache)
+  name = os.path.basename(target)
   with _locked_manifest(cache) as manifest:
+    untrusted = manifest.get(_UNTRUSTED, {})
+    for gone in [n for n in untrusted if not os.path.isfile(os.path.join(cache, n))]:
+      del untrusted[gone]
+    if _UNTRUSTED in manifest and not untrusted:
+      del manifest[_UNTRUSTED]
     entry = manifest.get(text)
-    if os.path.exists(target):
-      want = sha256 or (entry or {}).get("sha256")
-      got = files.sha256_file(target)
-      if want is None:  # placed by hand: trust it now, check it from here on
-        manifest[text] = {"file": os.path.basename(target), "sha256": got, "bytes": os.path.getsize(target),
-                          "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"), "source": "found in cache"}
-        return target
-      if got == want:
-        return target
-      _move_aside(target, f"sha256 {got[:12]}... differs from the expected {want[:12]}...")
+    recorded = entry.get("sha256") if isinstance(entry, dict) else None
+    if not (isinstance(recorded, str) and _SHA256.fullmatch(recorded)):
+      recorded = None
+    if os.path.isfile(target):
+      want = sha256 or recorded
+      if want is not None:
+        got = files.sha256_file(target)
+        problem = (check_kind(target) if got == want else
+                   f"sha256 {got[:12]}... differs from the {'published' if sha256 else 'recorded'} {want[:12]}...")
+        if problem is None:
+          if recorded != got:  # a published hash vouches for it
+            _record(manifest, text, target, got, os.path.getsize(target), "published")
+          return target
+        _move_aside(target, problem)
+      else:
+        lost = ("cache manifest.json was unreadable, so its recorded hash is lost" if name in untrusted
+                and untrusted[name] == _stamp(target) else None)
+        if entry is not None:
+          lost = "its manifest.json entry has no valid sha256"
+        if lost is None:  # placed by hand (an intact manifest, no entry): its kind decides; recorded from now on
+          untrusted.pop(name, None)
+          problem = check_kind(target)
+          if problem is None:
+            _record(manifest, text, target, files.sha256_file(target), os.path.getsize(target), "found in cache")
+            return target
+          _move_aside(target, problem)
+        else:  # once trusted, now unverifiable: fetched again before the old copy goes aside
+          try:
+            got, n = _download(text, target, timeout, None, replacing=f"not trusted ({lost})")
+          except DownloadError as e:
+            raise DownloadError(f"{target}: cached copy of {text} not trusted ({lost}); fetching it again "
+                                f"failed ({str(e).removeprefix(text + ': ')}); delete it and run again online, "
+                                "or replace it with a copy you verified") from None
+          _record(manifest, text, target, got, n, "first download")
+          return target
     got, n = _download(text, target, timeout, sha256)
-    manifest[text] = {"file": os.path.basename(target), "sha256": got, "bytes": n,
-                      "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                      "source": "published" if sha256 else "first download"}
+    _record(manifest, text, target, got, n, "published" if sha256 else "first download")
   return target
-

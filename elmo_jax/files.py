@@ -169,8 +169,10 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
   existing = _nearest_existing(real if directory else os.path.dirname(real))
   if not os.path.isdir(existing):
     raise UnsafeOutputError(f"{what}={raw}: {existing} is a file, not a directory")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise UnsafeOutputError(f"{what}={raw}: {existing} is not writable")
+  try:  # a real probe: access() says yes to root on a read-only folder, and to anyone on some file systems
+    os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".write-test-"))
+  except OSError as e:
+    raise UnsafeOutputError(f"{what}={raw}: {existing} is not writable ({e.strerror})") from None
 
 
 def first_difference(saved: dict, wanted: dict, prefix: str = "") -> str:

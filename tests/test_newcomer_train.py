@@ -232,10 +232,10 @@ def test_a_held_workdir_stops_every_process_of_a_multi_process_run(tmp_path):
   assert os.listdir(run) == []
 
 
-def test_batch_that_does_not_split_over_the_devices():
+def test_batch_that_does_not_split_over_the_devices(tmp_path):
   c = base_config()
   c.batch_size = 12
-  preflight.check_devices(c, 4)
+  preflight.check_run(c, str(tmp_path), 4, 1)
   with pytest.raises(preflight.PreflightError, match=r"batch_size=12 must be divisible by the 8 devices "
                      r"\(e.g. --config.batch_size=16\)"):
-    preflight.check_devices(c, 8)
+    preflight.check_run(c, str(tmp_path), 8, 1)

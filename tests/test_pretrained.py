@@ -104,13 +104,13 @@ def test_download_once_then_offline(tmp_path, cache):
 def test_corrupt_cached_file_is_moved_aside_and_fetched_again(tmp_path, cache):
   (tmp_path / "www").mkdir()
   data = os.urandom(10_000)
-  (tmp_path / "www" / "w.hdf5").write_bytes(data)
+  (tmp_path / "www" / "w.bin").write_bytes(data)
   with serve(tmp_path / "www") as (server, base):
-    path = download.cached_path(f"{base}/w.hdf5")
+    path = download.cached_path(f"{base}/w.bin")
     with open(path, "r+b") as f:  # one flipped byte
       f.seek(5000)
       f.write(bytes([data[5000] ^ 0xFF]))
-    capture = download.cached_path(f"{base}/w.hdf5")
+    capture = download.cached_path(f"{base}/w.bin")
     assert len(server.requests) == 2
   assert open(capture, "rb").read() == data
   aside = [n for n in os.listdir(cache) if ".corrupt-" in n]

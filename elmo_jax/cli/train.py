@@ -17,7 +17,7 @@ from ml_collections import config_flags
 from elmo_jax import cli
 from elmo_jax import progress
 from elmo_jax.training import distributed
-from elmo_jax.training.config import unknown_override_error
+from elmo_jax.training.config import config_file_error, unknown_override_error
 
 FLAGS = flags.FLAGS
 
@@ -25,7 +25,7 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
   """Defines the flags (at run time, so importing this module adds none)."""
   default = cli.default_config()
-  if (error := unknown_override_error(sys.argv, default)) is not None:
+  if (error := config_file_error(sys.argv, default) or unknown_override_error(sys.argv, default)) is not None:
     sys.exit(f"FATAL Flags parsing error: {error}")  # instead of config_flags' traceback
   flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, vocab and the exported model.")
   config_flags.DEFINE_config_file("config", default, "Training config (a configs/*.py file).", lock_config=True)
@@ -42,7 +42,7 @@ def main(argv):
   if not FLAGS.progress:
     progress.set_enabled(False)
   from elmo_jax.training import preflight  # pylint: disable=g-import-not-at-top
-  try:  # a user's mistake is refused in one line, before anything is written
+  try:  # a user's mistake is refused in one line, before anything is written (also by the checks below)
     preflight.check(FLAGS.config, FLAGS.workdir)
   except preflight.PreflightError as e:
     sys.exit(f"train: error: {e}")
@@ -54,7 +54,7 @@ def main(argv):
   devices.announce()
   try:
     import jax  # pylint: disable=g-import-not-at-top
-    preflight.check_devices(FLAGS.config, jax.device_count())
+    preflight.check_run(FLAGS.config, FLAGS.workdir, jax.device_count(), jax.process_count())
   except preflight.PreflightError as e:
     sys.exit(f"train: error: {e}")
   lock, error = None, "process 0 could not lock the workdir: another trainer holds it"
@@ -64,14 +64,29 @@ def main(argv):
     error = str(e)
   if not _all_agree(lock is not None):  # every process stops when process 0 is refused
     sys.exit(f"train: error: {error}")
-  from elmo_jax.training.checkpoint import IncompatibleCheckpointError  # pylint: disable=g-import-not-at-top
   try:
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except IncompatibleCheckpointError as e:
-    sys.exit(f"train: error: {e}")
-  finally:
+  except KeyboardInterrupt:  # before the step loop (which saves on Ctrl-C), e.g. while preparing the corpus
     lock.release()
+    sys.stderr.write("train: interrupted; rerunning the same command resumes\n")
+    os._exit(130)  # skips finalization, as a finished run does (see _exit_without_finalization)
+  except _user_errors() as e:
+    sys.exit(f"train: error: {str(e).splitlines()[0]}")
+  finally:
+    if lock is not None:
+      lock.release()
   _exit_without_finalization()
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+  """Errors whose message is the whole story (a file, a key, a checkpoint of another run): no traceback."""
+  # pylint: disable=g-import-not-at-top
+  from elmo_jax.data.prepare import PrepareError
+  from elmo_jax.download import DownloadError
+  from elmo_jax.options import OptionsError
+  from elmo_jax.training.checkpoint import IncompatibleCheckpointError
+  from elmo_jax.training.init_from import InitFromError
+  return IncompatibleCheckpointError, PrepareError, InitFromError, OptionsError, DownloadError
 
 
 def _all_agree(ok: bool) -> bool:

@@ -12,13 +12,14 @@ With `dedupe_shards=k` the batch comes out already deduplicated for k devices by
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import grain
 import numpy as np
 
+from elmo_jax import log
 from elmo_jax.data.pipeline import _STATE_VERSION, check_state, stream_order
-from elmo_jax.data.prepare import MANIFEST, read_manifest
+from elmo_jax.data.prepare import AGAIN, MANIFEST, PreparedCorpusError, open_verified
 from elmo_jax.data.vocab import Vocab
 from elmo_jax.training import dedupe as dedupe_lib  # pure numpy, no training imports behind it
 
@@ -28,29 +29,57 @@ _BOS, _EOS = 0, 1  # type ids of <S>, </S> (prepare puts the specials first)
 class PreparedCorpus:
   """A prepared directory opened for reading: memory-mapped ids plus the type table.
 
+  Opened through `prepare.open_verified` (manifest format, sizes, sha256 with its per-file cache; see
+  there), then the arrays are checked against the manifest's counts. Nothing is written into the directory.
+
   Attributes:
     manifest: the directory's manifest.json.
     tokens: int32 [n_tokens] type ids (memory-mapped).
     offsets: int64 [n_sentences + 1].
     type_chars: int32 [n_types, C] char ids of every type.
     types: the type strings.
+
+  Raises:
+    prepare.NotPreparedError (a FileNotFoundError): no manifest.json.
+    prepare.PreparedCorpusError (a PrepareError and an OSError): a damaged directory; one line naming the file.
   """
 
-  def __init__(self, directory: str):
+  def __init__(self, directory: str, *, checksums: bool = True, log_line: Callable[[str], None] = log.info):
     self.directory = os.path.abspath(directory)
-    manifest = read_manifest(self.directory)
-    if manifest is None:
-      raise FileNotFoundError(f"{self.directory}/{MANIFEST} not found: not a prepared corpus (run "
-                              "`python -m elmo_jax.data.prepare`), or its preparation did not finish")
+    manifest = open_verified(self.directory, checksums=checksums, log_line=log_line)
     self.manifest = manifest
     self.settings = manifest["settings"]
-    self.tokens = np.load(os.path.join(self.directory, "tokens.npy"), mmap_mode="r")
-    self.offsets = np.load(os.path.join(self.directory, "offsets.npy"))
-    self.type_chars = np.load(os.path.join(self.directory, "type_chars.npy")).astype(np.int32)
-    with open(os.path.join(self.directory, "types.txt"), encoding="utf-8") as f:
-      self.types = f.read().split("\n")[:-1]
+    counts = manifest["counts"]
+    self.tokens = self._load("tokens.npy", np.int32, (counts["n_tokens"],), mmap_mode="r")
+    self.offsets = self._load("offsets.npy", np.int64, (counts["n_sentences"] + 1,))
+    self.type_chars = self._load("type_chars.npy", np.uint16, None).astype(np.int32)
+    path = os.path.join(self.directory, "types.txt")
+    try:
+      with open(path, encoding="utf-8") as f:
+        self.types = f.read().split("\n")[:-1]
+    except (OSError, UnicodeDecodeError) as e:
+      raise PreparedCorpusError(f"{path} cannot be read ({str(e).splitlines()[0]}); {AGAIN}") from None
+    n_types = counts["n_types"]
+    if len(self.types) != n_types or self.type_chars.ndim != 2 or len(self.type_chars) != n_types:
+      raise PreparedCorpusError(f"{self.directory}: types.txt has {len(self.types):,} types, type_chars.npy "
+                                f"{len(self.type_chars):,}, {MANIFEST} counts {n_types:,}; {AGAIN}")
+    if self.offsets[0] != 0 or self.offsets[-1] != counts["n_tokens"] or np.any(np.diff(self.offsets) < 0):
+      raise PreparedCorpusError(f"{self.directory}/offsets.npy does not cut tokens.npy into sentences; {AGAIN}")
     self.lengths = np.diff(self.offsets).astype(np.int64)
     self.skipped = dict(manifest.get("skipped_lines", {}))
+
+  def _load(self, name: str, dtype, shape: tuple[int, ...] | None, mmap_mode: str | None = None) -> np.ndarray:
+    """One array of the directory, of the dtype (and shape) the manifest implies; else one line naming it."""
+    path = os.path.join(self.directory, name)
+    try:
+      array = np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+      raise PreparedCorpusError(f"{path} is not a readable .npy array ({str(e).splitlines()[0][:120]}); "
+                                f"{AGAIN}") from None
+    if array.dtype != dtype or (shape is not None and array.shape != shape):
+      raise PreparedCorpusError(f"{path} holds {array.dtype} {list(array.shape)}, {MANIFEST} implies "
+                                f"{np.dtype(dtype)} {list(shape) if shape else '[n_types, C]'}; {AGAIN}")
+    return array
 
   def __len__(self) -> int:
     return len(self.offsets) - 1

@@ -31,13 +31,23 @@ def expand_paths(paths_or_globs: str | Sequence[str]) -> list[str]:
   return paths
 
 
+def _refuse_mostly_invalid(path: str, good: int, invalid: int, first: str) -> None:
+  """A file most of whose non-empty lines are not UTF-8 is binary data (an HDF5 file, a model) or another
+  encoding, not a corpus with a few bad lines: refused (ValueError, one line) instead of training on the few
+  byte runs that happen to decode."""
+  if invalid * 2 > good + invalid:
+    raise ValueError(f"{path}: {invalid:,} of its {good + invalid:,} non-empty lines are not valid UTF-8 (first at "
+                     f"{first}): binary data or another encoding, not a text corpus")
+
+
 class TextSource:
   """Plain or gzip text files (`.gz` by extension), one sentence (or paragraph) per line.
 
   Everything is read into one bytes buffer at construction (random access into gzip is otherwise
   impossible); a compact buffer + offsets costs ~1 byte per character instead of a Python str per line.
   Lines that are empty (after stripping whitespace) or not valid UTF-8 are skipped and counted in
-  `skipped` (`{"invalid_utf8": n, "empty": m}`); `first_skipped` names the first `file:line` per reason.
+  `skipped` (`{"invalid_utf8": n, "empty": m}`); `first_skipped` names the first `file:line` per reason. A
+  file with more invalid than valid non-empty lines is refused (ValueError naming it): binary data.
   """
 
   def __init__(self, paths_or_globs: str | Sequence[str]):
@@ -48,6 +58,7 @@ class TextSource:
     lengths: list[int] = []
     for path in self.paths:
       opener = gzip.open if path.endswith(".gz") else open
+      kept, invalid, first_invalid = len(lengths), self.skipped["invalid_utf8"], ""
       try:
         with opener(path, "rb") as f:
           for lineno, raw in enumerate(f, start=1):
@@ -60,6 +71,7 @@ class TextSource:
                 line.decode("utf-8")  # strict: a mis-encoded line would put garbage chars into the model
               except UnicodeDecodeError:
                 reason = "invalid_utf8"
+                first_invalid = first_invalid or f"{path}:{lineno}"
             if reason is not None:
               self.skipped[reason] += 1
               self.first_skipped.setdefault(reason, f"{path}:{lineno}")
@@ -68,6 +80,8 @@ class TextSource:
             lengths.append(len(line))
       except (OSError, EOFError) as e:  # e.g. truncated gzip
         raise OSError(f"{path}: cannot read text source ({e})") from e
+      _refuse_mostly_invalid(path, len(lengths) - kept, self.skipped["invalid_utf8"] - invalid,
+                             first_invalid)
     self._buffer = b"".join(chunks)
     self._offsets = np.zeros([len(lengths) + 1], dtype=np.int64)
     np.cumsum(lengths, out=self._offsets[1:])

@@ -220,6 +220,20 @@ class Checkpointer:
     self.manager.reload()
 
 
+def newest_meta(directory: str) -> tuple[int, dict[str, Any]] | None:
+  """(step, meta) of the newest step folder whose meta item reads, without Orbax or devices: what a run's
+  preflight compares its config with before anything is written. None when there is no such step."""
+  names = os.listdir(directory) if os.path.isdir(directory) else []
+  for step in sorted((int(d) for d in names if d.isdigit()), reverse=True):
+    try:
+      with open(os.path.join(directory, str(step), "meta", "metadata")) as f:
+        meta = json.load(f)
+    except (OSError, ValueError):
+      continue  # unreadable: the restore sets it aside and falls back, as it does here
+    if isinstance(meta, dict):
+      return step, meta
+  return None
+
 
 def abstract_like(state: Any) -> Any:
   """ShapeDtypeStructs (with shardings) of a live state, the restore target."""

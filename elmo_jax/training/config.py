@@ -1,6 +1,8 @@
 """The base training config; `configs/*.py` start from it and change what differs."""
 from __future__ import annotations
 
+import os
+
 import ml_collections
 
 from elmo_jax import options as options_lib
@@ -80,6 +82,45 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def config_path(argv: list[str], default_config_file: str, flag_name: str = "config") -> str:
+  """The `--config=FILE[:ARG]` of `argv` (or the default), as config_flags will read it."""
+  import re
+  path = default_config_file
+  for i, arg in enumerate(argv):
+    m = re.match(rf"^--?{flag_name}(?:=(.*))?$", arg)
+    if m:
+      path = m.group(1) if m.group(1) is not None else (argv[i + 1] if i + 1 < len(argv) else path)
+  return path
+
+
+def _load_config(argv: list[str], default_config_file: str, flag_name: str) -> ml_collections.ConfigDict:
+  import importlib.util
+  file, _, arg = config_path(argv, default_config_file, flag_name).partition(":")
+  spec = importlib.util.spec_from_file_location("_config_for_override_check", file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def config_file_error(argv: list[str], default_config_file: str, flag_name: str = "config") -> str | None:
+  """One line when `--config=FILE` is missing or does not load (config_flags: two tracebacks), else None."""
+  import difflib
+  file = config_path(argv, default_config_file, flag_name).partition(":")[0]
+  if not os.path.isfile(file):
+    folder = os.path.dirname(file) or "."
+    known = sorted(n for n in os.listdir(folder) if n.endswith(".py")) if os.path.isdir(folder) else []
+    close = difflib.get_close_matches(os.path.basename(file), known, n=1)
+    hint = (f"; did you mean {os.path.join(os.path.dirname(file), close[0])}?" if close
+            else f"; {folder} has: {', '.join(known)}" if known
+            else f"; there is no folder {folder} in {os.getcwd()}" if not os.path.isdir(folder) else "")
+    return f"--{flag_name}={file}: no such config file{hint}"
+  try:
+    _load_config(argv, default_config_file, flag_name)
+  except Exception as e:  # pylint: disable=broad-except  (any error of a user's config file, in one line)
+    return f"--{flag_name}={file} does not load: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+  return None
+
+
 def unknown_override_error(argv: list[str], default_config_file: str, flag_name: str = "config") -> str | None:
   """One line naming the first `--config.a.b=...` of `argv` that the config file lacks, else None.
 
@@ -90,20 +131,11 @@ def unknown_override_error(argv: list[str], default_config_file: str, flag_name:
   is left to config_flags.
   """
   import difflib
-  import importlib.util
   import re
 
-  path = default_config_file
-  for i, arg in enumerate(argv):
-    m = re.match(rf"^--?{flag_name}(?:=(.*))?$", arg)
-    if m:
-      path = m.group(1) if m.group(1) is not None else (argv[i + 1] if i + 1 < len(argv) else path)
-  file, _, arg = path.partition(":")
+  file = config_path(argv, default_config_file, flag_name).partition(":")[0]
   try:
-    spec = importlib.util.spec_from_file_location("_config_for_override_check", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config(arg) if arg else module.get_config()
+    config = _load_config(argv, default_config_file, flag_name)
   except Exception:  # pylint: disable=broad-except
     return None
   for arg in argv:

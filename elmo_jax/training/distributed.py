@@ -68,7 +68,12 @@ class StopRequest:
 
   def _handle(self, signum, frame) -> None:
     if self.signal_name == "SIGINT" and signum == signal.SIGINT:
-      raise KeyboardInterrupt  # second Ctrl-C: the user does not want to wait for the save
+      # Second Ctrl-C: the user does not want to wait for the save. Not a KeyboardInterrupt: raised in
+      # whatever Python code runs now (an Orbax finalizer, a weakref callback), it can be swallowed ("Exception
+      # ignored in ..."). A save cut short stays a temporary folder; the newest finished checkpoint resumes.
+      os.write(2, b"train: second interrupt: stopped without finishing the save; rerun resumes from the "
+                  b"last finished checkpoint\n")
+      os._exit(130)
     self.signal_name = signal.Signals(signum).name
 
   def requested(self) -> bool:

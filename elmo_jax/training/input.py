@@ -66,6 +66,8 @@ def _auto_prepare(config, workdir: str) -> tuple[str, str]:
   train_dir = os.path.join(root, "train")
   eval_dir = os.path.join(root, "eval") if data.eval_files else ""
   if jax.process_index() == 0:  # the others wait at the barrier, then read what process 0 wrote
+    if not os.path.exists(os.path.join(train_dir, prepare_lib.MANIFEST)):
+      log.info(f"preparing the training text ({size_mb:,.1f} MB) into {root} once; later runs read its ids")
     prepare_lib.prepare(train_dir, _split(data.train_files), chunk_sentences=50_000, log_line=log.info, **vocab, **kw)
     if eval_dir:
       prepare_lib.prepare(eval_dir, _split(data.eval_files), vocab_max_size=None, log_line=log.info, **kw)

@@ -23,7 +23,8 @@ from elmo_jax import options as options_lib
 from elmo_jax.model import make_model, zero_state
 from elmo_jax.training import init_from, lm_eval, resume, step as step_lib
 from elmo_jax.training import input as input_lib
-from elmo_jax.training.checkpoint import Checkpointer, abstract_like, gather_process_states
+from elmo_jax.training.checkpoint import (Checkpointer, IncompatibleCheckpointError, abstract_like,
+                                          gather_process_states)
 from elmo_jax.training.distributed import StopRequest
 from elmo_jax.training.export import export_model
 from elmo_jax.training.metrics import LogWindow, MetricWriter, progress_line
@@ -54,7 +55,10 @@ def restore_or_init(config, workdir, checkpointer, state, train_iter, check, opt
   restored = checkpointer.restore(abstract_like(state), check)
   if restored is not None:
     restored_step, state, meta = restored
-    train_iter.set_state(meta["data"][jax.process_index()])
+    try:
+      train_iter.set_state(meta["data"][jax.process_index()])
+    except ValueError as e:  # the preflight compares configs; this is the data stream's own test
+      raise IncompatibleCheckpointError(f"{checkpointer.directory} (step {restored_step}): {e}") from None
     dropped = resume.rewind_metrics(workdir, restored_step) if jax.process_index() == 0 else 0
     log.info(f"resumed from step {restored_step} in {checkpointer.directory}"
                   + (f" (dropped {dropped} metrics.jsonl records written after it)" if dropped else ""),

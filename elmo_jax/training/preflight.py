@@ -1,18 +1,39 @@
-"""Checks a training run's inputs before anything is written: one line per mistake, nothing half-made.
+"""Checks a training run before anything is written: one line per mistake, nothing half-made.
 
-`check(config, workdir)` runs in the entry point before JAX starts; it refuses what would otherwise end
-in a traceback (or, worse, in a workdir holding a config.json and vocab of a run that never started).
+The one validation phase of `train.py`, in two calls:
+- `check(config, workdir)` before JAX starts: the workdir (a directory, writable), every config value with
+  a range or a set of choices, the model options, the data (files that exist, are text and hold a
+  sentence; prepared directories that verify), `init_from`, and a saved `vocab.txt` against this run's
+  vocabulary settings;
+- `check_run(config, workdir, n_devices, n_processes)` once JAX knows the devices: the batch splits over
+  them, and a checkpoint in the workdir can be resumed by this config (the same test the restore applies).
+Only then does the trainer lock the workdir and write `config.json`, `vocab.txt` or `prepared/`.
 """
 from __future__ import annotations
 
 import gzip
+import json
 import os
 
 import ml_collections
 
+from elmo_jax import files
 from elmo_jax.data.sources import expand_paths
 
-_SNIFF_BYTES = 1 << 20
+_BLOCK = 1 << 20
+
+# Keys with a lower bound (the train loop divides by, counts to or sleeps on them).
+_AT_LEAST = {"batch_size": 1, "unroll_steps": 1, "num_train_steps": 1, "log_every_steps": 1,
+             "eval_every_steps": 1, "checkpoint_every_steps": 1, "keep_checkpoints": 1,
+             "stop_check_every_steps": 1, "prefetch_batches": 0, "n_negative_samples": 0, "warmup_steps": 0,
+             "freeze_bilm_steps": 0, "eval_max_batches": 0, "grad_clip": 0, "weight_decay": 0,
+             "scan_unroll": 1, "data.vocab_min_count": 1, "data.max_token_chars": 1,
+             "data.auto_prepare_max_mb": 0}
+_CHOICES = {"optimizer": ("adagrad", "adam", "adamw"), "dtype": ("float32", "bfloat16"),
+            "data.shard": ("sentences", "rows")}
+# What a saved vocab.txt was built from (besides config.data.vocab_file, compared by content).
+_VOCAB_KEYS = ("data.train_files", "data.tfds_name", "data.tfds_train_split", "data.prepared_dir",
+               "data.pretokenized", "data.vocab_max_size", "data.vocab_min_count")
 
 
 class PreflightError(ValueError):
@@ -20,15 +41,12 @@ class PreflightError(ValueError):
 
 
 def check(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Raises PreflightError for a bad workdir, step/batch counts, data files or saved vocabulary."""
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise PreflightError(f"--workdir={workdir} is a file, not a directory")
-  for key in ("batch_size", "unroll_steps", "num_train_steps", "log_every_steps", "eval_every_steps",
-              "checkpoint_every_steps"):
-    value = config.get(key)
-    if isinstance(value, int) and value < 1:
-      what = "nothing would be trained" if key == "num_train_steps" else "it must be >= 1"
-      raise PreflightError(f"config.{key}={value}: {what}")
+  """Raises PreflightError for anything that would fail later (or leave a workdir a rerun trusts)."""
+  try:
+    files.check_output(workdir, "--workdir", directory=True)
+  except files.UnsafeOutputError as e:
+    raise PreflightError(str(e)) from None
+  check_values(config)
   data = config.data
   if data.get("prepared_dir"):
     check_prepared_dir("config.data.prepared_dir", data.prepared_dir)
@@ -43,53 +61,152 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
       check_text_files("config.data.eval_files", data.eval_files)
   if data.get("vocab_file"):
     check_vocab(data.vocab_file, "config.data.vocab_file")
-  saved = os.path.join(workdir, "vocab.txt")
-  if os.path.exists(saved):
-    check_vocab(saved, "the workdir's vocabulary (resume)")
+  if config.get("init_from"):
+    _check_init_from(config.init_from)
+  _check_saved_vocab(config, workdir)
 
 
-def check_devices(config: ml_collections.ConfigDict, n_devices: int) -> None:
-  """The global batch splits evenly over the devices (checked once JAX knows them)."""
+def check_values(config: ml_collections.ConfigDict) -> None:
+  """Ranges, choices and the model options (`config.options` as an options.json)."""
+  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training.resume import flatten  # pylint: disable=g-import-not-at-top
+  flat = flatten(config.to_dict())
+  for key, low in _AT_LEAST.items():
+    value = flat.get(key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value < low:
+      what = "nothing would be trained" if key == "num_train_steps" else f"it must be >= {low}"
+      raise PreflightError(f"config.{key}={value}: {what}")
+  for key, choices in _CHOICES.items():
+    if key in flat and flat[key] not in choices:
+      raise PreflightError(f"config.{key}={flat[key]!r}: must be one of {', '.join(map(repr, choices))}")
+  for key in ("learning_rate",):
+    if not flat[key] > 0:
+      raise PreflightError(f"config.{key}={flat[key]}: must be > 0")
+  if not 0 <= flat["dropout"] < 1:
+    raise PreflightError(f"config.dropout={flat['dropout']}: must be in [0, 1)")
+  size = flat.get("data.vocab_max_size")
+  if size is not None and size < 4:
+    raise PreflightError(f"config.data.vocab_max_size={size}: must hold <S>, </S>, <UNK> and a word (>= 4)")
+  try:
+    options_lib.validate(config.options.to_dict(), "config.options")
+  except options_lib.OptionsError as e:
+    raise PreflightError(str(e)) from None
+
+
+def check_run(config: ml_collections.ConfigDict, workdir: str, n_devices: int, n_processes: int) -> None:
+  """The batch splits over the devices, and the workdir's checkpoint (if any) is one this run resumes."""
   if config.batch_size % n_devices:
     raise PreflightError(f"config.batch_size={config.batch_size} must be divisible by the {n_devices} devices "
                          f"(e.g. --config.batch_size={-(-config.batch_size // n_devices) * n_devices})")
+  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import checkpoint, resume  # pylint: disable=g-import-not-at-top
+  found = checkpoint.newest_meta(os.path.join(workdir, "checkpoints"))
+  if found is None:
+    return
+  step, meta = found
+  vocab = _vocab_sha256(config, workdir)
+  options = options_lib.validate(config.options.to_dict(), "config.options")
+  try:
+    resume.check_compatible(meta, config, options, vocab or meta.get("vocab_sha256"), n_processes,
+                            f"{workdir} (checkpoint step {step})")
+  except checkpoint.IncompatibleCheckpointError as e:
+    raise PreflightError(str(e)) from None
 
 
 def check_text_files(key: str, value: str) -> list[str]:
-  """Every comma-separated path/glob of `value` names files holding at least one non-blank line."""
+  """Every comma-separated path/glob of `value` names text files holding at least one non-blank line."""
   try:
     paths = expand_paths([p.strip() for p in value.split(",") if p.strip()])
   except (FileNotFoundError, ValueError) as e:
     raise PreflightError(f"{key}: {e}") from None
   for path in paths:
+    problem = files.text_problem(path)
+    if problem:
+      raise PreflightError(f"{key}: {path} {problem}")
     if _blank(path):
       raise PreflightError(f"{key}: {path} is empty (no non-blank line)")
   return paths
 
 
 def check_prepared_dir(key: str, path: str) -> None:
-  """`path` is a directory made by `python -m elmo_jax.data.prepare` (it holds manifest.json)."""
-  if not os.path.isfile(os.path.join(path, "manifest.json")):
+  """`path` is a prepared corpus (`python -m elmo_jax.data.prepare`) whose files match its manifest (sizes
+  always, sha256 unless an earlier start verified these very files: `prepare.open_verified`)."""
+  from elmo_jax.data import prepare  # pylint: disable=g-import-not-at-top
+  try:
+    prepare.open_verified(path)
+  except prepare.NotPreparedError:
     raise PreflightError(f"{key}={path} is not a prepared corpus (no manifest.json); make one with "
-                         "`python -m elmo_jax.data.prepare`")
+                         "`python -m elmo_jax.data.prepare`") from None
+  except prepare.PrepareError as e:
+    raise PreflightError(f"{key}: {e}") from None
 
 
 def _blank(path: str) -> bool:
-  """True when the file holds only whitespace (read up to 1 MiB; a longer file counts as non-blank)."""
+  """True when the file holds only whitespace (read until its first other byte: a long blank file too)."""
   if os.path.getsize(path) == 0:
     return True
   try:
     with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-      head = f.read(_SNIFF_BYTES)
+      for block in iter(lambda: f.read(_BLOCK), b""):
+        if block.strip():
+          return False
   except (OSError, EOFError) as e:
     raise PreflightError(f"{path}: cannot read ({e})") from None
-  return len(head) < _SNIFF_BYTES and not head.strip()
+  return True
 
 
 def check_vocab(path: str, what: str) -> None:
   """The vocabulary loads: specials present, no blank lines, counts (if any) match the tokens."""
+  _load_vocab(path, what)
+
+
+def _load_vocab(path: str, what: str):
   from elmo_jax.data import Vocab  # pylint: disable=g-import-not-at-top
   try:
-    Vocab.load(path)
+    return Vocab.load(path)
   except (OSError, ValueError, UnicodeDecodeError) as e:
     raise PreflightError(f"{what}: {e}") from None
+
+
+def _check_init_from(spec: str) -> None:
+  from elmo_jax import pretrained  # pylint: disable=g-import-not-at-top
+  if not pretrained.is_model_spec(spec) and not os.path.exists(os.path.expanduser(spec)):
+    raise PreflightError(f"config.init_from={spec}: no such file or folder, and not a released model "
+                         f"({', '.join(pretrained.MODELS)}) or URL")
+
+
+def _check_saved_vocab(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """A `vocab.txt` an earlier run left must be the one this config would build, else it would silently win."""
+  from elmo_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  saved_path = os.path.join(workdir, "vocab.txt")
+  if not os.path.exists(saved_path) or checkpoint.newest_meta(os.path.join(workdir, "checkpoints")):
+    return  # with a checkpoint, check_run compares its whole config (vocabulary settings included)
+  saved = _load_vocab(saved_path, "the workdir's vocabulary (resume)")
+  if config.data.get("vocab_file"):
+    wanted = _load_vocab(config.data.vocab_file, "config.data.vocab_file")
+    if wanted.sha256() != saved.sha256():
+      raise PreflightError(f"{saved_path} differs from config.data.vocab_file={config.data.vocab_file}; "
+                           "use another --workdir (or delete vocab.txt if no checkpoint was trained with it)")
+    return
+  from elmo_jax.training.resume import flatten, normalise  # pylint: disable=g-import-not-at-top
+  record = os.path.join(workdir, "config.json")
+  try:
+    with open(record) as f:
+      before = flatten(json.load(f))
+  except (OSError, ValueError):
+    return  # no record of what built it (an older run): trusted as before
+  now = flatten(normalise(config.to_dict()))
+  for key in _VOCAB_KEYS:
+    if key in before and before[key] != now.get(key):
+      raise PreflightError(
+          f"{saved_path} was built with config.{key}={before[key]!r} ({record}), this run has "
+          f"{now.get(key)!r}: set it back, or use another --workdir (or delete vocab.txt and config.json "
+          "if no checkpoint was trained with them)")
+
+
+def _vocab_sha256(config: ml_collections.ConfigDict, workdir: str) -> str | None:
+  """The sha256 of the vocabulary this run will use, where it is known before building one."""
+  for path in (os.path.join(workdir, "vocab.txt"), config.data.get("vocab_file")):
+    if path and os.path.exists(path):
+      return _load_vocab(path, path).sha256()
+  return None

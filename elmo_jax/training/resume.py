@@ -12,8 +12,10 @@ from elmo_jax import files
 from elmo_jax.training.checkpoint import IncompatibleCheckpointError
 
 # Config keys that change the shape of the saved state or the meaning of the saved data position.
+# The training data's identity too: a data position means nothing in another corpus.
 _SHAPE_KEYS = ("batch_size", "unroll_steps", "optimizer", "data.vocab_file", "data.vocab_max_size",
-               "data.vocab_min_count", "data.pretokenized", "data.shard", "freeze_bilm_steps")
+               "data.vocab_min_count", "data.pretokenized", "data.shard", "freeze_bilm_steps",
+               "data.train_files", "data.tfds_name", "data.tfds_train_split", "data.prepared_dir")
 
 
 def flatten(tree: dict[str, Any]) -> dict[str, Any]:
@@ -21,13 +23,13 @@ def flatten(tree: dict[str, Any]) -> dict[str, Any]:
   return {k: v.tolist() if hasattr(v, "tolist") else v for k, v in traverse_util.flatten_dict(tree, sep=".").items()}
 
 
-def _normalise(value: Any) -> Any:
+def normalise(value: Any) -> Any:
   return json.loads(json.dumps(value))  # tuples -> lists, so a config and its JSON compare equal
 
 
 def options_difference(saved: dict[str, Any], wanted: dict[str, Any]) -> str | None:
   """'lstm.dim is 32 there, 64 here' for the first differing model option; None if they agree."""
-  a, b = flatten(_normalise(saved)), flatten(_normalise(wanted))
+  a, b = flatten(normalise(saved)), flatten(normalise(wanted))
   for key in sorted(set(a) | set(b)):
     if key == "char_cnn.n_characters":  # 261 vs 262 is the same table (validate() normalises to 262)
       continue
@@ -44,7 +46,7 @@ def check_compatible(meta: dict[str, Any], config: ml_collections.ConfigDict, op
   if diff is not None:
     raise IncompatibleCheckpointError(f"{where}: model shape differs from the checkpoint: options.{diff}; "
                                       "use another --workdir (or --config.init_from) to train this model")
-  flat_saved, flat_now = flatten(_normalise(saved)), flatten(_normalise(config.to_dict()))
+  flat_saved, flat_now = flatten(normalise(saved)), flatten(normalise(config.to_dict()))
   for key in _SHAPE_KEYS:
     if key in flat_saved and flat_saved.get(key) != flat_now.get(key):
       raise IncompatibleCheckpointError(

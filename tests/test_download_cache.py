@@ -1,0 +1,231 @@
+"""The download cache never trusts bad bytes: a short or cut download is not cached, a cached file that fails
+to load or lost its manifest record is fetched again (or refused offline), against a local http.server."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import json
+import os
+import shutil
+import threading
+
+import h5py
+import numpy as np
+import pytest
+
+from elmo_jax import download
+from elmo_jax import files
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+  """Serves a folder (HTTP/1.0 with Content-Length); `server.modes[path]` makes that path misbehave:
+  'half': HTTP/1.0 without Content-Length, half the bytes, then close (looks complete to the client);
+  'chunked-cut': Transfer-Encoding: chunked, half the bytes in chunks, then close without the last chunk;
+  'html': a 200 with an HTML error page instead of the file."""
+
+  def log_message(self, *args):  # keep test output clean
+    pass
+
+  def do_GET(self):  # noqa: N802
+    self.server.requests.append(self.path)
+    mode = self.server.modes.get(self.path)
+    if mode is None:
+      super().do_GET()
+      return
+    body = open(os.path.join(self.directory, self.path.lstrip("/")), "rb").read()
+    if mode == "half":
+      self.send_response(200)
+      self.send_header("Content-Type", "application/octet-stream")
+      self.end_headers()
+      self.wfile.write(body[:len(body) // 2])
+    elif mode == "chunked-cut":
+      self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                       b"Transfer-Encoding: chunked\r\n\r\n")
+      for i in range(0, len(body) // 2, 1024):
+        part = body[i:min(i + 1024, len(body) // 2)]
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+    elif mode == "html":
+      page = b"<html><body>503 Service Unavailable</body></html>"
+      self.send_response(200)
+      self.send_header("Content-Type", "text/html")
+      self.send_header("Content-Length", str(len(page)))
+      self.end_headers()
+      self.wfile.write(page)
+    self.wfile.flush()
+    self.close_connection = True
+
+
+@contextlib.contextmanager
+def serve(directory):
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                           functools.partial(_Handler, directory=str(directory)))
+  server.requests, server.modes = [], {}
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    yield server, f"http://127.0.0.1:{server.server_address[1]}"
+  finally:
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def www(tmp_path):
+  """A folder with a small weights-like HDF5 file (w.hdf5) and an options-like JSON file (o.json)."""
+  root = tmp_path / "www"
+  root.mkdir()
+  with h5py.File(root / "w.hdf5", "w") as f:
+    f.create_group("CNN").create_dataset("W", data=np.arange(64 * 64, dtype=np.float32).reshape(64, 64))
+    f.create_dataset("b", data=np.ones(100, np.float32))
+  (root / "o.json").write_text(json.dumps({"lstm": {"dim": 8}, "char_cnn": {"n_characters": 262}}))
+  return root
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+  path = tmp_path / "cache"
+  monkeypatch.setenv("ELMO_JAX_CACHE", str(path))
+  return path
+
+
+def manifest(cache):
+  return json.loads((cache / "manifest.json").read_text())
+
+
+def same_bytes(a, b):
+  return open(a, "rb").read() == open(b, "rb").read()
+
+
+def test_check_kind(www, tmp_path):
+  assert download.check_kind(www / "w.hdf5") is None and download.check_kind(www / "o.json") is None
+  half = tmp_path / "half.hdf5"
+  half.write_bytes((www / "w.hdf5").read_bytes()[:10_000])
+  assert "not a readable HDF5 file (truncated?" in download.check_kind(half)
+  (tmp_path / "page.h5").write_text("<html>oops</html>")
+  assert download.check_kind(tmp_path / "page.h5") == "not an HDF5 file (it is a text file)"
+  (tmp_path / "list.json").write_text("[1, 2]")
+  assert download.check_kind(tmp_path / "list.json") == "not a JSON object (it holds a JSON list)"
+  (tmp_path / "cut.json").write_text('{"lstm": {"di')
+  assert "not a readable JSON file (truncated?" in download.check_kind(tmp_path / "cut.json")
+  assert download.check_kind(half, name="x.bin") is None  # other names: no kind check
+
+
+def test_half_file_without_content_length_is_not_cached(www, cache):
+  with serve(www) as (server, base):
+    url = f"{base}/w.hdf5"
+    server.modes["/w.hdf5"] = "half"
+    with pytest.raises(download.DownloadError) as e:
+      download.cached_path(url)
+    message = str(e.value)
+    assert "\n" not in message and url in message and "not a readable HDF5 file (truncated?" in message
+    assert "no Content-Length" in message
+    assert sorted(os.listdir(cache)) == ["manifest.json.lock"]  # no file, no .part, no recorded hash
+    del server.modes["/w.hdf5"]  # the server is fixed: the next run downloads it again
+    path = download.cached_path(url)
+    assert server.requests == ["/w.hdf5", "/w.hdf5"]
+  assert same_bytes(path, www / "w.hdf5")
+  assert manifest(cache)[url]["sha256"] == files.sha256_file(www / "w.hdf5")
+
+
+def test_chunked_download_cut_is_one_line(www, cache):
+  with serve(www) as (server, base):
+    server.modes["/w.hdf5"] = "chunked-cut"
+    with pytest.raises(download.DownloadError, match=r"interrupted after \d+ bytes .*; run again to retry$") as e:
+      download.cached_path(f"{base}/w.hdf5")
+  assert "\n" not in str(e.value) and e.value.__cause__ is None and e.value.__suppress_context__
+  assert sorted(os.listdir(cache)) == ["manifest.json.lock"]
+
+
+def test_garbled_manifest_and_changed_bytes_are_not_adopted(www, cache, capsys):
+  with serve(www) as (server, base):
+    url, other = f"{base}/w.hdf5", f"{base}/o.json"
+    path, options = download.cached_path(url), download.cached_path(other)
+    with h5py.File(path, "r") as f:
+      offset = f["CNN/W"].id.get_offset()
+    with open(path, "r+b") as f:  # four changed bytes in the weights: still a readable HDF5 file
+      f.seek(offset + 400)
+      f.write(b"\x7f\x7f\x7f\x7f")
+    assert download.check_kind(path) is None and not same_bytes(path, www / "w.hdf5")
+    (cache / "manifest.json").write_text('{"http://x": {"sha256": "ab')  # garbled
+    capsys.readouterr()
+    assert download.cached_path(url) == path
+    assert server.requests == ["/w.hdf5", "/o.json", "/w.hdf5"]  # not adopted: fetched again
+    assert same_bytes(path, www / "w.hdf5")
+    err = capsys.readouterr().err
+    assert "warning:" in err and "manifest.json" in err and "no longer trusted" in err
+    rebuilt = manifest(cache)
+    assert rebuilt[url]["sha256"] == files.sha256_file(www / "w.hdf5") and rebuilt[url]["source"] == "first download"
+    assert list(rebuilt["#untrusted"]) == [os.path.basename(options)]  # the other file: fetched on its next use
+    names = os.listdir(cache)
+    assert len([n for n in names if n.startswith("manifest.json.corrupt-")]) == 1
+    aside = [n for n in names if n.startswith(os.path.basename(path) + ".corrupt-")]
+    assert len(aside) == 1 and not same_bytes(cache / aside[0], www / "w.hdf5")  # kept to inspect
+    assert download.cached_path(other) == options and server.requests[-1] == "/o.json"
+    assert "#untrusted" not in manifest(cache)
+  assert download.cached_path(url) == path and download.cached_path(other) == options  # trusted again, offline
+
+
+def test_intact_cache_is_used_offline_but_an_untrusted_copy_is_refused(www, cache, capsys):
+  with serve(www) as (server, base):
+    url, other = f"{base}/w.hdf5", f"{base}/o.json"
+    path, options = download.cached_path(url), download.cached_path(other)
+  # The server is gone: an intact manifest and intact files serve (the existing behaviour), silently.
+  capsys.readouterr()
+  assert download.cached_path(url) == path and download.cached_path(other) == options
+  assert capsys.readouterr().err == ""
+  (cache / "manifest.json").write_text("not json")
+  with pytest.raises(download.DownloadError) as e:
+    download.cached_path(url, timeout=5)
+  message = str(e.value)
+  assert "\n" not in message and "delete it" in message
+  assert message.startswith(f"{path}: cached copy of {url} not trusted")
+  assert same_bytes(path, www / "w.hdf5")  # left in place for the user to delete or verify
+  with pytest.raises(download.DownloadError, match="not trusted"):  # refused again: no silent adoption
+    download.cached_path(url, timeout=5)
+  # A copy the user fetched and put there by hand (a new file) is checked by kind and adopted.
+  os.remove(path)
+  shutil.copy(www / "w.hdf5", path)
+  assert download.cached_path(url) == path
+  assert manifest(cache)[url]["source"] == "found in cache"
+  # A file placed by hand with an intact manifest must still be of the right kind.
+  junk = download.cache_file(f"{base}/junk.hdf5")
+  with open(junk, "w") as f:
+    f.write("<html>not found</html>")
+  with pytest.raises(download.DownloadError, match="cannot download"):
+    download.cached_path(f"{base}/junk.hdf5", timeout=5)
+  assert not os.path.exists(junk) and "not an HDF5 file (it is a text file)" in capsys.readouterr().err
+
+
+def test_recorded_unreadable_file_is_fetched_again(www, cache):
+  """A cache written before downloads were validated: a half file whose hash was recorded as trusted."""
+  with serve(www) as (server, base):
+    url = f"{base}/w.hdf5"
+    path = download.cache_file(url)
+    os.makedirs(cache)
+    with open(path, "wb") as f:
+      f.write((www / "w.hdf5").read_bytes()[:10_000])
+    entry = {"file": os.path.basename(path), "bytes": 10_000, "sha256": files.sha256_file(path),
+             "source": "first download"}
+    files.write_json(cache / "manifest.json", {url: entry})
+    assert download.cached_path(url) == path and server.requests == ["/w.hdf5"]
+  assert same_bytes(path, www / "w.hdf5")
+  assert manifest(cache)[url]["sha256"] == files.sha256_file(www / "w.hdf5")
+
+
+def test_wrong_kind_and_published_mismatch_are_refused(www, cache):
+  with serve(www) as (server, base):
+    url = f"{base}/o.json"
+    server.modes["/o.json"] = "html"
+    with pytest.raises(download.DownloadError, match=r"not a JSON file \(it is a text file\); not cached"):
+      download.cached_path(url)
+    del server.modes["/o.json"]
+    with pytest.raises(download.DownloadError, match="published sha256"):
+      download.cached_path(url, sha256="0" * 64)
+    assert sorted(os.listdir(cache)) == ["manifest.json.lock"]
+    good = files.sha256_file(www / "o.json")
+    path = download.cached_path(url, sha256=good)
+    assert manifest(cache)[url]["source"] == "published"
+    with pytest.raises(download.DownloadError, match="published sha256"):  # cached, but not the published file
+      download.cached_path(url, sha256="1" * 64)
+  assert not os.path.exists(path)  # moved aside; the download that replaced it was refused
