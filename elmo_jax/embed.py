@@ -243,7 +243,9 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
 
   Raises:
     EmbedInputError: missing input file or output directory, invalid UTF-8 (names the line), a job folder
-      of another run (`embed_job.JobError`), or `--stateful` over several processes.
+      of another run (`embed_job.JobError`), or `--stateful` over several processes;
+      `embed_files.EmbedOutputError` (also a `files.UnsafeOutputError`) for an output path that is, or
+      links to, the input or one of the embedder's files, or lies in a trained run's checkpoints/export.
   """
   input_file, output_file = os.fspath(input_file), os.fspath(output_file)
   if not os.path.exists(input_file):
@@ -254,7 +256,8 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   if output not in ("all", "top", "average") or output_dtype not in ("float32", "float16"):
     raise ValueError(f"output must be all/top/average and output_dtype float32/float16, got {output!r}, "
                      f"{output_dtype!r}")
-  check_output_path(output_file)
+  # the text, the model's files: an output path that is one of them would destroy it
+  check_output_path(output_file, [input_file, *embedder.input_files])
   if process_index is None or process_count is None:
     import jax  # pylint: disable=g-import-not-at-top
     process_index, process_count = jax.process_index(), jax.process_count()
@@ -375,6 +378,7 @@ def dump_token_embeddings(embedder: Embedder, vocab_file: str | os.PathLike, out
                           batch_size: int = 4096) -> int:
   """bilm-tf's `dump_token_embeddings`: the char-CNN output of every word of `vocab_file`; returns the count."""
   from elmo_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
+  check_output_path(output_file, [vocab_file, *embedder.input_files])
   try:
     tokens = Vocab.load(os.fspath(vocab_file), require_specials=False).tokens
   except (FileNotFoundError, ValueError) as e:

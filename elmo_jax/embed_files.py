@@ -12,6 +12,7 @@ import time
 from typing import Any, Iterator
 
 from elmo_jax import embed_job
+from elmo_jax import files
 
 ACTIVE_TEMPS: set[str] = set()  # temp outputs and parts being written, for the CLI's signal handler
 _TEMPS_LOCK = threading.Lock()  # the writer thread creates part temps under it; remove_active_temps stops that
@@ -21,6 +22,10 @@ ACTIVE_JOBS: set[str] = set()  # job folders of running embed_file calls (kept o
 
 class EmbedInputError(ValueError):
   """An input file that cannot be embedded; the message names the file and line."""
+
+
+class EmbedOutputError(EmbedInputError, files.UnsafeOutputError):
+  """An output path that cannot be written or would destroy an input (`files.check_output`); one line."""
 
 
 def open_binary(path: str | os.PathLike):
@@ -143,16 +148,14 @@ def _alive(pid: int) -> bool:
   return True
 
 
-def check_output_path(output_file: str | os.PathLike) -> None:
-  """Fails before any work when the output cannot be written there."""
-  output_file = os.fspath(output_file)
-  if os.path.isdir(output_file):
-    raise EmbedInputError(f"{output_file}: is a directory; give a file path for the output hdf5")
-  out_dir = os.path.dirname(os.path.abspath(output_file))
-  if not os.path.isdir(out_dir):
-    raise EmbedInputError(f"{output_file}: output directory {out_dir} does not exist")
-  if not os.access(out_dir, os.W_OK):
-    raise EmbedInputError(f"{output_file}: output directory {out_dir} is not writable")
+def check_output_path(output_file: str | os.PathLike, inputs: Any = (), what: str = "output_file") -> None:
+  """`files.check_output` of the output hdf5 against the run's `inputs` (input, options, weight, vocab and
+  token files), before any work; raises `EmbedOutputError` (an `EmbedInputError` and an
+  `UnsafeOutputError`)."""
+  try:
+    files.check_output(output_file, what, inputs=inputs)
+  except files.UnsafeOutputError as e:
+    raise EmbedOutputError(str(e)) from None
 
 
 def chunks(lines: Iterator[tuple[int, str]], size: int) -> Iterator[list[tuple[int, str]]]:

@@ -69,8 +69,9 @@ def bucket(n: int, buckets: Sequence[int] = _TIME_BUCKETS) -> int:
   return -(-n // top) * top
 
 
-def _check_sentences(sentences: Any, batch_size: Any) -> list[list[str]]:
-  """Sentences (any iterable of token iterables) as lists of str tokens; one-line errors for the rest.
+def _check_sentences(sentences: Any, batch_size: Any, caller: str = "embed_sentences") -> list[list[str]]:
+  """Sentences (any iterable of token iterables) as lists of str tokens; one-line errors for the rest,
+  naming `caller` (the method the user called).
 
   A str where a sentence or a list of sentences belongs would otherwise be embedded character by
   character, silently.
@@ -80,12 +81,12 @@ def _check_sentences(sentences: Any, batch_size: Any) -> list[list[str]]:
   hint = ("a sentence is a list of tokens: split text first, e.g. text.split() or "
           "elmo_jax.data.Tokenizer()(text)")
   if isinstance(sentences, (str, bytes)):
-    raise TypeError(f"embed_sentences takes a list of sentences, got a {type(sentences).__name__} "
+    raise TypeError(f"{caller} takes a list of sentences, got a {type(sentences).__name__} "
                     f"({sentences[:40]!r}); {hint}")
   try:
     sentences = list(sentences)
   except TypeError:
-    raise TypeError(f"embed_sentences takes an iterable of sentences, got {type(sentences).__name__}") from None
+    raise TypeError(f"{caller} takes an iterable of sentences, got {type(sentences).__name__}") from None
   out = []
   for i, sentence in enumerate(sentences):
     if isinstance(sentence, (str, bytes)):
@@ -166,6 +167,8 @@ class Embedder:
     # One table per device [devices, capacity, P] (embed_step), float32: the char CNN's output dtype
     # (float32 accumulation); the pinned rows start every device's table.
     self._token_rows = [token_cache_lib.TokenRows(cnn_cache_tokens, tokens) for _ in range(self.mesh.size)]
+    self.token_embedding_file = None if token_embedding_file is None else os.fspath(token_embedding_file)
+    self.model_files: tuple[str, ...] = ()  # the local options and weight files it was read from (from_files)
     self._table = jax.device_put(np.repeat(np.asarray(pinned, np.float32)[None], self.mesh.size, axis=0),
                                  self._steps.by_rows)
 
@@ -173,9 +176,12 @@ class Embedder:
   @classmethod
   def from_files(cls, options_file: str | os.PathLike, weight_file: str | os.PathLike, **kwargs) -> "Embedder":
     """Local paths, `file://` or `http(s)://` URLs (downloaded once into the cache, see `elmo_jax.download`)."""
-    options = options_lib.load(download.cached_path(options_file))
-    loaded = weights_lib.load_hdf5(download.cached_path(weight_file), options)
-    return cls(options, loaded["params"], softmax=loaded["softmax"], **kwargs)
+    options_path, weight_path = download.cached_path(options_file), download.cached_path(weight_file)
+    options = options_lib.load(options_path)
+    loaded = weights_lib.load_hdf5(weight_path, options)
+    emb = cls(options, loaded["params"], softmax=loaded["softmax"], **kwargs)
+    emb.model_files = (os.fspath(options_path), os.fspath(weight_path))
+    return emb
 
   @classmethod
   def from_pretrained(cls, name_or_path: str, **kwargs) -> "Embedder":
@@ -210,6 +216,12 @@ class Embedder:
     return Embedder.random(self.options, seed=seed, stateful=self.stateful, devices=self.devices)
 
   # --- properties ---------------------------------------------------------------------------------------
+  @property
+  def input_files(self) -> list[str]:
+    """The files this embedder was read from (options, weights, vocabulary, token embeddings): what an
+    output must never overwrite (`files.check_output`)."""
+    return [p for p in (*self.model_files, self.vocab_file, self.token_embedding_file) if p]
+
   @property
   def n_layers(self) -> int:
     """Number of representation layers (LSTM layers + the token layer)."""
@@ -410,7 +422,8 @@ class Embedder:
       layer: "all" -> `[n, n_layers + 1, 2P]`; "top" / "average" / an int layer k / a weight per layer
         (e.g. a learned scalar mix's `gamma * softmax(w)`) -> `[n, 2P]`.
     """
-    sentences = list(sentences)
+    sentences = _check_sentences(sentences, self.default_batch_size if batch_size is None else batch_size,
+                                 "sentence_vectors")
     shape = select_layers(np.zeros((self.n_layers, 1, self.output_dim), np.float32), layer)[..., 0, :].shape
     out = np.zeros((len(sentences),) + shape, np.float32)
     for i, layers in enumerate(self.embed_sentences(sentences, batch_size)):
@@ -441,7 +454,9 @@ class Embedder:
 
   def dump_token_embeddings(self, vocab: Sequence[str], output_file: str | os.PathLike,
                             batch_size: int = 4096) -> None:
-    """Writes the char-CNN output of every word (bilm-tf's `dump_token_embeddings` layout + the words)."""
+    """Writes the char-CNN output of every word (bilm-tf's `dump_token_embeddings` layout + the words);
+    `files.UnsafeOutputError` first when `output_file` is one of the embedder's own files."""
+    files.check_output(output_file, "output_file", inputs=self.input_files)
     vocab = list(vocab)
     bar = progress(desc="token embeddings", total=len(vocab), unit="word")
     try:
@@ -453,6 +468,9 @@ class Embedder:
 
 def select_layers(layers: np.ndarray, layer: str | int | Sequence[float]) -> np.ndarray:
   """`[n_layers + 1, time, 2P]` -> the chosen output: all, top, average, layer k or a weighted sum."""
+  choices = "'all', 'top', 'average', an int layer index or one weight per layer"
+  if isinstance(layer, (bool, np.bool_)):  # an int to Python, and numpy indexes with it as a mask: refuse
+    raise ValueError(f"layer must be {choices}, got the bool {layer!r}")
   if isinstance(layer, str):
     if layer == "all":
       return layers
@@ -460,10 +478,20 @@ def select_layers(layers: np.ndarray, layer: str | int | Sequence[float]) -> np.
       return layers[-1]
     if layer == "average":
       return layers.mean(axis=0)
-    raise ValueError(f"layer must be 'all', 'top', 'average', an int or weights, got {layer!r}")
+    raise ValueError(f"layer must be {choices}, got {layer!r}")
   if isinstance(layer, (int, np.integer)):
+    if not -layers.shape[0] <= layer < layers.shape[0]:
+      raise ValueError(f"layer {layer} is out of range: the model has {layers.shape[0]} layers "
+                       f"(0 .. {layers.shape[0] - 1}, or -1 for the top)")
     return layers[layer]
-  weights = np.asarray(layer, np.float32)
+  try:
+    weights = np.asarray(layer, np.float32)
+  except (TypeError, ValueError):
+    raise TypeError(f"layer must be {choices}, got {type(layer).__name__} {layer!r}"[:200]) from None
+  if np.asarray(layer).dtype == bool:
+    raise ValueError(f"layer must be {choices}, got bools {layer!r}"[:200])
+  if weights.ndim != 1:
+    raise TypeError(f"layer must be {choices}, got {type(layer).__name__} {layer!r}"[:200])
   if weights.shape != layers.shape[:1]:
     raise ValueError(f"{len(weights)} layer weights for {layers.shape[0]} layers")
   return np.tensordot(weights, layers, axes=(0, 0))

@@ -99,7 +99,7 @@ def test_cli_batch_size_zero_output_directory_and_swapped_files_in_one_line(tmp_
   assert proc.returncode == 1 and proc.stderr.strip() == "error: --batch_size must be >= 1, got 0", proc.stderr
   proc = _cli(f"--input_file={inp}", f"--output_file={tmp_path}")
   assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-      f"error: {tmp_path}: is a directory; give a file path for the output hdf5"], proc.stderr
+      f"error: --output_file={tmp_path} is a directory; give a file path"], proc.stderr
   proc = subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--options_file={FIXTURE_WEIGHTS}",
                          f"--weight_file={FIXTURE_OPTIONS}", f"--input_file={inp}", f"--output_file={tmp_path}/o.h5"],
                         capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})

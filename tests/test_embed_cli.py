@@ -291,7 +291,7 @@ def test_count_lines(tmp_path):
 
 def test_missing_output_directory(tmp_path, embedder):
   path = write_lines(tmp_path / "in.txt", ["a b ."])
-  with pytest.raises(embed.EmbedInputError, match="output directory"):
+  with pytest.raises(embed.EmbedInputError, match="its directory .* does not exist"):
     embed.embed_file(embedder, path, tmp_path / "no" / "out.hdf5", progress_every=None)
   assert sorted(os.listdir(tmp_path)) == ["in.txt"]
 

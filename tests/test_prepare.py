@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from elmo_jax.data import TextSource, Tokenizer, Vocab, make_lm_iterator
-from elmo_jax.data.prepare import OUTPUT_FILES, PARTIAL, PrepareError, prepare, verify
+from elmo_jax.data.manifest import OUTPUT_FILES, PARTIAL, PrepareError, verify
+from elmo_jax.data.prepare import prepare
 from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
 from elmo_jax.training.input import Prefetcher
 

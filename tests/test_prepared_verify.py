@@ -1,7 +1,7 @@
 """Prepared corpora are verified on every open, and `prepare` refuses bad inputs and leaves nothing behind.
 
 One test per row of the issues: mangled ids (same size, and same size *and* mtime), a truncated file, a
-damaged manifest (all read through the one opener, `prepare.open_verified`: `PreparedCorpus`, the trainer's
+damaged manifest (all read through the one opener, `manifest.open_verified`: `PreparedCorpus`, the trainer's
 input, evaluate's reader, `prepare`'s rerun); binary input; leftovers of a refused input; the difference
 message; Ctrl-C; a corpus without tokens.
 
@@ -26,8 +26,9 @@ import pytest
 
 from elmo_jax.data import TextSource
 from elmo_jax.data import prepare as prepare_lib
-from elmo_jax.data.prepare import (PARTIAL, NotPreparedError, PrepareError, PreparedCorpusError, open_verified,
-                                   prepare, verify)
+from elmo_jax.data.manifest import (PARTIAL, NotPreparedError, PrepareError, PreparedCorpusError, open_verified,
+                                    verify)
+from elmo_jax.data.prepare import prepare
 from elmo_jax.data.prepared import PreparedCorpus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,6 +1,8 @@
 """Command-line entry points (console scripts `elmo-jax-train`, `elmo-jax-evaluate`, `elmo-jax-embed`).
 The top-level `train.py` / `evaluate.py` and `python -m elmo_jax.embed` are thin wrappers around these."""
+import functools
 import os
+import sys
 from typing import Callable
 
 from absl import app
@@ -19,13 +21,41 @@ def default_config(name: str = "default") -> str:
   return tree if os.path.exists(tree) else local
 
 
-def run_main(main: Callable, define_flags: Callable[[], None] | None = None) -> None:
+def command_name() -> str:
+  """How the running command was invoked, for its error lines: `elmo_jax.embed` (`python -m`), `evaluate.py`,
+  `elmo-jax-embed` (a console script)."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  if spec is not None and spec.name:
+    return spec.name.removesuffix(".__main__")
+  return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "elmo_jax"
+
+
+def usage_error_line(name: str, error: app.UsageError) -> str:
+  """A usage error as one line (absl would print the module's docstring, tens of lines, before it)."""
+  message = " ".join(str(error).split()) or "bad usage"
+  return f"{name}: error: {message} (--help for usage)"
+
+
+def _one_line_usage_errors(main: Callable, name: str | None) -> Callable:
+  @functools.wraps(main)
+  def wrapped(argv):
+    try:
+      return main(argv)
+    except app.UsageError as e:
+      print(usage_error_line(name or command_name(), e), file=sys.stderr)
+      sys.exit(e.exitcode if e.exitcode else 2)
+  return wrapped
+
+
+def run_main(main: Callable, define_flags: Callable[[], None] | None = None, name: str | None = None) -> None:
   """Every command's start: glibc keeps freed memory for XLA's buffers (first, before JAX allocates; see
-  elmo_jax/memory.py), then the command's flags where it defines them only when run, then absl."""
+  elmo_jax/memory.py), then the command's flags where it defines them only when run, then absl. A usage
+  error (`app.UsageError`) from `main` is one line, `NAME: error: MESSAGE (--help for usage)`, exit code
+  its `exitcode` (1 by default); `name` defaults to how the command was invoked (`command_name`)."""
   memory.reuse_freed_memory()
   if define_flags is not None:
     define_flags()
-  app.run(main)
+  app.run(_one_line_usage_errors(main, name))
 
 
 def define_distributed_flags() -> None:

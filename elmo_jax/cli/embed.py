@@ -5,6 +5,7 @@ import os
 import signal
 import sys
 import time
+import urllib.parse
 
 from absl import app
 from absl import flags
@@ -16,6 +17,7 @@ from elmo_jax import embed
 from elmo_jax import embed_files
 from elmo_jax import embed_job
 from elmo_jax import embed_step
+from elmo_jax import files
 from elmo_jax import options as options_lib
 from elmo_jax import progress as progress_lib
 from elmo_jax import token_cache
@@ -77,7 +79,7 @@ def _on_signal(signum, frame):  # pylint: disable=unused-argument
 
 
 def _check_flags(argv: list[str]) -> None:
-  """Usage errors (absl prints them with the usage text)."""
+  """Usage errors (`cli.run_main` prints each as one line)."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   for name in (("vocab_file",) if FLAGS.dump_token_embeddings else ("input_file",)) + ("output_file",):
@@ -90,6 +92,40 @@ def _check_flags(argv: list[str]) -> None:
     raise app.UsageError("give --model, or --options_file and --weight_file (or --workdir)")
   if FLAGS.top + FLAGS.average + FLAGS.all > 1:
     raise app.UsageError("give at most one of --all, --top, --average")
+
+
+def _local(path: str) -> str:
+  """A model file flag as the local file it is read from: a path, a `file://` URL's path, or where the
+  cache keeps an `http(s)://` URL's download."""
+  from elmo_jax import download  # pylint: disable=g-import-not-at-top
+  if not download.is_url(path):
+    return os.path.expanduser(path)
+  parsed = urllib.parse.urlparse(path)
+  return urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else download.cache_file(path)
+
+
+def _run_inputs() -> list[str]:
+  """Every file this run reads (the text or vocabulary, the token embeddings, the model's options, weights
+  and vocabulary however the model is named), found without loading or downloading anything: the output
+  must not be one of them. (`embed_file` checks the loaded model's files again.)"""
+  from elmo_jax import download, pretrained  # pylint: disable=g-import-not-at-top
+  out = [FLAGS.input_file, FLAGS.vocab_file, FLAGS.token_embedding_file]
+  out += [_local(p) for p in (FLAGS.options_file, FLAGS.weight_file) if p]
+  run_dir = FLAGS.workdir
+  if FLAGS.model in pretrained.MODELS:
+    released = pretrained.MODELS[FLAGS.model]
+    out += [download.cache_file(released.options_url), download.cache_file(released.weight_url)]
+  elif FLAGS.model and os.path.isdir(os.path.expanduser(FLAGS.model)):
+    folder = os.path.expanduser(FLAGS.model)
+    try:
+      out += list(pretrained.resolve(folder))
+    except download.DownloadError:
+      pass  # loading it says what is missing
+    run_dir = folder if os.path.isdir(os.path.join(folder, "export")) else None
+  if run_dir:
+    out += [os.path.join(run_dir, "export", "options.json"), os.path.join(run_dir, "export", "weights.hdf5"),
+            os.path.join(run_dir, "vocab.txt")]
+  return [p for p in out if p]
 
 
 def _load_embedder() -> Embedder:
@@ -118,7 +154,7 @@ def main(argv: list[str]) -> int:
     if not os.path.exists(source):  # fail before spending time on loading the model
       kind = "vocab" if FLAGS.dump_token_embeddings else "input"
       raise embed_files.EmbedInputError(f"{source}: {kind} file not found")
-    embed_files.check_output_path(FLAGS.output_file)
+    embed_files.check_output_path(FLAGS.output_file, _run_inputs(), "--output_file")
     for name in embed_files.remove_stale_temps(FLAGS.output_file):
       logging.warning("removed %s, left by an embedding run that was killed", name)
     # Before anything touches a JAX backend: initialize() must come first in every process.
@@ -147,8 +183,9 @@ def main(argv: list[str]) -> int:
                              use_sentence_keys=FLAGS.use_sentence_keys,
                              forget_sentences=FLAGS.forget_sentences, tokenize=tokenize,
                              part_sentences=FLAGS.part_sentences)
-  except (embed_files.EmbedInputError, weights_lib.WeightFileError, options_lib.OptionsError, OSError,
-          token_cache.TokenCacheError, embed_job.JobError, embed_step.DeviceError) as e:
+  except (embed_files.EmbedInputError, files.UnsafeOutputError, weights_lib.WeightFileError,
+          options_lib.OptionsError, OSError, token_cache.TokenCacheError, embed_job.JobError,
+          embed_step.DeviceError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   rate = stats["sentences"] / max(stats["seconds"], 1e-9)

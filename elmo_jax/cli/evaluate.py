@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 from absl import flags, logging
 
 from elmo_jax import cli
+from elmo_jax import files
 from elmo_jax import progress
 from elmo_jax.evaluation import readers
 from elmo_jax.options import OptionsError
@@ -208,7 +209,7 @@ def main(argv: Sequence[str],
   try:
     task, cfg = config_from_flags()
     tasks_lib.run(task, cfg, load_models or load_models_from_flags, on_start=_announce)
-  except (readers.InputError, tasks_lib.TaskUnavailable, OptionsError, OSError) as e:
+  except (readers.InputError, files.UnsafeOutputError, tasks_lib.TaskUnavailable, OptionsError, OSError) as e:
     sys.exit(f"evaluate.py: error: {e}")
 
 

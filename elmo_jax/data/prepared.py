@@ -19,7 +19,7 @@ import numpy as np
 
 from elmo_jax import log
 from elmo_jax.data.pipeline import _STATE_VERSION, check_state, stream_order
-from elmo_jax.data.prepare import AGAIN, MANIFEST, PreparedCorpusError, open_verified
+from elmo_jax.data.manifest import AGAIN, MANIFEST, PreparedCorpusError, open_verified
 from elmo_jax.data.vocab import Vocab
 from elmo_jax.training import dedupe as dedupe_lib  # pure numpy, no training imports behind it
 
@@ -29,7 +29,7 @@ _BOS, _EOS = 0, 1  # type ids of <S>, </S> (prepare puts the specials first)
 class PreparedCorpus:
   """A prepared directory opened for reading: memory-mapped ids plus the type table.
 
-  Opened through `prepare.open_verified` (manifest format, sizes, sha256 with its per-file cache; see
+  Opened through `manifest.open_verified` (manifest format, sizes, sha256 with its per-file cache; see
   there), then the arrays are checked against the manifest's counts. Nothing is written into the directory.
 
   Attributes:
@@ -40,8 +40,8 @@ class PreparedCorpus:
     types: the type strings.
 
   Raises:
-    prepare.NotPreparedError (a FileNotFoundError): no manifest.json.
-    prepare.PreparedCorpusError (a PrepareError and an OSError): a damaged directory; one line naming the file.
+    manifest.NotPreparedError (a FileNotFoundError): no manifest.json.
+    manifest.PreparedCorpusError (a PrepareError and an OSError): a damaged directory; one line naming the file.
   """
 
   def __init__(self, directory: str, *, checksums: bool = True, log_line: Callable[[str], None] = log.info):

@@ -89,12 +89,15 @@ def config_from_flags():
       model=model)
 
 
-def read_splits(task: str, data_dir, given, tfds_data_dir, dev_fraction: float) -> dict[str, data_lib.Split]:
-  paths = data_lib.resolve_paths(task, data_dir, given)
+def read_splits(task: str, data_dir, given, tfds_data_dir, dev_fraction: float,
+                paths: dict[str, str] | None = None) -> dict[str, data_lib.Split]:
+  """The splits (dev held out of train when none is given), their labels checked before any model loads."""
+  paths = paths or data_lib.resolve_paths(task, data_dir, given)
   splits = {name: data_lib.read_split(task, name, path, tfds_data_dir)
             for name, path in paths.items() if path}
   if "dev" not in splits:
     splits["train"], splits["dev"] = data_lib.hold_out(splits["train"], dev_fraction)
+  data_lib.label_ids(task, splits["train"])  # e.g. a hold-out that left one label: say so now, not later
   return splits
 
 
@@ -118,8 +121,10 @@ def main(argv: Sequence[str]) -> None:
     logging.set_verbosity(logging.WARNING)
   try:
     cfg = config_from_flags()
-    splits = read_splits(cfg.task, _DATA_DIR.value, {"train": _TRAIN.value, "dev": _DEV.value,
-                                                      "test": _TEST.value}, _TFDS_DIR.value, cfg.dev_fraction)
+    paths = data_lib.resolve_paths(cfg.task, _DATA_DIR.value, {"train": _TRAIN.value, "dev": _DEV.value,
+                                                                "test": _TEST.value})
+    data_lib.check_outputs(cfg.workdir, paths, cfg.bilm, cfg.layer_cache_dir)
+    splits = read_splits(cfg.task, _DATA_DIR.value, None, _TFDS_DIR.value, cfg.dev_fraction, paths)
     from elmo_jax.downstream import train  # pylint: disable=g-import-not-at-top  (imports jax)
     bilm = train.load_bilm(cfg.bilm, cfg.bilm_init, cfg.seed) if cfg.elmo != "none" else None
     sizes = {name: f"{len(s.tokens)} sentences" for name, s in splits.items()}
@@ -131,7 +136,7 @@ def main(argv: Sequence[str]) -> None:
     results = train.run(cfg, splits, bilm, on_epoch=lambda row: print(
         f"epoch {row['epoch']}: train loss {row['train_loss']:.4f}, dev accuracy {row['dev_accuracy']:.4f} "
         f"({row['seconds']:.0f} s)", file=sys.stderr))
-  except (readers.InputError, OptionsError, WeightFileError, OSError) as e:
+  except (readers.InputError, files.UnsafeOutputError, OptionsError, WeightFileError, OSError) as e:
     sys.exit(f"elmo_jax.downstream: error: {e}")
   results.pop("_params")
   write_outputs(cfg.workdir, results)

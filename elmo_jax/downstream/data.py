@@ -43,6 +43,12 @@ class Split:
   labels: list[Any]
   sha256: str
   lines: list[int] = dataclasses.field(default_factory=list)  # file line (TFDS: record) of each sentence
+  # train after `hold_out`: {"rows": held out as dev, "of": rows before, "fraction", "labels": label count before}
+  held_out: dict[str, Any] | None = None
+
+
+def _label_set(task: str, labels: Sequence[Any]) -> set[str]:
+  return {t for tags in labels for t in tags} if task == "pos" else set(labels)
 
 
 def resolve_paths(task: str, data_dir: str | None, given: dict[str, str | None]) -> dict[str, str]:
@@ -66,6 +72,35 @@ def resolve_paths(task: str, data_dir: str | None, given: dict[str, str | None])
   return out
 
 
+def bilm_files(spec: str | None) -> list[str]:
+  """The local files (and folder) a `--bilm` spec names, found without loading or downloading anything."""
+  if not spec:
+    return []
+  from elmo_jax import download, pretrained  # pylint: disable=g-import-not-at-top
+  if spec in pretrained.MODELS:
+    return [download.cache_file(pretrained.MODELS[spec].options_url),
+            download.cache_file(pretrained.MODELS[spec].weight_url)]
+  path = os.path.expanduser(spec)
+  if not os.path.isdir(path):
+    return []
+  return [path] + [os.path.join(path, *rel) for rel in (("export", "options.json"), ("export", "weights.hdf5"),
+                                                        ("options.json",), ("weights.hdf5",))]
+
+
+def check_outputs(workdir: str, paths: dict[str, str | None], bilm: str | None = None,
+                  layer_cache_dir: str | None = None) -> None:
+  """`files.check_output` of the run's outputs before any work: `workdir` (a writable folder, not the biLM's
+  folder nor inside a trained run's checkpoints/export) and the results.json, dev_curve.png it gets, and
+  `layer_cache_dir`, against the split files `paths` and the biLM's files. One-line UnsafeOutputError."""
+  inputs = [p for p in paths.values() if p and not readers.is_tfds(p)] + bilm_files(bilm)
+  files.check_output(workdir, "--workdir", inputs=inputs, directory=True)
+  if os.path.isdir(workdir):
+    for name in ("results.json", "dev_curve.png"):
+      files.check_output(os.path.join(workdir, name), "--workdir", inputs=inputs)
+  if layer_cache_dir:
+    files.check_output(layer_cache_dir, "--layer_cache_dir", inputs=inputs, directory=True)
+
+
 def read_split(task: str, name: str, path: str, tfds_data_dir: str | None = None) -> Split:
   """Reads one split (one-line `readers.InputError` on bad input)."""
   if task == "pos":
@@ -85,11 +120,14 @@ def hold_out(train: Split, fraction: float, seed: int = 0) -> tuple[Split, Split
   """(train minus a seeded `fraction`, that fraction as dev): when no dev split is given."""
   n = len(train.tokens)
   dev = np.zeros(n, bool)
-  dev[np.random.default_rng(seed).permutation(n)[:max(1, int(round(n * fraction)))]] = True
+  n_dev = max(1, int(round(n * fraction)))
+  dev[np.random.default_rng(seed).permutation(n)[:n_dev]] = True
   pick = lambda xs, keep: [x for x, d in zip(xs, dev) if d == keep]  # noqa: E731
   source = f"{train.source} (held-out {fraction:g}, seed {seed})"
+  task = "pos" if train.labels and isinstance(train.labels[0], tuple) else "sentiment"
+  held = {"rows": min(n_dev, n), "of": n, "fraction": fraction, "labels": len(_label_set(task, train.labels))}
   return (Split("train", train.source, pick(train.tokens, False), pick(train.labels, False), train.sha256,
-                pick(train.lines, False)),
+                pick(train.lines, False), held),
           Split("dev", source, pick(train.tokens, True), pick(train.labels, True), train.sha256,
                 pick(train.lines, True)))
 
@@ -117,8 +155,15 @@ def build_vocab(sentences: Sequence[Sequence[str]], min_count: int) -> list[str]
 
 def label_ids(task: str, train: Split) -> list[str]:
   """Sorted label (tag) set of the training split."""
-  labels = {t for tags in train.labels for t in tags} if task == "pos" else set(train.labels)
+  labels = _label_set(task, train.labels)
   if len(labels) < 2:
+    held, rows = train.held_out, "sentences" if task == "pos" else "rows"
+    if held and held["labels"] >= 2:  # the file has them: the dev hold-out took the others
+      raise readers.InputError(
+          f"{train.source}: needs >= 2 labels, got {sorted(labels)} in the {len(train.tokens)} training {rows} "
+          f"left after the dev hold-out took {held['rows']} of {held['of']} (--dev_fraction={held['fraction']:g}, "
+          f"at least one); give a dev split with --dev=FILE (or --data_dir's {task} dev file), or more "
+          f"training {rows}")
     raise readers.InputError(f"{train.source}: needs >= 2 labels, got {sorted(labels)}")
   return sorted(labels)
 

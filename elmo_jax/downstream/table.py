@@ -99,6 +99,14 @@ def main(argv: Sequence[str]) -> None:
           raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
   except (OSError, ValueError) as e:
     sys.exit(f"elmo_jax.downstream.table: error: {e}")
+  if _OUTPUT.value:  # before any work is shown: an output that would replace a results.json is refused
+    try:
+      files.check_output(_OUTPUT.value, "--output", inputs=paths, directory=True)
+      if os.path.isdir(_OUTPUT.value):
+        for name in ("downstream.md", "downstream.json"):
+          files.check_output(os.path.join(_OUTPUT.value, name), "--output", inputs=paths)
+    except files.UnsafeOutputError as e:
+      sys.exit(f"elmo_jax.downstream.table: error: {e}")
   summary = summarise(results, paths)
   text = markdown(summary)
   print(text, end="")

@@ -80,8 +80,9 @@ def read_train_config(workdir: str) -> dict[str, Any]:
     raise InputError(f"{path}: not JSON ({e.msg})") from None
 
 
-def model_files(task_config: PerplexityConfig, workdir: str | None) -> dict[str, str]:
-  """options/weights/vocab paths; the workdir's vocab.txt carries the counts, export/ has none."""
+def model_files(task_config: PerplexityConfig, workdir: str | None, check_vocab: bool = True) -> dict[str, str]:
+  """options/weights/vocab paths; the workdir's vocab.txt carries the counts, export/ has none. Each must
+  exist (the vocabulary only with `check_vocab`: it matters only for weights that hold a softmax)."""
   if workdir:
     export = os.path.join(workdir, "export")
     paths = {"options_file": os.path.join(export, "options.json"),
@@ -93,9 +94,15 @@ def model_files(task_config: PerplexityConfig, workdir: str | None) -> dict[str,
     beside = os.path.join(os.path.dirname(task_config.weight_file), "vocab.txt")
     paths = {"options_file": task_config.options_file, "weight_file": task_config.weight_file,
              "vocab_file": task_config.vocab_file or beside}
-  for path in paths.values():
-    _check_file(path)
+  for key, path in paths.items():
+    if key != "vocab_file" or check_vocab:
+      _check_file(path)
   return paths
+
+
+def _no_softmax(weight_file: str) -> NoSoftmax:
+  return NoSoftmax(f"{weight_file}: has no softmax/W, softmax/b (original ELMo weights ship without the LM "
+                   "softmax), so it cannot be scored for perplexity")
 
 
 def load_language_model(task_config: PerplexityConfig, workdir: str | None) -> LanguageModel:
@@ -104,15 +111,15 @@ def load_language_model(task_config: PerplexityConfig, workdir: str | None) -> L
   from elmo_jax import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.data import Vocab  # pylint: disable=g-import-not-at-top
 
-  paths = model_files(task_config, workdir)
+  paths = model_files(task_config, workdir, check_vocab=False)
   options = options_lib.load(paths["options_file"])
   try:
     loaded = weights_lib.load_hdf5(paths["weight_file"], options)
   except weights_lib.WeightFileError as e:
     raise InputError(str(e)) from None
-  if loaded["softmax"] is None:
-    raise NoSoftmax(f"{paths['weight_file']}: has no softmax/W, softmax/b (original ELMo weights ship "
-                    "without the LM softmax), so it cannot be scored for perplexity")
+  if loaded["softmax"] is None:  # before the vocabulary: without a softmax there is nothing to score it with
+    raise _no_softmax(paths["weight_file"])
+  _check_file(paths["vocab_file"])
   try:
     vocab = Vocab.load(paths["vocab_file"])
   except (ValueError, FileNotFoundError) as e:
@@ -230,7 +237,9 @@ def resolve_text(task_config: PerplexityConfig, workdir: str | None,
 
 
 def check(task_config: PerplexityConfig, workdir: str | None) -> None:
-  """The task's inputs, checked without loading anything big: files exist, the weights hold a softmax.
+  """The task's inputs, checked without loading anything big: there is text to score, the weights hold a
+  softmax (before the text files and the vocabulary are looked for: weights without one cannot be scored
+  whatever else is given, and `--task=all` skips the task), the files exist.
 
   Raises NoText / NoSoftmax (the task cannot run here) or InputError (a bad input).
   """
@@ -238,20 +247,20 @@ def check(task_config: PerplexityConfig, workdir: str | None) -> None:
 
   train_config = read_train_config(workdir) if workdir else {}
   text_file, _, _ = resolve_text(task_config, workdir, train_config)
-  for path in (text_file or "").split(","):
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
-      raise InputError(f"{path}: a directory but not a prepared corpus (python -m elmo_jax.data.prepare)")
-    if path and not glob.has_magic(path) and not os.path.exists(path):
-      raise InputError(f"{path}: text file not found")
-  paths = model_files(task_config, workdir)
+  paths = model_files(task_config, workdir, check_vocab=False)
   try:
     with h5py.File(paths["weight_file"], "r") as f:
       has_softmax = "softmax/W" in f and "softmax/b" in f
   except OSError as e:
     raise InputError(f"{paths['weight_file']}: not a readable HDF5 file ({e})") from None
   if not has_softmax:
-    raise NoSoftmax(f"{paths['weight_file']}: has no softmax/W, softmax/b (original ELMo weights ship "
-                    "without the LM softmax), so it cannot be scored for perplexity")
+    raise _no_softmax(paths["weight_file"])
+  for path in (text_file or "").split(","):
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
+      raise InputError(f"{path}: a directory but not a prepared corpus (python -m elmo_jax.data.prepare)")
+    if path and not glob.has_magic(path) and not os.path.exists(path):
+      raise InputError(f"{path}: text file not found")
+  _check_file(paths["vocab_file"])
 
 
 def run(task_config: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 Formats (UTF-8, no header):
   * WSD TSV: `lemma<TAB>pos<TAB>sense<TAB>token_index<TAB>sentence`, sentence
     whitespace-tokenized, token_index 0-based.
-  * CoNLL-like tagging: `word<TAB>TAG` per line, a blank line between sentences.
+  * CoNLL-like tagging: `word<TAB>TAG` per line, a blank line between sentences. A file that cannot be
+    one (a column holding spaces, no blank line for `MAX_SENTENCE_TOKENS` lines, ...) is refused naming
+    the line and what it looks like (`conll_problem`).
   * Labelled sentences TSV: `label<TAB>sentence` (raw text, tokenized here).
   * Labelled sentences from TFDS: `tfds:NAME:SPLIT` (e.g. `tfds:glue/sst2:validation`),
     read with `tfds.data_source` (ArrayRecord, no TensorFlow) from a locally prepared
@@ -18,6 +20,8 @@ import logging
 import os
 import re
 from typing import Any, Iterator, Sequence
+
+from elmo_jax import files
 
 
 class InputError(ValueError):
@@ -176,11 +180,15 @@ def labelled_digest(rows: Sequence[LabelledSentence]) -> str:
 
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
-  """Yields (1-based line number, line without the newline)."""
+  """Yields (1-based line number, line without the newline); a file that is no text (HDF5, binary) is
+  refused first (`files.text_problem`)."""
   if not path:
     raise InputError("no input file given")
   if not os.path.isfile(path):
     raise InputError(f"{path}: file not found")
+  problem = files.text_problem(path)
+  if problem is not None:
+    raise InputError(f"{path}: {problem}")
   try:
     with open(path, encoding="utf-8") as f:
       for number, line in enumerate(f, start=1):
@@ -221,8 +229,43 @@ def read_wsd(path: str) -> list[WsdExample]:
   return out
 
 
+# A CoNLL sentence longer than this is a file without sentence breaks (the Penn Treebank's longest has
+# ~250 tokens): e.g. a one-record-per-line TSV given as a CoNLL file.
+MAX_SENTENCE_TOKENS = 1000
+_CONLL = "CoNLL word<TAB>TAG: one token per line, a blank line between sentences"
+
+
+def _shown(text: str) -> str:
+  return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def conll_problem(cols: list[str]) -> str | None:
+  """Why one non-blank line, split at tabs, cannot be a CoNLL `word<TAB>TAG` line (what it looks like
+  instead), or None. The one format check of every CoNLL-style reader, with `MAX_SENTENCE_TOKENS`."""
+  if len(cols) != 2:
+    if len(cols) == 5 and cols[3].strip().lstrip("-").isdigit():
+      like = "a WSD file (lemma, pos, sense, token_index, sentence)"
+    elif len(cols) == 1 and len(cols[0].split()) > 1:
+      like = "whitespace-separated text; put a TAB between word and TAG"
+    else:
+      like = None
+    return (f"expected 2 tab-separated columns (word, TAG), got {len(cols)}"
+            + (f": looks like {like}" if like else ""))
+  word, tag = cols
+  if not word.strip() or not tag.strip():
+    return "empty word or tag"
+  if len(tag.split()) > 1:
+    return (f"the TAG column holds spaces ({_shown(tag)}): looks like a label<TAB>sentence file "
+            f"(sentiment TSV), not {_CONLL}")
+  if len(word.split()) > 1:
+    return (f"the word column holds spaces ({_shown(word)}): looks like a sentence<TAB>label file, "
+            f"not {_CONLL}")
+  return None
+
+
 def read_conll(path: str) -> list[TaggedSentence]:
-  """Reads `word<TAB>TAG` lines with blank lines between sentences."""
+  """Reads `word<TAB>TAG` lines with blank lines between sentences; refuses, naming the line and what it
+  looks like, a file that cannot be CoNLL (`conll_problem`, `MAX_SENTENCE_TOKENS`)."""
   out, tokens, tags, first = [], [], [], 0
   for number, line in _lines(path):
     if not line.strip():
@@ -230,11 +273,19 @@ def read_conll(path: str) -> list[TaggedSentence]:
         out.append(TaggedSentence(tuple(tokens), tuple(tags), first))
       tokens, tags = [], []
       continue
-    word, tag = _columns(path, number, line, 2, "word, TAG")
-    if not word or not tag:
-      raise InputError(f"{path}:{number}: empty word or tag")
+    cols = line.split("\t")
+    problem = conll_problem(cols)
+    if problem is not None:
+      raise InputError(f"{path}:{number}: {problem}")
+    word, tag = cols
     if not tokens:
       first = number
+    if len(tokens) >= MAX_SENTENCE_TOKENS:
+      if not out:
+        raise InputError(f"{path}:{number}: {MAX_SENTENCE_TOKENS} lines without a blank line between sentences: "
+                         f"looks like one record per line (e.g. a label<TAB>sentence file), not {_CONLL}")
+      raise InputError(f"{path}:{first}: a sentence of more than {MAX_SENTENCE_TOKENS} tokens (from line "
+                       f"{first} to {number}): a missing blank line between sentences? ({_CONLL})")
     tokens.append(word)
     tags.append(tag)
   if tokens:

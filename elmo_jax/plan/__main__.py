@@ -21,6 +21,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from elmo_jax import cli
+from elmo_jax import files
 
 FLAGS = flags.FLAGS
 
@@ -116,6 +117,11 @@ def main(argv):
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from elmo_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.plan import targets  # pylint: disable=g-import-not-at-top
+  if FLAGS.dump_hlo and FLAGS.step == "train":  # before the compile: never over the config it reads
+    try:
+      files.check_output(FLAGS.dump_hlo, "--dump_hlo", inputs=[config_flags.get_config_filename(FLAGS["config"])])
+    except files.UnsafeOutputError as e:
+      sys.exit(f"plan: error: {e}")
   try:
     chip, topo = targets.parse(FLAGS.target)
     if chip == "cpu" and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):

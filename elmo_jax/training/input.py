@@ -22,6 +22,7 @@ import ml_collections
 
 from elmo_jax import log
 from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
+from elmo_jax.data import manifest
 from elmo_jax.data import prepare as prepare_lib
 from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
 from elmo_jax.progress import progress
@@ -66,7 +67,7 @@ def _auto_prepare(config, workdir: str) -> tuple[str, str]:
   train_dir = os.path.join(root, "train")
   eval_dir = os.path.join(root, "eval") if data.eval_files else ""
   if jax.process_index() == 0:  # the others wait at the barrier, then read what process 0 wrote
-    if not os.path.exists(os.path.join(train_dir, prepare_lib.MANIFEST)):
+    if not os.path.exists(os.path.join(train_dir, manifest.MANIFEST)):
       log.info(f"preparing the training text ({size_mb:,.1f} MB) into {root} once; later runs read its ids")
     prepare_lib.prepare(train_dir, _split(data.train_files), chunk_sentences=50_000, log_line=log.info, **vocab, **kw)
     if eval_dir:

@@ -130,14 +130,14 @@ def check_text_files(key: str, value: str) -> list[str]:
 
 def check_prepared_dir(key: str, path: str) -> None:
   """`path` is a prepared corpus (`python -m elmo_jax.data.prepare`) whose files match its manifest (sizes
-  always, sha256 unless an earlier start verified these very files: `prepare.open_verified`)."""
-  from elmo_jax.data import prepare  # pylint: disable=g-import-not-at-top
+  always, sha256 unless an earlier start verified these very files: `manifest.open_verified`)."""
+  from elmo_jax.data import manifest  # pylint: disable=g-import-not-at-top
   try:
-    prepare.open_verified(path)
-  except prepare.NotPreparedError:
+    manifest.open_verified(path)
+  except manifest.NotPreparedError:
     raise PreflightError(f"{key}={path} is not a prepared corpus (no manifest.json); make one with "
                          "`python -m elmo_jax.data.prepare`") from None
-  except prepare.PrepareError as e:
+  except manifest.PrepareError as e:
     raise PreflightError(f"{key}: {e}") from None
 
 
