@@ -47,7 +47,8 @@ from elmo_jax import embed_job
 from elmo_jax import files
 from elmo_jax.embed_files import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, check_output_path, count_lines,
                                   read_lines, remove_stale_temps)
-from elmo_jax.embedder import Embedder, select_layers
+from elmo_jax.embed_args import select_layers
+from elmo_jax.embedder import Embedder
 
 _MAX_EMPTY_WARNINGS = 10  # individual warnings; the rest are only counted
 

@@ -25,6 +25,7 @@ import numpy as np
 from elmo_jax import chars
 from elmo_jax import download
 from elmo_jax import embed_step
+from elmo_jax.embed_args import check_sentences, select_layers
 from elmo_jax import files
 from elmo_jax import memory
 from elmo_jax import options as options_lib
@@ -67,40 +68,6 @@ def bucket(n: int, buckets: Sequence[int] = _TIME_BUCKETS) -> int:
       return b
   top = buckets[-1]
   return -(-n // top) * top
-
-
-def _check_sentences(sentences: Any, batch_size: Any, caller: str = "embed_sentences") -> list[list[str]]:
-  """Sentences (any iterable of token iterables) as lists of str tokens; one-line errors for the rest,
-  naming `caller` (the method the user called).
-
-  A str where a sentence or a list of sentences belongs would otherwise be embedded character by
-  character, silently.
-  """
-  if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-    raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-  hint = ("a sentence is a list of tokens: split text first, e.g. text.split() or "
-          "elmo_jax.data.Tokenizer()(text)")
-  if isinstance(sentences, (str, bytes)):
-    raise TypeError(f"{caller} takes a list of sentences, got a {type(sentences).__name__} "
-                    f"({sentences[:40]!r}); {hint}")
-  try:
-    sentences = list(sentences)
-  except TypeError:
-    raise TypeError(f"{caller} takes an iterable of sentences, got {type(sentences).__name__}") from None
-  out = []
-  for i, sentence in enumerate(sentences):
-    if isinstance(sentence, (str, bytes)):
-      raise TypeError(f"sentence {i} is a {type(sentence).__name__} ({sentence[:40]!r}); {hint}")
-    try:
-      tokens = list(sentence)
-    except TypeError:
-      raise TypeError(f"sentence {i} is a {type(sentence).__name__}, not a list of tokens; {hint}") from None
-    for j, token in enumerate(tokens):
-      if not isinstance(token, str):
-        raise TypeError(f"sentence {i}, token {j} is a {type(token).__name__} ({token!r}); tokens must be str"
-                        + (" (decode bytes first)" if isinstance(token, bytes) else ""))
-    out.append(tokens)
-  return out
 
 
 def _pow2_at_least(n: int, floor: int = 64) -> int:
@@ -398,7 +365,7 @@ class Embedder:
     `sentences` may be any iterable (a generator too) of token sequences.
     """
     batch_size = self.default_batch_size if batch_size is None else batch_size
-    sentences = _check_sentences(sentences, batch_size)
+    sentences = check_sentences(sentences, batch_size)
     results: list[np.ndarray | None] = [None] * len(sentences)
     done = 0
     for chunk, layers in self.iter_batches(sentences, batch_size):
@@ -422,7 +389,7 @@ class Embedder:
       layer: "all" -> `[n, n_layers + 1, 2P]`; "top" / "average" / an int layer k / a weight per layer
         (e.g. a learned scalar mix's `gamma * softmax(w)`) -> `[n, 2P]`.
     """
-    sentences = _check_sentences(sentences, self.default_batch_size if batch_size is None else batch_size,
+    sentences = check_sentences(sentences, self.default_batch_size if batch_size is None else batch_size,
                                  "sentence_vectors")
     shape = select_layers(np.zeros((self.n_layers, 1, self.output_dim), np.float32), layer)[..., 0, :].shape
     out = np.zeros((len(sentences),) + shape, np.float32)
@@ -464,34 +431,3 @@ class Embedder:
     finally:
       bar.close()
     token_cache_lib.write(output_file, table, vocab)
-
-
-def select_layers(layers: np.ndarray, layer: str | int | Sequence[float]) -> np.ndarray:
-  """`[n_layers + 1, time, 2P]` -> the chosen output: all, top, average, layer k or a weighted sum."""
-  choices = "'all', 'top', 'average', an int layer index or one weight per layer"
-  if isinstance(layer, (bool, np.bool_)):  # an int to Python, and numpy indexes with it as a mask: refuse
-    raise ValueError(f"layer must be {choices}, got the bool {layer!r}")
-  if isinstance(layer, str):
-    if layer == "all":
-      return layers
-    if layer == "top":
-      return layers[-1]
-    if layer == "average":
-      return layers.mean(axis=0)
-    raise ValueError(f"layer must be {choices}, got {layer!r}")
-  if isinstance(layer, (int, np.integer)):
-    if not -layers.shape[0] <= layer < layers.shape[0]:
-      raise ValueError(f"layer {layer} is out of range: the model has {layers.shape[0]} layers "
-                       f"(0 .. {layers.shape[0] - 1}, or -1 for the top)")
-    return layers[layer]
-  try:
-    weights = np.asarray(layer, np.float32)
-  except (TypeError, ValueError):
-    raise TypeError(f"layer must be {choices}, got {type(layer).__name__} {layer!r}"[:200]) from None
-  if np.asarray(layer).dtype == bool:
-    raise ValueError(f"layer must be {choices}, got bools {layer!r}"[:200])
-  if weights.ndim != 1:
-    raise TypeError(f"layer must be {choices}, got {type(layer).__name__} {layer!r}"[:200])
-  if weights.shape != layers.shape[:1]:
-    raise ValueError(f"{len(weights)} layer weights for {layers.shape[0]} layers")
-  return np.tensordot(weights, layers, axes=(0, 0))

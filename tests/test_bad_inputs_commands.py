@@ -16,7 +16,8 @@ import evaluate
 from elmo_jax import cli, embed, embed_files, files
 from elmo_jax import weights as weights_lib
 from elmo_jax.downstream import data as data_lib
-from elmo_jax.embedder import Embedder, select_layers
+from elmo_jax.embed_args import select_layers
+from elmo_jax.embedder import Embedder
 from elmo_jax.evaluation import readers, tasks
 
 from conftest import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, tiny_options

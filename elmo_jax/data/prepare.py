@@ -43,8 +43,8 @@ import numpy as np
 from elmo_jax import files
 from elmo_jax import log
 from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, token_to_ids
-from elmo_jax.data.manifest import (FORMAT_VERSION, PARTIAL, PrepareError, read_manifest,
-                                    verify_files, write_manifest)
+from elmo_jax.data.manifest import (PARTIAL, PrepareError, describe_source, read_manifest, settings_difference,
+                                    settings_of, verify_files, write_manifest)
 from elmo_jax.data.sources import TextSource, TfdsSource, expand_paths
 from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.data.vocab import Vocab
@@ -89,58 +89,7 @@ def check_inputs(spec: dict[str, Any]) -> None:
     if problem:
       raise PrepareError(f"{f['path']} {problem}")
   if not any(f["size"] for f in spec["files"]):
-    raise PrepareError(f"input {_describe(spec)} is empty (0 bytes)")
-
-
-def _describe_source(spec: Any) -> str:
-  try:
-    return _describe(spec)
-  except (KeyError, TypeError):  # a damaged settings.json
-    return json.dumps(spec)[:80]
-
-
-def _when(mtime_ns: Any) -> str:
-  return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mtime_ns / 1e9)) if isinstance(mtime_ns, int) else "?"
-
-
-def _source_difference(saved: Any, wanted: Any) -> str:
-  """'source is A there, B here' / 'source file F changed (...)': how two inputs differ; "" if they agree."""
-  if saved == wanted:
-    return ""
-  if not (isinstance(saved, dict) and isinstance(wanted, dict)) or saved.get("kind") != wanted.get("kind"):
-    return f"source is {_describe_source(saved)} there, {_describe_source(wanted)} here"
-  if saved["kind"] == "tfds":
-    return files.first_difference(saved, wanted, "source.")
-  a, b = saved.get("files") or [], wanted.get("files") or []
-  if [f.get("path") for f in a] != [f.get("path") for f in b]:
-    return f"source is {_describe_source(saved)} there, {_describe_source(wanted)} here"
-  for x, y in zip(a, b):
-    if x != y:
-      return (f"source file {y['path']} changed since: {x.get('size')} bytes modified {_when(x.get('mtime_ns'))} "
-              f"there, {y['size']} bytes modified {_when(y['mtime_ns'])} here")
-  return files.first_difference(saved, wanted, "source.")
-
-
-def settings_difference(saved: dict[str, Any], wanted: dict[str, Any]) -> str:
-  """The first difference of two `settings_of` dicts, the corpus (`source`) before any setting; "" if none."""
-  if not isinstance(saved, dict):
-    return f"settings are {json.dumps(saved)[:80]} there"
-  found = _source_difference(saved.get("source"), wanted.get("source"))
-  if found:
-    return found
-  return files.first_difference({k: v for k, v in saved.items() if k != "source"},
-                                {k: v for k, v in wanted.items() if k != "source"})
-
-
-def settings_of(spec, pretokenized: bool, lang: str, max_token_chars: int, max_characters_per_token: int,
-                vocab_max_size: int | None, vocab_min_count: int, vocab_file: str):
-  """Everything the output depends on (not the worker count or chunk size: they never change a byte)."""
-  vocab = ({"file": os.path.abspath(vocab_file), "sha256": files.sha256_file(vocab_file)} if vocab_file
-           else {"max_size": vocab_max_size, "min_count": vocab_min_count})
-  return {"format_version": FORMAT_VERSION, "source": spec,
-          "tokenizer": {"pretokenized": bool(pretokenized), "lang": lang},
-          "max_token_chars": max_token_chars, "max_characters_per_token": max_characters_per_token,
-          "vocab": vocab}
+    raise PrepareError(f"input {describe_source(spec)} is empty (0 bytes)")
 
 
 # --- pass 1: tokenize fixed chunks in worker processes ------------------------------------------------
@@ -260,7 +209,7 @@ def _merge(work: str, out: str, n_chunks: int, n_sentences: int, settings: dict,
   np.cumsum(np.concatenate(lengths) if lengths else [], out=offsets[1:])
   n_tokens = int(offsets[-1])
   if n_tokens == 0:  # before anything is written into `out`
-    raise PrepareError(f"input {_describe(settings['source'])} has no tokens ({n_sentences:,} lines, all blank "
+    raise PrepareError(f"input {describe_source(settings['source'])} has no tokens ({n_sentences:,} lines, all blank "
                        "after tokenizing)")
   with files.atomic_path(os.path.join(out, "tokens.npy"), suffix=".tmp.npy") as tmp:
     tokens = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int32, shape=(n_tokens,))
@@ -397,12 +346,6 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
            f"types (vocab {counts['vocab_size']:,}) in {elapsed:.1f}s (tokenizing {tokenized - started:.1f}s, "
            f"{counts['n_tokens'] / max(tokenized - started, 1e-9):,.0f} tokens/s) -> {out}")
   return manifest
-
-
-def _describe(spec: dict[str, Any]) -> str:
-  if spec["kind"] == "tfds":
-    return f"tfds {spec['name']}/{spec['split']}"
-  return ", ".join(f["path"] for f in spec["files"][:3]) + (" ..." if len(spec["files"]) > 3 else "")
 
 
 def main(argv: Sequence[str]) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from elmo_jax import files
-from elmo_jax.evaluation import features, perplexity, plots, probes, readers, report, wsd
+from elmo_jax.evaluation import features, outputs, perplexity, plots, probes, readers, report, wsd
 
 # Where each probe file sits under --probe_data_dir. Probe sets are research data: none ships here.
 PROBE_FILES = {
@@ -303,42 +303,6 @@ _NEEDS = {"wsd": ("wsd_file",), "pos": ("pos_train_file", "pos_test_file"),
           "sentiment": ("sentiment_train_file", "sentiment_test_file")}
 
 
-# What each task writes into the output directory (besides cache/), and `all`'s report.
-WRITES = {"perplexity": ("perplexity.json", "perplexity_curves.png", "perplexity_bars.png"),
-          "wsd": ("wsd.json", "wsd_layers.png", "wsd_pca.png"),
-          "pos": ("pos.json", "pos_layers.png", "pos_mix.png"),
-          "sentiment": ("sentiment.json", "sentiment_layers.png", "sentiment_mix.png"),
-          "all": ("report.md",)}
-
-
-def input_files(cfg: EvalConfig) -> list[str]:
-  """Every file the evaluation reads: data, text, the model's options, weights and vocabulary (a
-  workdir's export/, config and metrics too); TFDS inputs are no files."""
-  ppl = cfg.perplexity
-  paths = [cfg.wsd_file, cfg.wsd_train_file, cfg.pos_train_file, cfg.pos_test_file, cfg.sentiment_train_file,
-           cfg.sentiment_test_file, ppl.options_file, ppl.weight_file, ppl.vocab_file]
-  paths += (ppl.text_file or "").split(",")
-  if ppl.weight_file:
-    paths.append(os.path.join(os.path.dirname(ppl.weight_file), "vocab.txt"))
-  if cfg.workdir:
-    paths += [os.path.join(cfg.workdir, *rel) for rel in (("export", "options.json"), ("export", "weights.hdf5"),
-                                                          ("vocab.txt",), ("config.json",), ("metrics.jsonl",))]
-  for vocab in [p for p in paths if p and os.path.basename(p) == "vocab.txt"]:
-    paths.append(os.path.join(os.path.dirname(vocab), "vocab_counts.tsv"))
-  return [p for p in paths if p and not readers.is_tfds(p)]
-
-
-def check_output_dir(cfg: EvalConfig, names: list[str]) -> None:
-  """`files.check_output` of the output directory (a folder, writable, not an input, not in a trained
-  run's checkpoints/ or export/) and of each file tasks `names` write there against the inputs, before
-  any work. Raises `files.UnsafeOutputError` (one line)."""
-  inputs = input_files(cfg)
-  files.check_output(cfg.output_dir, "--output_dir", inputs=inputs, directory=True)
-  if os.path.isdir(cfg.output_dir):
-    for name in [n for task in names for n in WRITES.get(task, ())]:
-      files.check_output(os.path.join(cfg.output_dir, name), "--output_dir", inputs=inputs)
-
-
 def missing_data(name: str, cfg: EvalConfig) -> str | None:
   """Why task `name` has no data configured (the skip line), else None."""
   if name in _NEEDS and not all(getattr(cfg, f) for f in _NEEDS[name]):
@@ -381,7 +345,7 @@ def run(task: str, cfg: EvalConfig, load_models: Callable[[], Models],
   if task != "all" and task not in TASKS:
     raise readers.InputError(f"unknown task {task!r}; choose one of {sorted(TASKS) + ['all']}")
   names = list(TASKS) if task == "all" else [task]
-  check_output_dir(cfg, names + (["all"] if task == "all" else []))
+  outputs.check_output_dir(cfg, names + (["all"] if task == "all" else []))
   get_models = _LazyModels(load_models)
   results: dict[str, dict[str, Any]] = {}
   # Every input is read and checked before any work, so a bad file fails in seconds, not after a task.

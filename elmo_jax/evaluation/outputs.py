@@ -1,0 +1,46 @@
+"""What an evaluation reads and writes, so `--output_dir` is checked against its inputs before any work."""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from elmo_jax import files
+from elmo_jax.evaluation import readers
+
+if TYPE_CHECKING:
+  from elmo_jax.evaluation.tasks import EvalConfig
+
+# What each task writes into the output directory (besides cache/), and `all`'s report.
+WRITES = {"perplexity": ("perplexity.json", "perplexity_curves.png", "perplexity_bars.png"),
+          "wsd": ("wsd.json", "wsd_layers.png", "wsd_pca.png"),
+          "pos": ("pos.json", "pos_layers.png", "pos_mix.png"),
+          "sentiment": ("sentiment.json", "sentiment_layers.png", "sentiment_mix.png"),
+          "all": ("report.md",)}
+
+
+def input_files(cfg: "EvalConfig") -> list[str]:
+  """Every file the evaluation reads: data, text, the model's options, weights and vocabulary (a
+  workdir's export/, config and metrics too); TFDS inputs are no files."""
+  ppl = cfg.perplexity
+  paths = [cfg.wsd_file, cfg.wsd_train_file, cfg.pos_train_file, cfg.pos_test_file, cfg.sentiment_train_file,
+           cfg.sentiment_test_file, ppl.options_file, ppl.weight_file, ppl.vocab_file]
+  paths += (ppl.text_file or "").split(",")
+  if ppl.weight_file:
+    paths.append(os.path.join(os.path.dirname(ppl.weight_file), "vocab.txt"))
+  if cfg.workdir:
+    paths += [os.path.join(cfg.workdir, *rel) for rel in (("export", "options.json"), ("export", "weights.hdf5"),
+                                                          ("vocab.txt",), ("config.json",), ("metrics.jsonl",))]
+  for vocab in [p for p in paths if p and os.path.basename(p) == "vocab.txt"]:
+    paths.append(os.path.join(os.path.dirname(vocab), "vocab_counts.tsv"))
+  return [p for p in paths if p and not readers.is_tfds(p)]
+
+
+def check_output_dir(cfg: "EvalConfig", names: list[str]) -> None:
+  """`files.check_output` of the output directory (a folder, writable, not an input, not in a trained
+  run's checkpoints/ or export/) and of each file tasks `names` write there against the inputs, before
+  any work. Raises `files.UnsafeOutputError` (one line)."""
+  inputs = input_files(cfg)
+  files.check_output(cfg.output_dir, "--output_dir", inputs=inputs, directory=True)
+  if os.path.isdir(cfg.output_dir):
+    for name in [n for task in names for n in WRITES.get(task, ())]:
+      files.check_output(os.path.join(cfg.output_dir, name), "--output_dir", inputs=inputs)
