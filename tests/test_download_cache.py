@@ -2,18 +2,16 @@
 to load or lost its manifest record is fetched again (or refused offline), against a local http.server."""
 from __future__ import annotations
 
-import contextlib
-import functools
 import http.server
 import json
 import os
 import shutil
-import threading
 
 import h5py
 import numpy as np
 import pytest
 
+import http_util
 from elmo_jax import download
 from elmo_jax import files
 
@@ -56,18 +54,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     self.close_connection = True
 
 
-@contextlib.contextmanager
 def serve(directory):
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                           functools.partial(_Handler, directory=str(directory)))
-  server.requests, server.modes = [], {}
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
-  thread.start()
-  try:
-    yield server, f"http://127.0.0.1:{server.server_address[1]}"
-  finally:
-    server.shutdown()
-    server.server_close()
+  return http_util.serve(_Handler, directory, modes={})
 
 
 @pytest.fixture
@@ -82,11 +70,7 @@ def www(tmp_path):
   return root
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-  path = tmp_path / "cache"
-  monkeypatch.setenv("ELMO_JAX_CACHE", str(path))
-  return path
+cache = http_util.cache
 
 
 def manifest(cache):

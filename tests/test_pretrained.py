@@ -1,18 +1,16 @@
 """Released models by name/URL and the download cache, against a local http.server (nothing leaves the machine)."""
 from __future__ import annotations
 
-import contextlib
-import functools
 import http.server
 import json
 import os
 import shutil
 import socket
-import threading
 
 import numpy as np
 import pytest
 
+import http_util
 from elmo_jax import download
 from elmo_jax import files
 from elmo_jax import pretrained
@@ -43,18 +41,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     super().do_GET()
 
 
-@contextlib.contextmanager
 def serve(directory):
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                           functools.partial(_Handler, directory=str(directory)))
-  server.requests, server.truncate = [], set()
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
-  thread.start()
-  try:
-    yield server, f"http://127.0.0.1:{server.server_address[1]}"
-  finally:
-    server.shutdown()
-    server.server_close()
+  return http_util.serve(_Handler, directory, truncate=set())
 
 
 def dead_url(path: str) -> str:
@@ -76,11 +64,7 @@ def mirror(root, names=("small",)):
   return root
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-  path = tmp_path / "cache"
-  monkeypatch.setenv("ELMO_JAX_CACHE", str(path))
-  return path
+cache = http_util.cache
 
 
 def test_download_once_then_offline(tmp_path, cache):
