@@ -48,7 +48,7 @@ def _read_only_dir(tmp_path) -> str:
     ("nul_corpus", "holds NUL bytes"),
     ("long_blank_corpus", "blank.txt is empty (no non-blank line)"),
     ("read_only_workdir", "is not writable"),
-    ("init_from", "config.init_from=no/such/run: no such file or folder"),
+    ("init_from", "no/such/run: no such file or folder"),
 ])
 def test_refused_in_one_line_before_anything_is_written(tmp_path, case, words):
   overrides = {"dtype": {"dtype": "bf16"}, "shard": {"data.shard": "rowz"}, "optimizer": {"optimizer": "sgd"},
@@ -139,6 +139,22 @@ def test_a_checkpoint_of_another_config_is_refused_before_the_run_writes(tmp_pat
   assert "checkpoint step 40" in str(e.value) and "\n" not in str(e.value)
   with pytest.raises(preflight.PreflightError, match="written by 1 process"):
     preflight.check_run(config, str(workdir), 1, 2)
+
+
+def test_init_from_of_another_model_shape_is_refused_before_the_run_writes(tmp_path):
+  config, workdir = _saved_run(tmp_path)
+  _fake_checkpoint(workdir, config)
+  other = tiny.train_config(config.data.train_files, **{"init_from": str(workdir)})
+  preflight.check(other, str(tmp_path / "new"))  # the same shape: accepted
+  wider = tiny.train_config(config.data.train_files, **{"init_from": str(workdir), "options.lstm.dim": 64})
+  with pytest.raises(preflight.PreflightError, match="model shape differs from config.options: lstm.dim is 32 "
+                     "there, 64 here"):
+    preflight.check(wider, str(tmp_path / "new"))
+  elmo_files = tiny.train_config(config.data.train_files, **{"init_from": os.path.join(
+      REPO, "tests", "fixtures", "bilm_tf", "lm_weights.hdf5")})  # bilm-tf's fixture model: another shape
+  with pytest.raises(preflight.PreflightError, match="model shape differs"):
+    preflight.check(elmo_files, str(tmp_path / "new"))
+  assert not (tmp_path / "new").exists()
 
 
 def test_newest_meta_skips_an_unreadable_step(tmp_path):

@@ -16,7 +16,7 @@ import numpy as np
 from elmo_jax import options as options_lib
 from elmo_jax import pretrained
 from elmo_jax import weights as weights_lib
-from elmo_jax.training.checkpoint import Checkpointer
+from elmo_jax.training.checkpoint import Checkpointer, newest_meta
 from elmo_jax.training.resume import options_difference
 
 
@@ -53,6 +53,41 @@ def _elmo_files(path: str) -> tuple[str, str]:
     raise InitFromError(f"config.init_from={path}: expected one *.hdf5 beside {options}, found {len(weights)}; "
                         "point init_from at the hdf5 file itself")
   return options, weights[0]
+
+
+def check(path: str, options: dict[str, Any]) -> None:
+  """What `load` would refuse, found from the files' names and JSON alone (no weights read, nothing
+  downloaded), for the trainer's preflight: a missing path, a checkpoint or ELMo files of another model
+  shape. Released names and URLs are checked when they are loaded. Raises InitFromError."""
+  if pretrained.is_model_spec(path):
+    return
+  path = os.path.abspath(os.path.expanduser(path))
+  if not os.path.exists(path):
+    raise InitFromError(f"config.init_from={path}: no such file or folder")
+  found = _checkpoint_dir(path)
+  if found is not None:
+    newest = newest_meta(found[0]) if found[1] is None else None
+    if found[1] is not None:  # one step folder: its own meta
+      try:
+        with open(os.path.join(path, "meta", "metadata")) as f:
+          newest = found[1], json.load(f)
+      except (OSError, ValueError):
+        newest = None
+    if newest is None:
+      raise InitFromError(f"config.init_from={path}: no readable checkpoint there")
+    saved = newest[1].get("config", {}).get("options", {})
+  else:
+    options_file, weight_file = _elmo_files(path)
+    for needed in (options_file, weight_file):
+      if not os.path.isfile(needed):
+        raise InitFromError(f"config.init_from={path}: {needed} not found")
+    try:
+      saved = options_lib.validate(options_lib.load(options_file), options_file)
+    except (OSError, ValueError) as e:
+      raise InitFromError(f"config.init_from={path}: {str(e).splitlines()[0]}") from None
+  diff = options_difference(saved, options)
+  if diff is not None:
+    raise InitFromError(f"config.init_from={path}: model shape differs from config.options: {diff}")
 
 
 def _restore_params(ckpt_dir: str, step: int | None) -> tuple[dict[str, Any], dict[str, Any], int]:

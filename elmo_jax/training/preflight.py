@@ -62,7 +62,7 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
   if data.get("vocab_file"):
     check_vocab(data.vocab_file, "config.data.vocab_file")
   if config.get("init_from"):
-    _check_init_from(config.init_from)
+    _check_init_from(config)
   _check_saved_vocab(config, workdir)
 
 
@@ -168,11 +168,14 @@ def _load_vocab(path: str, what: str):
     raise PreflightError(f"{what}: {e}") from None
 
 
-def _check_init_from(spec: str) -> None:
-  from elmo_jax import pretrained  # pylint: disable=g-import-not-at-top
-  if not pretrained.is_model_spec(spec) and not os.path.exists(os.path.expanduser(spec)):
-    raise PreflightError(f"config.init_from={spec}: no such file or folder, and not a released model "
-                         f"({', '.join(pretrained.MODELS)}) or URL")
+def _check_init_from(config: ml_collections.ConfigDict) -> None:
+  """The run to start from exists and has this config's model shape (released names: when loaded)."""
+  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
+  try:
+    init_from.check(config.init_from, options_lib.validate(config.options.to_dict(), "config.options"))
+  except init_from.InitFromError as e:
+    raise PreflightError(str(e)) from None
 
 
 def _check_saved_vocab(config: ml_collections.ConfigDict, workdir: str) -> None:
