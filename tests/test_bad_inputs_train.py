@@ -226,9 +226,14 @@ def test_ctrl_c_while_preparing_the_corpus_is_one_line(tmp_path):
   proc = subprocess.Popen([PYTHON, os.path.join(REPO, "train.py"), "--workdir=run", "--config.data.train_files=big.txt",
                            "--config.data.eval_files=", "--config.data.pretokenized", "--config.num_train_steps=2"],
                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO})
-  line = proc.stdout.readline()
-  assert line.startswith("preparing the training text"), line  # past the preflight, tokenizing (~6 s)
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO},
+                          # A suite started in the background (`cmd &`) inherits an ignored SIGINT, and Python
+                          # then installs no KeyboardInterrupt: give the trainer the terminal's default.
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  seen = []
+  while not (seen and seen[-1].startswith("preparing the training text")):  # past the preflight, tokenizing
+    seen.append(proc.stdout.readline())
+    assert seen[-1] and len(seen) < 20, (seen, proc.stderr.read() if not seen[-1] else "")
   time.sleep(0.5)
   proc.send_signal(signal.SIGINT)
   out, err = proc.communicate(timeout=120)
