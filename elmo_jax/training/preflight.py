@@ -155,13 +155,13 @@ def _blank(path: str) -> bool:
   return True
 
 
-def check_vocab(path: str, what: str) -> None:
-  """The vocabulary loads: specials present, no blank lines, counts (if any) match the tokens."""
-  _load_vocab(path, what)
-
-
-def _load_vocab(path: str, what: str):
+def check_vocab(path: str, what: str):
+  """The vocabulary loads (specials present, no blank lines, counts matching the tokens); returns it.
+  A vocab_file that is not text (HDF5, ...) is refused by name rather than parsed."""
   from elmo_jax.data import Vocab  # pylint: disable=g-import-not-at-top
+  problem = files.text_problem(path) if os.path.isfile(path) else None
+  if problem:
+    raise PreflightError(f"{what}: {path} {problem}")
   try:
     return Vocab.load(path)
   except (OSError, ValueError, UnicodeDecodeError) as e:
@@ -184,9 +184,9 @@ def _check_saved_vocab(config: ml_collections.ConfigDict, workdir: str) -> None:
   saved_path = os.path.join(workdir, "vocab.txt")
   if not os.path.exists(saved_path) or checkpoint.newest_meta(os.path.join(workdir, "checkpoints")):
     return  # with a checkpoint, check_run compares its whole config (vocabulary settings included)
-  saved = _load_vocab(saved_path, "the workdir's vocabulary (resume)")
+  saved = check_vocab(saved_path, "the workdir's vocabulary (resume)")
   if config.data.get("vocab_file"):
-    wanted = _load_vocab(config.data.vocab_file, "config.data.vocab_file")
+    wanted = check_vocab(config.data.vocab_file, "config.data.vocab_file")
     if wanted.sha256() != saved.sha256():
       raise PreflightError(f"{saved_path} differs from config.data.vocab_file={config.data.vocab_file}; "
                            "use another --workdir (or delete vocab.txt if no checkpoint was trained with it)")
@@ -211,5 +211,5 @@ def _vocab_sha256(config: ml_collections.ConfigDict, workdir: str) -> str | None
   """The sha256 of the vocabulary this run will use, where it is known before building one."""
   for path in (os.path.join(workdir, "vocab.txt"), config.data.get("vocab_file")):
     if path and os.path.exists(path):
-      return _load_vocab(path, path).sha256()
+      return check_vocab(path, path).sha256()
   return None
