@@ -144,6 +144,8 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
   - with `replaces` (a folder swapped in whole): holds one of `inputs`.
   Checked before any work, so nothing is written when it fails. Raises UnsafeOutputError."""
   raw = os.fspath(path)
+  if not raw.strip():
+    raise UnsafeOutputError(f"{what} is empty; give a path")
   real = os.path.realpath(raw)
   if directory and os.path.exists(real) and not os.path.isdir(real):
     raise UnsafeOutputError(f"{what}={raw} is a file, not a directory")
@@ -169,6 +171,10 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
   existing = _nearest_existing(real if directory else os.path.dirname(real))
   if not os.path.isdir(existing):
     raise UnsafeOutputError(f"{what}={raw}: {existing} is a file, not a directory")
+  longest = max(real.split(os.sep), key=len)
+  if len(longest.encode()) > os.pathconf(existing, "PC_NAME_MAX"):
+    raise UnsafeOutputError(f"{what}={raw[:60]}...: a name of {len(longest.encode())} bytes is longer than this "
+                            f"file system allows ({os.pathconf(existing, 'PC_NAME_MAX')})")
   try:  # a real probe: access() says yes to root on a read-only folder, and to anyone on some file systems
     os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".write-test-"))
   except OSError as e:

@@ -49,6 +49,15 @@ def _read_only_dir(tmp_path) -> str:
     ("long_blank_corpus", "blank.txt is empty (no non-blank line)"),
     ("read_only_workdir", "is not writable"),
     ("init_from", "no/such/run: no such file or folder"),
+    ("init_from_text", "init_from=TMP/train.txt is a text file; expected a run's workdir"),
+    ("init_from_empty_dir", "is a folder with no checkpoints, options.json or *.hdf5"),
+    ("grad_clip", "config.grad_clip=0.0: must be > 0"),
+    ("accumulator", "config.adagrad_initial_accumulator=-1.0: must be > 0"),
+    ("dropout_none", "config.dropout=None: must be a number, not NoneType"),
+    ("negatives_str", "config.n_negative_samples='8': must be an integer, not str"),
+    ("eval_dir_alone", "config.data.prepared_eval_dir is set without config.data.prepared_dir"),
+    ("empty_workdir", "--workdir is empty; give a path"),
+    ("long_workdir", "is longer than this file system allows"),
 ])
 def test_refused_in_one_line_before_anything_is_written(tmp_path, case, words):
   overrides = {"dtype": {"dtype": "bf16"}, "shard": {"data.shard": "rowz"}, "optimizer": {"optimizer": "sgd"},
@@ -67,7 +76,28 @@ def test_refused_in_one_line_before_anything_is_written(tmp_path, case, words):
     train = str(tmp_path / "blank.txt")
   elif case == "read_only_workdir":
     workdir = _read_only_dir(tmp_path)
+  if case == "init_from_text":
+    overrides = {"init_from": train}
+  elif case == "init_from_empty_dir":
+    (tmp_path / "empty").mkdir()
+    overrides = {"init_from": str(tmp_path / "empty")}
+  elif case == "grad_clip":
+    overrides = {"grad_clip": 0.0}
+  elif case == "accumulator":
+    overrides = {"adagrad_initial_accumulator": -1.0}
+  elif case == "eval_dir_alone":
+    overrides = {"data.prepared_eval_dir": str(tmp_path)}
+  elif case == "empty_workdir":
+    workdir = ""
+  elif case == "long_workdir":
+    workdir = str(tmp_path / ("x" * 300) / "run")
   config = tiny.train_config(train, **overrides)
+  if case == "dropout_none":  # a config file may set any type: `c.dropout = None`
+    config.dropout = None
+  elif case == "negatives_str":
+    del config["n_negative_samples"]
+    config.n_negative_samples = "8"
+  words = words.replace("TMP", str(tmp_path))
   before = sorted(os.listdir(tmp_path))
   with pytest.raises(preflight.PreflightError, match=_escape(words)) as e:
     preflight.check(config, workdir)
@@ -78,6 +108,49 @@ def test_refused_in_one_line_before_anything_is_written(tmp_path, case, words):
 def _escape(text: str) -> str:
   import re
   return re.escape(text)
+
+
+def test_every_shipped_config_passes_the_value_checks():
+  import glob
+  import importlib.util
+  for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.py"))):
+    spec = importlib.util.spec_from_file_location("_cfg", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    preflight.check_values(module.get_config())
+
+
+def test_a_prepared_corpus_for_another_char_width_is_refused_and_unused_settings_are_named(tmp_path, capsys,
+                                                                                          monkeypatch):
+  from elmo_jax.data.prepare import prepare
+  monkeypatch.setenv("ELMO_JAX_CACHE", str(tmp_path / "cache"))
+  prepare(str(tmp_path / "prep"), [_corpus(tmp_path)], pretokenized=True, vocab_max_size=50,
+          log_line=lambda _: None)
+  config = tiny.train_config("", **{"data.prepared_dir": str(tmp_path / "prep"), "data.vocab_max_size": 200})
+  preflight.check(config, str(tmp_path / "run"))
+  assert "was prepared with vocab_max_size=50 (config.data.vocab_max_size=200)" in capsys.readouterr().err
+  wider = tiny.train_config("", **{"data.prepared_dir": str(tmp_path / "prep"),
+                                   "options.char_cnn.max_characters_per_token": 60})
+  with pytest.raises(preflight.PreflightError, match="holds char ids of 50 characters per token"):
+    preflight.check(wider, str(tmp_path / "run"))
+
+
+def test_a_training_file_edited_since_the_checkpoint_is_refused(tmp_path):
+  from elmo_jax.training import input as input_lib
+  config, workdir = _saved_run(tmp_path)
+  meta_dir = workdir / "checkpoints" / "40" / "meta"
+  meta_dir.mkdir(parents=True)
+  (meta_dir / "metadata").write_text(json.dumps({
+      "config": config.to_dict(), "vocab_sha256": Vocab.load(str(workdir / "vocab.txt")).sha256(), "data": [{}],
+      "train_source": input_lib.train_source(config.data)}))
+  preflight.check_run(config, str(workdir), 1, 1)
+  os.utime(config.data.train_files)  # touched, unchanged: still resumes
+  preflight.check_run(config, str(workdir), 1, 1)
+  with open(config.data.train_files, "a") as f:
+    f.write("a new sentence .\n")
+  with pytest.raises(preflight.PreflightError, match=r"train.txt changed since \(.* bytes then, .* now\) "
+                     r"\(checkpoint step 40"):
+    preflight.check_run(config, str(workdir), 1, 1)
 
 
 def test_a_config_file_typo_is_one_line_with_a_suggestion():
@@ -217,6 +290,10 @@ def test_a_refused_resume_leaves_the_workdir_as_it_was(tmp_path):
                        ("--config.data.train_files=other.txt", "config.data.train_files is 'other.txt'")]:
     _one_line_error(_train(tmp_path, *args, extra), words)
     assert snapshot() == before, extra
+  with open(train, "a") as f:  # the corpus edited in place: refused before it is prepared again
+    f.write("a brand new sentence .\n")
+  _one_line_error(_train(tmp_path, *args), "train.txt changed since")
+  assert snapshot() == before
 
 
 @pytest.mark.slow

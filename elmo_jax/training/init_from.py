@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from elmo_jax import files
 from elmo_jax import options as options_lib
 from elmo_jax import pretrained
 from elmo_jax import weights as weights_lib
@@ -42,6 +43,13 @@ def _checkpoint_dir(path: str) -> tuple[str, int | None] | None:
 
 def _elmo_files(path: str) -> tuple[str, str]:
   """(options.json, weights.hdf5) from an options.json, an hdf5 or a folder holding both."""
+  what = "a run's workdir, its checkpoints/ or a step, ELMo's options.json or weights .hdf5, or a folder of them"
+  if os.path.isfile(path) and not path.endswith((".hdf5", ".h5", ".json")):
+    raise InitFromError(f"config.init_from={path} is {files.looks_like(path)}; expected {what}")
+  if (os.path.isdir(path) and not glob.glob(os.path.join(path, "*.hdf5"))
+      and not os.path.exists(os.path.join(path, "options.json"))):
+    raise InitFromError(f"config.init_from={path} is a folder with no checkpoints, options.json or *.hdf5; "
+                        f"expected {what}")
   folder = path if os.path.isdir(path) else os.path.dirname(path)
   if path.endswith(".hdf5") or path.endswith(".h5"):
     options = os.path.join(folder, "options.json")

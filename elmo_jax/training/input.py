@@ -46,6 +46,14 @@ def make_sources(data: ml_collections.ConfigDict):
   return train, evals
 
 
+def train_source(data: ml_collections.ConfigDict) -> dict[str, Any] | None:
+  """The text training files' identity (paths, sizes, mtimes: `prepare.source_spec`), recorded with every
+  checkpoint so a resume notices a corpus edited in place; None for TFDS or a prepared corpus."""
+  if data.get("prepared_dir") or data.tfds_name or not data.train_files:
+    return None
+  return prepare_lib.source_spec(_split(data.train_files))
+
+
 def _auto_prepare(config, workdir: str) -> tuple[str, str]:
   """(train, eval) prepared dirs under workdir/prepared for a small text corpus; ('', '') when not applicable."""
   data = config.data

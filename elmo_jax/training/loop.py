@@ -137,6 +137,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   eval_step = step_lib.make_eval_step(model, mesh, shardings.params)
   dedupe = bool(config.get("dedupe_tokens", False))
   train_iter = data.train(dedupe_shards=len(mesh.local_devices) if dedupe else None)
+  train_source = input_lib.train_source(config.data)
 
   # --- restore or init -----------------------------------------------------------------------------------
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints)
@@ -160,7 +161,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   def save(step: int) -> None:
     log_window.pause()  # fetches and checks the pending steps: a checkpoint never holds a non-finite state
     checkpointer.save(step, state, {"data": gather_process_states(data_state), "vocab_sha256": vocab.sha256(),
-                                    "config": config.to_dict(), "log_window": log_window.sums})
+                                    "config": config.to_dict(), "log_window": log_window.sums,
+                                    "train_source": train_source})
     if is_main:
       export_model(workdir, state.params, options)
 

@@ -14,21 +14,27 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 
 import ml_collections
 
 from elmo_jax import files
+from elmo_jax import log
 from elmo_jax.data.sources import expand_paths
 
 _BLOCK = 1 << 20
 
-# Keys with a lower bound (the train loop divides by, counts to or sleeps on them).
-_AT_LEAST = {"batch_size": 1, "unroll_steps": 1, "num_train_steps": 1, "log_every_steps": 1,
-             "eval_every_steps": 1, "checkpoint_every_steps": 1, "keep_checkpoints": 1,
-             "stop_check_every_steps": 1, "prefetch_batches": 0, "n_negative_samples": 0, "warmup_steps": 0,
-             "freeze_bilm_steps": 0, "eval_max_batches": 0, "grad_clip": 0, "weight_decay": 0,
-             "scan_unroll": 1, "data.vocab_min_count": 1, "data.max_token_chars": 1,
-             "data.auto_prepare_max_mb": 0}
+# Numeric keys: (integers only?, lower bound, bound included?). The loop divides by, counts to or sleeps on
+# them; a clip of 0 or an accumulator <= 0 zeroes (or blows up) every update without an error.
+_NUMBERS = {**{k: (True, 1, True) for k in (
+               "batch_size", "unroll_steps", "num_train_steps", "log_every_steps", "eval_every_steps",
+               "checkpoint_every_steps", "keep_checkpoints", "stop_check_every_steps", "scan_unroll",
+               "data.vocab_min_count", "data.max_token_chars")},
+            **{k: (True, 0, True) for k in ("prefetch_batches", "n_negative_samples", "warmup_steps",
+                                             "freeze_bilm_steps", "eval_max_batches")},
+            "seed": (True, None, True),
+            **{k: (False, 0, False) for k in ("learning_rate", "grad_clip", "adagrad_initial_accumulator")},
+            **{k: (False, 0, True) for k in ("weight_decay", "dropout", "data.auto_prepare_max_mb")}}
 _CHOICES = {"optimizer": ("adagrad", "adam", "adamw"), "dtype": ("float32", "bfloat16"),
             "data.shard": ("sentences", "rows")}
 # What a saved vocab.txt was built from (besides config.data.vocab_file, compared by content).
@@ -49,9 +55,12 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
   check_values(config)
   data = config.data
   if data.get("prepared_dir"):
-    check_prepared_dir("config.data.prepared_dir", data.prepared_dir)
+    check_prepared_dir("config.data.prepared_dir", data.prepared_dir, config)
     if data.get("prepared_eval_dir"):
-      check_prepared_dir("config.data.prepared_eval_dir", data.prepared_eval_dir)
+      check_prepared_dir("config.data.prepared_eval_dir", data.prepared_eval_dir, config)
+  elif data.get("prepared_eval_dir"):
+    raise PreflightError("config.data.prepared_eval_dir is set without config.data.prepared_dir: a prepared eval "
+                         "split goes with a prepared train split (or give the text as config.data.eval_files)")
   elif not data.get("tfds_name"):
     if not data.train_files:
       raise PreflightError("config.data.train_files is empty and config.data.tfds_name is not set: "
@@ -71,26 +80,33 @@ def check_values(config: ml_collections.ConfigDict) -> None:
   from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.resume import flatten  # pylint: disable=g-import-not-at-top
   flat = flatten(config.to_dict())
-  for key, low in _AT_LEAST.items():
-    value = flat.get(key)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value < low:
-      what = "nothing would be trained" if key == "num_train_steps" else f"it must be >= {low}"
-      raise PreflightError(f"config.{key}={value}: {what}")
+  for key, (integer, low, inclusive) in _NUMBERS.items():
+    if key in flat:
+      _check_number(key, flat[key], integer, low, inclusive)
+  if not flat["dropout"] < 1:
+    raise PreflightError(f"config.dropout={flat['dropout']}: must be in [0, 1)")
   for key, choices in _CHOICES.items():
     if key in flat and flat[key] not in choices:
       raise PreflightError(f"config.{key}={flat[key]!r}: must be one of {', '.join(map(repr, choices))}")
-  for key in ("learning_rate",):
-    if not flat[key] > 0:
-      raise PreflightError(f"config.{key}={flat[key]}: must be > 0")
-  if not 0 <= flat["dropout"] < 1:
-    raise PreflightError(f"config.dropout={flat['dropout']}: must be in [0, 1)")
   size = flat.get("data.vocab_max_size")
+  if size is not None:
+    _check_number("data.vocab_max_size", size, True, None, True)
   if size is not None and size < 4:
     raise PreflightError(f"config.data.vocab_max_size={size}: must hold <S>, </S>, <UNK> and a word (>= 4)")
   try:
     options_lib.validate(config.options.to_dict(), "config.options")
   except options_lib.OptionsError as e:
     raise PreflightError(str(e)) from None
+
+
+def _check_number(key: str, value, integer: bool, low, inclusive: bool) -> None:
+  kind = "an integer" if integer else "a number"
+  if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+    raise PreflightError(f"config.{key}={value!r}: must be {kind}, not {type(value).__name__}")
+  if low is not None and (value < low if inclusive else value <= low):
+    what = ("nothing would be trained" if key == "num_train_steps"
+            else f"must be {'>=' if inclusive else '>'} {low}")
+    raise PreflightError(f"config.{key}={value}: {what}")
 
 
 def check_run(config: ml_collections.ConfigDict, workdir: str, n_devices: int, n_processes: int) -> None:
@@ -111,6 +127,27 @@ def check_run(config: ml_collections.ConfigDict, workdir: str, n_devices: int, n
                             f"{workdir} (checkpoint step {step})")
   except checkpoint.IncompatibleCheckpointError as e:
     raise PreflightError(str(e)) from None
+  changed = _changed_train_file(meta.get("train_source"), config)
+  if changed:
+    raise PreflightError(f"config.data.train_files: {changed} (checkpoint step {step} in {workdir}): its data "
+                         "position would point elsewhere; restore the file, or use another --workdir")
+
+
+def _changed_train_file(saved, config: ml_collections.ConfigDict) -> str:
+  """'F changed since (A bytes then, B now)' for a training file edited since the checkpoint; "" if none.
+  Sizes, not mtimes: a file copied or touched unchanged still resumes."""
+  from elmo_jax.training import input as input_lib  # pylint: disable=g-import-not-at-top
+  if not isinstance(saved, dict) or saved.get("kind") != "text":
+    return ""  # TFDS, a prepared corpus, or a checkpoint written before this record
+  try:
+    now = input_lib.train_source(config.data) or {}
+  except (ValueError, OSError):
+    return ""  # the files are checked (one line) before this
+  before = {f.get("path"): f.get("size") for f in saved.get("files", [])}
+  for f in now.get("files", []):
+    if f["path"] in before and before[f["path"]] != f["size"]:
+      return f"{f['path']} changed since ({before[f['path']]:,} bytes then, {f['size']:,} now)"
+  return ""
 
 
 def check_text_files(key: str, value: str) -> list[str]:
@@ -128,17 +165,34 @@ def check_text_files(key: str, value: str) -> list[str]:
   return paths
 
 
-def check_prepared_dir(key: str, path: str) -> None:
+def check_prepared_dir(key: str, path: str, config: ml_collections.ConfigDict | None = None) -> None:
   """`path` is a prepared corpus (`python -m elmo_jax.data.prepare`) whose files match its manifest (sizes
-  always, sha256 unless an earlier start verified these very files: `manifest.open_verified`)."""
+  always, sha256 unless an earlier start verified these very files: `manifest.open_verified`), made for this
+  model's char ids; tokenizer and vocabulary settings of the config that do not apply to it are named."""
   from elmo_jax.data import manifest  # pylint: disable=g-import-not-at-top
   try:
-    manifest.open_verified(path)
+    settings = manifest.open_verified(path)["settings"]
   except manifest.NotPreparedError:
     raise PreflightError(f"{key}={path} is not a prepared corpus (no manifest.json); make one with "
                          "`python -m elmo_jax.data.prepare`") from None
   except manifest.PrepareError as e:
     raise PreflightError(f"{key}: {e}") from None
+  if config is None:
+    return
+  width = config.options.char_cnn.max_characters_per_token
+  if settings["max_characters_per_token"] != width:
+    raise PreflightError(f"{key}={path} holds char ids of {settings['max_characters_per_token']} characters per "
+                         f"token, config.options.char_cnn.max_characters_per_token is {width}; prepare it again")
+  if key != "config.data.prepared_dir":
+    return  # an eval split is read with the train split's vocabulary: its own settings do not matter
+  data, vocab = config.data, settings["vocab"]
+  made = {"pretokenized": settings["tokenizer"]["pretokenized"], "max_token_chars": settings["max_token_chars"]}
+  if "max_size" in vocab:
+    made.update(vocab_max_size=vocab["max_size"], vocab_min_count=vocab["min_count"])
+  differ = [f"{k}={v!r} (config.data.{k}={data.get(k)!r})" for k, v in made.items() if data.get(k) != v]
+  if differ:
+    log.info(f"note: {path} was prepared with {', '.join(differ)}; the prepared corpus's settings apply",
+             stream=sys.stderr)
 
 
 def _blank(path: str) -> bool:
