@@ -297,3 +297,232 @@ def test_ctrl_c_is_one_line_and_the_rerun_resumes(tmp_path):
   assert done.returncode == 0, done.stderr
   assert f"resuming: kept {kept} of 160 finished chunks" in done.stdout
   assert verify(str(tmp_path / "o")) is None
+
+
+# --- the tester's faults T45/P11, P01/P02, T36/T35, P03/P04, P07 -----------------------------------------
+def _bilm_vocab(path, words=("the", "cat", "zebra")):
+  """A plain bilm-tf vocab file: tokens only, the specials among them, no vocab_counts.tsv beside it."""
+  path.write_text("<S>\n</S>\n<UNK>\n" + "".join(w + "\n" for w in words), encoding="utf-8")
+  assert not (path.parent / "vocab_counts.tsv").exists()
+  return str(path)
+
+
+def test_a_vocab_file_without_counts_prepares(tmp_path):
+  """T45/P11: a vocab file without vocab_counts.tsv beside it crashed prepare (FileNotFoundError from the
+  manifest, .partial left). Now the prepared vocabulary is the file's tokens in its order (the same sha256
+  as `Vocab.load(vocab_file)`, so a workdir trained from the file resumes) with their counts in the corpus."""
+  from elmo_jax.data import Vocab  # pylint: disable=g-import-not-at-top
+  (tmp_path / "v").mkdir()
+  v = _bilm_vocab(tmp_path / "v" / "v.txt")
+  text = _corpus(tmp_path / "train.txt")
+  out = tmp_path / "o"
+  manifest = prepare(str(out), [text], vocab_file=v, **QUIET)
+  assert not (out / PARTIAL).exists() and verify(str(out)) is None
+  vocab, wanted = PreparedCorpus(str(out), **QUIET).vocab(), Vocab.load(v)
+  assert vocab.tokens == wanted.tokens and vocab.sha256() == wanted.sha256() == manifest["counts"]["vocab_sha256"]
+  words = [w for line in open(text, encoding="utf-8") for w in line.split()]
+  n_unk = sum(w not in ("the", "cat") for w in words)
+  assert vocab.counts.tolist() == [0, 300, n_unk, words.count("the"), words.count("cat"), 0]
+  assert manifest["counts"]["oov_tokens"] == n_unk
+  assert prepare(str(out), [text], vocab_file=v, **QUIET) == manifest  # the rerun verifies, nothing to do
+
+
+def test_the_trainer_input_from_a_vocab_file_without_counts(tmp_path):
+  """T45/P11 in the trainer (auto-prepare): trains from the file's vocabulary, resumes with it, and an edited
+  vocab file prepares anew (it was refused as 'an unfinished preparation of other settings' / another corpus,
+  its folder keyed by the file's path alone)."""
+  from elmo_jax.data import Vocab  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training.config import base_config  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training.input import _auto_prepare, make_input  # pylint: disable=g-import-not-at-top
+  v = _bilm_vocab(tmp_path / "v.txt")
+  config = base_config()
+  config.data.train_files, config.data.eval_files, config.data.vocab_file = _corpus(tmp_path / "t.txt"), "", v
+  config.unroll_steps = 5
+  workdir = str(tmp_path / "workdir")
+  for _ in range(2):  # the second start resumes from the workdir's vocab.txt
+    run = make_input(config, workdir, 2)
+    assert run.vocab.sha256() == Vocab.load(v).sha256() and run.description.startswith("prepared corpus")
+    assert next(run.train())["fwd_targets"].shape == (2, 5)
+  before, _ = _auto_prepare(config, workdir)
+  _bilm_vocab(tmp_path / "v.txt", words=("the", "dog"))
+  after, _ = _auto_prepare(config, workdir)
+  assert after != before and PreparedCorpus(after, **QUIET).vocab().tokens == Vocab.load(v).tokens
+
+
+def test_a_refusal_inside_the_trainer_names_no_prepare_flag(tmp_path):
+  """T45/P11: a prepare refusal said 'use another --output_dir', a flag a trainer user never passed."""
+  text, other = _corpus(tmp_path / "a.txt"), _corpus(tmp_path / "b.txt", seed=1)
+  out = str(tmp_path / "o")
+  prepare(out, [text], **QUIET)
+  with pytest.raises(PrepareError) as e:
+    prepare(out, [other], **QUIET)
+  assert _one_line(e).endswith(f"; prepare into another directory or delete {out}") and "--" not in str(e.value)
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(PrepareError) as e:
+    prepare(str(tmp_path / "file"), [text], **QUIET)
+  assert _one_line(e) == f"output directory {tmp_path / 'file'} is a file, not a directory"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (dict(vocab_max_size=2), r"^vocab_max_size=2: must hold <S>, </S>, <UNK> and a word \(>= 4\), or be 0 for no"),
+    (dict(vocab_max_size=-10), r"^vocab_max_size=-10: must hold"),
+    (dict(vocab_max_size=3), r"^vocab_max_size=3: must hold"),
+    (dict(vocab_min_count=0), r"^vocab_min_count=0: must be an integer >= 1$"),
+    (dict(vocab_min_count=-1), r"^vocab_min_count=-1: must be an integer >= 1$"),
+    (dict(max_token_chars=0), r"^max_token_chars=0: must be an integer >= 1$"),
+])
+def test_a_vocab_size_without_room_for_a_word_is_refused(tmp_path, flags, message):
+  """P01/P02: --vocab_max_size=2 or -10 silently built a near-full vocabulary (max_size - 3 < 0 sliced the
+  ranking from its end)."""
+  out = tmp_path / "o"
+  with pytest.raises(PrepareError) as e:
+    prepare(str(out), [_corpus(tmp_path / "t.txt")], **flags, **QUIET)
+  assert re.search(message, _one_line(e)), str(e.value)
+  assert not out.exists()
+
+
+def test_vocab_max_size_0_is_no_limit_and_4_is_one_word(tmp_path):
+  """P01/P02: 0 is the CLI's documented 'all' (as None); 4 keeps the specials and the most frequent word."""
+  text = _corpus(tmp_path / "t.txt")
+  every = prepare(str(tmp_path / "none"), [text], vocab_max_size=None, **QUIET)
+  assert prepare(str(tmp_path / "zero"), [text], vocab_max_size=0, **QUIET)["counts"] == every["counts"]
+  assert every["counts"]["vocab_size"] == len(set(WORDS)) + 3
+  prepare(str(tmp_path / "four"), [text], vocab_max_size=4, **QUIET)
+  assert len(PreparedCorpus(str(tmp_path / "four"), **QUIET).vocab()) == 4
+
+
+def test_the_cli_refuses_a_negative_vocab_size(tmp_path):
+  """P01/P02 through the CLI (0 there means no limit; a negative size is not 'no limit')."""
+  env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  text = _corpus(tmp_path / "t.txt")
+  proc = subprocess.run([sys.executable, "-m", "elmo_jax.data.prepare", "--noprogress", f"--input={text}",
+                         f"--output_dir={tmp_path}/o", "--vocab_max_size=-10"],
+                        env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+      "prepare: vocab_max_size=-10: must hold <S>, </S>, <UNK> and a word (>= 4), or be 0 for no limit"], proc.stderr
+  assert not (tmp_path / "o").exists()
+
+
+def _edit_manifest(directory, edit):
+  path = os.path.join(directory, "manifest.json")
+  time.sleep(0.05)  # later than the cached check by more than the clock's granularity
+  manifest = json.load(open(path))
+  edit(manifest)
+  with open(path, "w") as f:
+    json.dump(manifest, f, indent=2, sort_keys=True)
+
+
+def _set(*keys_and_value):
+  *keys, value = keys_and_value
+
+  def edit(manifest):
+    node = manifest
+    for key in keys[:-1]:
+      node = node[key]
+    if value is KeyError:
+      del node[keys[-1]]
+    else:
+      node[keys[-1]] = value
+  return edit
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_set("settings", "tokenizer", {}), r"has settings.tokenizer.pretokenized = null, not true or false"),
+    (_set("settings", "tokenizer", "moses"), r"has settings.tokenizer = \"moses\", not an object"),
+    (_set("settings", "tokenizer", "pretokenized", 0), r"has settings.tokenizer.pretokenized = 0, not true or false"),
+    (_set("settings", "tokenizer", "lang", 5), r"has settings.tokenizer.lang = 5, not a language code"),
+    (_set("settings", "max_token_chars", 0), r"has settings.max_token_chars = 0, not an integer >= 1"),
+    (_set("settings", "max_token_chars", "50"), r"has settings.max_token_chars = \"50\", not an integer >= 1"),
+    (_set("settings", "max_characters_per_token", True), r"has settings.max_characters_per_token = true, not an int"),
+    (_set("settings", "vocab", {}), r"has settings.vocab.min_count = null, not an integer >= 1"),
+    (_set("settings", "vocab", "max_size", 2), r"has settings.vocab.max_size = 2, not null or an integer >= 4"),
+    (_set("settings", "vocab", {"file": "v.txt"}), r"has settings.vocab.sha256 = null, not a file's sha256"),
+    (_set("settings", "source", KeyError), r"has settings.source = null, not a text or tfds input"),
+    (_set("settings", "format_version", KeyError), r"is of format_version null"),
+    (_set("counts", "oov_tokens", "many"), r"has counts.oov_tokens = \"many\", not a count"),
+    (_set("counts", "n_truncated_tokens", -1), r"has counts.n_truncated_tokens = -1, not a count"),
+    (_set("skipped_lines", []), r"has skipped_lines = \[\], not counts of skipped lines"),
+])
+def test_edited_manifest_settings_are_schema_checked(tmp_path, edit, message):
+  """T36: settings.tokenizer={} in manifest.json gave a KeyError traceback later (prepared.py); every setting
+  a reader uses is now checked on open, one line naming the key, by every reader."""
+  d = _prepared(tmp_path)
+  _edit_manifest(d, edit)
+  _assert_all_refuse(d, rf"^{d}/manifest.json {message}.*; prepare it again into a new directory$")
+
+
+def test_an_edited_max_token_chars_is_refused(tmp_path):
+  """T35: settings.max_token_chars edited 50 -> 1 after preparing silently changed training (every target
+  cut to one character): the manifest's counts no longer agree with its type table."""
+  d = _prepared(tmp_path)
+  PreparedCorpus(d, **QUIET)
+  _edit_manifest(d, _set("settings", "max_token_chars", 1))
+  with pytest.raises(PreparedCorpusError) as e:
+    PreparedCorpus(d, **QUIET)
+  assert re.search(r"manifest.json has settings.max_token_chars = 1, which cuts [\d,]+ tokens of types.txt, but "
+                   r"counts.n_truncated_tokens = 0 \(the manifest was edited after preparing\?\); prepare it again",
+                   _one_line(e)), str(e.value)
+
+
+def test_an_edited_manifest_has_every_file_hashed_again(tmp_path):
+  """T36/T35: the manifest cannot hash itself, but the verification cache records its stat and sha256: after
+  an edit of manifest.json (even one keeping every digest), the next open hashes all the files again."""
+  d = _prepared(tmp_path)
+  lines = []
+  PreparedCorpus(d, log_line=lines.append)
+  assert lines == []  # prepare's own hashes count as the first verification
+  _edit_manifest(d, _set("note", "edited"))
+  PreparedCorpus(d, log_line=lines.append)
+  assert len(lines) == 1 and lines[0].startswith(f"verified {d}: sha256 of 7 of 7 files"), lines
+  lines.clear()
+  PreparedCorpus(d, log_line=lines.append)
+  assert lines == []  # verified again against the edited manifest: trusted from the cache
+  cache = glob.glob(str(tmp_path / "cache" / "prepared-verified" / "*.json"))
+  entry = json.load(open(cache[0]))["manifest"]
+  assert entry["size"] == os.path.getsize(os.path.join(d, "manifest.json")) and len(entry["sha256"]) == 64
+
+
+def test_a_vocab_file_of_the_wrong_kind_is_named(tmp_path):
+  """P03/P04: an HDF5 --vocab_file said "'utf-8' codec can't decode byte 0x89" (no file name); a directory
+  said "vocab file not found"."""
+  text = _corpus(tmp_path / "t.txt")
+  h5 = tmp_path / "w.hdf5"
+  h5.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(range(256)) * 8)
+  late = tmp_path / "late.txt"  # clean in the first 4 kB text_problem reads, then a latin-1 byte
+  late.write_bytes(b"<S>\n</S>\n<UNK>\n" + b"word\n" * 1000 + "caf\u00e9\n".encode("latin-1"))
+  (tmp_path / "dir").mkdir()
+  cases = {str(h5): f"--vocab_file={h5} is an HDF5 file, not text",
+           str(tmp_path / "dir"): f"--vocab_file={tmp_path / 'dir'} is a directory, not a vocab file",
+           str(tmp_path / "nope.txt"): f"--vocab_file={tmp_path / 'nope.txt'}: file not found",
+           str(late): f"--vocab_file={late} is not UTF-8 text (byte 5018 is b'\\xe9')"}
+  for vocab_file, message in cases.items():
+    with pytest.raises(PrepareError) as e:
+      prepare(str(tmp_path / "o"), [text], vocab_file=vocab_file, **QUIET)
+    assert _one_line(e) == message
+    assert not (tmp_path / "o").exists()
+  prepare(str(tmp_path / "p"), [text], **QUIET)
+  with pytest.raises(PrepareError) as e:  # a prepared directory holds a vocab.txt: named
+    prepare(str(tmp_path / "o"), [text], vocab_file=str(tmp_path / "p"), **QUIET)
+  assert _one_line(e).endswith(f"is a directory, not a vocab file (give {tmp_path / 'p' / 'vocab.txt'})")
+
+
+def test_cr_only_line_endings_are_refused(tmp_path):
+  """P07: a corpus with CR-only (old Mac) line endings became one huge sentence, silently."""
+  lf = _corpus(tmp_path / "lf.txt")
+  cr = tmp_path / "cr.txt"
+  cr.write_bytes(open(lf, "rb").read().replace(b"\n", b"\r"))
+  out = tmp_path / "o"
+  message = f"{cr} uses CR-only line endings (old Mac), it would be read as one line; convert with tr '\\r' '\\n'"
+  with pytest.raises(PrepareError) as e:
+    prepare(str(out), [str(cr)], **QUIET)
+  assert _one_line(e) == message
+  assert not out.exists()
+  with pytest.raises(ValueError) as e:  # the trainer's raw-text input too
+    TextSource(str(cr))
+  assert _one_line(e) == message
+  crlf = tmp_path / "crlf.txt"
+  crlf.write_bytes(open(lf, "rb").read().replace(b"\n", b"\r\n"))
+  assert len(TextSource(str(crlf))) == 300  # Windows line endings are lines
+  short = tmp_path / "short.txt"
+  short.write_bytes(b"one short sentence\r")  # under 1000 bytes: may be one sentence
+  assert len(TextSource(str(short))) == 1

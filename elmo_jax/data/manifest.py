@@ -6,6 +6,16 @@ opener every reader goes through.
 recorded size (always checked), and its sha256 must equal the manifest's. A file's hash is remembered in
 `$ELMO_JAX_CACHE/prepared-verified/` with its size, mtime and ctime, so an unchanged directory is hashed once,
 not at every start; the directory itself is never written to when opened (it may be read-only).
+
+The manifest is the root of trust: it cannot hash itself, so an edit of its settings cannot be caught by a
+checksum. Two things bound what such an edit can do:
+  - every setting a reader uses is schema-checked (`_check_manifest`: format_version, tokenizer.pretokenized
+    a bool, tokenizer.lang a string, max_token_chars an int >= 1, max_characters_per_token an int >= 3, the
+    vocab settings, the counts ints >= 0), one line naming the key; `PreparedCorpus` then checks the counts
+    against the arrays (and counts.n_truncated_tokens against max_token_chars and the type table);
+  - the verification cache entry records the manifest's own stat (size, mtime, ctime) and sha256 (of its
+    parsed content) beside the files' ones: any edit of manifest.json after a verification makes the next
+    open hash every file again, as if never verified.
 """
 from __future__ import annotations
 
@@ -108,23 +118,76 @@ def _damaged(path: str, what: str) -> PreparedCorpusError:
   return PreparedCorpusError(f"{path} {what}; {AGAIN}")
 
 
+def _is_int(value: Any, low: int | None = None) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and (low is None or value >= low)
+
+
+def _bad_setting(key: str, value: Any, wanted: str) -> str:
+  return f"has settings.{key} = {json.dumps(value)[:60]}, not {wanted}"
+
+
+def _settings_problem(settings: dict[str, Any]) -> str | None:
+  """What is wrong with the settings a reader uses (one phrase naming the key), None if they are sound."""
+  tokenizer = settings.get("tokenizer")
+  if not isinstance(tokenizer, dict):
+    return _bad_setting("tokenizer", tokenizer, "an object")
+  if not isinstance(tokenizer.get("pretokenized"), bool):
+    return _bad_setting("tokenizer.pretokenized", tokenizer.get("pretokenized"), "true or false")
+  if not isinstance(tokenizer.get("lang"), str):
+    return _bad_setting("tokenizer.lang", tokenizer.get("lang"), "a language code")
+  if not _is_int(settings.get("max_token_chars"), 1):
+    return _bad_setting("max_token_chars", settings.get("max_token_chars"), "an integer >= 1")
+  if not _is_int(settings.get("max_characters_per_token"), 3):
+    return _bad_setting("max_characters_per_token", settings.get("max_characters_per_token"), "an integer >= 3")
+  source = settings.get("source")
+  if not (isinstance(source, dict) and source.get("kind") in ("text", "tfds") and (
+      source["kind"] == "tfds" or (isinstance(source.get("files"), list) and all(
+          isinstance(f, dict) and isinstance(f.get("path"), str) for f in source["files"])))):
+    return _bad_setting("source", source, "a text or tfds input")
+  vocab = settings.get("vocab")
+  if not isinstance(vocab, dict):
+    return _bad_setting("vocab", vocab, "an object")
+  if "file" in vocab:
+    if not isinstance(vocab["file"], str) or not vocab["file"]:
+      return _bad_setting("vocab.file", vocab["file"], "a path")
+    if not (isinstance(vocab.get("sha256"), str) and len(vocab["sha256"]) == 64):
+      return _bad_setting("vocab.sha256", vocab.get("sha256"), "a file's sha256")
+    return None
+  if not (vocab.get("max_size") is None or _is_int(vocab["max_size"], 4)):
+    return _bad_setting("vocab.max_size", vocab.get("max_size"), "null or an integer >= 4")
+  if not _is_int(vocab.get("min_count"), 1):
+    return _bad_setting("vocab.min_count", vocab.get("min_count"), "an integer >= 1")
+  return None
+
+
+# Counts every manifest of this format has (the others are checked when present).
+_REQUIRED_COUNTS = ("n_sentences", "n_tokens", "n_types")
+_OPTIONAL_COUNTS = ("n_empty_sentences", "n_truncated_tokens", "vocab_size", "oov_tokens")
+
+
 def _check_manifest(path: str, manifest: Any) -> dict[str, Any]:
-  """`manifest` if it is a manifest of this format, else PreparedCorpusError saying what is wrong."""
+  """`manifest` if it is a manifest of this format, else PreparedCorpusError saying what is wrong (one line
+  naming the key): the settings every reader uses, the counts, the files' sizes and sha256."""
   if not isinstance(manifest, dict):
     raise _damaged(path, f"is not a prepared corpus's manifest (a JSON {type(manifest).__name__}, not an object)")
   for key in ("settings", "counts", "sha256"):
     if not isinstance(manifest.get(key), dict):
       raise _damaged(path, f"is not a prepared corpus's manifest (no {key!r} object)")
   settings, counts, digests = manifest["settings"], manifest["counts"], manifest["sha256"]
-  if settings.get("format_version") != FORMAT_VERSION:
+  if settings.get("format_version") != FORMAT_VERSION or isinstance(settings.get("format_version"), bool):
     raise _damaged(path, f"is of format_version {json.dumps(settings.get('format_version'))[:40]}; this version "
                          f"reads {FORMAT_VERSION}")
-  if not (isinstance(settings.get("tokenizer"), dict) and isinstance(settings.get("max_token_chars"), int)
-          and isinstance(settings.get("max_characters_per_token"), int)):
-    raise _damaged(path, "lacks the tokenizer settings")
-  for key in ("n_sentences", "n_tokens", "n_types"):
-    if not isinstance(counts.get(key), int) or isinstance(counts[key], bool) or counts[key] < 0:
+  problem = _settings_problem(settings)
+  if problem:
+    raise _damaged(path, problem)
+  for key in _REQUIRED_COUNTS + tuple(k for k in _OPTIONAL_COUNTS if k in counts):
+    if not _is_int(counts.get(key), 0):
       raise _damaged(path, f"has counts.{key} = {json.dumps(counts.get(key))[:40]}, not a count")
+  if "vocab_sha256" in counts and not (isinstance(counts["vocab_sha256"], str) and len(counts["vocab_sha256"]) == 64):
+    raise _damaged(path, f"has counts.vocab_sha256 = {json.dumps(counts['vocab_sha256'])[:70]}, not a sha256")
+  skipped = manifest.get("skipped_lines", {})
+  if not (isinstance(skipped, dict) and all(isinstance(k, str) and _is_int(v, 0) for k, v in skipped.items())):
+    raise _damaged(path, f"has skipped_lines = {json.dumps(skipped)[:60]}, not counts of skipped lines")
   for name in OUTPUT_FILES:
     if name not in digests:
       raise _damaged(path, f"lists no sha256 of {name}")
@@ -167,7 +230,21 @@ def _file_key(st: os.stat_result) -> dict[str, int]:
   return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
 
 
-def _load_verified(cache_path: str, real: str) -> dict[str, Any]:
+def _manifest_key(directory: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+  """The manifest's own entry in the cache: manifest.json's size, mtime and ctime, and the sha256 of the
+  manifest as parsed (canonical JSON, so the key vouches for exactly the settings the caller read). None if
+  manifest.json cannot be stat'ed."""
+  try:
+    st = os.stat(os.path.join(directory, MANIFEST))
+  except OSError:
+    return None
+  digest = hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+  return {**_file_key(st), "sha256": digest}
+
+
+def _load_verified(cache_path: str, real: str, manifest_key: dict[str, Any] | None) -> dict[str, Any]:
+  """The files' cached checks, if the cache was written for this very manifest.json (`_manifest_key`);
+  else {}: a manifest edited since (its settings included) has every file hashed again."""
   try:
     with open(cache_path, encoding="utf-8") as f:
       cached = json.load(f)
@@ -175,21 +252,18 @@ def _load_verified(cache_path: str, real: str) -> dict[str, Any]:
     return {}
   if not isinstance(cached, dict) or cached.get("directory") != real or not isinstance(cached.get("files"), dict):
     return {}
+  if manifest_key is None or cached.get("manifest") != manifest_key:
+    return {}
   return dict(cached["files"])
 
 
-def _save_verified(cache_path: str, real: str, entries: dict[str, Any], log_line) -> None:
+def _save_verified(cache_path: str, real: str, entries: dict[str, Any], manifest_key: dict[str, Any] | None,
+                   log_line) -> None:
   try:
-    files.write_json(cache_path, {"directory": real, "files": entries})
+    files.write_json(cache_path, {"directory": real, "manifest": manifest_key, "files": entries})
   except OSError as e:  # an unwritable cache costs a re-hash next time, nothing else
     log_line(f"cannot record the verification of {real} in {cache_path} ({e.strerror or e}): it is hashed again "
              "at the next start")
-
-
-def _remember_verified(directory: str, entries: dict[str, Any], log_line) -> None:
-  real = os.path.realpath(directory)
-  path = _verify_cache_path(real)
-  _save_verified(path, real, {**_load_verified(path, real), **entries}, log_line)
 
 
 def write_manifest(out: str, fields: dict[str, Any], log_line: Callable[[str], None] = log.info) -> dict[str, Any]:
@@ -200,8 +274,11 @@ def write_manifest(out: str, fields: dict[str, Any], log_line: Callable[[str], N
   digests = {name: files.sha256_file(os.path.join(out, name)) for name in OUTPUT_FILES}
   manifest = {**fields, "sizes": {name: before[name].st_size for name in OUTPUT_FILES}, "sha256": digests}
   files.write_json(os.path.join(out, MANIFEST), manifest)
-  _remember_verified(out, {name: {**_file_key(before[name]), "sha256": digests[name]} for name in OUTPUT_FILES
-                           if _file_key(os.stat(os.path.join(out, name))) == _file_key(before[name])}, log_line)
+  real = os.path.realpath(out)
+  key = _manifest_key(out, manifest)
+  _save_verified(_verify_cache_path(real), real, {
+      name: {**_file_key(before[name]), "sha256": digests[name]} for name in OUTPUT_FILES
+      if _file_key(os.stat(os.path.join(out, name))) == _file_key(before[name])}, key, log_line)
   return manifest
 
 
@@ -246,7 +323,8 @@ def verify_files(directory: str, manifest: dict[str, Any], *, checksums: bool = 
     return
   real = os.path.realpath(directory)
   cache_path = _verify_cache_path(real)
-  cached = _load_verified(cache_path, real) if use_cache else {}
+  manifest_key = _manifest_key(directory, manifest) if use_cache else None
+  cached = _load_verified(cache_path, real, manifest_key) if use_cache else {}
   todo = [n for n in stats if cached.get(n) != {**_file_key(stats[n]), "sha256": digests[n]}]
   if not todo:
     return
@@ -270,7 +348,7 @@ def verify_files(directory: str, manifest: dict[str, Any], *, checksums: bool = 
   finally:
     bar.close()
     if use_cache:
-      _save_verified(cache_path, real, cached, log_line)
+      _save_verified(cache_path, real, cached, manifest_key, log_line)
   log_line(f"verified {directory}: sha256 of {len(todo)} of {len(stats)} files, {_human(total)}, in "
            f"{time.time() - started:.1f}s" + (f" (not hashed again while their size, mtime and ctime stay as "
                                                f"recorded in {cache_path})" if use_cache else ""))
@@ -287,8 +365,9 @@ def open_verified(directory: str, *, checksums: bool = True, use_cache: bool = T
   itself is never written, it may be read-only) with its size, mtime and ctime: while all three are
   unchanged the file is trusted without hashing, so a 4 GB corpus is hashed once, not at every start. Any
   write changes the ctime (os.utime restoring the mtime does too), so an edit is found; a change of the
-  bytes that touches neither (bit rot on the disk) is not: `verify(directory)` hashes everything.
-  `use_cache=False` neither reads nor writes the cache.
+  bytes that touches neither (bit rot on the disk) is not: `verify(directory)` hashes everything. The cache
+  entry also records manifest.json's own size, mtime, ctime and sha256: after an edit of the manifest, every
+  file is hashed again. `use_cache=False` neither reads nor writes the cache.
 
   Raises:
     NotPreparedError (a FileNotFoundError): no manifest.json (not prepared, or unfinished).

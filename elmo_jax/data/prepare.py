@@ -13,7 +13,9 @@ Output directory (what `config.data.prepared_dir` points at):
   type_chars.npy   uint16 [n_types, max_characters_per_token] bilm-tf char ids of each type (cut to
                    max_token_chars characters first, as the raw-text pipeline does)
   vocab.txt, vocab_counts.tsv   the softmax vocabulary in bilm-tf's format (a prefix of the type ranking,
-                   exactly what `Vocab.build` makes from the same sentences), or a copy of --vocab_file
+                   exactly what `Vocab.build` makes from the same sentences), or a copy of --vocab_file: its
+                   tokens in its order (the same `Vocab.sha256`), with the counts beside it, or, for a plain
+                   bilm-tf vocab.txt without a vocab_counts.tsv, its tokens' counts in this corpus
   manifest.json    counts, settings, the input files, the size and sha256 of every file above (written last)
 
 Why flat `.npy` arrays: they memory-map, so a trainer opens an 800M-token corpus instantly and a batch is a
@@ -90,6 +92,57 @@ def check_inputs(spec: dict[str, Any]) -> None:
       raise PrepareError(f"{f['path']} {problem}")
   if not any(f["size"] for f in spec["files"]):
     raise PrepareError(f"input {describe_source(spec)} is empty (0 bytes)")
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_numbers(*, chunk_sentences: int, num_workers: int, max_token_chars: int, max_characters_per_token: int,
+                  vocab_max_size: int | None, vocab_min_count: int) -> int | None:
+  """Refuses (one line naming the setting) a number that would build a wrong corpus or none; returns
+  vocab_max_size with 0 (the CLI's "no limit") as None. vocab_max_size counts <S>, </S>, <UNK>: below 4 it
+  holds no word (a negative one used to slice the ranking from its end, a near-full vocabulary)."""
+  for name, value, low in (("chunk_sentences", chunk_sentences, 1), ("num_workers", num_workers, 1),
+                           ("max_token_chars", max_token_chars, 1), ("vocab_min_count", vocab_min_count, 1),
+                           ("max_characters_per_token", max_characters_per_token, 3)):
+    if not _is_int(value) or value < low:
+      raise PrepareError(f"{name}={value!r}: must be an integer >= {low}")
+  if vocab_max_size is None or (_is_int(vocab_max_size) and vocab_max_size == 0):
+    return None
+  if not _is_int(vocab_max_size) or vocab_max_size < len(SPECIALS) + 1:
+    raise PrepareError(f"vocab_max_size={vocab_max_size!r}: must hold <S>, </S>, <UNK> and a word (>= 4), or be 0 "
+                       "for no limit")
+  return int(vocab_max_size)
+
+
+def check_vocab_file(path: str) -> Vocab:
+  """The vocab file loads as a bilm-tf vocabulary (text, specials present, counts beside it matching); else
+  PrepareError, one line naming --vocab_file."""
+  what = f"--vocab_file={path}"
+  if os.path.isdir(path):
+    inside = os.path.join(path, "vocab.txt")
+    hint = f" (give {inside})" if os.path.isfile(inside) else ""
+    raise PrepareError(f"{what} is a directory, not a vocab file{hint}")
+  if not os.path.exists(path):
+    raise PrepareError(f"{what}: file not found")
+  problem = files.text_problem(path)
+  if not problem and path.endswith(".gz"):  # text_problem reads .gz decompressed; a vocabulary is read as is
+    problem = "is gzip-compressed; decompress it (gunzip)"
+  if problem:
+    raise PrepareError(f"{what} {problem}")
+  try:
+    vocab = Vocab.load(path)
+  except UnicodeDecodeError as e:
+    raise PrepareError(f"{what} is not UTF-8 text (byte {e.start} is {e.object[e.start:e.start + 1]!r})") from None
+  except (OSError, ValueError) as e:
+    message = str(e).splitlines()[0]  # Vocab's messages start with the path ("X: ...", "X:3: ...")
+    raise PrepareError(what + message[len(path):] if message.startswith(path) else f"{what}: {message}") from None
+  for i, token in enumerate(vocab.tokens):
+    if "\t" in token:  # never a token of the tokenizer, and vocab_counts.tsv (token<TAB>count) could not hold it
+      raise PrepareError(f"{what}: token {token!r} (entry {i + 1}) holds a tab; a vocabulary lists one token per "
+                         "line")
+  return vocab
 
 
 # --- pass 1: tokenize fixed chunks in worker processes ------------------------------------------------
@@ -201,6 +254,15 @@ def _build_vocab(types: list[str], counts: np.ndarray, n_sentences: int, max_siz
   return Vocab(list(SPECIALS) + body[:keep], [0, n_sentences, n_unk] + body_counts[:keep].tolist())
 
 
+def _count_vocab(vocab: Vocab, types: list[str], counts: np.ndarray, n_sentences: int) -> Vocab:
+  """`vocab` (same tokens in the same order, so the same `Vocab.sha256`) with the counts `_build_vocab` gives:
+  each word's count in the corpus, `<S>` 0, `</S>` the sentences, `<UNK>` every token not in `vocab`."""
+  count_of = dict(zip(types[3:], counts[3:].tolist()))  # specials in the text are not counted (`Vocab.build`)
+  special = {BOS_TOKEN: 0, EOS_TOKEN: n_sentences,
+             UNK_TOKEN: int(counts[3:].sum()) - sum(c for t, c in count_of.items() if t in vocab)}
+  return Vocab(vocab.tokens, [special[t] if t in special else count_of.get(t, 0) for t in vocab.tokens])
+
+
 def _merge(work: str, out: str, n_chunks: int, n_sentences: int, settings: dict, log_line) -> dict[str, Any]:
   types, counts = _rank_types(work, n_chunks)
   index = {t: i for i, t in enumerate(types)}
@@ -234,6 +296,8 @@ def _merge(work: str, out: str, n_chunks: int, n_sentences: int, settings: dict,
   files.write_text(os.path.join(out, "types.txt"), "".join(t + "\n" for t in types))
   if "file" in settings["vocab"]:
     vocab = Vocab.load(settings["vocab"]["file"])
+    if vocab.counts is None:  # a plain bilm-tf vocab.txt: its counts in this corpus, as `Vocab.build` counts
+      vocab = _count_vocab(vocab, types, counts, n_sentences)
   else:
     vocab = _build_vocab(types, counts, n_sentences, settings["vocab"]["max_size"], settings["vocab"]["min_count"])
   vocab.save(out)
@@ -272,22 +336,20 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
   are terminated); the finished chunks stay for the rerun.
 
   Raises:
-    PrepareError: missing/empty/binary input (or one most of whose lines are not UTF-8), a corpus without
-      tokens, a vocab_file without the specials, an output_dir that holds another corpus or other settings
+    PrepareError: a number out of range (`check_numbers`; vocab_max_size None or 0 = no limit, else >= 4),
+      missing/empty/binary input (or one most of whose lines are not UTF-8, or with CR-only line endings), a
+      corpus without tokens, a vocab_file that is not a text vocabulary or lacks the specials
+      (`check_vocab_file`), an output_dir that holds another corpus or other settings
       (one line naming what differs, the corpus first), or a finished output_dir whose files no longer
       match its manifest (PreparedCorpusError naming the file).
   """
-  if chunk_sentences < 1 or num_workers < 1 or max_token_chars < 1:
-    raise PrepareError("--chunk_sentences, --num_workers and --max_token_chars must be >= 1")
+  vocab_max_size = check_numbers(chunk_sentences=chunk_sentences, num_workers=num_workers,
+                                 max_token_chars=max_token_chars, max_characters_per_token=max_characters_per_token,
+                                 vocab_max_size=vocab_max_size, vocab_min_count=vocab_min_count)
   spec = source_spec(inputs, tfds_name, tfds_split, tfds_data_dir, tfds_text_key)
   check_inputs(spec)
   if vocab_file:
-    if not os.path.isfile(vocab_file):
-      raise PrepareError(f"{vocab_file}: vocab file not found")
-    try:
-      Vocab.load(vocab_file)
-    except ValueError as e:
-      raise PrepareError(str(e).splitlines()[0]) from None
+    check_vocab_file(vocab_file)
   settings = settings_of(spec, pretokenized, lang, max_token_chars, max_characters_per_token, vocab_max_size,
                          vocab_min_count, vocab_file)
   out = os.path.abspath(output_dir)
@@ -296,7 +358,8 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
   if manifest is not None:
     diff = settings_difference(manifest["settings"], settings)
     if diff:
-      raise PrepareError(f"{out} holds another prepared corpus ({diff}); use another --output_dir or delete it")
+      raise PrepareError(f"{out} holds another prepared corpus ({diff}); prepare into another directory or delete "
+                         f"{out}")
     verify_files(out, manifest, log_line=log_line)
     if os.path.isdir(work):  # left by a run killed between writing the manifest and removing it
       shutil.rmtree(work, ignore_errors=True)
@@ -308,19 +371,19 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
     diff = settings_difference({k: v for k, v in saved.items() if k != "chunk_sentences"}, settings)
     if diff:
       what = "another corpus" if diff.startswith("source") else "other settings"
-      raise PrepareError(f"{out} holds an unfinished preparation of {what} ({diff}); use another --output_dir or "
-                         "delete it")
+      raise PrepareError(f"{out} holds an unfinished preparation of {what} ({diff}); prepare into another "
+                         f"directory or delete {out}")
     if saved.get("chunk_sentences") != chunk_sentences:
       raise PrepareError(f"{out} holds an unfinished preparation of this corpus in chunks of "
                          f"{json.dumps(saved.get('chunk_sentences'))[:20]} sentences; rerun with --chunk_sentences="
                          f"{json.dumps(saved.get('chunk_sentences'))[:20]} to resume it, or delete {work}")
   elif os.path.isdir(out) and set(os.listdir(out)) - {PARTIAL}:  # a .partial without settings holds nothing
-    raise PrepareError(f"{out} is not empty and holds no prepared corpus; use another --output_dir")
+    raise PrepareError(f"{out} is not empty and holds no prepared corpus; prepare into another directory")
   try:
-    files.check_output(out, "--output_dir", directory=True,
+    files.check_output(out, "output directory", directory=True,
                        inputs=[f["path"] for f in spec.get("files", [])] + ([vocab_file] if vocab_file else []))
-  except files.UnsafeOutputError as e:
-    raise PrepareError(str(e)) from None
+  except files.UnsafeOutputError as e:  # "output directory=D ..." -> "output directory D ..."
+    raise PrepareError(str(e).replace(f"output directory={out}", f"output directory {out}", 1)) from None
   started = time.time()
   source = open_source(spec)  # reads (and checks) the text before anything is created
   created_out = not os.path.exists(out)

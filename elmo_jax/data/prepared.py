@@ -65,8 +65,22 @@ class PreparedCorpus:
                                 f"{len(self.type_chars):,}, {MANIFEST} counts {n_types:,}; {AGAIN}")
     if self.offsets[0] != 0 or self.offsets[-1] != counts["n_tokens"] or np.any(np.diff(self.offsets) < 0):
       raise PreparedCorpusError(f"{self.directory}/offsets.npy does not cut tokens.npy into sentences; {AGAIN}")
+    width = self.settings["max_characters_per_token"]
+    if self.type_chars.shape[1] != width:
+      raise PreparedCorpusError(f"{self.directory}/type_chars.npy holds {self.type_chars.shape[1]} char ids per "
+                                f"type, {MANIFEST} has settings.max_characters_per_token = {width}; {AGAIN}")
     self.lengths = np.diff(self.offsets).astype(np.int64)
     self.skipped = dict(manifest.get("skipped_lines", {}))
+    limit = self.settings["max_token_chars"]
+    self._truncated = np.fromiter((len(t) > limit for t in self.types), bool, count=len(self.types))
+    if "n_truncated_tokens" in counts:  # the type table is hashed, the manifest cannot be: they must agree
+      type_counts = self._load("type_counts.npy", np.int64, (n_types,))
+      found = int(type_counts[self._truncated].sum())
+      if found != counts["n_truncated_tokens"]:
+        raise PreparedCorpusError(
+            f"{self.directory}/{MANIFEST} has settings.max_token_chars = {limit}, which cuts {found:,} tokens of "
+            f"types.txt, but counts.n_truncated_tokens = {counts['n_truncated_tokens']:,} (the manifest was "
+            f"edited after preparing?); {AGAIN}")
 
   def _load(self, name: str, dtype, shape: tuple[int, ...] | None, mmap_mode: str | None = None) -> np.ndarray:
     """One array of the directory, of the dtype (and shape) the manifest implies; else one line naming it."""
@@ -85,7 +99,18 @@ class PreparedCorpus:
     return len(self.offsets) - 1
 
   def vocab(self) -> Vocab:
-    return Vocab.load(os.path.join(self.directory, "vocab.txt"))
+    """The directory's softmax vocabulary (vocab.txt + vocab_counts.tsv, both hashed in the manifest)."""
+    path = os.path.join(self.directory, "vocab.txt")
+    try:
+      vocab = Vocab.load(path)
+    except (OSError, ValueError) as e:
+      raise PreparedCorpusError(f"{path} cannot be read as a vocabulary ({str(e).splitlines()[0]}); {AGAIN}") from None
+    counts = self.manifest["counts"]
+    if (counts.get("vocab_size", len(vocab)) != len(vocab)
+        or counts.get("vocab_sha256", vocab.sha256()) != vocab.sha256()):
+      raise PreparedCorpusError(f"{path} holds {len(vocab):,} tokens (sha256 {vocab.sha256()[:12]}), {MANIFEST} "
+                                f"records counts.vocab_size = {counts.get('vocab_size')}; {AGAIN}")
+    return vocab
 
   def targets(self, vocab: Vocab) -> np.ndarray:
     """int32 [n_types]: the softmax id of each type (cut to max_token_chars like the raw path, OOV -> <UNK>)."""
@@ -94,8 +119,7 @@ class PreparedCorpus:
 
   def truncated(self) -> np.ndarray:
     """bool [n_types]: types longer than max_token_chars (counted in `truncated_tokens`)."""
-    limit = self.settings["max_token_chars"]
-    return np.fromiter((len(t) > limit for t in self.types), bool, count=len(self.types))
+    return self._truncated.copy()
 
   def sentence(self, index: int) -> list[str]:
     return [self.types[i] for i in self.tokens[self.offsets[index] : self.offsets[index + 1]]]

@@ -40,6 +40,20 @@ def _refuse_mostly_invalid(path: str, good: int, invalid: int, first: str) -> No
                      f"{first}): binary data or another encoding, not a text corpus")
 
 
+_CR_HEAD = 1 << 20  # how much of a file is looked at for its line endings
+_CR_MIN = 1000  # a shorter file without a newline may well be one sentence
+
+
+def _refuse_cr_only(path: str) -> None:
+  """A file (over 1000 bytes) whose first MiB holds carriage returns but no newline has old-Mac line endings:
+  read line by line it would be one huge sentence. Refused (ValueError, one line) with the fix."""
+  with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+    head = f.read(_CR_HEAD)
+  if len(head) > _CR_MIN and b"\r" in head and b"\n" not in head:
+    raise ValueError(f"{path} uses CR-only line endings (old Mac), it would be read as one line; convert with "
+                     "tr '\\r' '\\n'")
+
+
 class TextSource:
   """Plain or gzip text files (`.gz` by extension), one sentence (or paragraph) per line.
 
@@ -47,7 +61,8 @@ class TextSource:
   impossible); a compact buffer + offsets costs ~1 byte per character instead of a Python str per line.
   Lines that are empty (after stripping whitespace) or not valid UTF-8 are skipped and counted in
   `skipped` (`{"invalid_utf8": n, "empty": m}`); `first_skipped` names the first `file:line` per reason. A
-  file with more invalid than valid non-empty lines is refused (ValueError naming it): binary data.
+  file with more invalid than valid non-empty lines is refused (ValueError naming it): binary data; so is
+  one with CR-only (old Mac) line endings, which would be one huge line.
   """
 
   def __init__(self, paths_or_globs: str | Sequence[str]):
@@ -60,6 +75,7 @@ class TextSource:
       opener = gzip.open if path.endswith(".gz") else open
       kept, invalid, first_invalid = len(lengths), self.skipped["invalid_utf8"], ""
       try:
+        _refuse_cr_only(path)
         with opener(path, "rb") as f:
           for lineno, raw in enumerate(f, start=1):
             line = raw.strip()

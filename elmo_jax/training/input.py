@@ -70,7 +70,12 @@ def _auto_prepare(config, workdir: str) -> tuple[str, str]:
   vocab = dict(vocab_file=data.vocab_file, vocab_max_size=data.vocab_max_size, vocab_min_count=data.vocab_min_count)
   kw = dict(pretokenized=data.pretokenized, max_token_chars=data.max_token_chars)
   # Keyed by what the output depends on, so a changed corpus or setting prepares anew instead of refusing.
-  key = json.dumps([spec, data.eval_files, vocab, kw], sort_keys=True)
+  # The vocab file by content too: an edited vocabulary prepares anew (its path alone would be refused as an
+  # unfinished preparation of other settings). A missing file is refused by prepare, in one line.
+  from elmo_jax import files  # pylint: disable=g-import-not-at-top
+  with_sha = dict(vocab, vocab_sha256=files.sha256_file(data.vocab_file)) if (
+      data.vocab_file and os.path.isfile(data.vocab_file)) else vocab
+  key = json.dumps([spec, data.eval_files, with_sha, kw], sort_keys=True)
   root = os.path.join(workdir, "prepared", hashlib.sha256(key.encode()).hexdigest()[:12])
   train_dir = os.path.join(root, "train")
   eval_dir = os.path.join(root, "eval") if data.eval_files else ""
