@@ -24,6 +24,7 @@ from elmo_jax import log
 from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
 from elmo_jax.data import manifest
 from elmo_jax.data import prepare as prepare_lib
+from elmo_jax.data.prepare_inputs import source_spec
 from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
 from elmo_jax.progress import progress
 
@@ -47,11 +48,11 @@ def make_sources(data: ml_collections.ConfigDict):
 
 
 def train_source(data: ml_collections.ConfigDict) -> dict[str, Any] | None:
-  """The text training files' identity (paths, sizes, mtimes: `prepare.source_spec`), recorded with every
+  """The text training files' identity (paths, sizes, mtimes: `prepare_inputs.source_spec`), recorded with every
   checkpoint so a resume notices a corpus edited in place; None for TFDS or a prepared corpus."""
   if data.get("prepared_dir") or data.tfds_name or not data.train_files:
     return None
-  return prepare_lib.source_spec(_split(data.train_files))
+  return source_spec(_split(data.train_files))
 
 
 def _auto_prepare(config, workdir: str) -> tuple[str, str]:
@@ -60,7 +61,7 @@ def _auto_prepare(config, workdir: str) -> tuple[str, str]:
   limit = float(data.get("auto_prepare_max_mb", 0) or 0)
   if data.tfds_name or not data.train_files or limit <= 0:
     return "", ""
-  spec = prepare_lib.source_spec(_split(data.train_files))
+  spec = source_spec(_split(data.train_files))
   size_mb = sum(f["size"] for f in spec["files"]) / 2**20
   if size_mb > limit:
     log.info(f"training text is {size_mb:,.0f} MB (> config.data.auto_prepare_max_mb={limit:g}): tokenizing on the "
