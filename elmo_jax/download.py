@@ -8,9 +8,12 @@ The cache is `$ELMO_JAX_CACHE` (default `~/.cache/elmo_jax`); each URL maps to o
 a hash of the URL plus the URL's file name. A download streams into a `.part` file beside it and is renamed
 into place only when it is whole and of the right kind: every byte of the server's Content-Length arrived
 (a connection cut mid-way is one line saying to run again), a published sha256 matches, and `check_kind`
-passes (a `.hdf5`/`.h5` name must be a readable HDF5 file, a `.json` name a JSON object), which catches
-half a file sent without a Content-Length, or an HTML error page. A failed download leaves nothing in the
-cache, so the next run fetches again.
+passes: the caller says what the file must be (`kind=`: "hdf5" a readable HDF5 file, "json" a JSON
+object, "options" a valid ELMo options.json; `validate=` a further check), else the URL's name decides (a
+`.hdf5`/`.h5` name must be a readable HDF5 file, a `.json` name a JSON object, other names: no check).
+This catches half a file sent without a Content-Length, an HTML error page, or a server's 200 reply
+`{"error": "rate limited"}` in place of options. A failed download leaves nothing in the cache, so the
+next run fetches again.
 
 `manifest.json` in the cache records each file's URL, size and sha256. What is trusted:
 
@@ -20,12 +23,13 @@ cache, so the next run fetches again.
   * a file put in the cache by hand (the offline route) while the manifest is intact and has no entry for
     its URL: adopted if it passes `check_kind`, and its hash is recorded from then on.
 
-Every use also runs `check_kind`. A cached file that fails its hash or its kind check is moved aside
-(`*.corrupt-<time>`) and fetched again. An unreadable `manifest.json` is moved aside too (one warning line)
-and the files then in the cache lose their trust: each is used only if it matches a published sha256, else
-fetched again (the old copy moved aside) or, when that fails (offline), refused in one line naming the file
-to delete or to replace with a copy you verified. A malformed manifest entry (no valid sha256) is treated
-the same way.
+Every use also runs `check_kind` (and `validate`). A cached file that fails its hash or its kind check is
+moved aside (`*.corrupt-<time>`) and fetched again (offline: one line naming both files). An unreadable
+`manifest.json` is moved aside too (one warning line) and the files then in the cache lose their trust:
+each is used only if it matches a published sha256, else fetched again (the old copy moved aside) or, when
+that fails (offline), refused in one line naming the file to delete or to replace with a copy you
+verified. A malformed manifest entry (no valid sha256) is treated the same way. A cache path that is a
+file is one line (`ELMO_JAX_CACHE=... is a file, not a directory`).
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import h5py
 
@@ -65,8 +69,36 @@ class DownloadError(OSError):
 
 
 def cache_dir() -> str:
-  """`$ELMO_JAX_CACHE`, else `~/.cache/elmo_jax` (not created here)."""
+  """`$ELMO_JAX_CACHE`, else `~/.cache/elmo_jax` (not created here: `make_dir`)."""
   return os.path.abspath(os.path.expanduser(os.environ.get("ELMO_JAX_CACHE") or "~/.cache/elmo_jax"))
+
+
+def cache_label(path: str | os.PathLike) -> str:
+  """How a message names the cache folder `path`: `ELMO_JAX_CACHE=VALUE` when that is where it comes from."""
+  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+  env = os.environ.get("ELMO_JAX_CACHE")
+  if env and os.path.abspath(os.path.expanduser(env)) == path:
+    return f"ELMO_JAX_CACHE={env}"
+  if path == os.path.abspath(os.path.expanduser("~/.cache/elmo_jax")):
+    return f"the cache folder {path} (set ELMO_JAX_CACHE to use another)"
+  return f"the cache folder {path}"
+
+
+def make_dir(path: str | os.PathLike, what: str | None = None) -> str:
+  """Creates the folder `path` (and its parents) if needed; a file in the way is one line naming `what`
+  (default `cache_label(path)`). Raises DownloadError."""
+  path = os.fspath(path)
+  try:
+    os.makedirs(path, exist_ok=True)
+  except (FileExistsError, NotADirectoryError):
+    what = what or cache_label(path)
+    blocker = os.path.abspath(path)
+    while blocker != os.path.dirname(blocker) and not os.path.lexists(blocker):
+      blocker = os.path.dirname(blocker)
+    if os.path.abspath(path) == blocker:
+      raise DownloadError(f"{what} is a file, not a directory") from None
+    raise DownloadError(f"{what}: {blocker} is a file, not a directory") from None
+  return path
 
 
 def is_url(path: str | os.PathLike) -> bool:
@@ -91,15 +123,29 @@ def _touch_hdf5(_: str, obj: Any) -> None:
   _ = list(obj.attrs.keys())
 
 
-def check_kind(path: str | os.PathLike, name: str | None = None) -> str | None:
-  """The one cache-entry validator: why `path` is not what its name (`name`, default `path`) says, else None.
+KINDS = ("hdf5", "json", "options")
 
-  `.hdf5`/`.h5`: opens with h5py and every object's header reads (a truncated file fails); `.json`: parses
-  as a JSON object; other names: no check (None). Used on a fresh download before it is renamed into place
-  and its hash recorded, and on every cached file before it is used.
+
+def _kind_of(name: str) -> str | None:
+  name = name.lower()
+  return "hdf5" if name.endswith((".hdf5", ".h5")) else "json" if name.endswith(".json") else None
+
+
+def check_kind(path: str | os.PathLike, name: str | None = None, kind: str | None = None) -> str | None:
+  """The one cache-entry validator: why `path` is not what it must be, else None.
+
+  `kind` is what the caller needs (one of `KINDS`); None infers it from the name (`name`, default `path`):
+  `.hdf5`/`.h5` -> "hdf5", `.json` -> "json", other names: no check (None).
+  "hdf5": opens with h5py and every object's header reads (a truncated file fails); "json": parses as a
+  JSON object; "options": a JSON object that passes `elmo_jax.options.validate` (e.g. not a server's
+  `{"error": ...}` reply). Used on a fresh download before it is renamed into place and its hash
+  recorded, and on every cached file before it is used.
   """
-  kind = os.fspath(name or path).lower()
-  if kind.endswith((".hdf5", ".h5")):
+  if kind is None:
+    kind = _kind_of(os.fspath(name or path))
+  elif kind not in KINDS:
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+  if kind == "hdf5":
     try:
       with h5py.File(path, "r") as f:
         f.visititems(_touch_hdf5)
@@ -107,7 +153,7 @@ def check_kind(path: str | os.PathLike, name: str | None = None) -> str | None:
       looks = files.looks_like(path)
       return (f"not a readable HDF5 file (truncated? {_one_line(e)})" if looks == "an HDF5 file" else
               f"not an HDF5 file (it is {looks})")
-  elif kind.endswith(".json"):
+  elif kind in ("json", "options"):
     try:
       with open(path, encoding="utf-8") as f:
         obj = json.load(f)
@@ -117,7 +163,25 @@ def check_kind(path: str | os.PathLike, name: str | None = None) -> str | None:
               f"not a JSON file (it is {looks})")
     if not isinstance(obj, dict):
       return f"not a JSON object (it holds a JSON {type(obj).__name__})"
+    if kind == "options":
+      from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+      try:
+        options_lib.validate(obj, source="options")
+      except ValueError as e:
+        why = _one_line(str(e).removeprefix("options: "), 120)
+        return f"not an ELMo options.json ({why}; it holds {_one_line(json.dumps(obj), 80)})"
   return None
+
+
+def _check(path: str, name: str, kind: str | None, validate: Callable[[str], str | None] | None) -> str | None:
+  """`check_kind`, then the caller's `validate(path)` (a problem string, None, or a ValueError/OSError)."""
+  problem = check_kind(path, name=name, kind=kind)
+  if problem is None and validate is not None:
+    try:
+      problem = validate(path)
+    except (ValueError, OSError) as e:
+      problem = _one_line(e)
+  return problem
 
 
 def _aside_path(path: str) -> str:
@@ -163,7 +227,7 @@ def _locked_manifest(cache: str) -> Iterator[dict[str, Any]]:
   An unreadable one is copied aside (`manifest.json.corrupt-<time>`, one warning line) and replaced at once
   by one that lists every file then in the cache as untrusted (so a crash cannot make them look placed by
   hand)."""
-  os.makedirs(cache, exist_ok=True)
+  make_dir(cache)
   with open(os.path.join(cache, MANIFEST + ".lock"), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     path = os.path.join(cache, MANIFEST)
@@ -187,15 +251,20 @@ def _locked_manifest(cache: str) -> Iterator[dict[str, Any]]:
 
 
 def _download(url: str, target: str, timeout: float, sha256: str | None,
-              replacing: str | None = None) -> tuple[str, int]:
-  """Streams `url` into `target` (a temp file renamed into place once complete, of the right kind
-  (`check_kind`) and matching `sha256` if given); returns (sha256, bytes). An existing `target` is moved
-  aside just before the rename, with the warning `replacing` (why it is replaced). Raises DownloadError."""
+              replacing: str | None = None, check: Callable[[str], str | None] | None = None) -> tuple[str, int]:
+  """Streams `url` into `target` (a temp file renamed into place once complete, passing `check(path)`
+  (default: `check_kind` by the name) and matching `sha256` if given); returns (sha256, bytes). An existing
+  `target` is moved aside just before the rename, with the warning `replacing` (why it is replaced).
+  Raises DownloadError."""
   h, n = hashlib.sha256(), 0
   try:
     response = urllib.request.urlopen(url, timeout=timeout)  # noqa: S310 - http(s) only, checked by caller
   except urllib.error.HTTPError as e:
-    raise DownloadError(f"{url}: HTTP {e.code} {e.reason} (check the URL)") from None
+    if 300 <= e.code < 400:  # urllib's text for this spans 3 lines
+      where = e.headers.get("Location") if e.headers is not None else None
+      raise DownloadError(f"{url}: too many redirects, or a redirect loop (the last: HTTP {e.code}"
+                          f"{' to ' + _one_line(where, 120) if where else ''}); check the URL") from None
+    raise DownloadError(f"{url}: HTTP {e.code} {_one_line(e.reason)} (check the URL)") from None
   except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
     reason = _one_line(getattr(e, "reason", None) or repr(e))
     raise DownloadError(f"{url}: cannot download ({reason}); offline? fetch it by hand and put it at "
@@ -229,7 +298,7 @@ def _download(url: str, target: str, timeout: float, sha256: str | None,
       bar.close()
     if total is not None and n != total:
       raise DownloadError(f"{url}: download incomplete ({n} of {total} bytes); run again to retry")
-    problem = check_kind(tmp, name=target)
+    problem = check(tmp) if check is not None else check_kind(tmp, name=target)
     if problem is not None:
       unsized = "" if total is not None else " (the server sent no Content-Length, so a cut was not seen)"
       raise DownloadError(f"{url}: the downloaded {n} bytes are {problem}{unsized}; not cached, run again "
@@ -251,11 +320,13 @@ def _record(manifest: dict[str, Any], url: str, target: str, sha256: str, n: int
 
 
 def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, cache: str | None = None,
-                timeout: float = 60.0) -> str:
+                timeout: float = 60.0, kind: str | None = None,
+                validate: Callable[[str], str | None] | None = None) -> str:
   """A local, verified path for a local path, `file://` URL or `http(s)://` URL (downloaded once).
 
   What is trusted is in the module docstring: a published `sha256`, else the hash recorded when the file
-  was downloaded (or first found placed by hand, with an intact manifest); `check_kind` on every use.
+  was downloaded (or first found placed by hand, with an intact manifest); `check_kind` (and `validate`)
+  on every use, the fresh download included.
 
   Args:
     url_or_path: what to fetch.
@@ -263,9 +334,13 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
       in the manifest and checked on every later use.
     cache: cache directory (default `cache_dir()`).
     timeout: seconds to wait for the server.
+    kind: what the file must be ("hdf5", "json", "options": see `check_kind`); None infers it from the
+      URL's file name (none for a name without a known extension). Callers that know should say.
+    validate: a further check, `validate(path)` -> why it is wrong, or None (a ValueError/OSError it
+      raises counts as its message).
   Raises:
     DownloadError: offline with no trusted cached copy, HTTP error, short or cut download, a download of
-      the wrong kind (`check_kind`) or a hash mismatch.
+      the wrong kind (`check_kind`, `validate`) or a hash mismatch.
   """
   text = os.fspath(url_or_path)
   parsed = urllib.parse.urlparse(text)
@@ -273,9 +348,12 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
     return urllib.request.url2pathname(parsed.path)
   if parsed.scheme not in ("http", "https"):
     return os.path.expanduser(text)
+  if kind is not None and kind not in KINDS:
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
   cache = os.path.abspath(cache or cache_dir())
   target = cache_file(text, cache)
   name = os.path.basename(target)
+  check = lambda path: _check(path, target, kind, validate)  # noqa: E731
   with _locked_manifest(cache) as manifest:
     untrusted = manifest.get(_UNTRUSTED, {})
     for gone in [n for n in untrusted if not os.path.isfile(os.path.join(cache, n))]:
@@ -286,17 +364,18 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
     recorded = entry.get("sha256") if isinstance(entry, dict) else None
     if not (isinstance(recorded, str) and _SHA256.fullmatch(recorded)):
       recorded = None
+    bad = None  # (why the cached copy failed, where it was moved): named if fetching it again fails
     if os.path.isfile(target):
       want = sha256 or recorded
       if want is not None:
         got = files.sha256_file(target)
-        problem = (check_kind(target) if got == want else
+        problem = (check(target) if got == want else
                    f"sha256 {got[:12]}... differs from the {'published' if sha256 else 'recorded'} {want[:12]}...")
         if problem is None:
           if recorded != got:  # a published hash vouches for it
             _record(manifest, text, target, got, os.path.getsize(target), "published")
           return target
-        _move_aside(target, problem)
+        bad = problem, _move_aside(target, problem)
       else:
         lost = ("cache manifest.json was unreadable, so its recorded hash is lost" if name in untrusted
                 and untrusted[name] == _stamp(target) else None)
@@ -304,20 +383,27 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
           lost = "its manifest.json entry has no valid sha256"
         if lost is None:  # placed by hand (an intact manifest, no entry): its kind decides; recorded from now on
           untrusted.pop(name, None)
-          problem = check_kind(target)
+          problem = check(target)
           if problem is None:
             _record(manifest, text, target, files.sha256_file(target), os.path.getsize(target), "found in cache")
             return target
-          _move_aside(target, problem)
+          bad = problem, _move_aside(target, problem)
         else:  # once trusted, now unverifiable: fetched again before the old copy goes aside
           try:
-            got, n = _download(text, target, timeout, None, replacing=f"not trusted ({lost})")
+            got, n = _download(text, target, timeout, None, replacing=f"not trusted ({lost})", check=check)
           except DownloadError as e:
             raise DownloadError(f"{target}: cached copy of {text} not trusted ({lost}); fetching it again "
                                 f"failed ({str(e).removeprefix(text + ': ')}); delete it and run again online, "
                                 "or replace it with a copy you verified") from None
           _record(manifest, text, target, got, n, "first download")
           return target
-    got, n = _download(text, target, timeout, sha256)
+    try:
+      got, n = _download(text, target, timeout, sha256, check=check)
+    except DownloadError as e:
+      if bad is None:
+        raise
+      raise DownloadError(f"{target}: cached copy of {text} failed its check ({bad[0]}); moved to "
+                          f"{bad[1]} (delete it); "
+                          f"fetching it again failed ({str(e).removeprefix(text + ': ')})") from None
     _record(manifest, text, target, got, n, "published" if sha256 else "first download")
   return target

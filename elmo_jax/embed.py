@@ -251,6 +251,9 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   input_file, output_file = os.fspath(input_file), os.fspath(output_file)
   if not os.path.exists(input_file):
     raise EmbedInputError(f"{input_file}: input file not found")
+  problem = text_input_problem(input_file)
+  if problem is not None:
+    raise EmbedInputError(f"{input_file}: {problem}")
   batch_size = embedder.default_batch_size if batch_size is None else batch_size
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -375,10 +378,22 @@ def _write_output(job: embed_job.Job, output_file: str, index_from: str | None) 
   job.remove()
 
 
+def text_input_problem(path: str | os.PathLike) -> str | None:
+  """Why `path` cannot be the text (or vocabulary) of an embedding run, from its first bytes
+  (`files.text_problem`): 'is a directory, not a text file', 'is an HDF5 file, not text', binary data;
+  None for text (invalid UTF-8 in text is reported later, naming its line)."""
+  problem = files.text_problem(path)
+  return None if problem is None or problem.startswith("is not UTF-8") else problem
+
+
 def dump_token_embeddings(embedder: Embedder, vocab_file: str | os.PathLike, output_file: str | os.PathLike,
                           batch_size: int = 4096) -> int:
   """bilm-tf's `dump_token_embeddings`: the char-CNN output of every word of `vocab_file`; returns the count."""
   from elmo_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
+  if os.path.exists(vocab_file):
+    problem = files.text_problem(vocab_file)
+    if problem is not None:
+      raise EmbedInputError(f"{os.fspath(vocab_file)}: {problem}")
   check_output_path(output_file, [vocab_file, *embedder.input_files])
   try:
     tokens = Vocab.load(os.fspath(vocab_file), require_specials=False).tokens

@@ -84,8 +84,18 @@ class Job:
     self.layout = layout
     self._counted: dict[str, tuple[int, int]] = {}
 
+  @staticmethod
+  def check_folder(output_file: str) -> None:
+    """Refuses, in one line, a job folder path `OUTPUT.partial` (or its `parts`) that is not a folder (e.g.
+    a file left by hand or another tool); before any work. Raises JobError."""
+    folder = os.fspath(output_file) + SUFFIX
+    for path in (folder, os.path.join(folder, "parts")):
+      if os.path.lexists(path) and not os.path.isdir(path):
+        raise JobError(f"{path} is a file, not an embedding job folder; delete it")
+
   @classmethod
   def open(cls, output_file: str, settings: dict[str, Any], layout: Layout) -> "Job":
+    cls.check_folder(output_file)
     job = cls(output_file, layout)
     path = os.path.join(job.folder, "settings.json")
     if not os.path.exists(path):  # every process writes the same content; a rename is atomic

@@ -46,14 +46,18 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | Non
   """Turns on JAX's persistent compilation cache, so a new process reuses earlier compiles.
 
   The directory is `path`, else `$ELMO_JAX_CACHE`, else `~/.cache/elmo_jax`. A cache directory the user
-  already configured (jax_compilation_cache_dir) is left as it is. Returns the directory in use.
+  already configured (jax_compilation_cache_dir) is left as it is. Returns the directory in use. A file
+  where the folder should be is one line (`download.DownloadError`: "ELMO_JAX_CACHE=... is a file, not a
+  directory").
   """
   current = jax.config.jax_compilation_cache_dir
   if current and path is None:
     return current
+  given = path is not None
   path = os.fspath(path or os.environ.get("ELMO_JAX_CACHE") or
                    os.path.join(os.path.expanduser("~"), ".cache", "elmo_jax"))
-  os.makedirs(path, exist_ok=True)
+  # a file in the way: one line naming it (ELMO_JAX_CACHE=... when that is where it comes from)
+  download.make_dir(path, f"the compilation cache folder {path}" if given else None)
   jax.config.update("jax_compilation_cache_dir", path)
   # The default (1 s) skips the char CNN's, the gathers' and the small eager ops' compiles, which add up.
   if jax.config.jax_persistent_cache_min_compile_time_secs >= 1.0:
@@ -142,8 +146,10 @@ class Embedder:
   # --- construction -------------------------------------------------------------------------------------
   @classmethod
   def from_files(cls, options_file: str | os.PathLike, weight_file: str | os.PathLike, **kwargs) -> "Embedder":
-    """Local paths, `file://` or `http(s)://` URLs (downloaded once into the cache, see `elmo_jax.download`)."""
-    options_path, weight_path = download.cached_path(options_file), download.cached_path(weight_file)
+    """Local paths, `file://` or `http(s)://` URLs (downloaded once into the cache, see `elmo_jax.download`;
+    a download must be a valid options.json and a readable HDF5 file, whatever the URL's name)."""
+    options_path = download.cached_path(options_file, kind="options")
+    weight_path = download.cached_path(weight_file, kind="hdf5")
     options = options_lib.load(options_path)
     loaded = weights_lib.load_hdf5(weight_path, options)
     emb = cls(options, loaded["params"], softmax=loaded["softmax"], **kwargs)

@@ -7,7 +7,8 @@
 Names are AllenNLP's published options.json + weights.hdf5 pairs (allennlp.org/elmo; `$ELMO_JAX_MODELS_URL`
 points at a mirror with the same layout). No sha256 is
 published for them, so the cache records the hash of the first download and checks it on every later
-use (see `elmo_jax.download`).
+use; every download and every use must also be a valid options.json and a readable HDF5 file
+(`cached_path(kind=...)`), so a server's error reply is never cached (see `elmo_jax.download`).
 """
 from __future__ import annotations
 
@@ -89,8 +90,8 @@ def resolve(name_or_path: str) -> tuple[str, str]:
   """
   if name_or_path in MODELS:
     m = MODELS[name_or_path]
-    return (download.cached_path(m.options_url, m.options_sha256),
-            download.cached_path(m.weight_url, m.weights_sha256))
+    return (download.cached_path(m.options_url, m.options_sha256, kind="options"),
+            download.cached_path(m.weight_url, m.weights_sha256, kind="hdf5"))
   if download.is_url(name_or_path):
     parsed = urllib.parse.urlparse(name_or_path)
     if parsed.scheme == "file" and os.path.isdir(download.cached_path(name_or_path)):
@@ -103,7 +104,7 @@ def resolve(name_or_path: str) -> tuple[str, str]:
     else:
       raise download.DownloadError(f"{name_or_path}: give the URL of an options.json or of a folder "
                                    "(ending in /) holding options.json and weights.hdf5")
-    return download.cached_path(pair[0]), download.cached_path(pair[1])
+    return download.cached_path(pair[0], kind="options"), download.cached_path(pair[1], kind="hdf5")
   path = os.path.expanduser(name_or_path)
   if os.path.isdir(path):
     return _pair_in_folder(path)

@@ -295,3 +295,115 @@ def test_a_sentiment_tsv_or_other_non_conll_file_is_refused_as_pos(tmp_path):
   # The real format, with a trailing blank line and several blank lines between sentences, still reads.
   ok = readers.read_conll(write(tmp_path / "ok.conll", "The\tDT\ncat\tNN\n\n\n.\t.\n\n"))
   assert [s.tokens for s in ok] == [("The", "cat"), (".",)]
+
+
+# --- 4. inputs and job folders of the wrong kind, counts out of range -------------------------------------
+def test_embed_inputs_of_the_wrong_kind_are_one_line(tmp_path, emb, model_dir):
+  """E15 (a directory as input: [Errno 21]), E09 (an HDF5 file as vocabulary: a bare UnicodeDecodeError;
+  as input: 'invalid UTF-8 at byte 0'), E14 (OUTPUT.partial a file: [Errno 20] Not a directory)."""
+  from elmo_jax import embed_job  # pylint: disable=g-import-not-at-top
+  weights = str(model_dir / "weights.hdf5")
+  out = tmp_path / "out.hdf5"
+  with pytest.raises(embed_files.EmbedInputError) as e:
+    embed.embed_file(emb, tmp_path, out, progress_every=None)
+  assert _one_line(e) == f"{tmp_path}: is a directory, not a text file"
+  with pytest.raises(embed_files.EmbedInputError) as e:
+    embed.embed_file(emb, weights, out, progress_every=None)
+  assert _one_line(e) == f"{weights}: is an HDF5 file, not text"
+  with pytest.raises(embed_files.EmbedInputError) as e:
+    embed.dump_token_embeddings(emb, weights, out)
+  assert _one_line(e) == f"{weights}: is an HDF5 file, not text"
+  inp = write(tmp_path / "in.txt", "the cat sat\n")
+  partial = tmp_path / "out.hdf5.partial"
+  partial.write_text("left here\n")
+  with pytest.raises(embed_job.JobError) as e:
+    embed.embed_file(emb, inp, out, progress_every=None)
+  assert _one_line(e) == f"{partial} is a file, not an embedding job folder; delete it"
+  partial.unlink()
+  partial.mkdir()
+  (partial / "parts").write_text("")
+  with pytest.raises(embed_job.JobError, match=r"out.hdf5.partial/parts is a file, not an embedding job folder"):
+    embed.embed_file(emb, inp, out, progress_every=None)
+  assert not out.exists()
+
+
+@pytest.mark.slow
+def test_embed_command_inputs_of_the_wrong_kind_name_the_flag(tmp_path):
+  """E09/E14/E15 through the command: one line naming the flag, before the model loads."""
+  inp = write(tmp_path / "in.txt", "the cat\n")
+  (tmp_path / "busy.hdf5.partial").write_text("")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  model = [f"--options_file={FIXTURE_OPTIONS}", f"--weight_file={FIXTURE_WEIGHTS}"]
+  for args, line in (
+      ([f"--input_file={tmp_path}", f"--output_file={tmp_path}/o.hdf5"],
+       f"error: --input_file={tmp_path} is a directory, not a text file"),
+      ([f"--input_file={FIXTURE_WEIGHTS}", f"--output_file={tmp_path}/o.hdf5"],
+       f"error: --input_file={FIXTURE_WEIGHTS} is an HDF5 file, not text"),
+      (["--dump_token_embeddings", f"--vocab_file={FIXTURE_WEIGHTS}", f"--output_file={tmp_path}/t.hdf5"],
+       f"error: --vocab_file={FIXTURE_WEIGHTS} is an HDF5 file, not text"),
+      ([f"--input_file={inp}", f"--output_file={tmp_path}/busy.hdf5"],
+       f"error: {tmp_path}/busy.hdf5.partial is a file, not an embedding job folder; delete it")):
+    proc = subprocess.run([sys.executable, "-m", "elmo_jax.embed", *model, *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [line], proc.stderr
+  assert sorted(os.listdir(tmp_path)) == ["busy.hdf5.partial", "in.txt"]
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--probe_max_epochs=0", "--probe_max_epochs must be >= 1, got 0"),
+    ("--batch_size=0", "--batch_size must be >= 1, got 0"),
+    ("--max_examples=0", "--max_examples must be >= 1, got 0"),
+    ("--probe_learning_rate=0", "--probe_learning_rate must be a number > 0, got 0.0"),
+    ("--probe_learning_rate=nan", "--probe_learning_rate must be a number > 0, got nan"),
+])
+def test_evaluate_counts_and_rates_out_of_range_are_refused_before_any_work(tmp_path, parsed_flags, flag,
+                                                                          message):
+  """V09: --probe_max_epochs=0 wrote untrained-probe results with exit 0."""
+  train, test = _eval_files(tmp_path)
+  parsed_flags("--task=pos", f"--train_file={train}", f"--test_file={test}", f"--output_dir={tmp_path}/out",
+               flag)
+  loads = []
+  with pytest.raises(SystemExit) as e:
+    evaluate.main(["evaluate.py"], load_models=fake_models(loads))
+  assert e.value.code == f"evaluate.py: error: {message}"
+  assert loads == [] and not os.path.exists(tmp_path / "out")
+
+
+def test_downstream_counts_and_fractions_out_of_range_are_one_line(tmp_path):
+  """DS4 (--batch_size=0: a ValueError traceback), DS6 (--num_epochs=0: a TypeError after the work)."""
+  rng = np.random.default_rng(0)
+  train = write(tmp_path / "train.conll", pos_conll(rng, 20))
+  test = write(tmp_path / "test.conll", pos_conll(rng, 5))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  for flag, message in (("--batch_size=0", "--batch_size must be >= 1, got 0"),
+                        ("--num_epochs=0", "--num_epochs must be >= 1, got 0"),
+                        ("--dev_fraction=1", "--dev_fraction must be between 0 and 1 (exclusive), got 1.0"),
+                        ("--dev_fraction=0", "--dev_fraction must be between 0 and 1 (exclusive), got 0.0")):
+    proc = subprocess.run([sys.executable, "-m", "elmo_jax.downstream", "--task=pos", f"--train={train}",
+                           f"--test={test}", f"--workdir={tmp_path}/run", flag, "--noprogress"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"elmo_jax.downstream: error: {message}"], proc.stderr
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_conll_file_given_as_sentiment_train_is_named(tmp_path):
+  """V03: a POS CoNLL file as --sentiment_train_file read as label<TAB>sentence; the error blamed the test
+  file ("test.tsv:1: unknown label '0'")."""
+  rng = np.random.default_rng(0)
+  conll = write(tmp_path / "train.conll", pos_conll(rng, 20))
+  test = write(tmp_path / "test.tsv", sentiment_tsv(rng, 10))
+  with pytest.raises(readers.InputError) as e:
+    readers.read_labelled(conll)
+  assert _one_line(e).startswith(f"{conll}: looks like a CoNLL word<TAB>TAG file")
+  cfg = tasks.EvalConfig(output_dir=str(tmp_path / "out"), sentiment_train_file=conll, sentiment_test_file=test)
+  loads = []
+  with pytest.raises(readers.InputError, match=f"^{conll}: looks like a CoNLL word<TAB>TAG file"):
+    tasks.run("sentiment", cfg, fake_models(loads))
+  assert loads == []
+  with pytest.raises(readers.InputError, match="looks like a CoNLL word<TAB>TAG file"):
+    data_lib.read_split("sentiment", "train", conll)
+  # Real label<TAB>sentence files still read: one-word sentences, and blank lines between rows.
+  assert len(readers.read_labelled(test)) == 10
+  assert len(readers.read_labelled(write(tmp_path / "short.tsv", "1\tgreat\n0\tawful\n1\tfine\n"))) == 3
+  assert len(readers.read_labelled(write(tmp_path / "gaps.tsv", "1\tgreat\n\n0\tawful\n\n1\tfine\n"))) == 3

@@ -154,7 +154,14 @@ def main(argv: list[str]) -> int:
     if not os.path.exists(source):  # fail before spending time on loading the model
       kind = "vocab" if FLAGS.dump_token_embeddings else "input"
       raise embed_files.EmbedInputError(f"{source}: {kind} file not found")
+    # a directory, an HDF5 file (e.g. the weights) or other binary data: one line naming the flag
+    problem = (files.text_problem(source) if FLAGS.dump_token_embeddings else embed.text_input_problem(source))
+    if problem is not None:
+      flag = "vocab_file" if FLAGS.dump_token_embeddings else "input_file"
+      raise embed_files.EmbedInputError(f"--{flag}={source} {problem}")
     embed_files.check_output_path(FLAGS.output_file, _run_inputs(), "--output_file")
+    if not FLAGS.dump_token_embeddings:
+      embed_job.Job.check_folder(FLAGS.output_file)
     for name in embed_files.remove_stale_temps(FLAGS.output_file):
       logging.warning("removed %s, left by an embedding run that was killed", name)
     # Before anything touches a JAX backend: initialize() must come first in every process.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 from typing import Callable, Sequence
@@ -121,9 +122,22 @@ def _resolve_model_flag() -> None:
   flags.FLAGS.options_file, flags.FLAGS.weight_file = pretrained.resolve(_MODEL.value)
 
 
+def _check_numbers() -> None:
+  """Counts and rates of the flags, before any work (a download, a model load, a probe trained for 0
+  epochs): one line naming the flag."""
+  counts = [(_MAX_EPOCHS, 1), (_BATCH, 1), (_MAX_BATCHES, 0), (_MAX, 1), (_UNROLL, 1)]
+  for flag, low in counts:
+    if flag.value is not None and flag.value < low:
+      raise readers.InputError(f"--{flag.name} must be >= {low}, got {flag.value}")
+  rate = _PROBE_LR.value
+  if not (math.isfinite(rate) and rate > 0):
+    raise readers.InputError(f"--{_PROBE_LR.name} must be a number > 0, got {rate}")
+
+
 def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
   """Validates flag combinations; returns (task, config)."""
   task = _TASK.value
+  _check_numbers()
   _resolve_model_flag()
   if task is None:
     raise readers.InputError("--task is required: one of " + ", ".join(_TASK_NAMES))

@@ -295,12 +295,27 @@ def read_conll(path: str) -> list[TaggedSentence]:
   return out
 
 
+def _conll_like(stats: dict[str, int]) -> bool:
+  """A `label<TAB>sentence` file that is a CoNLL file: most lines are two whitespace-separated fields
+  (word, tag), in blocks of several lines separated by blank lines."""
+  rows, pairs, breaks = stats["rows"], stats["pairs"], stats["breaks"]
+  return rows >= 2 and breaks >= 1 and pairs >= 0.8 * rows and rows / (breaks + 1) >= 2
+
+
 def read_labelled(path: str) -> list[LabelledSentence]:
-  """Reads `label<TAB>sentence` lines; the sentence is tokenized."""
+  """Reads `label<TAB>sentence` lines; the sentence is tokenized. A CoNLL `word<TAB>TAG` file (which has
+  two tab-separated columns too) is refused, naming this file (`_conll_like`)."""
   out = []
+  stats = {"rows": 0, "pairs": 0, "breaks": 0}
+  blank_before = False
   for number, line in _lines(path):
     if not line.strip():
+      blank_before = bool(out)
       continue
+    stats["rows"] += 1
+    stats["pairs"] += len(line.split()) == 2
+    stats["breaks"] += blank_before
+    blank_before = False
     label, sentence = _columns(path, number, line, 2, "label, sentence")
     tokens = tuple(tokenize(sentence))
     if not label.strip():
@@ -310,6 +325,10 @@ def read_labelled(path: str) -> list[LabelledSentence]:
     out.append(LabelledSentence(label.strip(), tokens, number))
   if not out:
     raise InputError(f"{path}: no examples")
+  if _conll_like(stats):
+    raise InputError(f"{path}: looks like a CoNLL word<TAB>TAG file ({stats['pairs']} of {stats['rows']} lines "
+                     f"are one word and one tag, in {stats['breaks'] + 1} blank-line separated blocks), not "
+                     "label<TAB>sentence")
   return out
 
 
