@@ -58,6 +58,8 @@ def _read_only_dir(tmp_path) -> str:
     ("eval_dir_alone", "config.data.prepared_eval_dir is set without config.data.prepared_dir"),
     ("empty_workdir", "--workdir is empty; give a path"),
     ("long_workdir", "is longer than this file system allows"),
+    ("typo_key", "config.learning_rat is not a setting of the trainer (a typo in the config file?); did you "
+                 "mean config.learning_rate?"),
 ])
 def test_refused_in_one_line_before_anything_is_written(tmp_path, case, words):
   overrides = {"dtype": {"dtype": "bf16"}, "shard": {"data.shard": "rowz"}, "optimizer": {"optimizer": "sgd"},
@@ -97,6 +99,8 @@ def test_refused_in_one_line_before_anything_is_written(tmp_path, case, words):
   elif case == "negatives_str":
     del config["n_negative_samples"]
     config.n_negative_samples = "8"
+  elif case == "typo_key":  # `c.learning_rat = 0.5` in a config file adds a key nothing reads
+    config.learning_rat = 0.5
   words = words.replace("TMP", str(tmp_path))
   before = sorted(os.listdir(tmp_path))
   with pytest.raises(preflight.PreflightError, match=_escape(words)) as e:

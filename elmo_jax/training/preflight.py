@@ -80,6 +80,7 @@ def check_values(config: ml_collections.ConfigDict) -> None:
   from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.resume import flatten  # pylint: disable=g-import-not-at-top
   flat = flatten(config.to_dict())
+  _check_known_keys(flat)
   for key, (integer, low, inclusive) in _NUMBERS.items():
     if key in flat:
       _check_number(key, flat[key], integer, low, inclusive)
@@ -97,6 +98,20 @@ def check_values(config: ml_collections.ConfigDict) -> None:
     options_lib.validate(config.options.to_dict(), "config.options")
   except options_lib.OptionsError as e:
     raise PreflightError(str(e)) from None
+
+
+def _check_known_keys(flat: dict) -> None:
+  """A key the trainer has no setting for is a typo in a config file (`c.learning_rat = 0.5`): refused, or the
+  run would silently train with the default. (`--config.x` overrides are checked when parsed.)"""
+  import difflib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training.config import base_config  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training.resume import flatten  # pylint: disable=g-import-not-at-top
+  known = [k for k in flatten(base_config().to_dict()) if not k.startswith("options.")]
+  for key in flat:
+    if not key.startswith("options.") and key not in known:
+      close = difflib.get_close_matches(key, known, n=1)
+      raise PreflightError(f"config.{key} is not a setting of the trainer (a typo in the config file?)"
+                           + (f"; did you mean config.{close[0]}?" if close else ""))
 
 
 def _check_number(key: str, value, integer: bool, low, inclusive: bool) -> None:
