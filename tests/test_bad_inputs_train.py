@@ -58,6 +58,8 @@ def _read_only_dir(tmp_path) -> str:
     ("eval_dir_alone", "config.data.prepared_eval_dir is set without config.data.prepared_dir"),
     ("empty_workdir", "--workdir is empty; give a path"),
     ("long_workdir", "is longer than this file system allows"),
+    ("symlink_loop", "loop.txt: a symbolic link to no file (broken, or a loop of links)"),
+    ("bom_vocab", "bom.txt:1: starts with a UTF-8 byte order mark"),
     ("typo_key", "config.learning_rat is not a setting of the trainer (a typo in the config file?); did you "
                  "mean config.learning_rate?"),
 ])
@@ -89,6 +91,13 @@ def test_refused_in_one_line_before_anything_is_written(tmp_path, case, words):
     overrides = {"adagrad_initial_accumulator": -1.0}
   elif case == "eval_dir_alone":
     overrides = {"data.prepared_eval_dir": str(tmp_path)}
+  elif case == "symlink_loop":
+    os.symlink(tmp_path / "loop2.txt", tmp_path / "loop.txt")
+    os.symlink(tmp_path / "loop.txt", tmp_path / "loop2.txt")
+    train = str(tmp_path / "loop.txt")
+  elif case == "bom_vocab":
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf<S>\n</S>\n<UNK>\nthe\n")
+    overrides = {"data.vocab_file": str(tmp_path / "bom.txt")}
   elif case == "empty_workdir":
     workdir = ""
   elif case == "long_workdir":

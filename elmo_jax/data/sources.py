@@ -24,7 +24,9 @@ def expand_paths(paths_or_globs: str | Sequence[str]) -> list[str]:
       if os.path.isdir(path):
         raise FileNotFoundError(f"{path} is a directory, not a text file")
       if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: file not found")
+        broken = os.path.islink(path)  # a link to nothing, or a loop of links
+        raise FileNotFoundError(f"{path}: " + ("a symbolic link to no file (broken, or a loop of links)"
+                                               if broken else "file not found"))
     paths.extend(matches)
   if not paths:
     raise ValueError("TextSource needs at least one path or glob")

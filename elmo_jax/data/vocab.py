@@ -92,6 +92,9 @@ class Vocab:
     with open(path, encoding="utf-8") as f:
       # bilm-tf's Vocabulary strips each line too.
       tokens = [t for t in (line.strip() for line in f) if t != "!!!MAXTERMID"]
+    if tokens and tokens[0].startswith("\ufeff"):  # bilm-tf would read the mark as part of the first token
+      raise ValueError(f"{path}:1: starts with a UTF-8 byte order mark (an editor's); save it without one "
+                       "(e.g. `sed -i '1s/^\\xEF\\xBB\\xBF//' FILE`)")
     while tokens and not tokens[-1]:  # a trailing blank line is an editor artefact, not a token
       tokens.pop()
     for i, token in enumerate(tokens):
