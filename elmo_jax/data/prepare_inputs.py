@@ -73,10 +73,11 @@ def check_numbers(*, chunk_sentences: int, num_workers: int, max_token_chars: in
   return int(vocab_max_size)
 
 
-def check_vocab_file(path: str) -> Vocab:
+def check_vocab_file(path: str, what: str | None = None) -> Vocab:
   """The vocab file loads as a bilm-tf vocabulary (text, specials present, counts beside it matching); else
-  PrepareError, one line naming --vocab_file."""
-  what = f"--vocab_file={path}"
+  PrepareError, one line naming it as `what` (default `--vocab_file=PATH`). The one vocabulary-file check
+  (prepare and the trainer's preflight)."""
+  what = what or f"--vocab_file={path}"
   if os.path.isdir(path):
     inside = os.path.join(path, "vocab.txt")
     hint = f" (give {inside})" if os.path.isfile(inside) else ""

@@ -225,16 +225,13 @@ def _blank(path: str) -> bool:
 
 
 def check_vocab(path: str, what: str):
-  """The vocabulary loads (specials present, no blank lines, counts matching the tokens); returns it.
-  A vocab_file that is not text (HDF5, ...) is refused by name rather than parsed."""
-  from elmo_jax.data import Vocab  # pylint: disable=g-import-not-at-top
-  problem = files.text_problem(path) if os.path.isfile(path) else None
-  if problem:
-    raise PreflightError(f"{what}: {path} {problem}")
+  """The vocabulary loads (`prepare_inputs.check_vocab_file`: text, specials present, counts matching);
+  returns it. `what` names it in the message."""
+  from elmo_jax.data import prepare_inputs  # pylint: disable=g-import-not-at-top
   try:
-    return Vocab.load(path)
-  except (OSError, ValueError, UnicodeDecodeError) as e:
-    raise PreflightError(f"{what}: {e}") from None
+    return prepare_inputs.check_vocab_file(path, f"{what}: {path}")
+  except prepare_inputs.PrepareError as e:
+    raise PreflightError(str(e)) from None
 
 
 def _check_init_from(config: ml_collections.ConfigDict) -> None:
@@ -280,5 +277,5 @@ def _vocab_sha256(config: ml_collections.ConfigDict, workdir: str) -> str | None
   """The sha256 of the vocabulary this run will use, where it is known before building one."""
   for path in (os.path.join(workdir, "vocab.txt"), config.data.get("vocab_file")):
     if path and os.path.exists(path):
-      return check_vocab(path, path).sha256()
+      return check_vocab(path, "the run's vocabulary").sha256()
   return None
