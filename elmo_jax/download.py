@@ -319,6 +319,18 @@ def _record(manifest: dict[str, Any], url: str, target: str, sha256: str, n: int
                    "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"), "source": source}
 
 
+def local_path(url_or_path: str | os.PathLike, cache: str | None = None) -> str:
+  """The local file `cached_path` reads for this, without fetching anything: a `file://` URL's path, an
+  `http(s)://` URL's place in the cache, or the (user-expanded) path itself."""
+  text = os.fspath(url_or_path)
+  parsed = urllib.parse.urlparse(text)
+  if parsed.scheme == "file":
+    return urllib.request.url2pathname(parsed.path)
+  if parsed.scheme in ("http", "https"):
+    return cache_file(text, os.path.abspath(cache or cache_dir()))
+  return os.path.expanduser(text)
+
+
 def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, cache: str | None = None,
                 timeout: float = 60.0, kind: str | None = None,
                 validate: Callable[[str], str | None] | None = None) -> str:
@@ -343,11 +355,8 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
       the wrong kind (`check_kind`, `validate`) or a hash mismatch.
   """
   text = os.fspath(url_or_path)
-  parsed = urllib.parse.urlparse(text)
-  if parsed.scheme == "file":
-    return urllib.request.url2pathname(parsed.path)
-  if parsed.scheme not in ("http", "https"):
-    return os.path.expanduser(text)
+  if urllib.parse.urlparse(text).scheme not in ("http", "https"):
+    return local_path(text)
   if kind is not None and kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
   cache = os.path.abspath(cache or cache_dir())

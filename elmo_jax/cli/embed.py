@@ -5,7 +5,6 @@ import os
 import signal
 import sys
 import time
-import urllib.parse
 
 from absl import app
 from absl import flags
@@ -94,27 +93,17 @@ def _check_flags(argv: list[str]) -> None:
     raise app.UsageError("give at most one of --all, --top, --average")
 
 
-def _local(path: str) -> str:
-  """A model file flag as the local file it is read from: a path, a `file://` URL's path, or where the
-  cache keeps an `http(s)://` URL's download."""
-  from elmo_jax import download  # pylint: disable=g-import-not-at-top
-  if not download.is_url(path):
-    return os.path.expanduser(path)
-  parsed = urllib.parse.urlparse(path)
-  return urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else download.cache_file(path)
-
-
 def _run_inputs() -> list[str]:
   """Every file this run reads (the text or vocabulary, the token embeddings, the model's options, weights
   and vocabulary however the model is named), found without loading or downloading anything: the output
   must not be one of them. (`embed_file` checks the loaded model's files again.)"""
   from elmo_jax import download, pretrained  # pylint: disable=g-import-not-at-top
   out = [FLAGS.input_file, FLAGS.vocab_file, FLAGS.token_embedding_file]
-  out += [_local(p) for p in (FLAGS.options_file, FLAGS.weight_file) if p]
+  out += [download.local_path(p) for p in (FLAGS.options_file, FLAGS.weight_file) if p]
   run_dir = FLAGS.workdir
   if FLAGS.model in pretrained.MODELS:
     released = pretrained.MODELS[FLAGS.model]
-    out += [download.cache_file(released.options_url), download.cache_file(released.weight_url)]
+    out += [download.local_path(released.options_url), download.local_path(released.weight_url)]
   elif FLAGS.model and os.path.isdir(os.path.expanduser(FLAGS.model)):
     folder = os.path.expanduser(FLAGS.model)
     try:
