@@ -1,6 +1,7 @@
 """Command-line entry points (console scripts `elmo-jax-train`, `elmo-jax-evaluate`, `elmo-jax-embed`).
 The top-level `train.py` / `evaluate.py` and `python -m elmo_jax.embed` are thin wrappers around these."""
 import functools
+import math
 import os
 import sys
 from typing import Callable
@@ -66,3 +67,14 @@ def define_distributed_flags() -> None:
   flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0's coordinator (multi-process runs).")
   flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
   flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
+
+
+def check_flag_numbers(error: type[Exception], at_least=(), within=()) -> None:
+  """Counts and rates of a command's flags, before any work: one line naming the flag, raised as `error`.
+  `at_least`: (flag holder, lowest value) pairs; `within`: (flag holder, "in [0, 1)", predicate) triples."""
+  for flag, low in at_least:
+    if flag.value is not None and flag.value < low:
+      raise error(f"--{flag.name} must be >= {low}, got {flag.value}")
+  for flag, want, ok in within:
+    if not (math.isfinite(flag.value) and ok(flag.value)):
+      raise error(f"--{flag.name} must be {want}, got {flag.value}")

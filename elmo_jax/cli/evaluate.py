@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sys
 from typing import Callable, Sequence
@@ -125,13 +124,9 @@ def _resolve_model_flag() -> None:
 def _check_numbers() -> None:
   """Counts and rates of the flags, before any work (a download, a model load, a probe trained for 0
   epochs): one line naming the flag."""
-  counts = [(_MAX_EPOCHS, 1), (_BATCH, 1), (_MAX_BATCHES, 0), (_MAX, 1), (_UNROLL, 1)]
-  for flag, low in counts:
-    if flag.value is not None and flag.value < low:
-      raise readers.InputError(f"--{flag.name} must be >= {low}, got {flag.value}")
-  rate = _PROBE_LR.value
-  if not (math.isfinite(rate) and rate > 0):
-    raise readers.InputError(f"--{_PROBE_LR.name} must be a number > 0, got {rate}")
+  cli.check_flag_numbers(readers.InputError,
+                         at_least=[(_MAX_EPOCHS, 1), (_BATCH, 1), (_MAX_BATCHES, 0), (_MAX, 1), (_UNROLL, 1)],
+                         within=[(_PROBE_LR, "a number > 0", lambda x: x > 0)])
 
 
 def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:

@@ -13,7 +13,6 @@ WORKDIR/dev_curve.png. Bad input exits non-zero with one line on stderr.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from typing import Sequence
@@ -72,18 +71,14 @@ _PROGRESS = flags.DEFINE_bool("progress", True, "Progress bars on stderr.")
 def check_numbers() -> None:
   """Counts and rates of the flags, before any work (reading data, loading the biLM): one line naming the
   flag (not a ValueError traceback at the first batch, or a TypeError after training 0 epochs)."""
-  counts = [(_EPOCHS, 1), (_BATCH, 1), (_PATIENCE, 0), (_HIDDEN, 1), (_WORD_DIM, 1), (_MIN_COUNT, 0),
-            (_MAX_TRAIN, 1)]
-  for flag, low in counts:
-    if flag.value is not None and flag.value < low:
-      raise readers.InputError(f"--{flag.name} must be >= {low}, got {flag.value}")
-  ranges = [(_DEV_FRACTION, "between 0 and 1 (exclusive)", lambda x: 0 < x < 1),
-            (_LR, "> 0", lambda x: x > 0), (_BILM_LR, "> 0", lambda x: x > 0),
-            (_MIX_L2, ">= 0", lambda x: x >= 0),
-            (_DROPOUT, "in [0, 1)", lambda x: 0 <= x < 1), (_ELMO_DROPOUT, "in [0, 1)", lambda x: 0 <= x < 1)]
-  for flag, want, ok in ranges:
-    if not (math.isfinite(flag.value) and ok(flag.value)):
-      raise readers.InputError(f"--{flag.name} must be {want}, got {flag.value}")
+  cli.check_flag_numbers(
+      readers.InputError,
+      at_least=[(_EPOCHS, 1), (_BATCH, 1), (_PATIENCE, 0), (_HIDDEN, 1), (_WORD_DIM, 1), (_MIN_COUNT, 0),
+                (_MAX_TRAIN, 1)],
+      within=[(_DEV_FRACTION, "between 0 and 1 (exclusive)", lambda x: 0 < x < 1),
+              (_LR, "> 0", lambda x: x > 0), (_BILM_LR, "> 0", lambda x: x > 0),
+              (_MIX_L2, ">= 0", lambda x: x >= 0),
+              (_DROPOUT, "in [0, 1)", lambda x: 0 <= x < 1), (_ELMO_DROPOUT, "in [0, 1)", lambda x: 0 <= x < 1)])
 
 
 def config_from_flags():
