@@ -30,6 +30,7 @@ from elmo_jax import files
 from elmo_jax import memory
 from elmo_jax import options as options_lib
 from elmo_jax import pretrained
+from elmo_jax import storage
 from elmo_jax import token_cache as token_cache_lib
 from elmo_jax import weights as weights_lib
 from elmo_jax.embed_step import width_chunks
@@ -166,7 +167,9 @@ class Embedder:
 
   @classmethod
   def from_workdir(cls, workdir: str | os.PathLike, **kwargs) -> "Embedder":
-    """A trained run: uses `workdir/export/{options.json,weights.hdf5}` and `workdir/vocab.txt`."""
+    """A trained run: uses `workdir/export/{options.json,weights.hdf5}` and `workdir/vocab.txt` (of a bucket
+    workdir, `gs://...`, local copies of those)."""
+    workdir = storage.local(workdir, names=storage.RUN_FILES)
     export = os.path.join(workdir, "export")
     for name in ("options.json", "weights.hdf5"):
       if not os.path.exists(os.path.join(export, name)):

@@ -146,6 +146,13 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
   raw = os.fspath(path)
   if not raw.strip():
     raise UnsafeOutputError(f"{what} is empty; give a path")
+  from elmo_jax import storage  # pylint: disable=g-import-not-at-top  (it imports this module)
+  if storage.is_remote(raw):  # a bucket: it exists and takes a write; objects are uploaded whole
+    try:
+      storage.check_writable(raw, what)
+    except storage.StorageError as e:
+      raise UnsafeOutputError(str(e)) from None
+    return
   real = os.path.realpath(raw)
   if directory and os.path.exists(real) and not os.path.isdir(real):
     raise UnsafeOutputError(f"{what}={raw} is a file, not a directory")

@@ -27,6 +27,7 @@ from absl import flags, logging
 from elmo_jax import cli
 from elmo_jax import files
 from elmo_jax import progress
+from elmo_jax import storage
 from elmo_jax.evaluation import readers
 from elmo_jax.options import OptionsError
 from elmo_jax.evaluation import tasks as tasks_lib
@@ -143,7 +144,7 @@ def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
   for path in (_OPTIONS.value, _WEIGHTS.value):
     if path and not os.path.isfile(path):
       raise readers.InputError(f"{path}: file not found")
-  output_dir = _OUTPUT.value or (os.path.join(_WORKDIR.value, "eval") if _WORKDIR.value
+  output_dir = _OUTPUT.value or (storage.join(_WORKDIR.value, "eval") if _WORKDIR.value
                                  else None)
   if not output_dir:
     raise readers.InputError("--output_dir is required without --workdir")
@@ -152,7 +153,7 @@ def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
   found = tasks_lib.probe_files(_PROBE_DIR.value)
   given = lambda flag, key: flag.value or found[key]  # noqa: E731
   cfg = tasks_lib.EvalConfig(
-      output_dir=output_dir, workdir=_WORKDIR.value, wsd_file=given(_WSD, "wsd_file"),
+      output_dir=output_dir, workdir=_local_workdir(), wsd_file=given(_WSD, "wsd_file"),
       wsd_train_file=_WSD_TRAIN.value, wsd_lemma=_WSD_LEMMA.value,
       pos_train_file=given(_POS_TRAIN, "pos_train_file"),
       pos_test_file=given(_POS_TEST, "pos_test_file"),
@@ -183,14 +184,19 @@ def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
   return task, cfg
 
 
+def _local_workdir() -> str | None:
+  """--workdir, or for a bucket workdir a local copy of what evaluation reads (export/, vocab, config)."""
+  return storage.local(_WORKDIR.value, names=storage.RUN_FILES) if _WORKDIR.value else None
+
+
 def load_models_from_flags() -> tasks_lib.Models:
   """Builds the real Embedder and its untrained twin (imported lazily: slow)."""
   from elmo_jax.embedder import Embedder  # pylint: disable=g-import-not-at-top
   from elmo_jax.evaluation import features  # pylint: disable=g-import-not-at-top
 
   if _WORKDIR.value:
-    emb = Embedder.from_workdir(_WORKDIR.value)
-    key = features.model_key_from_workdir(_WORKDIR.value)
+    emb = Embedder.from_workdir(_local_workdir())
+    key = features.model_key_from_workdir(_local_workdir())
     description = {"workdir": _WORKDIR.value}
   elif _OPTIONS.value:
     emb = Embedder.from_files(_OPTIONS.value, _WEIGHTS.value)
@@ -217,7 +223,9 @@ def main(argv: Sequence[str],
     logging.set_verbosity(logging.WARNING)  # JAX's backend INFO lines would bury the one-line errors
   try:
     task, cfg = config_from_flags()
-    tasks_lib.run(task, cfg, load_models or load_models_from_flags, on_start=_announce)
+    # A bucket --output_dir: written locally, each file uploaded whole once every task finished.
+    with storage.staged_output(cfg.output_dir, "--output_dir", directory=True) as cfg.output_dir:
+      tasks_lib.run(task, cfg, load_models or load_models_from_flags, on_start=_announce)
   except (readers.InputError, files.UnsafeOutputError, tasks_lib.TaskUnavailable, OptionsError, OSError) as e:
     sys.exit(f"evaluate.py: error: {e}")
 

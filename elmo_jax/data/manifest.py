@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from elmo_jax import files
 from elmo_jax import log
+from elmo_jax import storage
 from elmo_jax.progress import progress
 
 FORMAT_VERSION = 1
@@ -374,7 +375,10 @@ def open_verified(directory: str, *, checksums: bool = True, use_cache: bool = T
     PreparedCorpusError (an OSError): a damaged manifest, or a file missing, of another size or sha256;
       one line naming the file.
   """
-  directory = os.path.abspath(directory)
+  try:
+    directory = os.path.abspath(storage.local(directory))  # in a bucket: a local copy, verified as any folder
+  except FileNotFoundError as e:
+    raise NotPreparedError(f"{e}: not a prepared corpus") from None
   if not os.path.isdir(directory):
     raise NotPreparedError(f"{directory}: no such directory, not a prepared corpus (run "
                            "`python -m elmo_jax.data.prepare`)")

@@ -18,6 +18,7 @@ import grain
 import numpy as np
 
 from elmo_jax import log
+from elmo_jax import storage
 from elmo_jax.data.pipeline import _STATE_VERSION, check_state, stream_order
 from elmo_jax.data.manifest import AGAIN, MANIFEST, PreparedCorpusError, open_verified
 from elmo_jax.data.vocab import Vocab
@@ -45,7 +46,7 @@ class PreparedCorpus:
   """
 
   def __init__(self, directory: str, *, checksums: bool = True, log_line: Callable[[str], None] = log.info):
-    self.directory = os.path.abspath(directory)
+    self.directory = os.path.abspath(storage.local(directory))  # a bucket's corpus: its local copy
     manifest = open_verified(self.directory, checksums=checksums, log_line=log_line)
     self.manifest = manifest
     self.settings = manifest["settings"]

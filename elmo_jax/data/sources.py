@@ -9,6 +9,8 @@ from typing import Sequence
 
 import numpy as np
 
+from elmo_jax import storage
+
 log = logging.getLogger(__name__)
 
 
@@ -17,6 +19,10 @@ def expand_paths(paths_or_globs: str | Sequence[str]) -> list[str]:
   paths: list[str] = []
   for pattern in patterns:
     pattern = os.fspath(pattern)
+    if storage.is_remote(pattern):  # an object is read from its local copy (downloaded once)
+      if glob.has_magic(pattern):
+        raise FileNotFoundError(f"{pattern}: patterns are not expanded in a bucket; list the objects")
+      pattern = storage.local(pattern)
     matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
     if not matches:
       raise FileNotFoundError(f"text source pattern {pattern!r} matches no file")

@@ -158,9 +158,9 @@ def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_s
   if compiled is None:
     return report
   text = compiled.as_text()
-  if dump_hlo:
-    with open(dump_hlo, "w") as f:
-      f.write(text)
+  if dump_hlo:  # one object in a bucket, or a renamed temp file: never half an HLO dump
+    from elmo_jax import storage  # pylint: disable=g-import-not-at-top
+    storage.write_bytes(dump_hlo, text.encode())
   report.update(analyse_hlo(text, target, tokens, launch_us))
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost

@@ -4,10 +4,14 @@ Layout under `directory` (normally `workdir/checkpoints`):
   <step>/{state,meta}/...      Orbax's step folders: "state" is the TrainState (params, optimizer state, step,
                                RNG, carried LSTM state), "meta" a JSON item (data-iterator states, vocab hash,
                                config, the open metrics window).
-  checksums/<step>.json        sha256 of every file of the finalized step folder, written by process 0 right
-                               after Orbax finalizes the (asynchronous) save.
+  checksums/<step>.json        sha256 of every file of the finalized step folder (in a bucket: the crc32c the
+                               bucket keeps for every object, so checking downloads nothing), written by
+                               process 0 right after Orbax finalizes the (asynchronous) save.
   bad/<step>-<reason>/         steps found unreadable or corrupt on restore, moved aside (never deleted) so that
                                `max_to_keep` garbage collection cannot drop the last good step in their favour.
+
+`directory` may be a bucket URL (`gs://...`): Orbax writes there itself, and every other file operation here
+goes through `elmo_jax.storage`.
 
 Orbax itself has no checksums (a flipped byte restores silently) and takes any integer-named folder as a step
 (an empty one becomes "latest" and fails to restore); `restore` handles both by falling back to the newest
@@ -27,7 +31,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from elmo_jax import log
-from elmo_jax import files
+from elmo_jax import storage
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -44,14 +48,9 @@ def _barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
-def hash_tree(directory: str) -> dict[str, str]:
-  """{relative path: sha256} of every regular file under `directory`."""
-  out = {}
-  for root, _, names in os.walk(directory):
-    for name in names:
-      path = os.path.join(root, name)
-      out[os.path.relpath(path, directory)] = files.sha256_file(path)
-  return dict(sorted(out.items()))
+def _digest_kind(directory: str) -> str:
+  """What a checksum file records: sha256 of local files, the bucket's own crc32c of objects."""
+  return "crc32c" if storage.is_remote(directory) else "sha256"
 
 
 def _first_line(e: BaseException) -> str:
@@ -63,9 +62,9 @@ class Checkpointer:
   """Saves asynchronously (the step loop does not wait for the disk) and keeps the last `keep` steps."""
 
   def __init__(self, directory: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
-    self.directory = os.path.abspath(directory)
-    self.checksum_dir = os.path.join(self.directory, "checksums")
-    self.bad_dir = os.path.join(self.directory, "bad")
+    self.directory = directory if storage.is_remote(directory) else os.path.abspath(directory)
+    self.checksum_dir = storage.join(self.directory, "checksums")
+    self.bad_dir = storage.join(self.directory, "bad")
     self.read_only = read_only
     self._lock = threading.Lock()
     self._unhashed: set[int] = set()  # steps this process saved whose checksum is not written yet
@@ -105,17 +104,19 @@ class Checkpointer:
     if not _is_main() or self.read_only:
       return
     with self._lock:
-      os.makedirs(self.checksum_dir, exist_ok=True)
+      storage.makedirs(self.checksum_dir)
+      kind = _digest_kind(self.directory)
       for step in sorted(self._unhashed):
-        step_dir = os.path.join(self.directory, str(step))
-        if not os.path.exists(os.path.join(step_dir, "_CHECKPOINT_METADATA")):
+        step_dir = storage.join(self.directory, str(step))
+        if not storage.exists(storage.join(step_dir, "_CHECKPOINT_METADATA")):
           continue  # not finalized yet (or already garbage-collected); a later callback handles it
-        files.write_json(os.path.join(self.checksum_dir, f"{step}.json"), {"step": step, "sha256": hash_tree(step_dir)})
+        storage.write_json(storage.join(self.checksum_dir, f"{step}.json"),
+                           {"step": step, kind: storage.tree_digests(step_dir, kind)})
         self._unhashed.discard(step)
-      for name in os.listdir(self.checksum_dir):
+      for name in storage.listdir(self.checksum_dir):
         stem = name.split(".")[0]
-        if stem.isdigit() and not os.path.isdir(os.path.join(self.directory, stem)):
-          os.remove(os.path.join(self.checksum_dir, name))  # step removed by max_to_keep
+        if stem.isdigit() and not storage.isdir(storage.join(self.directory, stem)):
+          storage.remove(storage.join(self.checksum_dir, name))  # step removed by max_to_keep
 
   def wait(self) -> None:
     """Blocks until the last save is on disk and checksummed."""
@@ -129,20 +130,21 @@ class Checkpointer:
   # --- restoring --------------------------------------------------------------------------------------
   def verify(self, step: int) -> str | None:
     """None if `step` matches its stored checksums; else why not. 'no checksum' when none was written."""
-    path = os.path.join(self.checksum_dir, f"{step}.json")
-    if not os.path.exists(path):
+    path = storage.join(self.checksum_dir, f"{step}.json")
+    if not storage.exists(path):
       return "no checksum"
     try:
-      with open(path) as f:
-        expected = json.load(f)["sha256"]
-    except (OSError, ValueError, KeyError) as e:
+      record = json.loads(storage.read_bytes(path))
+      kind = next(k for k in ("sha256", "crc32c") if k in record)
+      expected = record[kind]
+    except (OSError, ValueError, StopIteration, TypeError) as e:
       return f"unreadable checksum file ({_first_line(e)})"
-    actual = hash_tree(os.path.join(self.directory, str(step)))
+    actual = storage.tree_digests(storage.join(self.directory, str(step)), kind)
     for name, digest in expected.items():
       if name not in actual:
         return f"file {name} is missing"
       if actual[name] != digest:
-        return f"file {name} fails its sha256 checksum"
+        return f"file {name} fails its {kind} checksum"
     extra = sorted(set(actual) - set(expected))
     return f"unexpected file {extra[0]}" if extra else None
 
@@ -202,20 +204,20 @@ class Checkpointer:
       log.info(f"warning: checkpoint step {step} in {self.directory} is unusable: {reason}; skipping it")
       return
     slug = re.sub(r"[^a-z0-9]+", "-", reason.lower()).strip("-")[:60]
-    target = os.path.join(self.bad_dir, f"{step}-{slug}")
+    target = storage.join(self.bad_dir, f"{step}-{slug}")
     log.info(f"warning: checkpoint step {step} is unusable: {reason}; moved it to {target} and trying the "
              "previous step")
     _barrier(f"ckpt_bad_{step}_a")  # every process has decided before process 0 moves the folder
     if _is_main():
-      os.makedirs(self.bad_dir, exist_ok=True)
+      storage.makedirs(self.bad_dir)
       suffix = 0
-      while os.path.exists(target + (f".{suffix}" if suffix else "")):
+      while storage.exists(target + (f".{suffix}" if suffix else "")):
         suffix += 1
       target += f".{suffix}" if suffix else ""
-      os.replace(os.path.join(self.directory, str(step)), target)
-      checksum = os.path.join(self.checksum_dir, f"{step}.json")
-      if os.path.exists(checksum):
-        os.replace(checksum, os.path.join(target, "checksum.json"))
+      storage.move(storage.join(self.directory, str(step)), target)
+      checksum = storage.join(self.checksum_dir, f"{step}.json")
+      if storage.exists(checksum):
+        storage.move(checksum, storage.join(target, "checksum.json"))
     _barrier(f"ckpt_bad_{step}_b")
     self.manager.reload()
 
@@ -223,11 +225,9 @@ class Checkpointer:
 def newest_meta(directory: str) -> tuple[int, dict[str, Any]] | None:
   """(step, meta) of the newest step folder whose meta item reads, without Orbax or devices: what a run's
   preflight compares its config with before anything is written. None when there is no such step."""
-  names = os.listdir(directory) if os.path.isdir(directory) else []
-  for step in sorted((int(d) for d in names if d.isdigit()), reverse=True):
+  for step in sorted((int(d) for d in storage.listdir(directory) if d.isdigit()), reverse=True):
     try:
-      with open(os.path.join(directory, str(step), "meta", "metadata")) as f:
-        meta = json.load(f)
+      meta = json.loads(storage.read_bytes(storage.join(directory, str(step), "meta", "metadata")))
     except (OSError, ValueError):
       continue  # unreadable: the restore sets it aside and falls back, as it does here
     if isinstance(meta, dict):

@@ -16,6 +16,7 @@ import numpy as np
 from elmo_jax import files
 from elmo_jax import options as options_lib
 from elmo_jax import pretrained
+from elmo_jax import storage
 from elmo_jax import weights as weights_lib
 from elmo_jax.training.checkpoint import Checkpointer, newest_meta
 from elmo_jax.training.resume import options_difference
@@ -30,15 +31,31 @@ class InitFromError(ValueError):
 
 
 def _checkpoint_dir(path: str) -> tuple[str, int | None] | None:
-  """(checkpoints dir, step or None=latest) if `path` is a workdir, its checkpoints/ or one step folder."""
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    return os.path.join(path, "checkpoints"), None
-  name = os.path.basename(os.path.normpath(path))
-  if name.isdigit() and os.path.isdir(os.path.join(path, "state")):
-    return os.path.dirname(os.path.normpath(path)), int(name)
-  if os.path.isdir(path) and any(n.isdigit() for n in os.listdir(path)):
+  """(checkpoints dir, step or None=latest) if `path` is a workdir, its checkpoints/ or one step folder (in
+  a bucket too: Orbax reads it there)."""
+  if storage.isdir(storage.join(path, "checkpoints")):
+    return storage.join(path, "checkpoints"), None
+  path = path.rstrip("/") if storage.is_remote(path) else os.path.normpath(path)
+  name = path.rsplit("/", 1)[-1]
+  if name.isdigit() and storage.isdir(storage.join(path, "state")):
+    return path.rsplit("/", 1)[0], int(name)
+  if any(n.isdigit() for n in storage.listdir(path)):
     return path, None
   return None
+
+
+def _source(path: str) -> tuple[str, tuple[str, int | None] | None]:
+  """(path, its checkpoints) for `config.init_from`: a local path made absolute; in a bucket, checkpoints
+  stay there and ELMo files are read from their local copy. InitFromError when there is nothing."""
+  if not storage.is_remote(path):
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.exists(path):
+      raise InitFromError(f"config.init_from={path}: no such file or folder")
+    return path, _checkpoint_dir(path)
+  if not storage.exists(path):
+    raise InitFromError(f"config.init_from={path}: no such object or folder in the bucket")
+  found = _checkpoint_dir(path)
+  return (path, found) if found is not None else (storage.local(path), None)
 
 
 def _elmo_files(path: str) -> tuple[str, str]:
@@ -69,16 +86,12 @@ def check(path: str, options: dict[str, Any]) -> None:
   shape. Released names and URLs are checked when they are loaded. Raises InitFromError."""
   if pretrained.is_model_spec(path):
     return
-  path = os.path.abspath(os.path.expanduser(path))
-  if not os.path.exists(path):
-    raise InitFromError(f"config.init_from={path}: no such file or folder")
-  found = _checkpoint_dir(path)
+  path, found = _source(path)
   if found is not None:
     newest = newest_meta(found[0]) if found[1] is None else None
     if found[1] is not None:  # one step folder: its own meta
       try:
-        with open(os.path.join(path, "meta", "metadata")) as f:
-          newest = found[1], json.load(f)
+        newest = found[1], json.loads(storage.read_bytes(storage.join(path, "meta", "metadata")))
       except (OSError, ValueError):
         newest = None
     if newest is None:
@@ -135,10 +148,7 @@ def load(path: str, options: dict[str, Any], vocab_sha256: str) -> tuple[dict[st
   """
   if pretrained.is_model_spec(path):
     return _load_elmo_files(path, *pretrained.resolve(path), options, vocab_sha256)
-  path = os.path.abspath(os.path.expanduser(path))
-  if not os.path.exists(path):
-    raise InitFromError(f"config.init_from={path}: no such file or folder")
-  found = _checkpoint_dir(path)
+  path, found = _source(path)
   if found is not None:
     params, meta, step = _restore_params(*found)
     diff = options_difference(meta["config"]["options"], options)

@@ -27,6 +27,7 @@ from elmo_jax.data import prepare as prepare_lib
 from elmo_jax.data.prepare_inputs import source_spec
 from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
 from elmo_jax.progress import progress
+from elmo_jax.training.workdir import PREPARED_DIR, Workdir
 
 
 def _split(s: str) -> list[str]:
@@ -55,8 +56,12 @@ def train_source(data: ml_collections.ConfigDict) -> dict[str, Any] | None:
   return source_spec(_split(data.train_files))
 
 
-def _auto_prepare(config, workdir: str) -> tuple[str, str]:
-  """(train, eval) prepared dirs under workdir/prepared for a small text corpus; ('', '') when not applicable."""
+def _auto_prepare(config, workdir: str | Workdir) -> tuple[str, str]:
+  """(train, eval) prepared dirs under workdir/prepared for a small text corpus; ('', '') when not applicable.
+
+  Process 0 prepares (a bucket workdir: into its local copy, then uploads it); the others wait, then read it
+  (a bucket workdir: after copying it down)."""
+  run = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
   data = config.data
   limit = float(data.get("auto_prepare_max_mb", 0) or 0)
   if data.tfds_name or not data.train_files or limit <= 0:
@@ -77,7 +82,7 @@ def _auto_prepare(config, workdir: str) -> tuple[str, str]:
   with_sha = dict(vocab, vocab_sha256=files.sha256_file(data.vocab_file)) if (
       data.vocab_file and os.path.isfile(data.vocab_file)) else vocab
   key = json.dumps([spec, data.eval_files, with_sha, kw], sort_keys=True)
-  root = os.path.join(workdir, "prepared", hashlib.sha256(key.encode()).hexdigest()[:12])
+  root = os.path.join(run.local, PREPARED_DIR, hashlib.sha256(key.encode()).hexdigest()[:12])
   train_dir = os.path.join(root, "train")
   eval_dir = os.path.join(root, "eval") if data.eval_files else ""
   if jax.process_index() == 0:  # the others wait at the barrier, then read what process 0 wrote
@@ -86,9 +91,12 @@ def _auto_prepare(config, workdir: str) -> tuple[str, str]:
     prepare_lib.prepare(train_dir, _split(data.train_files), chunk_sentences=50_000, log_line=log.info, **vocab, **kw)
     if eval_dir:
       prepare_lib.prepare(eval_dir, _split(data.eval_files), vocab_max_size=None, log_line=log.info, **kw)
+    run.push(PREPARED_DIR)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     multihost_utils.sync_global_devices("auto_prepare")
+    if jax.process_index() != 0:
+      run.pull(PREPARED_DIR)
   return train_dir, eval_dir
 
 
@@ -112,7 +120,8 @@ def _report_skipped(name: str, source) -> None:
 
 
 def _run_vocab(config, workdir: str, build: Callable[[], Vocab]) -> Vocab:
-  """The workdir's vocab (resume), else config.data.vocab_file, else `build()`; saved into the workdir."""
+  """The workdir's vocab (resume), else config.data.vocab_file, else `build()`; saved into the workdir (its
+  local copy: the caller uploads it)."""
   saved = os.path.join(workdir, "vocab.txt")
   if os.path.exists(saved):
     return Vocab.load(saved)
@@ -122,12 +131,14 @@ def _run_vocab(config, workdir: str, build: Callable[[], Vocab]) -> Vocab:
   return vocab
 
 
-def make_input(config, workdir: str, local_rows: int) -> TrainInput:
+def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
   """Opens the run's data: a prepared corpus (config.data.prepared_dir or auto-prepared) or raw sources."""
+  run = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
+  workdir = run.local
   data = config.data
   train_dir, eval_dir = data.get("prepared_dir", ""), data.get("prepared_eval_dir", "")
   if not train_dir:
-    train_dir, eval_dir = _auto_prepare(config, workdir)
+    train_dir, eval_dir = _auto_prepare(config, run)
   common = dict(batch_size=local_rows, unroll_steps=config.unroll_steps, seed=config.seed)
   shard = data.get("shard", "sentences")
   if train_dir:

@@ -1,7 +1,12 @@
-"""One trainer per workdir: an exclusive `flock` on WORKDIR/train.lock, held by process 0.
+"""One trainer per workdir, held by process 0: an exclusive `flock` on WORKDIR/train.lock, or for a bucket
+workdir an object `train.lock` created only if absent (a generation precondition) and kept alive by a
+heartbeat.
 
-The kernel drops the lock when its holder exits, however it exits (kill -9 included), so a lock file left
-by a dead trainer is stale and simply taken over; the file only records who holds it, for the message.
+The kernel drops a flock when its holder exits, however it exits (kill -9 included), so a lock file left by a
+dead trainer is stale and simply taken over; the file only records who holds it, for the message. A bucket
+cannot tell that its writer died: the lock object is rewritten every `lease/4` seconds, and one not rewritten
+for `lease` seconds ($ELMO_JAX_LOCK_LEASE_S, default 120) is taken over, as is at once one whose holder was a
+process of this machine that no longer runs (a rerun after kill -9 or a preemption of the same VM).
 """
 from __future__ import annotations
 
@@ -9,9 +14,12 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
 
-LOCK_FILE = "train.lock"
+from elmo_jax import log
+from elmo_jax import storage
+from elmo_jax.training.workdir import LOCK_FILE
 
 
 class WorkdirLocked(RuntimeError):
@@ -36,6 +44,8 @@ class WorkdirLock:
       process_index = jax.process_index()
     if process_index != 0:
       return cls(None, None)
+    if storage.is_remote(workdir):
+      return BucketLock.acquire(workdir)
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, LOCK_FILE)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -47,8 +57,7 @@ class WorkdirLock:
       raise WorkdirLocked(f"{os.path.abspath(workdir)} is in use by another trainer ({holder}); wait for it to "
                           f"finish or stop it, or give another --workdir") from None
     os.ftruncate(fd, 0)  # a stale record of a dead holder
-    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                             "started": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+    os.write(fd, _record())
     os.fsync(fd)
     return cls(path, fd)
 
@@ -63,9 +72,94 @@ class WorkdirLock:
     self._fd = None
 
 
+def _record() -> bytes:
+  return json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                     "started": time.strftime("%Y-%m-%d %H:%M:%S")}).encode()
+
+
 def _describe(record: bytes) -> str:
   try:
     info = json.loads(record.decode())
     return f"pid {info['pid']} on {info['host']}, started {info['started']}"
   except (ValueError, KeyError, UnicodeDecodeError):
     return "lock file " + LOCK_FILE
+
+
+def lease_seconds() -> float:
+  return float(os.environ.get("ELMO_JAX_LOCK_LEASE_S") or 120)
+
+
+def _gone_from_this_machine(record: bytes) -> bool:
+  """The holder was a process of this machine that no longer runs."""
+  try:
+    info = json.loads(record.decode())
+    if info.get("host") != socket.gethostname():
+      return False
+    os.kill(int(info["pid"]), 0)
+    return False
+  except ProcessLookupError:
+    return True
+  except (ValueError, KeyError, TypeError, UnicodeDecodeError, PermissionError):
+    return False
+
+
+class BucketLock:
+  """The bucket workdir's lock object; `release()` (idempotent) stops the heartbeat and deletes it."""
+
+  def __init__(self, blob, url: str):
+    self._blob, self.path = blob, url
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="workdir-lock-heartbeat")
+    self._thread.start()
+
+  @classmethod
+  def acquire(cls, workdir: str) -> "BucketLock":
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
+    url = storage.join(workdir, LOCK_FILE)
+    bucket, _, name = url[len(storage.SCHEME):].partition("/")
+    blob = gcs.Client().bucket(bucket).blob(name)
+    try:
+      blob.upload_from_string(_record(), if_generation_match=0)  # only if no lock object exists
+      return cls(blob, url)
+    except exceptions.PreconditionFailed:
+      pass
+    held = blob.bucket.get_blob(name)
+    if held is None:  # released in between: try once more
+      return cls.acquire(workdir)
+    record = held.download_as_bytes()
+    age = time.time() - held.updated.timestamp()
+    lease = lease_seconds()
+    if age < lease and not _gone_from_this_machine(record):
+      raise WorkdirLocked(f"{workdir} is in use by another trainer ({_describe(record)}; last heartbeat "
+                          f"{age:.0f}s ago); wait for it to finish or stop it, or give another --workdir "
+                          f"(a holder that died is taken over {lease:.0f}s after its last heartbeat)")
+    try:  # stale: replaced only if nobody replaced it since we read it
+      blob.upload_from_string(_record(), if_generation_match=held.generation)
+    except exceptions.PreconditionFailed:
+      raise WorkdirLocked(f"{workdir}: another trainer took over its stale lock just now; give another "
+                          "--workdir or stop that one") from None
+    log.info(f"took over the stale lock of {workdir} ({_describe(record)}; last heartbeat {age:.0f}s ago)")
+    return cls(blob, url)
+
+  def _heartbeat(self) -> None:
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    while not self._stop.wait(lease_seconds() / 4):
+      try:
+        self._blob.upload_from_string(_record(), if_generation_match=self._blob.generation)
+      except exceptions.PreconditionFailed:
+        log.info(f"warning: lost the workdir lock {self.path}: another trainer took it over (this one's "
+                 "heartbeat was late by more than the lease); stop one of them")
+        return
+      except Exception as e:  # noqa: BLE001 - a network blip: the next beat tries again
+        log.info(f"warning: workdir lock heartbeat failed ({type(e).__name__}); retrying")
+
+  def release(self) -> None:
+    if self._stop.is_set():
+      return
+    self._stop.set()
+    self._thread.join(timeout=30)
+    try:
+      self._blob.delete(if_generation_match=self._blob.generation)  # not a lock someone took over
+    except Exception:  # noqa: BLE001 - already gone, or taken over: nothing of ours to remove
+      pass

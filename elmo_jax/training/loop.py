@@ -19,6 +19,7 @@ import ml_collections
 
 from elmo_jax import log
 from elmo_jax import files
+from elmo_jax import storage
 from elmo_jax import options as options_lib
 from elmo_jax.model import make_model, zero_state
 from elmo_jax.training import init_from, lm_eval, resume, step as step_lib
@@ -28,6 +29,7 @@ from elmo_jax.training.checkpoint import (Checkpointer, IncompatibleCheckpointEr
 from elmo_jax.training.distributed import StopRequest
 from elmo_jax.training.export import export_model
 from elmo_jax.training.metrics import LogWindow, MetricWriter, progress_line
+from elmo_jax.training.workdir import METRICS_FILE, Workdir
 
 def _every(step: int, n: int, last: int) -> bool:
   return step % n == 0 or step == last
@@ -49,7 +51,7 @@ def signal_self_for_tests(step: int, checkpointer: Checkpointer) -> None:
     os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
 
 
-def restore_or_init(config, workdir, checkpointer, state, train_iter, check, optimizer, options, vocab,
+def restore_or_init(config, run: Workdir, checkpointer, state, train_iter, check, optimizer, options, vocab,
                     shardings):
   """(state, open log-window sums) from the newest good checkpoint, else `config.init_from`, else fresh."""
   restored = checkpointer.restore(abstract_like(state), check)
@@ -59,7 +61,10 @@ def restore_or_init(config, workdir, checkpointer, state, train_iter, check, opt
       train_iter.set_state(meta["data"][jax.process_index()])
     except ValueError as e:  # the preflight compares configs; this is the data stream's own test
       raise IncompatibleCheckpointError(f"{checkpointer.directory} (step {restored_step}): {e}") from None
-    dropped = resume.rewind_metrics(workdir, restored_step) if jax.process_index() == 0 else 0
+    dropped = 0
+    if jax.process_index() == 0:
+      dropped = resume.rewind_metrics(run.local, restored_step)
+      run.push(METRICS_FILE)
     log.info(f"resumed from step {restored_step} in {checkpointer.directory}"
                   + (f" (dropped {dropped} metrics.jsonl records written after it)" if dropped else ""),
                   all_processes=True)  # every process restores its own data position
@@ -103,7 +108,8 @@ def log_unigram_baseline(config, data, vocab, writer: MetricWriter, n_proc: int)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains per `config` in `workdir`, resuming if it holds a checkpoint; returns the last metrics.
+  """Trains per `config` in `workdir` (a local path or a bucket URL: `training/workdir.py`), resuming if it
+  holds a checkpoint; returns the last metrics.
 
   Resuming is exact: the checkpoint holds the train state (incl. RNG and carried LSTM state), every
   process's data position and the open log window, and metrics.jsonl is rewound to the restored step.
@@ -112,18 +118,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # Long on purpose (flax lm1b's shape): setup, restore, and the step loop read top to bottom in one place;
   # what stands alone lives outside (restore_or_init, make_feed, LogWindow, log_unigram_baseline).
   # --- setup ---------------------------------------------------------------------------------------------
-  workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  run = Workdir(workdir)
   is_main = jax.process_index() == 0
+  if is_main:
+    run.pull()  # a bucket workdir: the copy this process writes starts as the bucket's
+  workdir = run.local
+  os.makedirs(workdir, exist_ok=True)
   options = options_lib.validate(config.options.to_dict(), "config.options")
   n_devices, n_proc = jax.device_count(), jax.process_count()
   if config.batch_size % n_devices:
     raise ValueError(f"config.batch_size={config.batch_size} must be divisible by the {n_devices} devices")
   local_rows = config.batch_size // n_proc
-  data = input_lib.make_input(config, workdir, local_rows)
+  data = input_lib.make_input(config, run, local_rows)
   vocab = data.vocab
   if is_main:
     files.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    run.push("config.json", "vocab.txt")
 
   mesh = step_lib.make_mesh()
   model = make_model(options, dropout=config.dropout, dtype=config.dtype,
@@ -140,9 +150,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_source = input_lib.train_source(config.data)
 
   # --- restore or init -----------------------------------------------------------------------------------
-  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints)
-  compatible = lambda meta: resume.check_compatible(meta, config, options, vocab.sha256(), n_proc, workdir)
-  state, window_sums = restore_or_init(config, workdir, checkpointer, state, train_iter, compatible, optimizer,
+  checkpointer = Checkpointer(run.checkpoints, keep=config.keep_checkpoints)
+  compatible = lambda meta: resume.check_compatible(meta, config, options, vocab.sha256(), n_proc, run.path)
+  state, window_sums = restore_or_init(config, run, checkpointer, state, train_iter, compatible, optimizer,
                                        options, vocab, shardings)
   start_step = int(state.step)
   data_state = train_iter.get_state()  # the position after the last batch a step consumed
@@ -165,8 +175,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                     "train_source": train_source})
     if is_main:
       export_model(workdir, state.params, options)
+      run.push("export")
 
-  writer = MetricWriter(workdir, enabled=is_main, purge_step=start_step + 1, config=config.to_dict())
+  writer = MetricWriter(workdir, enabled=is_main, purge_step=start_step + 1, config=config.to_dict(),
+                        uploaded=run.push if run.remote else None)
   if is_main and data.eval is not None and start_step == 0:
     log_unigram_baseline(config, data, vocab, writer, n_proc)
   log.info(f"training {config.num_train_steps} steps of {config.batch_size} x {config.unroll_steps} tokens on "
@@ -242,5 +254,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   counts = data_state["counters"]
   log.info(f"done: step {int(state.step)}; read {counts['sentences']:,} sentences, {counts['tokens']:,} words "
            f"({counts['truncated_tokens']:,} over-long tokens truncated); checkpoints in {checkpointer.directory}; "
-           f"export in {workdir}/export", all_processes=True)  # each process's data counts differ
+           f"export in {storage.join(run.path, 'export')}", all_processes=True)  # each process's data counts differ
   return record

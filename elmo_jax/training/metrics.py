@@ -5,10 +5,12 @@ import json
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 from tensorboardX import SummaryWriter
+
+from elmo_jax.training.workdir import METRICS_FILE, TENSORBOARD_DIR
 
 
 class MetricWriter:
@@ -16,15 +18,17 @@ class MetricWriter:
 
   Only process 0 writes (`enabled=False` elsewhere). `purge_step` (a resume: the restored step + 1) makes
   TensorBoard drop the events a killed run wrote after its last checkpoint; `config` is written as text
-  and as hparams (step `purge_step - 1`).
+  and as hparams (step `purge_step - 1`). After every record both are flushed and `uploaded(names)` is
+  called (a bucket workdir's `Workdir.push`: whole files, so a reader of the bucket sees whole records).
   """
 
   def __init__(self, workdir: str, enabled: bool = True, purge_step: int | None = None,
-               config: dict[str, Any] | None = None):
+               config: dict[str, Any] | None = None, uploaded: Callable[..., None] | None = None):
     self.enabled = enabled
+    self._uploaded = uploaded
     if enabled:
-      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge_step)
+      self._jsonl = open(os.path.join(workdir, METRICS_FILE), "a")
+      self._tb = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR), purge_step=purge_step)
       if config is not None:
         self._write_config(config, max((purge_step or 1) - 1, 0))
 
@@ -48,6 +52,9 @@ class MetricWriter:
     for k, v in clean.items():
       if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
         self._tb.add_scalar(k, v, step)
+    if self._uploaded is not None:
+      self._tb.flush()
+      self._uploaded(METRICS_FILE, TENSORBOARD_DIR)
 
   def close(self) -> None:
     if self.enabled:

@@ -21,6 +21,7 @@ import ml_collections
 from elmo_jax import files
 from elmo_jax import log
 from elmo_jax.data.sources import expand_paths
+from elmo_jax.training.workdir import Workdir
 
 _BLOCK = 1 << 20
 
@@ -52,6 +53,8 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
     files.check_output(workdir, "--workdir", directory=True)
   except files.UnsafeOutputError as e:
     raise PreflightError(str(e)) from None
+  run = Workdir(workdir)
+  run.pull()  # a bucket workdir: its files (not the checkpoints) into the local copy that is checked here
   check_values(config)
   data = config.data
   if data.get("prepared_dir"):
@@ -72,7 +75,7 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
     check_vocab(data.vocab_file, "config.data.vocab_file")
   if config.get("init_from"):
     _check_init_from(config)
-  _check_saved_vocab(config, workdir)
+  _check_saved_vocab(config, run)
 
 
 def check_values(config: ml_collections.ConfigDict) -> None:
@@ -131,11 +134,12 @@ def check_run(config: ml_collections.ConfigDict, workdir: str, n_devices: int, n
                          f"(e.g. --config.batch_size={-(-config.batch_size // n_devices) * n_devices})")
   from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import checkpoint, resume  # pylint: disable=g-import-not-at-top
-  found = checkpoint.newest_meta(os.path.join(workdir, "checkpoints"))
+  run = Workdir(workdir)
+  found = checkpoint.newest_meta(run.checkpoints)
   if found is None:
     return
   step, meta = found
-  vocab = _vocab_sha256(config, workdir)
+  vocab = _vocab_sha256(config, run.local)
   options = options_lib.validate(config.options.to_dict(), "config.options")
   try:
     resume.check_compatible(meta, config, options, vocab or meta.get("vocab_sha256"), n_processes,
@@ -244,11 +248,12 @@ def _check_init_from(config: ml_collections.ConfigDict) -> None:
     raise PreflightError(str(e)) from None
 
 
-def _check_saved_vocab(config: ml_collections.ConfigDict, workdir: str) -> None:
+def _check_saved_vocab(config: ml_collections.ConfigDict, run: Workdir) -> None:
   """A `vocab.txt` an earlier run left must be the one this config would build, else it would silently win."""
   from elmo_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  workdir = run.local
   saved_path = os.path.join(workdir, "vocab.txt")
-  if not os.path.exists(saved_path) or checkpoint.newest_meta(os.path.join(workdir, "checkpoints")):
+  if not os.path.exists(saved_path) or checkpoint.newest_meta(run.checkpoints):
     return  # with a checkpoint, check_run compares its whole config (vocabulary settings included)
   saved = check_vocab(saved_path, "the workdir's vocabulary (resume)")
   if config.data.get("vocab_file"):

@@ -10,6 +10,7 @@ from flax import traverse_util
 
 from elmo_jax import files
 from elmo_jax.training.checkpoint import IncompatibleCheckpointError
+from elmo_jax.training.workdir import METRICS_FILE
 
 # Config keys that change the shape of the saved state or the meaning of the saved data position.
 # The training data's identity too: a data position means nothing in another corpus.
@@ -71,7 +72,7 @@ def rewind_metrics(workdir: str, step: int) -> int:
   a torn last line (killed mid-write) is dropped too. Returns how many records were dropped.
   (TensorBoard event files cannot be rewound; TensorBoard shows the newest value of a repeated step.)
   """
-  path = os.path.join(workdir, "metrics.jsonl")
+  path = os.path.join(workdir, METRICS_FILE)
   if not os.path.exists(path):
     return 0
   kept, dropped = [], 0

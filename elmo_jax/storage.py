@@ -1,0 +1,373 @@
+"""Paths in a cloud bucket (`gs://bucket/...`): the one place that talks to a bucket.
+
+Every command takes a bucket URL wherever it takes a path; a local path is never touched here. How each kind
+of file gets there (the README's "Workdirs in a bucket" section has the costs):
+- inputs (text files, a prepared corpus, vocab, options/weights, a run to start from): `local(url)` copies
+  the object, or every object under the prefix, once into `$ELMO_JAX_CACHE/bucket/` and returns the local
+  path. A copy is kept with each object's generation: a rerun (a resume) downloads only what changed in the
+  bucket, and a download is checked against the object's crc32c before it replaces the old copy. What the
+  copy must be (a prepared corpus's sha256s, a vocab) is checked by the reader, as for a local file.
+- a run's workdir: `Mirror` keeps a local copy that process 0 writes; `push` uploads what changed (each file
+  one object, so a reader sees an old or a new file, never half of one), `pull` brings the bucket's state
+  back (the bucket wins: a file written after the last upload is rolled back, as a restore rolls back).
+  Orbax writes checkpoints to the bucket itself (`training/checkpoint.py`).
+- outputs (evaluate's folder, embed's HDF5, plan's HLO): `staged_output(url)` yields a local path and
+  uploads it once the command succeeded, so nothing partial reaches the bucket.
+
+The Google client libraries take their endpoint from the environment: `STORAGE_EMULATOR_HOST` (gcsfs and
+google-cloud-storage) and `TENSORSTORE_GCS_HTTP_URL` (Orbax's tensorstore) point them at an emulator.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime
+import functools
+import hashlib
+import json
+import os
+import shutil
+import time
+from typing import Any, Callable, Iterable, Iterator
+
+from elmo_jax import files
+
+SCHEME = "gs://"
+RECORD = ".bucket-copy.json"  # in a local copy: {relative path: [generation, size, mtime_ns]}
+_SKIP_SUFFIXES = (".tmp", ".old", ".partial", ".part")  # local work in progress, never uploaded
+
+
+class StorageError(OSError):
+  """A bucket cannot be read or written (no client library, no such bucket, refused); one line."""
+
+
+def is_remote(path: Any) -> bool:
+  return isinstance(path, (str, os.PathLike)) and os.fspath(path).startswith(SCHEME)
+
+
+def join(base: str, *parts: str) -> str:
+  if is_remote(base):
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts if p)])
+  return os.path.join(base, *parts)
+
+
+@functools.lru_cache(maxsize=None)
+def _filesystem():
+  try:
+    import gcsfs  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise StorageError("gs:// paths need gcsfs: pip install gcsfs google-cloud-storage "
+                       "(requirements.txt has them)") from None
+  # No listing cache: another process (a pod neighbour, a resumed run) may have written since.
+  return gcsfs.GCSFileSystem(use_listings_cache=False, skip_instance_cache=True)
+
+
+def _key(url: str) -> str:
+  return url[len(SCHEME):].rstrip("/")
+
+
+def _call(what: str, fn, *args, **kwargs):
+  """fn(*args) with a bucket's errors as one-line StorageErrors naming `what`."""
+  try:
+    return fn(*args, **kwargs)
+  except FileNotFoundError:
+    raise
+  except StorageError:
+    raise
+  except Exception as e:  # noqa: BLE001 - gcsfs/aiohttp/google-auth raise many types
+    text = " ".join(str(e).split())[:200]
+    raise StorageError(f"{what}: {type(e).__name__}: {text}") from None
+
+
+def exists(path: str) -> bool:
+  return _call(path, _filesystem().exists, _key(path)) if is_remote(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+  return _call(path, _filesystem().isdir, _key(path)) if is_remote(path) else os.path.isdir(path)
+
+
+def isfile(path: str) -> bool:
+  return _call(path, _filesystem().isfile, _key(path)) if is_remote(path) else os.path.isfile(path)
+
+
+def listdir(path: str) -> list[str]:
+  """Names directly under `path` ([] when there is nothing)."""
+  if not is_remote(path):
+    return os.listdir(path) if os.path.isdir(path) else []
+  try:
+    entries = _call(path, _filesystem().ls, _key(path), detail=False)
+  except FileNotFoundError:
+    return []
+  return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != _key(path)})
+
+
+def read_bytes(path: str) -> bytes:
+  if is_remote(path):
+    return _call(path, _filesystem().cat_file, _key(path))
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """Atomic: a bucket object is replaced whole by one upload; a local file by a rename."""
+  if is_remote(path):
+    _call(path, _filesystem().pipe_file, _key(path), data)
+    return
+  with files.atomic_path(path) as tmp, open(tmp, "wb") as f:
+    f.write(data)
+
+
+def write_json(path: str, obj: Any) -> None:
+  write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def makedirs(path: str) -> None:
+  if not is_remote(path):  # a bucket has no folders: a prefix exists once an object is under it
+    os.makedirs(path, exist_ok=True)
+
+
+def remove(path: str) -> None:
+  if is_remote(path):
+    _call(path, _filesystem().rm, _key(path))
+  else:
+    os.remove(path)
+
+
+def move(src: str, dst: str) -> None:
+  """A file or folder to a new name (a bucket copies each object, then deletes it)."""
+  if is_remote(src):
+    _call(src, _filesystem().mv, _key(src), _key(dst), recursive=True)
+  else:
+    os.replace(src, dst)
+
+
+def _objects(url: str) -> dict[str, dict[str, Any]]:
+  """{relative path: object info} of every object under the prefix `url` (one object: {"": info})."""
+  fs, key = _filesystem(), _key(url)
+  found = _call(url, fs.find, key, detail=True)
+  if not found and _call(url, fs.isfile, key):
+    found = {key: _call(url, fs.info, key)}
+  return {("" if name == key else name[len(key) + 1:]): dict(info, url=SCHEME + name)
+          for name, info in found.items() if info.get("type") != "directory"}
+
+
+def tree_digests(directory: str, algorithm: str) -> dict[str, str]:
+  """{relative path: digest} of every file under `directory`: "sha256" (local files) or "crc32c" (what a
+  bucket keeps for every object, so checking a checkpoint there downloads nothing)."""
+  if is_remote(directory):
+    objects = _objects(directory)
+    if algorithm == "crc32c":
+      return dict(sorted((rel, info["crc32c"]) for rel, info in objects.items()))
+    return dict(sorted((rel, hashlib.sha256(read_bytes(join(directory, rel))).hexdigest()) for rel in objects))
+  out = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      out[os.path.relpath(path, directory)] = (files.sha256_file(path) if algorithm == "sha256" else
+                                               _crc32c_file(path))
+  return dict(sorted(out.items()))
+
+
+def _crc32c_file(path: str) -> str:
+  """A file's crc32c as GCS reports it (base64 of the big-endian 4 bytes)."""
+  import google_crc32c  # pylint: disable=g-import-not-at-top
+  checksum = google_crc32c.Checksum()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      checksum.update(block)
+  return base64.b64encode(checksum.digest()).decode()
+
+
+def cache_root() -> str:
+  from elmo_jax import download  # pylint: disable=g-import-not-at-top
+  return os.path.join(download.cache_dir(), "bucket")
+
+
+def copy_path(url: str, area: str = "copies") -> str:
+  """Where `local(url)` keeps its copy: `$ELMO_JAX_CACHE/bucket/copies/<bucket>/<object path>` (other areas:
+  "workdirs" for a run's `Mirror`, "staged" for outputs on their way up)."""
+  return os.path.join(cache_root(), area, *_key(url).split("/"))
+
+
+# What a trained run's readers need of its workdir (embed, evaluate): not its checkpoints.
+RUN_FILES = ("export", "vocab.txt", "config.json")
+
+
+def local(path: str | os.PathLike, names: Iterable[str] | None = None) -> str:
+  """`path` itself when local; for a bucket URL, a local copy of the object or of every object under it
+  (with `names`: under those top-level names only), brought up to date with the bucket (only what changed
+  is downloaded)."""
+  text = os.fspath(path)
+  if not is_remote(text):
+    return text
+  target = copy_path(text)
+  objects = _objects(text)
+  if names is not None:
+    names = set(names)
+    objects = {rel: info for rel, info in objects.items() if rel.split("/")[0] in names}
+  if not objects:
+    raise FileNotFoundError(f"{text}: no such object or folder in the bucket")
+  if "" in objects:  # a single object
+    _sync(os.path.dirname(target), {os.path.basename(target): objects[""]})
+  else:
+    _sync(target, objects, delete=lambda top: names is None or top in names)
+  return target
+
+
+def _read_record(folder: str) -> dict[str, list]:
+  try:
+    with open(os.path.join(folder, RECORD)) as f:
+      record = json.load(f)
+    return record if isinstance(record, dict) else {}
+  except (OSError, ValueError):
+    return {}
+
+
+def _stamp(path: str) -> list[int]:
+  st = os.stat(path)
+  return [st.st_size, st.st_mtime_ns]
+
+
+def _unchanged(folder: str, rel: str, generation: Any, record: dict[str, list]) -> bool:
+  """The local copy of `rel` is the bucket's generation and nothing touched it since."""
+  path = os.path.join(folder, rel)
+  entry = record.get(rel)
+  return (isinstance(entry, list) and len(entry) == 3 and entry[0] == str(generation) and os.path.isfile(path)
+          and _stamp(path) == entry[1:])
+
+
+def _sync(folder: str, objects: dict[str, dict[str, Any]],
+          delete: Callable[[str], bool] | None = None) -> None:
+  """Makes `folder` hold `objects` (relative path -> info, from `_objects`): downloads what is new or
+  changed, each checked against its crc32c before it replaces the old copy; removes the local files the
+  bucket does not have whose top-level name `delete(name)` says is the bucket's to decide."""
+  os.makedirs(folder, exist_ok=True)
+  record = _read_record(folder)
+  fs = _filesystem()
+  for rel, info in sorted(objects.items()):
+    if _unchanged(folder, rel, info.get("generation"), record):
+      continue
+    target = os.path.join(folder, *rel.split("/"))
+    with files.atomic_path(target, suffix=".part") as tmp:
+      _call(info["url"], fs.get_file, _key(info["url"]), tmp)
+      if "crc32c" in info and _crc32c_file(tmp) != info["crc32c"]:
+        raise StorageError(f"{info['url']}: the download does not match the object's crc32c; run again")
+      if isinstance(info.get("mtime"), datetime.datetime):  # the object's time: the same copy on every host
+        stamp = int(info["mtime"].timestamp() * 1e9)
+        os.utime(tmp, ns=(stamp, stamp))
+    record[rel] = [str(info.get("generation")), *_stamp(target)]
+  if delete is not None:
+    for path in list(_local_files(folder)):
+      rel = os.path.relpath(path, folder).replace(os.sep, "/")
+      if rel not in objects and delete(rel.split("/")[0]):
+        os.remove(path)
+        record.pop(rel, None)
+  files.write_json(os.path.join(folder, RECORD), record)
+
+
+def upload(local_path: str, url: str) -> None:
+  """A local file, or every file under a local folder, to `url` (one object per file)."""
+  fs = _filesystem()
+  if os.path.isfile(local_path):
+    _call(url, fs.put_file, local_path, _key(url))
+    return
+  for root, _, names in os.walk(local_path):
+    for name in sorted(names):
+      if not name.endswith(_SKIP_SUFFIXES) and name != RECORD:
+        path = os.path.join(root, name)
+        target = join(url, *os.path.relpath(path, local_path).split(os.sep))
+        _call(target, fs.put_file, path, _key(target))
+
+
+class Mirror:
+  """A local folder kept as a copy of a bucket folder that this process writes (a run's workdir).
+
+  `pull()` makes the local folder the bucket's (top-level names in `skip`, e.g. checkpoints/, stay in the
+  bucket only); `push(*names)` uploads those local files or folders, only the files changed since the last
+  push or pull.
+  """
+
+  def __init__(self, url: str, folder: str, skip: Iterable[str] = ()):
+    self.url, self.folder, self.skip = url.rstrip("/"), folder, tuple(skip)
+
+  def pull(self, *names: str) -> None:
+    """The bucket's state of `names` (default: everything but `skip`) into the local folder."""
+    wanted = lambda top: top not in self.skip and (not names or top in names)  # noqa: E731
+    _sync(self.folder, {rel: info for rel, info in _objects(self.url).items() if wanted(rel.split("/")[0])},
+          delete=wanted)
+
+  def push(self, *names: str) -> None:
+    record = _read_record(self.folder)
+    fs = _filesystem()
+    changed = False
+    for name in names:
+      for path in _local_files(os.path.join(self.folder, name)):
+        rel = os.path.relpath(path, self.folder).replace(os.sep, "/")
+        entry = record.get(rel)
+        if isinstance(entry, list) and len(entry) == 3 and _stamp(path) == entry[1:]:
+          continue
+        target = join(self.url, rel)
+        _call(target, fs.put_file, path, _key(target))
+        record[rel] = [str(_call(target, fs.info, _key(target)).get("generation")), *_stamp(path)]
+        changed = True
+    if changed:
+      files.write_json(os.path.join(self.folder, RECORD), record)
+
+
+def _local_files(path: str) -> Iterator[str]:
+  if os.path.isfile(path):
+    yield path
+    return
+  for root, dirs, names in os.walk(path):
+    dirs[:] = sorted(d for d in dirs if not d.endswith(_SKIP_SUFFIXES))
+    for name in sorted(names):
+      if not name.endswith(_SKIP_SUFFIXES) and name != RECORD:
+        yield os.path.join(root, name)
+
+
+def check_writable(url: str, what: str) -> None:
+  """Refuses, in one line naming `what`, a bucket URL whose bucket is missing or refuses a write: a probe
+  object is written and deleted (listing rights alone do not show that a write will be accepted)."""
+  bucket = _key(url).split("/")[0]
+  if not bucket:
+    raise StorageError(f"{what}={url}: no bucket named")
+  fs = _filesystem()
+  if not _call(f"{what}={url}", fs.exists, bucket):
+    raise StorageError(f"{what}={url}: the bucket gs://{bucket} does not exist (or is not visible to these "
+                       "credentials)")
+  probe = join(url, f".write-test-{os.getpid()}-{time.time_ns()}")
+  _call(f"{what}={url}: the bucket refuses writes", fs.pipe_file, _key(probe), b"")
+  _call(f"{what}={url}", fs.rm, _key(probe))
+
+
+def staging_path(url: str, directory: bool = False) -> str:
+  """A fixed local path to write the output `url` to before `finish_staged` uploads it (a rerun after an
+  interruption finds its work there); its folder is made."""
+  staging = copy_path(url, "staged")
+  os.makedirs(staging if directory else os.path.dirname(staging), exist_ok=True)
+  return staging
+
+
+def finish_staged(staging: str, url: str) -> None:
+  """Uploads a finished staged output (each file one object) and removes the local copy."""
+  upload(staging, url)
+  if os.path.isdir(staging):
+    shutil.rmtree(staging, ignore_errors=True)
+  elif os.path.exists(staging):
+    os.remove(staging)
+
+
+@contextlib.contextmanager
+def staged_output(path: str | os.PathLike, what: str, directory: bool = False) -> Iterator[str]:
+  """Yields where to write `path`: itself when local; for a bucket URL (checked first: `check_writable`)
+  `staging_path(url)`, uploaded once the block finished without error, so the bucket never holds a partial
+  output."""
+  text = os.fspath(path)
+  if not is_remote(text):
+    yield text
+    return
+  check_writable(text, what)
+  staging = staging_path(text, directory)
+  yield staging
+  finish_staged(staging, text)

@@ -1,0 +1,204 @@
+"""A run whose workdir is a bucket (`--workdir=gs://...`), on a real GCS server (tests/gcs_util.py).
+
+Trained, killed with SIGKILL and resumed in the bucket, it must match an uninterrupted local run bit for bit
+(losses, metrics.jsonl, exported weights); two trainers on one bucket workdir are refused; a prepared corpus
+in the bucket gives the local copy's batches and refuses a tampered object; embed and evaluate write whole
+objects; a tampered checkpoint object is found by its crc32c and set aside.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+import launch_util
+from elmo_jax import storage
+from gcs_util import bucket, gcs_server  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.slow
+
+STEPS, EVERY, LOG_EVERY = 12, 4, 3
+
+
+@pytest.fixture(scope="module")
+def runs(gcs_server, tmp_path_factory):
+  """A: a local run, uninterrupted. B: the same run in a bucket, killed by SIGKILL after step 9 (checkpoint 8
+  saved), then run again to the end."""
+  root = str(tmp_path_factory.mktemp("bucket_runs"))
+  with pytest.MonkeyPatch.context() as mp:
+    for key, value in {**gcs_server.env, "ELMO_JAX_CACHE": os.path.join(root, "cache")}.items():
+      mp.setenv(key, value)
+    url = gcs_server.new_bucket()
+    jax_cache = os.path.join(root, "jax_cache")
+    train = launch_util.write_corpus(os.path.join(root, "train.txt"))
+    config = launch_util.write_config(os.path.join(root, "tiny.py"), train, num_train_steps=STEPS,
+                                      checkpoint_every_steps=EVERY, log_every_steps=LOG_EVERY, keep_checkpoints=2)
+    a, b = os.path.join(root, "a"), url + "/run"
+    log_a, log_b = os.path.join(root, "a.log"), os.path.join(root, "b.log")
+    run_a = launch_util.launch(a, config, log=log_a, cache_dir=jax_cache)
+    run_b = launch_util.launch(b, config, log=log_b, cache_dir=jax_cache, signal_at="9:KILL")
+    assert launch_util.wait([run_b], 300) == [-signal.SIGKILL], launch_util.read(log_b)[-3000:]
+    killed = storage.read_bytes(b + "/metrics.jsonl").decode()
+    run_b = launch_util.launch(b, config, log=log_b, cache_dir=jax_cache)
+    codes = launch_util.wait([run_a, run_b], 300)
+    assert codes == [0, 0], launch_util.read(log_a)[-3000:] + launch_util.read(log_b)[-3000:]
+    yield {"a": a, "b": b, "url": url, "log_b": launch_util.read(log_b), "killed_metrics": killed,
+           "config": config, "train": train, "root": root, "jax_cache": jax_cache, "env": dict(os.environ)}
+
+
+def _records(text: str) -> list[dict]:
+  return [{k: v for k, v in json.loads(line).items() if k not in launch_util.TIMING_FIELDS}
+          for line in text.splitlines()]
+
+
+def _weights(path: str) -> dict[str, np.ndarray]:
+  out = {}
+  with h5py.File(path, "r") as f:
+    f.visititems(lambda name, obj: out.__setitem__(name, obj[...]) if isinstance(obj, h5py.Dataset) else None)
+  return out
+
+
+def test_bucket_run_resumes_after_kill9_bit_identical_to_a_local_run(runs):
+  assert "resumed from step 8" in runs["log_b"]
+  # What the killed run had uploaded stops at its last log step (9); the resumed run rewound it to step 8.
+  assert [r["step"] for r in _records(runs["killed_metrics"])] == [3, 6, 9]
+  bucket_metrics = storage.read_bytes(runs["b"] + "/metrics.jsonl").decode()
+  assert _records(bucket_metrics) == launch_util.records(runs["a"])  # bit-identical losses, every step once
+  assert [r["step"] for r in _records(bucket_metrics)] == [3, 6, 9, 12]
+  a = launch_util.exported(runs["a"])
+  b = _weights(storage.local(runs["b"] + "/export/weights.hdf5"))
+  assert sorted(a) == sorted(b)
+  for name in a:
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_bucket_workdir_holds_the_run_and_no_debris(runs):
+  names = storage.listdir(runs["b"])
+  assert {"checkpoints", "config.json", "vocab.txt", "metrics.jsonl", "tensorboard", "export", "prepared"} <= set(names)
+  assert "train.lock" not in names  # released at the end
+  assert storage.listdir(runs["b"] + "/checkpoints") == ["12", "8", "checksums"]  # keep_checkpoints=2
+  assert storage.listdir(runs["b"] + "/export") == ["options.json", "vocab.txt", "weights.hdf5"]
+  every = storage._objects(runs["b"])  # pylint: disable=protected-access
+  assert not [n for n in every if n.endswith((".tmp", ".part", ".partial", storage.RECORD))]
+  assert any(n.startswith("tensorboard/events.out.tfevents") for n in every)
+  digests = json.loads(storage.read_bytes(runs["b"] + "/checkpoints/checksums/12.json"))
+  assert set(digests) == {"step", "crc32c"} and digests["crc32c"]
+
+
+def test_second_trainer_on_a_bucket_workdir_is_refused_naming_the_holder(runs):
+  from elmo_jax.training.lock import WorkdirLock
+  held = WorkdirLock.acquire(runs["b"], process_index=0)
+  try:
+    out = subprocess.run([sys.executable, "train.py", f"--workdir={runs['b']}", f"--config={runs['config']}",
+                          "--config.num_train_steps=16"], cwd=launch_util.REPO, capture_output=True, text=True,
+                         env=launch_util.env(cache_dir=runs["jax_cache"]), timeout=300)
+  finally:
+    held.release()
+  assert out.returncode == 1, out.stderr[-2000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"train: error: {runs['b']} is in use by another trainer (pid {os.getpid()} on "
+                         f"{socket.gethostname()}"), last
+  assert "Traceback" not in out.stderr
+  assert not storage.exists(runs["b"] + "/train.lock")
+  assert storage.listdir(runs["b"] + "/checkpoints") == ["12", "8", "checksums"]  # nothing trained
+
+
+def _lock_record(host: str, pid: int) -> bytes:
+  return json.dumps({"pid": pid, "host": host, "started": "2026-01-01 00:00:00"}).encode()
+
+
+def test_bucket_lock_lease_heartbeat_and_takeover(bucket, monkeypatch):
+  from elmo_jax.training.lock import WorkdirLock, WorkdirLocked
+  run = bucket + "/run"
+  monkeypatch.setenv("ELMO_JAX_LOCK_LEASE_S", "1.5")
+  # A holder on another machine: refused while its lease runs, taken over once it ran out.
+  storage.write_bytes(run + "/train.lock", _lock_record("another-host", 4242))
+  with pytest.raises(WorkdirLocked, match=r"pid 4242 on another-host.*taken over 2s after its last heartbeat"):
+    WorkdirLock.acquire(run, process_index=0)
+  time.sleep(1.8)
+  lock = WorkdirLock.acquire(run, process_index=0)
+  assert json.loads(storage.read_bytes(run + "/train.lock"))["pid"] == os.getpid()
+  # A live holder's heartbeat keeps its lock past the lease.
+  time.sleep(2.0)
+  with pytest.raises(WorkdirLocked, match=f"pid {os.getpid()}"):
+    WorkdirLock.acquire(run, process_index=0)
+  lock.release()
+  assert not storage.exists(run + "/train.lock")
+  # A holder of this machine that no longer runs (a rerun after kill -9): taken over at once.
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  storage.write_bytes(run + "/train.lock", _lock_record(socket.gethostname(), dead.pid))
+  WorkdirLock.acquire(run, process_index=0).release()
+
+
+def test_prepared_corpus_in_a_bucket_gives_the_local_batches_and_refuses_tampering(bucket, tmp_path):
+  from elmo_jax.data import manifest, prepare
+  from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
+  train = launch_util.write_corpus(str(tmp_path / "train.txt"))
+  local = str(tmp_path / "prepared")
+  prepare.prepare(local, [train], vocab_max_size=500, log_line=lambda _: None)
+  storage.upload(local, bucket + "/corpus")
+
+  def batches(directory: str) -> list:
+    corpus = PreparedCorpus(directory)
+    it = make_prepared_iterator(corpus, corpus.vocab(), batch_size=4, unroll_steps=5, seed=3)
+    return [next(it) for _ in range(6)]
+
+  for x, y in zip(batches(local), batches(bucket + "/corpus")):
+    assert sorted(x) == sorted(y)
+    for key in x:
+      np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+  copy = storage.copy_path(bucket + "/corpus")
+  stamp = os.stat(os.path.join(copy, "tokens.npy")).st_mtime_ns
+  PreparedCorpus(bucket + "/corpus")  # a rerun (a resume): nothing downloaded again
+  assert os.stat(os.path.join(copy, "tokens.npy")).st_mtime_ns == stamp
+  tokens = bytearray(storage.read_bytes(bucket + "/corpus/tokens.npy"))
+  tokens[-1] ^= 0xFF  # same size, other bytes
+  storage.write_bytes(bucket + "/corpus/tokens.npy", bytes(tokens))
+  with pytest.raises(manifest.PreparedCorpusError, match="tokens.npy"):
+    PreparedCorpus(bucket + "/corpus")
+
+
+def test_embed_and_evaluate_write_whole_objects_to_a_bucket(runs):
+  env = launch_util.env(cache_dir=runs["jax_cache"])
+  out = runs["url"] + "/embeddings/train.hdf5"
+  embed = subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--workdir={runs['b']}",
+                          f"--input_file={runs['train']}", f"--output_file={out}", "--noprogress"],
+                         cwd=launch_util.REPO, capture_output=True, text=True, env=env, timeout=300)
+  assert embed.returncode == 0, embed.stderr[-2000:]
+  assert f"wrote {out}" in embed.stderr
+  with h5py.File(storage.local(out), "r") as f:
+    assert len([k for k in f if k.isdigit()]) == 300  # one dataset per line of the corpus
+  assert storage.listdir(runs["url"] + "/embeddings") == ["train.hdf5"]  # no job folder, no temp object
+  scores = {}
+  for name, workdir in (("local", runs["a"]), ("bucket", runs["b"])):
+    ev = subprocess.run([sys.executable, "evaluate.py", "--task=perplexity", f"--workdir={workdir}",
+                         f"--text_file={runs['train']}", "--max_batches=3", "--noprogress"],
+                        cwd=launch_util.REPO, capture_output=True, text=True, env=env, timeout=300)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    read = storage.read_bytes if name == "bucket" else lambda p: open(p, "rb").read()
+    scores[name] = json.loads(read(storage.join(workdir, "eval", "perplexity.json")))
+  assert scores["bucket"]["ppl"] == scores["local"]["ppl"]
+
+
+def test_tampered_checkpoint_object_fails_its_crc32c_and_is_set_aside(runs):
+  from elmo_jax.training.checkpoint import Checkpointer
+  ckpt = Checkpointer(runs["b"] + "/checkpoints", keep=2)
+  try:
+    assert ckpt.verify(12) is None and ckpt.verify(8) is None
+    meta = runs["b"] + "/checkpoints/12/meta/metadata"
+    storage.write_bytes(meta, storage.read_bytes(meta).replace(b'"', b"'", 1))
+    assert ckpt.verify(12) == "file meta/metadata fails its crc32c checksum"
+    ckpt._set_aside(12, ckpt.verify(12))  # pylint: disable=protected-access
+  finally:
+    ckpt.manager.close()
+  assert storage.listdir(runs["b"] + "/checkpoints") == ["8", "bad", "checksums"]
+  assert storage.listdir(runs["b"] + "/checkpoints/bad") == ["12-file-meta-metadata-fails-its-crc32c-checksum"]

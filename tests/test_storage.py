@@ -1,0 +1,75 @@
+"""elmo_jax.storage against a real GCS server (tests/gcs_util.py): copies, mirrors, staged outputs."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from elmo_jax import storage
+from gcs_util import bucket, gcs_server  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.slow
+
+
+def test_local_copy_downloads_once_and_follows_the_bucket(bucket, tmp_path):
+  folder = tmp_path / "src"
+  (folder / "sub").mkdir(parents=True)
+  (folder / "a.txt").write_text("one\n")
+  (folder / "sub" / "b.txt").write_text("two\n")
+  storage.upload(str(folder), bucket + "/data")
+  local = storage.local(bucket + "/data")
+  assert open(os.path.join(local, "sub", "b.txt")).read() == "two\n"
+  before = os.stat(os.path.join(local, "a.txt")).st_mtime_ns
+  assert storage.local(bucket + "/data") == local
+  assert os.stat(os.path.join(local, "a.txt")).st_mtime_ns == before  # unchanged: not downloaded again
+  storage.write_bytes(bucket + "/data/a.txt", b"changed\n")
+  storage.remove(bucket + "/data/sub/b.txt")
+  storage.local(bucket + "/data")
+  assert open(os.path.join(local, "a.txt")).read() == "changed\n"
+  assert not os.path.exists(os.path.join(local, "sub", "b.txt"))
+  one = storage.local(bucket + "/data/a.txt")
+  assert open(one).read() == "changed\n"
+  with pytest.raises(FileNotFoundError, match="no such object"):
+    storage.local(bucket + "/nothing")
+
+
+def test_mirror_push_uploads_changes_and_pull_rolls_back(bucket, tmp_path):
+  mirror = storage.Mirror(bucket + "/run", str(tmp_path / "m"), skip=("checkpoints",))
+  mirror.pull()
+  (tmp_path / "m" / "metrics.jsonl").write_text('{"step": 1}\n')
+  mirror.push("metrics.jsonl")
+  assert storage.read_bytes(bucket + "/run/metrics.jsonl") == b'{"step": 1}\n'
+  with open(tmp_path / "m" / "metrics.jsonl", "a") as f:
+    f.write('{"step": 2}\n')  # written, never pushed (the process was killed)
+  (tmp_path / "m" / "stray.txt").write_text("x")
+  storage.write_bytes(bucket + "/run/checkpoints/1/x", b"ckpt")
+  mirror.pull()
+  assert (tmp_path / "m" / "metrics.jsonl").read_text() == '{"step": 1}\n'
+  assert not (tmp_path / "m" / "stray.txt").exists()
+  assert not (tmp_path / "m" / "checkpoints").exists()
+
+
+def test_staged_output_reaches_the_bucket_only_on_success(bucket):
+  with pytest.raises(RuntimeError):
+    with storage.staged_output(bucket + "/out/e.hdf5", "--output_file") as path:
+      open(path, "w").write("half")
+      raise RuntimeError("stopped")
+  assert not storage.exists(bucket + "/out/e.hdf5")
+  with storage.staged_output(bucket + "/out/e.hdf5", "--output_file") as path:
+    open(path, "w").write("whole")
+  assert storage.read_bytes(bucket + "/out/e.hdf5") == b"whole"
+
+
+def test_digests_of_a_bucket_folder_match_the_local_files(bucket, tmp_path):
+  (tmp_path / "d").mkdir()
+  (tmp_path / "d" / "x.bin").write_bytes(os.urandom(1000))
+  storage.upload(str(tmp_path / "d"), bucket + "/d")
+  assert storage.tree_digests(bucket + "/d", "crc32c") == storage.tree_digests(str(tmp_path / "d"), "crc32c")
+  assert storage.tree_digests(bucket + "/d", "sha256") == storage.tree_digests(str(tmp_path / "d"), "sha256")
+
+
+def test_missing_bucket_is_one_line(gcs_server, monkeypatch):
+  for key, value in gcs_server.env.items():
+    monkeypatch.setenv(key, value)
+  with pytest.raises(storage.StorageError, match="gs://no-such-bucket does not exist"):
+    storage.check_writable("gs://no-such-bucket/run", "--workdir")
