@@ -215,6 +215,16 @@ def local(path: str | os.PathLike, names: Iterable[str] | None = None) -> str:
   return target
 
 
+def local_root(root: str | None, *under: str) -> str | None:
+  """`root` itself when local (or None); for a bucket URL, the local copy of `root` holding copies of
+  `root/<under>` only (e.g. the one TFDS dataset that is read from a `data_dir` of many)."""
+  if not is_remote(root):
+    return root
+  for name in under:
+    local(join(root, name))
+  return copy_path(root)
+
+
 def _read_record(folder: str) -> dict[str, list]:
   try:
     with open(os.path.join(folder, RECORD)) as f:

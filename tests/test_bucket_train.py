@@ -165,6 +165,9 @@ def test_prepared_corpus_in_a_bucket_gives_the_local_batches_and_refuses_tamperi
   storage.write_bytes(bucket + "/corpus/tokens.npy", bytes(tokens))
   with pytest.raises(manifest.PreparedCorpusError, match="tokens.npy"):
     PreparedCorpus(bucket + "/corpus")
+  from elmo_jax.training import preflight
+  with pytest.raises(preflight.PreflightError, match=r"config.data.prepared_dir: .*tokens.npy"):
+    preflight.check_prepared_dir("config.data.prepared_dir", bucket + "/corpus")
 
 
 def test_embed_and_evaluate_write_whole_objects_to_a_bucket(runs):
@@ -179,9 +182,10 @@ def test_embed_and_evaluate_write_whole_objects_to_a_bucket(runs):
     assert len([k for k in f if k.isdigit()]) == 300  # one dataset per line of the corpus
   assert storage.listdir(runs["url"] + "/embeddings") == ["train.hdf5"]  # no job folder, no temp object
   scores = {}
-  for name, workdir in (("local", runs["a"]), ("bucket", runs["b"])):
+  storage.upload(runs["train"], runs["url"] + "/text/train.txt")
+  for name, workdir, text in (("local", runs["a"], runs["train"]), ("bucket", runs["b"], runs["url"] + "/text/train.txt")):
     ev = subprocess.run([sys.executable, "evaluate.py", "--task=perplexity", f"--workdir={workdir}",
-                         f"--text_file={runs['train']}", "--max_batches=3", "--noprogress"],
+                         f"--text_file={text}", "--max_batches=3", "--noprogress"],
                         cwd=launch_util.REPO, capture_output=True, text=True, env=env, timeout=300)
     assert ev.returncode == 0, ev.stderr[-2000:]
     read = storage.read_bytes if name == "bucket" else lambda p: open(p, "rb").read()
@@ -202,3 +206,26 @@ def test_tampered_checkpoint_object_fails_its_crc32c_and_is_set_aside(runs):
     ckpt.manager.close()
   assert storage.listdir(runs["b"] + "/checkpoints") == ["8", "bad", "checksums"]
   assert storage.listdir(runs["b"] + "/checkpoints/bad") == ["12-file-meta-metadata-fails-its-crc32c-checksum"]
+
+
+def test_two_processes_with_their_own_disks_train_in_one_bucket_workdir(runs, tmp_path):
+  """A pod: each process has its own cache (no shared disk); process 0 writes, process 1 copies the
+  auto-prepared corpus down after process 0 uploaded it."""
+  url = runs["url"] + "/pod"
+  port = launch_util.free_port()
+  procs = []
+  for i in range(2):
+    env_cache = str(tmp_path / f"host{i}")
+    os.environ["ELMO_JAX_CACHE"] = env_cache  # launch_util.env copies os.environ
+    procs.append(launch_util.launch(url, runs["config"], "--config.data.shard=rows", "--config.num_train_steps=8",
+                                    f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                                    f"--process_id={i}", log=str(tmp_path / f"p{i}.log"), devices=2,
+                                    cache_dir=runs["jax_cache"]))
+  os.environ["ELMO_JAX_CACHE"] = runs["env"]["ELMO_JAX_CACHE"]
+  logs = [launch_util.read(str(tmp_path / f"p{i}.log")) for i in range(2)]
+  assert launch_util.wait(procs, 300) == [0, 0], "\n".join(text[-2000:] for text in logs)
+  logs = [launch_util.read(str(tmp_path / f"p{i}.log")) for i in range(2)]
+  assert all("done: step 8" in text for text in logs)
+  assert [r["step"] for r in _records(storage.read_bytes(url + "/metrics.jsonl").decode())] == [3, 6, 8]
+  host1 = storage.copy_path(url, "workdirs").replace(runs["env"]["ELMO_JAX_CACHE"], str(tmp_path / "host1"))
+  assert os.listdir(host1) == ["prepared"] or sorted(os.listdir(host1)) == [storage.RECORD, "prepared"]

@@ -73,3 +73,18 @@ def test_missing_bucket_is_one_line(gcs_server, monkeypatch):
     monkeypatch.setenv(key, value)
   with pytest.raises(storage.StorageError, match="gs://no-such-bucket does not exist"):
     storage.check_writable("gs://no-such-bucket/run", "--workdir")
+
+
+def test_tfds_data_dir_in_a_bucket_reads_like_the_local_one(bucket, tmp_path):
+  from elmo_jax.data.sources import TfdsSource
+  from elmo_jax.evaluation import readers
+  from test_evaluate_tfds import TinySst2
+  local = str(tmp_path / "tfds")
+  TinySst2(data_dir=local, file_format="array_record").download_and_prepare()
+  storage.upload(local, bucket + "/tfds")
+  here, there = TfdsSource("tiny_sst2", "train", data_dir=local, text_key="sentence"), TfdsSource(
+      "tiny_sst2", "train", data_dir=bucket + "/tfds", text_key="sentence")
+  assert len(there) == len(here) == 120
+  assert [there[i] for i in range(len(there))] == [here[i] for i in range(len(here))]
+  assert (readers.read_tfds_labelled("tfds:tiny_sst2:validation", bucket + "/tfds")
+          == readers.read_tfds_labelled("tfds:tiny_sst2:validation", local))

@@ -142,6 +142,7 @@ class TfdsSource:
 
     self.name, self.split, self.text_key = name, split, text_key
     try:
+      data_dir = storage.local_root(data_dir, name.split(":")[0])  # a bucket's dataset: its local copy
       self._source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
     except Exception as e:  # tfds raises a zoo of types; the message is what the user needs
       raise ValueError(

@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any
 
+from elmo_jax import storage
 from elmo_jax.evaluation import plots
 from elmo_jax.evaluation.readers import InputError
 
@@ -158,6 +159,11 @@ def open_source(text_file: str | None, tfds_name: str | None, tfds_split: str, t
                        "export the split to a text file and pass --text_file") from None
     except ValueError as e:
       raise InputError(str(e).splitlines()[0]) from None
+  if storage.is_remote(text_file) and "," not in text_file:  # one object or prepared folder: its local copy
+    try:
+      text_file = storage.local(text_file)
+    except FileNotFoundError as e:
+      raise InputError(str(e)) from None
   if os.path.isdir(text_file):  # a corpus prepared by `python -m elmo_jax.data.prepare`
     from elmo_jax.data.prepared import PreparedCorpus  # pylint: disable=g-import-not-at-top
     try:
@@ -258,7 +264,7 @@ def check(task_config: PerplexityConfig, workdir: str | None) -> None:
   for path in (text_file or "").split(","):
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
       raise InputError(f"{path}: a directory but not a prepared corpus (python -m elmo_jax.data.prepare)")
-    if path and not glob.has_magic(path) and not os.path.exists(path):
+    if path and not glob.has_magic(path) and not os.path.exists(path) and not storage.is_remote(path):
       raise InputError(f"{path}: text file not found")
   _check_file(paths["vocab_file"])
 
