@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
 
@@ -300,6 +301,7 @@ class Mirror:
 
   def __init__(self, url: str, folder: str, skip: Iterable[str] = ()):
     self.url, self.folder, self.skip = url.rstrip("/"), folder, tuple(skip)
+    self._lock = threading.Lock()  # one push at a time (a background one and the loop's), one record
 
   def pull(self, *names: str) -> None:
     """The bucket's state of `names` (default: everything but `skip`) into the local folder."""
@@ -308,6 +310,10 @@ class Mirror:
           delete=wanted)
 
   def push(self, *names: str) -> None:
+    with self._lock:
+      self._push(names)
+
+  def _push(self, names: Iterable[str]) -> None:
     record = _read_record(self.folder)
     fs = _filesystem()
     changed = False
@@ -315,11 +321,18 @@ class Mirror:
       for path in _local_files(os.path.join(self.folder, name)):
         rel = os.path.relpath(path, self.folder).replace(os.sep, "/")
         entry = record.get(rel)
-        if isinstance(entry, list) and len(entry) == 3 and _stamp(path) == entry[1:]:
+        stamp = _stamp(path)
+        if isinstance(entry, list) and len(entry) == 3 and stamp == entry[1:]:
           continue
         target = join(self.url, rel)
-        _call(target, fs.put_file, path, _key(target))
-        record[rel] = [str(_call(target, fs.info, _key(target)).get("generation")), *_stamp(path)]
+        if rel.endswith(".jsonl"):  # appended to while this uploads: whole records only, the rest next time
+          with open(path, "rb") as f:
+            data = f.read()
+          _call(target, fs.pipe_file, _key(target), data[:data.rfind(b"\n") + 1])
+        else:
+          _call(target, fs.put_file, path, _key(target))
+        # The stamp from before the upload: a file written meanwhile differs from it and goes up next time.
+        record[rel] = [str(_call(target, fs.info, _key(target)).get("generation")), *stamp]
         changed = True
     if changed:
       files.write_json(os.path.join(self.folder, RECORD), record)

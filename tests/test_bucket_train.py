@@ -68,7 +68,8 @@ def _weights(path: str) -> dict[str, np.ndarray]:
 
 def test_bucket_run_resumes_after_kill9_bit_identical_to_a_local_run(runs):
   assert "resumed from step 8" in runs["log_b"]
-  # What the killed run had uploaded stops at its last log step (9); the resumed run rewound it to step 8.
+  # The killed run had uploaded up to its last log step (9: the test hook waits for the upload); the resumed
+  # run rewound it to the restored step 8.
   assert [r["step"] for r in _records(runs["killed_metrics"])] == [3, 6, 9]
   bucket_metrics = storage.read_bytes(runs["b"] + "/metrics.jsonl").decode()
   assert _records(bucket_metrics) == launch_util.records(runs["a"])  # bit-identical losses, every step once
@@ -145,7 +146,11 @@ def test_prepared_corpus_in_a_bucket_gives_the_local_batches_and_refuses_tamperi
   train = launch_util.write_corpus(str(tmp_path / "train.txt"))
   local = str(tmp_path / "prepared")
   prepare.prepare(local, [train], vocab_max_size=500, log_line=lambda _: None)
-  storage.upload(local, bucket + "/corpus")
+  made = subprocess.run([sys.executable, "-m", "elmo_jax.data.prepare", f"--input={train}", "--vocab_max_size=500",
+                         f"--output_dir={bucket}/corpus", "--num_workers=1", "--noprogress"], cwd=launch_util.REPO,
+                        capture_output=True, text=True, env=launch_util.env(), timeout=120)
+  assert made.returncode == 0 and f"uploaded to {bucket}/corpus" in made.stdout, made.stderr[-2000:]
+  assert storage.listdir(bucket + "/corpus") == sorted(os.listdir(local))  # no .partial, no local record
 
   def batches(directory: str) -> list:
     corpus = PreparedCorpus(directory)
@@ -191,6 +196,26 @@ def test_embed_and_evaluate_write_whole_objects_to_a_bucket(runs):
     read = storage.read_bytes if name == "bucket" else lambda p: open(p, "rb").read()
     scores[name] = json.loads(read(storage.join(workdir, "eval", "perplexity.json")))
   assert scores["bucket"]["ppl"] == scores["local"]["ppl"]
+
+
+def test_init_from_a_bucket_run_reads_its_checkpoint_there(runs):
+  from elmo_jax.data import Vocab
+  from elmo_jax.training import init_from
+  options = json.loads(storage.read_bytes(runs["b"] + "/config.json"))["options"]
+  init_from.check(runs["b"], options)
+  vocab = Vocab.load(storage.local(runs["b"] + "/vocab.txt")).sha256()
+  bilm, softmax, description = init_from.load(runs["b"], options, vocab)
+  assert description == f"checkpoint step 12 of {runs['b']}/checkpoints (with its softmax)"
+  local_bilm, local_softmax, _ = init_from.load(runs["a"], options, vocab)
+  for x, y in zip(*(jax_leaves(t) for t in ((bilm, softmax), (local_bilm, local_softmax)))):
+    np.testing.assert_array_equal(x, y)
+  with pytest.raises(init_from.InitFromError, match="no such object or folder in the bucket"):
+    init_from.check(runs["url"] + "/nothing", options)
+
+
+def jax_leaves(tree):
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.tree_util.tree_leaves(tree)
 
 
 def test_tampered_checkpoint_object_fails_its_crc32c_and_is_set_aside(runs):

@@ -44,6 +44,7 @@ import numpy as np
 
 from elmo_jax import files
 from elmo_jax import log
+from elmo_jax import storage
 from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, token_to_ids
 from elmo_jax.data.manifest import (PARTIAL, PrepareError, describe_source, read_manifest, settings_difference,
                                     settings_of, verify_files, write_manifest)
@@ -330,15 +331,23 @@ def main(argv: Sequence[str]) -> None:
   if not f.progress:
     progress_lib.set_enabled(False)
   inputs = [p.strip() for p in (f.input or "").split(",") if p.strip()]
+  url = f.output_dir  # a bucket URL: prepared in a local staging folder (resumable there), then uploaded
+  remote, output_dir = storage.is_remote(url), url
   try:
-    prepare(f.output_dir, inputs, tfds_name=f.tfds_name, tfds_split=f.tfds_split, tfds_data_dir=f.tfds_data_dir,
+    if remote:
+      storage.check_writable(url, "--output_dir")
+    output_dir = storage.staging_path(url, directory=True) if remote else url
+    prepare(output_dir, inputs, tfds_name=f.tfds_name, tfds_split=f.tfds_split, tfds_data_dir=f.tfds_data_dir,
             tfds_text_key=f.tfds_text_key, pretokenized=f.pretokenized, max_token_chars=f.max_token_chars,
             vocab_max_size=f.vocab_max_size or None, vocab_min_count=f.vocab_min_count,
             vocab_file=f.vocab_file, num_workers=f.num_workers, chunk_sentences=f.chunk_sentences)
-  except PrepareError as e:
+    if remote:
+      storage.finish_staged(output_dir, url)
+      log.info(f"uploaded to {url}")
+  except (PrepareError, storage.StorageError) as e:
     sys.exit(f"prepare: {e}")
   except KeyboardInterrupt:  # the workers ignore SIGINT: this is the only report
-    work = os.path.join(os.path.abspath(f.output_dir), PARTIAL)
+    work = os.path.join(os.path.abspath(output_dir), PARTIAL)
     kept = (f"rerun the same command to resume (finished chunks are kept in {work})" if os.path.isdir(work)
             else "nothing was written")
     print(f"prepare: interrupted; {kept}", file=sys.stderr, flush=True)

@@ -38,16 +38,18 @@ def _every(step: int, n: int, last: int) -> bool:
 TEST_SIGNAL_ENV = "ELMO_JAX_TEST_SIGNAL_AT_STEP"
 
 
-def signal_self_for_tests(step: int, checkpointer: Checkpointer) -> None:
+def signal_self_for_tests(step: int, checkpointer: Checkpointer, run: Workdir) -> None:
   """The fault tests' deterministic preemption: with `ELMO_JAX_TEST_SIGNAL_AT_STEP=N:KILL` (or `N:TERM`),
-  this process sends itself SIGKILL (SIGTERM) once step N is logged and saved and every pending save is
-  on disk, instead of a test racing a sleep-paced run with a timed kill. Unset: nothing happens."""
+  this process sends itself SIGKILL (SIGTERM) once step N is logged and saved and every pending save (and a
+  bucket workdir's upload) is done, instead of a test racing a sleep-paced run with a timed kill. Unset:
+  nothing happens."""
   spec = os.environ.get(TEST_SIGNAL_ENV)
   if not spec:
     return
   at, name = spec.split(":")
   if int(at) == step:
     checkpointer.wait()
+    run.flush()
     os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
 
 
@@ -178,7 +180,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       run.push("export")
 
   writer = MetricWriter(workdir, enabled=is_main, purge_step=start_step + 1, config=config.to_dict(),
-                        uploaded=run.push if run.remote else None)
+                        uploaded=run.push_soon if run.remote else None)
   if is_main and data.eval is not None and start_step == 0:
     log_unigram_baseline(config, data, vocab, writer, n_proc)
   log.info(f"training {config.num_train_steps} steps of {config.batch_size} x {config.unroll_steps} tokens on "
@@ -238,7 +240,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       saved = _every(done, config.checkpoint_every_steps, last)
       if saved:
         save(done)
-      signal_self_for_tests(done, checkpointer)
+      signal_self_for_tests(done, checkpointer, run)
       # Every process asks at the same steps, so all of them stop after the same one.
       if (done % stop_every == 0 or done == last) and stop.requested():
         if not saved:
@@ -251,6 +253,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     stop.restore()
     checkpointer.close()  # waits for the last asynchronous save and its checksum; never half-written
     writer.close()
+    run.flush(raise_error=False)  # a bucket workdir: the last metrics uploaded before the run returns
+  run.flush()  # and a failed last upload is an error of a run that otherwise finished
   counts = data_state["counters"]
   log.info(f"done: step {int(state.step)}; read {counts['sentences']:,} sentences, {counts['tokens']:,} words "
            f"({counts['truncated_tokens']:,} over-long tokens truncated); checkpoints in {checkpointer.directory}; "

@@ -11,7 +11,9 @@ local file a killed run wrote after its last upload. Checkpoints are not copied:
 from __future__ import annotations
 
 import os
+import threading
 
+from elmo_jax import log
 from elmo_jax import storage
 
 CHECKPOINTS = "checkpoints"
@@ -31,6 +33,9 @@ class Workdir:
     self.local = storage.copy_path(self.path, "workdirs") if self.remote else self.path
     self.checkpoints = storage.join(self.path, CHECKPOINTS)
     self._mirror = storage.Mirror(self.path, self.local, skip=(CHECKPOINTS, LOCK_FILE)) if self.remote else None
+    self._wake = threading.Condition()
+    self._pending: set[str] = set()
+    self._busy, self._error, self._uploader = False, None, None
 
   def __str__(self) -> str:
     return self.path
@@ -44,3 +49,41 @@ class Workdir:
     """Uploads the local files or folders `names` that changed since the last push or pull."""
     if self._mirror is not None:
       self._mirror.push(*names)
+
+  def push_soon(self, *names: str) -> None:
+    """`push(names)` from a background thread, so the step loop does not wait for the bucket (metrics at
+    log steps); `flush()` waits for it. Names pushed while an upload runs go in the next one."""
+    if self._mirror is None:
+      return
+    with self._wake:
+      if self._uploader is None:
+        self._uploader = threading.Thread(target=self._upload_pending, daemon=True, name="workdir-upload")
+        self._uploader.start()
+      self._pending.update(names)
+      self._wake.notify()
+
+  def _upload_pending(self) -> None:
+    while True:
+      with self._wake:
+        while not self._pending:
+          self._busy = False
+          self._wake.notify_all()
+          self._wake.wait()
+        names, self._pending, self._busy = sorted(self._pending), set(), True
+      try:
+        self._mirror.push(*names)
+        self._error = None
+      except storage.StorageError as e:  # a network blip: the next push uploads these files again
+        self._error = e
+        log.info(f"warning: uploading {', '.join(names)} to {self.path} failed ({e}); retrying at the next one")
+
+  def flush(self, raise_error: bool = True) -> None:
+    """Waits for the background uploads (`push_soon`); raises the StorageError of the last one, if it
+    failed and `raise_error` (not while another exception unwinds the loop)."""
+    if self._uploader is None:
+      return
+    with self._wake:
+      while self._pending or self._busy:
+        self._wake.wait()
+    if self._error is not None and raise_error:
+      raise self._error
