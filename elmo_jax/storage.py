@@ -25,6 +25,7 @@ import datetime
 import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
 import threading
@@ -59,6 +60,9 @@ def _filesystem():
   except ImportError:
     raise StorageError("gs:// paths need gcsfs: pip install gcsfs google-cloud-storage "
                        "(requirements.txt has them)") from None
+  # gcsfs retries a failed request 6 times with backoff, logging a traceback when it gives up; the error
+  # reaches the user as one line (`_call`) instead.
+  logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
   # No listing cache: another process (a pod neighbour, a resumed run) may have written since.
   return gcsfs.GCSFileSystem(use_listings_cache=False, skip_instance_cache=True)
 

@@ -186,6 +186,14 @@ def test_embed_and_evaluate_write_whole_objects_to_a_bucket(runs):
   with h5py.File(storage.local(out), "r") as f:
     assert len([k for k in f if k.isdigit()]) == 300  # one dataset per line of the corpus
   assert storage.listdir(runs["url"] + "/embeddings") == ["train.hdf5"]  # no job folder, no temp object
+  binary = os.path.join(runs["root"], "binary.txt")
+  with open(binary, "wb") as f:
+    f.write(b"\x00\x01" * 100)
+  failed = subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--workdir={runs['b']}",
+                           f"--input_file={binary}", f"--output_file={runs['url']}/embeddings/bad.hdf5"],
+                          cwd=launch_util.REPO, capture_output=True, text=True, env=env, timeout=300)
+  assert failed.returncode == 1 and failed.stderr.strip().splitlines()[-1].startswith("error: --input_file=")
+  assert storage.listdir(runs["url"] + "/embeddings") == ["train.hdf5"]  # a failed run uploads nothing
   scores = {}
   storage.upload(runs["train"], runs["url"] + "/text/train.txt")
   for name, workdir, text in (("local", runs["a"], runs["train"]), ("bucket", runs["b"], runs["url"] + "/text/train.txt")):

@@ -88,3 +88,15 @@ def test_tfds_data_dir_in_a_bucket_reads_like_the_local_one(bucket, tmp_path):
   assert [there[i] for i in range(len(there))] == [here[i] for i in range(len(here))]
   assert (readers.read_tfds_labelled("tfds:tiny_sst2:validation", bucket + "/tfds")
           == readers.read_tfds_labelled("tfds:tiny_sst2:validation", local))
+
+
+def test_without_gcsfs_a_bucket_path_is_one_line(monkeypatch):
+  import sys
+  monkeypatch.setitem(sys.modules, "gcsfs", None)  # import fails as when it is not installed
+  storage._filesystem.cache_clear()  # pylint: disable=protected-access
+  try:
+    with pytest.raises(storage.StorageError, match=r"gs:// paths need gcsfs: pip install gcsfs"):
+      storage.exists("gs://bucket/run")
+  finally:
+    storage._filesystem.cache_clear()  # pylint: disable=protected-access
+  assert storage.exists(__file__)  # local paths never touch it

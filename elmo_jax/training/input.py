@@ -21,6 +21,7 @@ import jax
 import ml_collections
 
 from elmo_jax import log
+from elmo_jax import storage
 from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
 from elmo_jax.data import manifest
 from elmo_jax.data import prepare as prepare_lib
@@ -87,7 +88,9 @@ def _auto_prepare(config, workdir: str | Workdir) -> tuple[str, str]:
   eval_dir = os.path.join(root, "eval") if data.eval_files else ""
   if jax.process_index() == 0:  # the others wait at the barrier, then read what process 0 wrote
     if not os.path.exists(os.path.join(train_dir, manifest.MANIFEST)):
-      log.info(f"preparing the training text ({size_mb:,.1f} MB) into {root} once; later runs read its ids")
+      where = (f"{storage.join(run.path, os.path.relpath(root, run.local))} (written in {root}, then uploaded)"
+               if run.remote else root)
+      log.info(f"preparing the training text ({size_mb:,.1f} MB) into {where} once; later runs read its ids")
     prepare_lib.prepare(train_dir, _split(data.train_files), chunk_sentences=50_000, log_line=log.info, **vocab, **kw)
     if eval_dir:
       prepare_lib.prepare(eval_dir, _split(data.eval_files), vocab_max_size=None, log_line=log.info, **kw)
