@@ -262,3 +262,14 @@ def test_two_processes_with_their_own_disks_train_in_one_bucket_workdir(runs, tm
   assert [r["step"] for r in _records(storage.read_bytes(url + "/metrics.jsonl").decode())] == [3, 6, 8]
   host1 = storage.copy_path(url, "workdirs").replace(runs["env"]["ELMO_JAX_CACHE"], str(tmp_path / "host1"))
   assert os.listdir(host1) == ["prepared"] or sorted(os.listdir(host1)) == [storage.RECORD, "prepared"]
+
+
+def test_a_missing_bucket_is_one_line_before_anything_runs(bucket, tmp_path):
+  train = launch_util.write_corpus(str(tmp_path / "train.txt"))
+  config = launch_util.write_config(str(tmp_path / "tiny.py"), train)
+  out = subprocess.run([sys.executable, "train.py", "--workdir=gs://no-such-bucket/run", f"--config={config}"],
+                       cwd=launch_util.REPO, capture_output=True, text=True, env=launch_util.env(), timeout=300)
+  assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+  assert out.stderr.strip().splitlines()[-1] == (
+      "train: error: --workdir=gs://no-such-bucket/run: the bucket gs://no-such-bucket does not exist (or is not "
+      "visible to these credentials)")

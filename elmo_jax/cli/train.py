@@ -27,7 +27,8 @@ def define_flags() -> None:
   default = cli.default_config()
   if (error := config_file_error(sys.argv, default) or unknown_override_error(sys.argv, default)) is not None:
     sys.exit(f"FATAL Flags parsing error: {error}")  # instead of config_flags' traceback
-  flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, vocab and the exported model.")
+  flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, vocab and the exported model; a "
+                      "bucket URL (gs://bucket/run) on a TPU pod.")
   config_flags.DEFINE_config_file("config", default, "Training config (a configs/*.py file).", lock_config=True)
   cli.define_distributed_flags()
   flags.DEFINE_bool("progress", True, "Progress bars on stderr (--noprogress: none; off anyway when stderr "
@@ -42,9 +43,10 @@ def main(argv):
   if not FLAGS.progress:
     progress.set_enabled(False)
   from elmo_jax.training import preflight  # pylint: disable=g-import-not-at-top
+  from elmo_jax.storage import StorageError  # pylint: disable=g-import-not-at-top
   try:  # a user's mistake is refused in one line, before anything is written (also by the checks below)
     preflight.check(FLAGS.config, FLAGS.workdir)
-  except preflight.PreflightError as e:
+  except (preflight.PreflightError, StorageError) as e:
     sys.exit(f"train: error: {e}")
   # Before anything touches a JAX backend: initialize() must come first in every process.
   distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
@@ -55,12 +57,12 @@ def main(argv):
   try:
     import jax  # pylint: disable=g-import-not-at-top
     preflight.check_run(FLAGS.config, FLAGS.workdir, jax.device_count(), jax.process_count())
-  except preflight.PreflightError as e:
+  except (preflight.PreflightError, StorageError) as e:
     sys.exit(f"train: error: {e}")
   lock, error = None, "process 0 could not lock the workdir: another trainer holds it"
   try:
     lock = WorkdirLock.acquire(FLAGS.workdir)
-  except WorkdirLocked as e:
+  except (WorkdirLocked, StorageError) as e:
     error = str(e)
   if not _all_agree(lock is not None):  # every process stops when process 0 is refused
     sys.exit(f"train: error: {error}")
@@ -84,9 +86,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
   from elmo_jax.data.prepare import PrepareError
   from elmo_jax.download import DownloadError
   from elmo_jax.options import OptionsError
+  from elmo_jax.storage import StorageError
   from elmo_jax.training.checkpoint import IncompatibleCheckpointError
   from elmo_jax.training.init_from import InitFromError
-  return IncompatibleCheckpointError, PrepareError, InitFromError, OptionsError, DownloadError
+  return IncompatibleCheckpointError, PrepareError, InitFromError, OptionsError, DownloadError, StorageError
 
 
 def _all_agree(ok: bool) -> bool:

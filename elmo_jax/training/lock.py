@@ -106,27 +106,38 @@ def _gone_from_this_machine(record: bytes) -> bool:
 class BucketLock:
   """The bucket workdir's lock object; `release()` (idempotent) stops the heartbeat and deletes it."""
 
-  def __init__(self, blob, url: str):
-    self._blob, self.path = blob, url
+  def __init__(self, blob, url: str, record: bytes):
+    self._blob, self.path, self._record = blob, url, record  # the same record at every beat
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="workdir-lock-heartbeat")
     self._thread.start()
 
   @classmethod
   def acquire(cls, workdir: str) -> "BucketLock":
+    """Raises WorkdirLocked (held by a live trainer), StorageError (the bucket refused; one line)."""
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    try:
+      return cls._acquire(workdir)
+    except exceptions.GoogleAPIError as e:
+      raise storage.StorageError(f"{workdir}: locking it failed ({type(e).__name__}: "
+                                 f"{' '.join(str(e).split())[:200]})") from None
+
+  @classmethod
+  def _acquire(cls, workdir: str) -> "BucketLock":
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
     url = storage.join(workdir, LOCK_FILE)
     bucket, _, name = url[len(storage.SCHEME):].partition("/")
     blob = gcs.Client().bucket(bucket).blob(name)
+    mine = _record()
     try:
-      blob.upload_from_string(_record(), if_generation_match=0)  # only if no lock object exists
-      return cls(blob, url)
+      blob.upload_from_string(mine, if_generation_match=0)  # only if no lock object exists
+      return cls(blob, url, mine)
     except exceptions.PreconditionFailed:
       pass
     held = blob.bucket.get_blob(name)
     if held is None:  # released in between: try once more
-      return cls.acquire(workdir)
+      return cls._acquire(workdir)
     record = held.download_as_bytes()
     age = time.time() - held.updated.timestamp()
     lease = lease_seconds()
@@ -135,18 +146,18 @@ class BucketLock:
                           f"{age:.0f}s ago); wait for it to finish or stop it, or give another --workdir "
                           f"(a holder that died is taken over {lease:.0f}s after its last heartbeat)")
     try:  # stale: replaced only if nobody replaced it since we read it
-      blob.upload_from_string(_record(), if_generation_match=held.generation)
+      blob.upload_from_string(mine, if_generation_match=held.generation)
     except exceptions.PreconditionFailed:
       raise WorkdirLocked(f"{workdir}: another trainer took over its stale lock just now; give another "
                           "--workdir or stop that one") from None
     log.info(f"took over the stale lock of {workdir} ({_describe(record)}; last heartbeat {age:.0f}s ago)")
-    return cls(blob, url)
+    return cls(blob, url, mine)
 
   def _heartbeat(self) -> None:
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
     while not self._stop.wait(lease_seconds() / 4):
       try:
-        self._blob.upload_from_string(_record(), if_generation_match=self._blob.generation)
+        self._blob.upload_from_string(self._record, if_generation_match=self._blob.generation)
       except exceptions.PreconditionFailed:
         log.info(f"warning: lost the workdir lock {self.path}: another trainer took it over (this one's "
                  "heartbeat was late by more than the lease); stop one of them")
