@@ -178,8 +178,10 @@ def test_prepared_corpus_in_a_bucket_gives_the_local_batches_and_refuses_tamperi
 def test_embed_and_evaluate_write_whole_objects_to_a_bucket(runs):
   env = launch_util.env(cache_dir=runs["jax_cache"])
   out = runs["url"] + "/embeddings/train.hdf5"
+  text = runs["url"] + "/text/train.txt"
+  storage.upload(runs["train"], text)
   embed = subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--workdir={runs['b']}",
-                          f"--input_file={runs['train']}", f"--output_file={out}", "--noprogress"],
+                          f"--input_file={text}", f"--output_file={out}", "--noprogress"],
                          cwd=launch_util.REPO, capture_output=True, text=True, env=env, timeout=300)
   assert embed.returncode == 0, embed.stderr[-2000:]
   assert f"wrote {out}" in embed.stderr
@@ -195,8 +197,7 @@ def test_embed_and_evaluate_write_whole_objects_to_a_bucket(runs):
   assert failed.returncode == 1 and failed.stderr.strip().splitlines()[-1].startswith("error: --input_file=")
   assert storage.listdir(runs["url"] + "/embeddings") == ["train.hdf5"]  # a failed run uploads nothing
   scores = {}
-  storage.upload(runs["train"], runs["url"] + "/text/train.txt")
-  for name, workdir, text in (("local", runs["a"], runs["train"]), ("bucket", runs["b"], runs["url"] + "/text/train.txt")):
+  for name, workdir, text in (("local", runs["a"], runs["train"]), ("bucket", runs["b"], text)):
     ev = subprocess.run([sys.executable, "evaluate.py", "--task=perplexity", f"--workdir={workdir}",
                          f"--text_file={text}", "--max_batches=3", "--noprogress"],
                         cwd=launch_util.REPO, capture_output=True, text=True, env=env, timeout=300)

@@ -100,3 +100,15 @@ def test_without_gcsfs_a_bucket_path_is_one_line(monkeypatch):
   finally:
     storage._filesystem.cache_clear()  # pylint: disable=protected-access
   assert storage.exists(__file__)  # local paths never touch it
+
+
+def test_text_files_in_a_bucket_read_like_local_ones(bucket, tmp_path):
+  from elmo_jax.data.sources import TextSource, expand_paths
+  (tmp_path / "a.txt").write_text("the cat sat\non a mat\n")
+  storage.upload(str(tmp_path / "a.txt"), bucket + "/text/a.txt")
+  there, here = TextSource([bucket + "/text/a.txt"]), TextSource([str(tmp_path / "a.txt")])
+  assert [there[i] for i in range(len(there))] == [here[i] for i in range(len(here))] == ["the cat sat", "on a mat"]
+  with pytest.raises(FileNotFoundError, match="patterns are not expanded in a bucket"):
+    expand_paths([bucket + "/text/*.txt"])
+  with pytest.raises(FileNotFoundError, match="no such object"):
+    expand_paths([bucket + "/text/b.txt"])
