@@ -147,9 +147,10 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
   if not raw.strip():
     raise UnsafeOutputError(f"{what} is empty; give a path")
   from elmo_jax import storage  # pylint: disable=g-import-not-at-top  (it imports this module)
-  if storage.is_remote(raw):  # a bucket: it exists and takes a write; objects are uploaded whole
+  if storage.is_remote(raw):  # the same rules for a bucket URL, and a write probe
     try:
-      storage.check_writable(raw, what)
+      storage.check_output(raw, what, inputs=[inputs] if isinstance(inputs, (str, os.PathLike)) else inputs,
+                           directory=directory, replaces=replaces, run_folders=_RUN_FOLDERS)
     except storage.StorageError as e:
       raise UnsafeOutputError(str(e)) from None
     return

@@ -220,16 +220,6 @@ def local(path: str | os.PathLike, names: Iterable[str] | None = None) -> str:
   return target
 
 
-def local_root(root: str | None, *under: str) -> str | None:
-  """`root` itself when local (or None); for a bucket URL, the local copy of `root` holding copies of
-  `root/<under>` only (e.g. the one TFDS dataset that is read from a `data_dir` of many)."""
-  if not is_remote(root):
-    return root
-  for name in under:
-    local(join(root, name))
-  return copy_path(root)
-
-
 def _read_record(folder: str) -> dict[str, list]:
   try:
     with open(os.path.join(folder, RECORD)) as f:
@@ -353,9 +343,25 @@ def _local_files(path: str) -> Iterator[str]:
         yield os.path.join(root, name)
 
 
-def check_writable(url: str, what: str) -> None:
-  """Refuses, in one line naming `what`, a bucket URL whose bucket is missing or refuses a write: a probe
-  object is written and deleted (listing rights alone do not show that a write will be accepted)."""
+def check_output(url: str, what: str, *, inputs: Iterable[Any] = (), directory: bool = False,
+                 replaces: bool = False, run_folders: Iterable[str] = ()) -> None:
+  """`files.check_output`'s rules for a bucket URL, in one line naming `what` (raises StorageError): not one
+  of the bucket `inputs` (nor, with `replaces`, a folder holding one), not inside a trained run's
+  `run_folders` (a prefix with config.json beside them), and the bucket exists and takes a write (a probe
+  object is written and deleted: listing rights alone do not show that a write will be accepted)."""
+  target = url.rstrip("/")
+  for item in inputs:
+    source = os.fspath(item).rstrip("/") if is_remote(item) else None
+    if source == target:
+      raise StorageError(f"{what}={url} is an input of this run; writing it would destroy it")
+    if replaces and source and source.startswith(target + "/"):
+      raise StorageError(f"{what}={url} holds an input of this run ({item}), and is replaced whole")
+  parts = target.split("/")  # "gs:", "", bucket, name, ...
+  for i in range(3, len(parts) if directory else len(parts) - 1):
+    run = "/".join(parts[:i])
+    if parts[i] in run_folders and exists(join(run, "config.json")):
+      raise StorageError(f"{what}={url} is inside the trained run {run}'s {parts[i]}/ folder, which other "
+                         "commands read; write elsewhere")
   bucket = _key(url).split("/")[0]
   if not bucket:
     raise StorageError(f"{what}={url}: no bucket named")
@@ -363,38 +369,30 @@ def check_writable(url: str, what: str) -> None:
   if not _call(f"{what}={url}", fs.exists, bucket):
     raise StorageError(f"{what}={url}: the bucket gs://{bucket} does not exist (or is not visible to these "
                        "credentials)")
-  probe = join(url, f".write-test-{os.getpid()}-{time.time_ns()}")
+  folder = target if directory else target.rsplit("/", 1)[0]
+  probe = join(folder, f".write-test-{os.getpid()}-{time.time_ns()}")
   _call(f"{what}={url}: the bucket refuses writes", fs.pipe_file, _key(probe), b"")
   _call(f"{what}={url}", fs.rm, _key(probe))
 
 
-def staging_path(url: str, directory: bool = False) -> str:
-  """A fixed local path to write the output `url` to before `finish_staged` uploads it (a rerun after an
-  interruption finds its work there); its folder is made."""
-  staging = copy_path(url, "staged")
-  os.makedirs(staging if directory else os.path.dirname(staging), exist_ok=True)
-  return staging
-
-
-def finish_staged(staging: str, url: str) -> None:
-  """Uploads a finished staged output (each file one object) and removes the local copy."""
-  upload(staging, url)
-  if os.path.isdir(staging):
-    shutil.rmtree(staging, ignore_errors=True)
-  elif os.path.exists(staging):
-    os.remove(staging)
-
-
 @contextlib.contextmanager
-def staged_output(path: str | os.PathLike, what: str, directory: bool = False) -> Iterator[str]:
-  """Yields where to write `path`: itself when local; for a bucket URL (checked first: `check_writable`)
-  `staging_path(url)`, uploaded once the block finished without error, so the bucket never holds a partial
-  output."""
+def staged_output(path: str | os.PathLike, what: str, *, directory: bool = False,
+                  inputs: Iterable[Any] = ()) -> Iterator[str]:
+  """Yields where to write the output `path`: itself when local (its caller checks it as before); for a
+  bucket URL, checked first (`files.check_output` against `inputs`), a fixed local staging path in
+  `$ELMO_JAX_CACHE/bucket/staged/` (a rerun after an interruption finds its work there), uploaded (each
+  file one object) and removed once the block finished without error: the bucket never holds a partial
+  output. Raises files.UnsafeOutputError for a URL that is refused."""
   text = os.fspath(path)
   if not is_remote(text):
     yield text
     return
-  check_writable(text, what)
-  staging = staging_path(text, directory)
+  files.check_output(text, what, inputs=inputs, directory=directory)
+  staging = copy_path(text, "staged")
+  os.makedirs(staging if directory else os.path.dirname(staging), exist_ok=True)
   yield staging
-  finish_staged(staging, text)
+  upload(staging, text)
+  if os.path.isdir(staging):
+    shutil.rmtree(staging, ignore_errors=True)
+  elif os.path.exists(staging):
+    os.remove(staging)

@@ -81,7 +81,12 @@ def free_port() -> int:
 
 def records(workdir: str, drop=TIMING_FIELDS) -> list[dict]:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in f]
+    return parse_records(f.read(), drop)
+
+
+def parse_records(text: str, drop=TIMING_FIELDS) -> list[dict]:
+  """metrics.jsonl's records without the fields that differ between identical runs (timings)."""
+  return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in text.splitlines()]
 
 
 def max_step(workdir: str) -> int:

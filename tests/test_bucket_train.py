@@ -16,14 +16,16 @@ import sys
 import time
 
 import h5py
+import jax
 import numpy as np
 import pytest
 
 import launch_util
 from elmo_jax import storage
-from gcs_util import bucket, gcs_server  # noqa: F401  (fixtures)
+import gcs_util
 
 pytestmark = pytest.mark.slow
+gcs_server, bucket = gcs_util.gcs_server, gcs_util.bucket  # the fixtures
 
 STEPS, EVERY, LOG_EVERY = 12, 4, 3
 
@@ -54,28 +56,16 @@ def runs(gcs_server, tmp_path_factory):
            "config": config, "train": train, "root": root, "jax_cache": jax_cache, "env": dict(os.environ)}
 
 
-def _records(text: str) -> list[dict]:
-  return [{k: v for k, v in json.loads(line).items() if k not in launch_util.TIMING_FIELDS}
-          for line in text.splitlines()]
-
-
-def _weights(path: str) -> dict[str, np.ndarray]:
-  out = {}
-  with h5py.File(path, "r") as f:
-    f.visititems(lambda name, obj: out.__setitem__(name, obj[...]) if isinstance(obj, h5py.Dataset) else None)
-  return out
-
-
 def test_bucket_run_resumes_after_kill9_bit_identical_to_a_local_run(runs):
   assert "resumed from step 8" in runs["log_b"]
   # The killed run had uploaded up to its last log step (9: the test hook waits for the upload); the resumed
   # run rewound it to the restored step 8.
-  assert [r["step"] for r in _records(runs["killed_metrics"])] == [3, 6, 9]
+  assert [r["step"] for r in launch_util.parse_records(runs["killed_metrics"])] == [3, 6, 9]
   bucket_metrics = storage.read_bytes(runs["b"] + "/metrics.jsonl").decode()
-  assert _records(bucket_metrics) == launch_util.records(runs["a"])  # bit-identical losses, every step once
-  assert [r["step"] for r in _records(bucket_metrics)] == [3, 6, 9, 12]
+  assert launch_util.parse_records(bucket_metrics) == launch_util.records(runs["a"])  # bit-identical losses, every step once
+  assert [r["step"] for r in launch_util.parse_records(bucket_metrics)] == [3, 6, 9, 12]
   a = launch_util.exported(runs["a"])
-  b = _weights(storage.local(runs["b"] + "/export/weights.hdf5"))
+  b = launch_util.exported(storage.local(runs["b"], names=("export",)))  # a local copy of its export/
   assert sorted(a) == sorted(b)
   for name in a:
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
@@ -216,15 +206,10 @@ def test_init_from_a_bucket_run_reads_its_checkpoint_there(runs):
   bilm, softmax, description = init_from.load(runs["b"], options, vocab)
   assert description == f"checkpoint step 12 of {runs['b']}/checkpoints (with its softmax)"
   local_bilm, local_softmax, _ = init_from.load(runs["a"], options, vocab)
-  for x, y in zip(*(jax_leaves(t) for t in ((bilm, softmax), (local_bilm, local_softmax)))):
+  for x, y in zip(*(jax.tree_util.tree_leaves(t) for t in ((bilm, softmax), (local_bilm, local_softmax)))):
     np.testing.assert_array_equal(x, y)
   with pytest.raises(init_from.InitFromError, match="no such object or folder in the bucket"):
     init_from.check(runs["url"] + "/nothing", options)
-
-
-def jax_leaves(tree):
-  import jax  # pylint: disable=g-import-not-at-top
-  return jax.tree_util.tree_leaves(tree)
 
 
 def test_tampered_checkpoint_object_fails_its_crc32c_and_is_set_aside(runs):
@@ -260,7 +245,7 @@ def test_two_processes_with_their_own_disks_train_in_one_bucket_workdir(runs, tm
   assert launch_util.wait(procs, 300) == [0, 0], "\n".join(text[-2000:] for text in logs)
   logs = [launch_util.read(str(tmp_path / f"p{i}.log")) for i in range(2)]
   assert all("done: step 8" in text for text in logs)
-  assert [r["step"] for r in _records(storage.read_bytes(url + "/metrics.jsonl").decode())] == [3, 6, 8]
+  assert [r["step"] for r in launch_util.parse_records(storage.read_bytes(url + "/metrics.jsonl").decode())] == [3, 6, 8]
   host1 = storage.copy_path(url, "workdirs").replace(runs["env"]["ELMO_JAX_CACHE"], str(tmp_path / "host1"))
   assert os.listdir(host1) == ["prepared"] or sorted(os.listdir(host1)) == [storage.RECORD, "prepared"]
 

@@ -6,9 +6,10 @@ import os
 import pytest
 
 from elmo_jax import storage
-from gcs_util import bucket, gcs_server  # noqa: F401  (fixtures)
+import gcs_util
 
 pytestmark = pytest.mark.slow
+gcs_server, bucket = gcs_util.gcs_server, gcs_util.bucket  # the fixtures
 
 
 def test_local_copy_downloads_once_and_follows_the_bucket(bucket, tmp_path):
@@ -72,7 +73,20 @@ def test_missing_bucket_is_one_line(gcs_server, monkeypatch):
   for key, value in gcs_server.env.items():
     monkeypatch.setenv(key, value)
   with pytest.raises(storage.StorageError, match="gs://no-such-bucket does not exist"):
-    storage.check_writable("gs://no-such-bucket/run", "--workdir")
+    storage.check_output("gs://no-such-bucket/run", "--workdir", directory=True)
+
+
+def test_bucket_outputs_follow_the_local_output_rules(bucket):
+  from elmo_jax import files
+  storage.write_bytes(bucket + "/run/config.json", b"{}")  # a trained run's folder
+  with pytest.raises(files.UnsafeOutputError, match=r"is inside the trained run gs://\S+/run's export/ folder"):
+    files.check_output(bucket + "/run/export/e.hdf5", "--output_file")
+  with pytest.raises(files.UnsafeOutputError, match="is an input of this run"):
+    files.check_output(bucket + "/t.txt", "--output_file", inputs=[bucket + "/t.txt"])
+  with pytest.raises(files.UnsafeOutputError, match="holds an input of this run"):
+    files.check_output(bucket + "/d", "--output_dir", inputs=[bucket + "/d/t.txt"], directory=True, replaces=True)
+  files.check_output(bucket + "/out/e.hdf5", "--output_file", inputs=[bucket + "/t.txt"])
+  assert storage.listdir(bucket) == ["run"]  # the write probe is gone, and was never under out/e.hdf5/
 
 
 def test_tfds_data_dir_in_a_bucket_reads_like_the_local_one(bucket, tmp_path):

@@ -139,75 +139,69 @@ def main(argv: list[str]) -> int:
     logging.set_verbosity(logging.WARNING)  # keeps JAX's backend INFO lines out of the one-line errors
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, _on_signal)
-  url = FLAGS.output_file  # a bucket URL: written to a local staging file, uploaded whole when done
-  remote = storage.is_remote(url)
   try:
-    if remote:
-      storage.check_writable(url, "--output_file")
-    output_file = storage.staging_path(url) if remote else url
-    source = storage.local(FLAGS.vocab_file if FLAGS.dump_token_embeddings else FLAGS.input_file)
-    if not os.path.exists(source):  # fail before spending time on loading the model
-      kind = "vocab" if FLAGS.dump_token_embeddings else "input"
-      raise embed_files.EmbedInputError(f"{source}: {kind} file not found")
-    # a directory, an HDF5 file (e.g. the weights) or other binary data: one line naming the flag
-    problem = (files.text_problem(source) if FLAGS.dump_token_embeddings else embed.text_input_problem(source))
-    if problem is not None:
-      flag = "vocab_file" if FLAGS.dump_token_embeddings else "input_file"
-      raise embed_files.EmbedInputError(f"--{flag}={source} {problem}")
-    embed_files.check_output_path(output_file, _run_inputs(), "--output_file")
-    if not FLAGS.dump_token_embeddings:
-      embed_job.Job.check_folder(output_file)
-    for name in embed_files.remove_stale_temps(output_file):
-      logging.warning("removed %s, left by an embedding run that was killed", name)
-    # Before anything touches a JAX backend: initialize() must come first in every process.
-    try:
-      distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
-                             FLAGS.process_id)
-    except ValueError as e:  # e.g. --coordinator_address without --num_processes
-      raise embed_files.EmbedInputError(str(e)) from None
-    devices.announce()
-    import jax  # pylint: disable=g-import-not-at-top  (after initialize)
-    if remote and jax.process_count() > 1:
-      raise embed_files.EmbedInputError("--output_file in a bucket is written by one process; give a shared "
-                                        "local path for a multi-process run, then upload it")
-    embedder = _load_embedder()
-    if FLAGS.dump_token_embeddings:
-      start = time.perf_counter()
-      n = embed.dump_token_embeddings(embedder, source, output_file)
-      if remote:
-        storage.finish_staged(output_file, url)
-      print(f"wrote {url}: {n} token embeddings of width {embedder.config.projection_dim} in "
-            f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
-      return 0
-    tokenize = None
-    if FLAGS.tokenize:
-      from elmo_jax.data.tokenize import Tokenizer  # pylint: disable=g-import-not-at-top
-      tokenize = Tokenizer()
-    stats = embed.embed_file(embedder, source, output_file, FLAGS.batch_size,
-                             chunk_size=FLAGS.chunk_size,
-                             progress_every=FLAGS.progress_every if FLAGS.progress else None,
-                             output="top" if FLAGS.top else "average" if FLAGS.average else "all",
-                             sentence_vectors=FLAGS.sentence_vectors, output_dtype=FLAGS.output_dtype,
-                             use_sentence_keys=FLAGS.use_sentence_keys,
-                             forget_sentences=FLAGS.forget_sentences, tokenize=tokenize,
-                             part_sentences=FLAGS.part_sentences)
+    # A bucket --output_file is written to a local staging file and uploaded whole once the work is done.
+    with storage.staged_output(FLAGS.output_file, "--output_file", inputs=_run_inputs()) as output_file:
+      done = _embed(output_file)
   except (embed_files.EmbedInputError, files.UnsafeOutputError, weights_lib.WeightFileError,
           options_lib.OptionsError, OSError, token_cache.TokenCacheError, embed_job.JobError,
           embed_step.DeviceError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
-  if remote and stats["wrote"]:
-    try:
-      storage.finish_staged(output_file, url)
-    except storage.StorageError as e:
-      print(f"error: {e} (the finished file is {output_file})", file=sys.stderr)
-      return 1
-  rate = stats["sentences"] / max(stats["seconds"], 1e-9)
-  what = f"wrote {url} ({stats['lines']} lines)" if stats["wrote"] else "done with my share"
-  resumed = f", resumed after {stats['resumed']} in earlier runs" if stats["resumed"] else ""
-  print(f"{what}: this process embedded {stats['sentences']} sentences, {stats['tokens']} tokens in "
-        f"{stats['seconds']:.1f} s ({rate:.1f} sent/s){resumed}", file=sys.stderr)
+  print(done, file=sys.stderr)
   return 0
+
+
+def _embed(output_file: str) -> str:
+  """The work of `main`, writing to `output_file` (local); returns the line that reports it."""
+  source = storage.local(FLAGS.vocab_file if FLAGS.dump_token_embeddings else FLAGS.input_file)
+  if not os.path.exists(source):  # fail before spending time on loading the model
+    kind = "vocab" if FLAGS.dump_token_embeddings else "input"
+    raise embed_files.EmbedInputError(f"{source}: {kind} file not found")
+  # a directory, an HDF5 file (e.g. the weights) or other binary data: one line naming the flag
+  problem = (files.text_problem(source) if FLAGS.dump_token_embeddings else embed.text_input_problem(source))
+  if problem is not None:
+    flag = "vocab_file" if FLAGS.dump_token_embeddings else "input_file"
+    raise embed_files.EmbedInputError(f"--{flag}={source} {problem}")
+  embed_files.check_output_path(output_file, _run_inputs(), "--output_file")
+  if not FLAGS.dump_token_embeddings:
+    embed_job.Job.check_folder(output_file)
+  for name in embed_files.remove_stale_temps(output_file):
+    logging.warning("removed %s, left by an embedding run that was killed", name)
+  # Before anything touches a JAX backend: initialize() must come first in every process.
+  try:
+    distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
+                           FLAGS.process_id)
+  except ValueError as e:  # e.g. --coordinator_address without --num_processes
+    raise embed_files.EmbedInputError(str(e)) from None
+  devices.announce()
+  import jax  # pylint: disable=g-import-not-at-top  (after initialize)
+  if storage.is_remote(FLAGS.output_file) and jax.process_count() > 1:
+    raise embed_files.EmbedInputError("--output_file in a bucket is written by one process; give a shared "
+                                      "local path for a multi-process run, then upload it")
+  embedder = _load_embedder()
+  if FLAGS.dump_token_embeddings:
+    start = time.perf_counter()
+    n = embed.dump_token_embeddings(embedder, source, output_file)
+    return (f"wrote {FLAGS.output_file}: {n} token embeddings of width {embedder.config.projection_dim} in "
+            f"{time.perf_counter() - start:.1f} s")
+  tokenize = None
+  if FLAGS.tokenize:
+    from elmo_jax.data.tokenize import Tokenizer  # pylint: disable=g-import-not-at-top
+    tokenize = Tokenizer()
+  stats = embed.embed_file(embedder, source, output_file, FLAGS.batch_size,
+                           chunk_size=FLAGS.chunk_size,
+                           progress_every=FLAGS.progress_every if FLAGS.progress else None,
+                           output="top" if FLAGS.top else "average" if FLAGS.average else "all",
+                           sentence_vectors=FLAGS.sentence_vectors, output_dtype=FLAGS.output_dtype,
+                           use_sentence_keys=FLAGS.use_sentence_keys,
+                           forget_sentences=FLAGS.forget_sentences, tokenize=tokenize,
+                           part_sentences=FLAGS.part_sentences)
+  rate = stats["sentences"] / max(stats["seconds"], 1e-9)
+  what = f"wrote {FLAGS.output_file} ({stats['lines']} lines)" if stats["wrote"] else "done with my share"
+  resumed = f", resumed after {stats['resumed']} in earlier runs" if stats["resumed"] else ""
+  return (f"{what}: this process embedded {stats['sentences']} sentences, {stats['tokens']} tokens in "
+          f"{stats['seconds']:.1f} s ({rate:.1f} sent/s){resumed}")
 
 
 def run() -> None:

@@ -28,6 +28,7 @@ from elmo_jax import cli
 from elmo_jax import files
 from elmo_jax import progress
 from elmo_jax import storage
+from elmo_jax.evaluation import outputs
 from elmo_jax.evaluation import readers
 from elmo_jax.options import OptionsError
 from elmo_jax.evaluation import tasks as tasks_lib
@@ -195,8 +196,9 @@ def load_models_from_flags() -> tasks_lib.Models:
   from elmo_jax.evaluation import features  # pylint: disable=g-import-not-at-top
 
   if _WORKDIR.value:
-    emb = Embedder.from_workdir(_local_workdir())
-    key = features.model_key_from_workdir(_local_workdir())
+    workdir = _local_workdir()
+    emb = Embedder.from_workdir(workdir)
+    key = features.model_key_from_workdir(workdir)
     description = {"workdir": _WORKDIR.value}
   elif _OPTIONS.value:
     emb = Embedder.from_files(_OPTIONS.value, _WEIGHTS.value)
@@ -224,7 +226,8 @@ def main(argv: Sequence[str],
   try:
     task, cfg = config_from_flags()
     # A bucket --output_dir: written locally, each file uploaded whole once every task finished.
-    with storage.staged_output(cfg.output_dir, "--output_dir", directory=True) as cfg.output_dir:
+    with storage.staged_output(cfg.output_dir, "--output_dir", directory=True,
+                               inputs=outputs.input_files(cfg)) as cfg.output_dir:
       tasks_lib.run(task, cfg, load_models or load_models_from_flags, on_start=_announce)
   except (readers.InputError, files.UnsafeOutputError, tasks_lib.TaskUnavailable, OptionsError, OSError) as e:
     sys.exit(f"evaluate.py: error: {e}")

@@ -331,20 +331,16 @@ def main(argv: Sequence[str]) -> None:
   if not f.progress:
     progress_lib.set_enabled(False)
   inputs = [p.strip() for p in (f.input or "").split(",") if p.strip()]
-  url = f.output_dir  # a bucket URL: prepared in a local staging folder (resumable there), then uploaded
-  remote, output_dir = storage.is_remote(url), url
-  try:
-    if remote:
-      storage.check_writable(url, "--output_dir")
-    output_dir = storage.staging_path(url, directory=True) if remote else url
-    prepare(output_dir, inputs, tfds_name=f.tfds_name, tfds_split=f.tfds_split, tfds_data_dir=f.tfds_data_dir,
-            tfds_text_key=f.tfds_text_key, pretokenized=f.pretokenized, max_token_chars=f.max_token_chars,
-            vocab_max_size=f.vocab_max_size or None, vocab_min_count=f.vocab_min_count,
-            vocab_file=f.vocab_file, num_workers=f.num_workers, chunk_sentences=f.chunk_sentences)
-    if remote:
-      storage.finish_staged(output_dir, url)
-      log.info(f"uploaded to {url}")
-  except (PrepareError, storage.StorageError) as e:
+  output_dir = f.output_dir
+  try:  # a bucket --output_dir: prepared in a local staging folder (resumable there), uploaded when done
+    with storage.staged_output(f.output_dir, "--output_dir", directory=True, inputs=inputs) as output_dir:
+      prepare(output_dir, inputs, tfds_name=f.tfds_name, tfds_split=f.tfds_split, tfds_data_dir=f.tfds_data_dir,
+              tfds_text_key=f.tfds_text_key, pretokenized=f.pretokenized, max_token_chars=f.max_token_chars,
+              vocab_max_size=f.vocab_max_size or None, vocab_min_count=f.vocab_min_count,
+              vocab_file=f.vocab_file, num_workers=f.num_workers, chunk_sentences=f.chunk_sentences)
+    if storage.is_remote(f.output_dir):
+      log.info(f"uploaded to {f.output_dir}")
+  except (PrepareError, files.UnsafeOutputError, storage.StorageError) as e:
     sys.exit(f"prepare: {e}")
   except KeyboardInterrupt:  # the workers ignore SIGINT: this is the only report
     work = os.path.join(os.path.abspath(output_dir), PARTIAL)

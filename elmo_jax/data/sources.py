@@ -127,6 +127,15 @@ class TextSource:
     return f"TextSource({len(self.paths)} files, {len(self)} lines, skipped={self.skipped})"
 
 
+def local_tfds_dir(data_dir: str | None, name: str) -> str | None:
+  """TFDS's `data_dir` for reading dataset `name` ("glue/sst2", "lm1b:1.1.0"): itself, or for a bucket URL the
+  local copy of the bucket's data_dir holding a copy of that one dataset (of the many a data_dir may hold)."""
+  if not storage.is_remote(data_dir):
+    return data_dir
+  storage.local(storage.join(data_dir, name.split(":")[0]))
+  return storage.copy_path(data_dir)
+
+
 class TfdsSource:
   """A TFDS split read through `tfds.data_source` (ArrayRecord random access; no TensorFlow needed).
 
@@ -142,7 +151,7 @@ class TfdsSource:
 
     self.name, self.split, self.text_key = name, split, text_key
     try:
-      data_dir = storage.local_root(data_dir, name.split(":")[0])  # a bucket's dataset: its local copy
+      data_dir = local_tfds_dir(data_dir, name)
       self._source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
     except Exception as e:  # tfds raises a zoo of types; the message is what the user needs
       raise ValueError(

@@ -140,8 +140,8 @@ def read_tfds_labelled(spec: str, data_dir: str | None = None, text_key: str | N
   name, split = parse_tfds(spec)
   with _quiet_absl():
     try:
-      from elmo_jax import storage  # pylint: disable=g-import-not-at-top
-      data_dir = storage.local_root(data_dir, name.split(":")[0])  # a bucket's dataset: its local copy
+      from elmo_jax.data.sources import local_tfds_dir  # pylint: disable=g-import-not-at-top
+      data_dir = local_tfds_dir(data_dir, name)
       source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
     except Exception as e:  # pylint: disable=broad-except  (tfds raises a zoo of types)
       raise InputError(_tfds_unavailable(spec, name, data_dir, e)) from None

@@ -62,7 +62,7 @@ def _auto_prepare(config, workdir: str | Workdir) -> tuple[str, str]:
 
   Process 0 prepares (a bucket workdir: into its local copy, then uploads it); the others wait, then read it
   (a bucket workdir: after copying it down)."""
-  run = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
+  run = Workdir.of(workdir)
   data = config.data
   limit = float(data.get("auto_prepare_max_mb", 0) or 0)
   if data.tfds_name or not data.train_files or limit <= 0:
@@ -136,7 +136,7 @@ def _run_vocab(config, workdir: str, build: Callable[[], Vocab]) -> Vocab:
 
 def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
   """Opens the run's data: a prepared corpus (config.data.prepared_dir or auto-prepared) or raw sources."""
-  run = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
+  run = Workdir.of(workdir)
   workdir = run.local
   data = config.data
   train_dir, eval_dir = data.get("prepared_dir", ""), data.get("prepared_eval_dir", "")

@@ -122,8 +122,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # --- setup ---------------------------------------------------------------------------------------------
   run = Workdir(workdir)
   is_main = jax.process_index() == 0
-  if is_main:
-    run.pull()  # a bucket workdir: the copy this process writes starts as the bucket's
+  if is_main:  # a bucket workdir: the copy this process writes starts as the bucket's (again since the
+    run.pull()  # preflight's pull: another trainer may have written before this one took the lock)
   workdir = run.local
   os.makedirs(workdir, exist_ok=True)
   options = options_lib.validate(config.options.to_dict(), "config.options")

@@ -37,6 +37,10 @@ class Workdir:
     self._pending: set[str] = set()
     self._busy, self._error, self._uploader = False, None, None
 
+  @classmethod
+  def of(cls, workdir: "str | os.PathLike | Workdir") -> "Workdir":
+    return workdir if isinstance(workdir, Workdir) else cls(workdir)
+
   def __str__(self) -> str:
     return self.path
 
