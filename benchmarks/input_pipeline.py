@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from elmo_jax.data import TextSource, Tokenizer, make_lm_iterator  # noqa: E402
 from elmo_jax.data.prepare import prepare  # noqa: E402
 from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator  # noqa: E402
-from elmo_jax.training import dedupe as dedupe_lib  # noqa: E402
+from elmo_jax.data import dedupe as dedupe_lib  # noqa: E402
 from elmo_jax.training import step as step_lib  # noqa: E402
 
 B, U = 128, 20

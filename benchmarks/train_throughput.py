@@ -9,7 +9,7 @@ Sections (each can be switched off):
     batch x unroll token positions (both directions process each), compile time reported separately;
     `mfu` = analytic model FLOPs per token (3x the forward matmul/conv FLOPs, both directions, both char
     CNN passes, the softmax as computed: sampled or full) x tokens/s / matmul peak.
-    The step runs on token-deduped batches (config.dedupe_tokens, `training/dedupe.py`, one shard);
+    The step runs on token-deduped batches (config.dedupe_tokens, `data/dedupe.py`, one shard);
     `dedupe` has the distinct tokens per batch vs positions, the table size U, the host cost and, with
     --dedupe_compare, the plain path's tokens/s measured interleaved and the speedup. The MFU counts the
     plain path's FLOPs (every position through the char CNN), so it is an "effective" MFU with dedupe.
@@ -47,7 +47,7 @@ from elmo_jax import chars
 from elmo_jax import memory
 from elmo_jax.model import BiLM, BiLMConfig, BiLSTMStack, make_model
 from elmo_jax.plan import forward_flops_per_token
-from elmo_jax.training import dedupe as dedupe_lib
+from elmo_jax.data import dedupe as dedupe_lib
 from elmo_jax.training import losses
 from elmo_jax.training import step as step_lib
 

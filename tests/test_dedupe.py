@@ -1,4 +1,4 @@
-"""Train-time token dedupe (elmo_jax/training/dedupe.py): the tables, and BiLM.lm_windows's deduped path."""
+"""Train-time token dedupe (elmo_jax/data/dedupe.py): the tables, and BiLM.lm_windows's deduped path."""
 from __future__ import annotations
 
 import jax
@@ -8,7 +8,7 @@ import pytest
 
 from elmo_jax import chars
 from elmo_jax.model import BiLM, BiLMConfig, zero_state
-from elmo_jax.training import dedupe
+from elmo_jax.data import dedupe
 
 from conftest import tiny_options
 

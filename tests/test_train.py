@@ -141,7 +141,7 @@ _SHARDED_SCRIPT = textwrap.dedent(r"""
 def test_sharded_training_equals_single_device(tmp_path, dedupe, shard_softmax):
   """8 devices vs 1, same global batch and seed, dropout and sampled softmax on: same losses and params.
 
-  With `dedupe`, the 8-device run embeds each shard's distinct tokens (training/dedupe.py) and the 1-device
+  With `dedupe`, the 8-device run embeds each shard's distinct tokens (data/dedupe.py) and the 1-device
   run every position: also the deduped path against the plain one. With `shard_softmax`, the 8-device run
   splits the softmax W and its optimizer state over the devices (config.shard_softmax).
   """

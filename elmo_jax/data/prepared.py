@@ -6,7 +6,7 @@ per-epoch shuffle -> repeat; same per-row continuous streams, windows, `<S>`/`</
 walks sentence pieces (~1-2 per row per window); every token is handled by numpy gathers.
 
 With `dedupe_shards=k` the batch comes out already deduplicated for k devices by unique *type id*
-(`token_chars` [k, U, C], `fwd_index`/`bwd_index` [B, T], see `training/dedupe.py`) without ever building the
+(`token_chars` [k, U, C], `fwd_index`/`bwd_index` [B, T], see `data/dedupe.py`) without ever building the
 [B, T, C] char arrays: exact, and much cheaper than hashing char rows.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from elmo_jax import storage
 from elmo_jax.data.pipeline import _STATE_VERSION, check_state, stream_order
 from elmo_jax.data.manifest import AGAIN, MANIFEST, PreparedCorpusError, open_verified
 from elmo_jax.data.vocab import Vocab
-from elmo_jax.training import dedupe as dedupe_lib  # pure numpy, no training imports behind it
+from elmo_jax.data import dedupe as dedupe_lib
 
 _BOS, _EOS = 0, 1  # type ids of <S>, </S> (prepare puts the specials first)
 

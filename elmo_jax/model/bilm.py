@@ -123,7 +123,7 @@ class BiLM(nn.Module):
 
     Args:
       fwd_char_ids, bwd_char_ids: [batch, unroll, max_chars], each in its direction's reading order; or None
-        with the deduped form (`training/dedupe.py`) instead:
+        with the deduped form (`data/dedupe.py`) instead:
       token_chars: [n_shards, U, max_chars] distinct tokens of each data shard (row 0 = no token);
       fwd_index, bwd_index: [batch, unroll] indices into the table of the row's shard (rows split into
         n_shards consecutive chunks); 0 = padding.

@@ -118,7 +118,7 @@ def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_s
   import jax  # pylint: disable=g-import-not-at-top
   from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.model import make_model  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.data import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
 
   target = targets_lib.make_target(target_spec)

@@ -25,7 +25,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.dtype = "float32"  # compute dtype of the matmuls; params and optimizer state stay float32
   c.scan_unroll = 1
   # Run the char CNN once per distinct token of each device's rows instead of on every position of both
-  # windows (exact; the step compiles once per table-size bucket). See elmo_jax/training/dedupe.py.
+  # windows (exact; the step compiles once per table-size bucket). See elmo_jax/data/dedupe.py.
   c.dedupe_tokens = True
   c.dropout = 0.1
   # --- softmax ----------------------------------------------------------------------------------------

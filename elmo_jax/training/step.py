@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax.model import BiLM, zero_state
-from elmo_jax.training import dedupe as dedupe_lib
+from elmo_jax.data import dedupe as dedupe_lib
 from elmo_jax.training import freeze as freeze_lib
 from elmo_jax.training import losses
 

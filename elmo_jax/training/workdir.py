@@ -16,11 +16,7 @@ import threading
 from elmo_jax import log
 from elmo_jax import storage
 
-CHECKPOINTS = "checkpoints"
-LOCK_FILE = "train.lock"
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
-PREPARED_DIR = "prepared"
+from elmo_jax.run_layout import CHECKPOINTS, LOCK_FILE, METRICS_FILE, PREPARED_DIR, TENSORBOARD_DIR  # noqa: F401
 
 
 class Workdir:

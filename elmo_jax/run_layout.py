@@ -1,0 +1,38 @@
+"""The one place that knows a training run's folder (its workdir, local or `gs://`), as train.py writes it:
+
+  <workdir>/
+    config.json          the training config (config.to_dict())
+    vocab.txt            the softmax vocabulary
+    metrics.jsonl        one JSON record per log / eval step
+    tensorboard/         the same metrics for TensorBoard
+    checkpoints/<step>/  Orbax checkpoints (train state, data position, log window)
+    export/              options.json + weights.hdf5 (+ vocab.txt): the original ELMo format, at every save
+    prepared/<key>/      the auto-prepared corpus (ids), `training/input.py`
+    eval/                `evaluate.py --workdir`'s default output folder
+    train.lock           the workdir lock (`training/lock.py`)
+
+Names only: no I/O here, so every room (storage, files, training, embedding, evaluation) can ask.
+"""
+from __future__ import annotations
+
+CONFIG_FILE = "config.json"
+VOCAB_FILE = "vocab.txt"
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+CHECKPOINTS = "checkpoints"
+EXPORT_DIR = "export"
+PREPARED_DIR = "prepared"
+EVAL_DIR = "eval"
+LOCK_FILE = "train.lock"
+OPTIONS_FILE = "options.json"  # inside export/
+WEIGHTS_FILE = "weights.hdf5"  # inside export/
+
+# What a reader of a finished run needs (embedding, evaluation): a bucket run copies just these.
+RUN_FILES = (EXPORT_DIR, VOCAB_FILE, CONFIG_FILE)
+# Folders a trained run owns: nothing else may be written into them.
+RUN_FOLDERS = (CHECKPOINTS, EXPORT_DIR)
+
+
+def export_files() -> tuple[str, str]:
+  """(options, weights) paths relative to the workdir."""
+  return f"{EXPORT_DIR}/{OPTIONS_FILE}", f"{EXPORT_DIR}/{WEIGHTS_FILE}"
