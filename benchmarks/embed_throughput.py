@@ -42,11 +42,11 @@ import jax
 import numpy as np
 
 from bench_util import matmul_peak, memory_mb, peak_rss_mb  # pylint: disable=g-bad-import-order
-from elmo_jax import embed
-from elmo_jax import memory
-from elmo_jax import options as options_lib
-from elmo_jax.embed_step import char_widths as _char_widths
-from elmo_jax.embedder import Embedder, _pow2_at_least
+from elmo_jax.embedding import writer as embed
+from elmo_jax.runtime import memory
+from elmo_jax.interop import options as options_lib
+from elmo_jax.embedding.step import char_widths as _char_widths
+from elmo_jax.embedding.embedder import Embedder, _pow2_at_least
 from elmo_jax.model import BiLM, BiLMConfig
 
 _CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "pd-small", "train.txt.gz")
@@ -315,7 +315,7 @@ def token_cache_pass(embedder: Embedder, opts: dict, sentences: list[list[str]],
 
 def main(argv: list[str]) -> None:
   del argv
-  # first, before JAX allocates, as the command-line entry points do (elmo_jax/memory.py)
+  # first, before JAX allocates, as the command-line entry points do (elmo_jax/runtime/memory.py)
   reused = FLAGS.reuse_freed_memory and memory.reuse_freed_memory()
   result: dict[str, Any] = {"backend": jax.default_backend(), "devices": len(jax.devices()),
                             "cpu_count": os.cpu_count(), "load_avg_start": os.getloadavg(),

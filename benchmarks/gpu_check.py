@@ -24,8 +24,8 @@ import warnings
 import jax
 import numpy as np
 
-from elmo_jax import chars
-from elmo_jax import options as options_lib
+from elmo_jax.data import chars
+from elmo_jax.interop import options as options_lib
 from elmo_jax.model import make_model
 from elmo_jax.training import step as step_lib
 
@@ -124,7 +124,7 @@ def loop_check(config_name, dtype, steps, log_every):
 
 
 def embed_throughput(preset, n_sentences, batch_size):
-  from elmo_jax.embedder import Embedder  # pylint: disable=g-import-not-at-top
+  from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(1)
   words = ["w" + "".join(rng.choice(list("abcdefghij"), rng.integers(1, 10))) for _ in range(3000)]
   sentences = [[words[i] for i in rng.integers(0, len(words), rng.integers(5, 40))] for _ in range(n_sentences)]

@@ -118,7 +118,7 @@ def main():
   parser.add_argument("--num_workers", default="1,2")
   parser.add_argument("--seconds", type=float, default=4.0)
   args = parser.parse_args()
-  from elmo_jax import progress  # pylint: disable=g-import-not-at-top
+  from elmo_jax.runtime import progress  # pylint: disable=g-import-not-at-top
   progress.set_enabled(False)
   out: dict = {"batch": [B, U], "dedupe": True, "cpu_count": os.cpu_count(), "text": args.text}
   tmp = tempfile.mkdtemp(prefix="input_pipeline_prep_")

@@ -43,8 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench_util import matmul_peak, peak_rss_mb  # pylint: disable=g-bad-import-order
-from elmo_jax import chars
-from elmo_jax import memory
+from elmo_jax.data import chars
+from elmo_jax.runtime import memory
 from elmo_jax.model import BiLM, BiLMConfig, BiLSTMStack, make_model
 from elmo_jax.plan import forward_flops_per_token
 from elmo_jax.data import dedupe as dedupe_lib
@@ -308,7 +308,7 @@ def lstm_compare(hidden: int, proj: int, batch: int, unroll: int = 20, n_layers:
 
 def main(argv):
   del argv
-  # first, before JAX allocates, as the command-line entry points do (elmo_jax/memory.py)
+  # first, before JAX allocates, as the command-line entry points do (elmo_jax/runtime/memory.py)
   reused = FLAGS.reuse_freed_memory and memory.reuse_freed_memory()
   result: dict[str, Any] = {"jax": jax.__version__, "backend": jax.default_backend(), "cpus": os.cpu_count(),
                             "xla_flags": os.environ.get("XLA_FLAGS", "")}

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from absl import flags
 
-from elmo_jax import options as options_lib
-from elmo_jax.embedder import enable_compilation_cache
-from elmo_jax import weights as weights_lib
+from elmo_jax.interop import options as options_lib
+from elmo_jax.embedding.embedder import enable_compilation_cache
+from elmo_jax.interop import weights as weights_lib
 from tiny import tiny_options  # noqa: F401  (the model-core tests import it from here)
 
 # JAX's persistent compilation cache, on from the first test, in the clone's ignored .cache/tests (not

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elmo_jax import chars
+from elmo_jax.data import chars
 
 
 def _sigmoid(x):

@@ -9,10 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from elmo_jax import embed, embed_files, files
-from elmo_jax import options as options_lib
-from elmo_jax import weights as weights_lib
-from elmo_jax.embedder import Embedder
+from elmo_jax.embedding import writer as embed
+from elmo_jax.embedding import inputs as embed_files
+from elmo_jax.runtime import files
+from elmo_jax.interop import options as options_lib
+from elmo_jax.interop import weights as weights_lib
+from elmo_jax.embedding.embedder import Embedder
 
 from conftest import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, tiny_options
 

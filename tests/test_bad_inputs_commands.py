@@ -13,11 +13,14 @@ import pytest
 from absl import app
 
 import evaluate
-from elmo_jax import cli, embed, embed_files, files
-from elmo_jax import weights as weights_lib
+from elmo_jax import cli
+from elmo_jax.embedding import writer as embed
+from elmo_jax.embedding import inputs as embed_files
+from elmo_jax.runtime import files
+from elmo_jax.interop import weights as weights_lib
 from elmo_jax.downstream import data as data_lib
-from elmo_jax.embed_args import select_layers
-from elmo_jax.embedder import Embedder
+from elmo_jax.embedding.args import select_layers
+from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.evaluation import readers, tasks
 
 from conftest import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, tiny_options
@@ -301,7 +304,7 @@ def test_a_sentiment_tsv_or_other_non_conll_file_is_refused_as_pos(tmp_path):
 def test_embed_inputs_of_the_wrong_kind_are_one_line(tmp_path, emb, model_dir):
   """E15 (a directory as input: [Errno 21]), E09 (an HDF5 file as vocabulary: a bare UnicodeDecodeError;
   as input: 'invalid UTF-8 at byte 0'), E14 (OUTPUT.partial a file: [Errno 20] Not a directory)."""
-  from elmo_jax import embed_job  # pylint: disable=g-import-not-at-top
+  from elmo_jax.embedding import job as embed_job  # pylint: disable=g-import-not-at-top
   weights = str(model_dir / "weights.hdf5")
   out = tmp_path / "out.hdf5"
   with pytest.raises(embed_files.EmbedInputError) as e:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from elmo_jax import chars
-from elmo_jax.embedder import Embedder
+from elmo_jax.data import chars
+from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.model import BiLM, BiLMConfig, zero_state
 from elmo_jax.model import bilm as bilm_mod
 from elmo_jax.model import char_cnn as char_cnn_mod

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import launch_util
-from elmo_jax import storage
+from elmo_jax.runtime import storage
 import gcs_util
 
 pytestmark = pytest.mark.slow

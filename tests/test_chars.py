@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elmo_jax import chars
+from elmo_jax.data import chars
 
 # Shifted values: bos 257, eos 258, bow 259, eow 260, pad 261.
 BOS, EOS, BOW, EOW, PAD = 257, 258, 259, 260, 261

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, token_to_ids
+from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, token_to_ids
 from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from elmo_jax import chars
+from elmo_jax.data import chars
 from elmo_jax.model import BiLM, BiLMConfig, zero_state
 from elmo_jax.data import dedupe
 

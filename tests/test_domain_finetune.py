@@ -16,8 +16,8 @@ import optax
 import pytest
 
 import launch_util as lu
-from elmo_jax import options as options_lib
-from elmo_jax import weights as weights_lib
+from elmo_jax.interop import options as options_lib
+from elmo_jax.interop import weights as weights_lib
 from elmo_jax.training import freeze, init_from, loop, resume, step as step_lib
 from elmo_jax.training.checkpoint import IncompatibleCheckpointError
 from elmo_jax.training.config import base_config

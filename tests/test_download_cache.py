@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import http_util
-from elmo_jax import download
-from elmo_jax import files
-from elmo_jax import pretrained
-from elmo_jax.embedder import Embedder, enable_compilation_cache
+from elmo_jax.interop import download
+from elmo_jax.runtime import files
+from elmo_jax.interop import pretrained
+from elmo_jax.embedding.embedder import Embedder, enable_compilation_cache
 
 from tiny import tiny_options
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURE_DIR, tiny_options
-from elmo_jax import chars
+from elmo_jax.data import chars
 from elmo_jax.downstream import data as data_lib
 from elmo_jax.downstream import table, train
 from elmo_jax.downstream.model import TaskConfig, TaskModel, init_params
@@ -51,7 +51,7 @@ def task_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_bilm():
-  from elmo_jax.embedder import Embedder
+  from elmo_jax.embedding.embedder import Embedder
   emb = Embedder.random(tiny_options(), seed=3)
   return train.Bilm(emb, {"spec": "tiny", "init": "random", "weights_sha256": "0" * 64})
 
@@ -228,7 +228,7 @@ def test_cli_runs_and_tables(task_dir, tmp_path):
     assert r["data"]["train"]["sentences"] == n_train
     assert (f"train {n_train} of 48 sentences (--max_train_sentences)" if cap else "train 48 sentences") in p.stderr
     if elmo == "frozen":
-      from elmo_jax import files
+      from elmo_jax.runtime import files
       assert r["bilm"]["weights_sha256"] == files.sha256_file(os.path.join(FIXTURE_DIR, "lm_weights.hdf5"))
     runs.append(out)
   # The frozen biLM layers of train/dev/test were written once and reused by the second seed.

@@ -12,10 +12,10 @@ import optax
 import pytest
 from flax import linen as nn
 
-from elmo_jax import chars
-from elmo_jax import pretrained
-from elmo_jax import token_cache
-from elmo_jax.embedder import Embedder
+from elmo_jax.data import chars
+from elmo_jax.interop import pretrained
+from elmo_jax.embedding import token_cache
+from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.model import Elmo, masked_mean, word_ids_for
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "bilm_tf")

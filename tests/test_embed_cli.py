@@ -14,8 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
-from elmo_jax import embed
-from elmo_jax.embedder import Embedder
+from elmo_jax.embedding import writer as embed
+from elmo_jax.embedding.embedder import Embedder
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "bilm_tf")
 OPTIONS = os.path.join(FIXTURE, "options.json")

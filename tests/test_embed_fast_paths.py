@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from elmo_jax import chars
-from elmo_jax import options as options_lib
-from elmo_jax.embed_step import CNN_ROWS as _CNN_ROWS, char_widths as _char_widths
-from elmo_jax.embedder import Embedder
+from elmo_jax.data import chars
+from elmo_jax.interop import options as options_lib
+from elmo_jax.embedding.step import CNN_ROWS as _CNN_ROWS, char_widths as _char_widths
+from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.model import BiLM, BiLMConfig
 from elmo_jax.model import lstm as lstm_mod
 
@@ -87,9 +87,9 @@ def test_compilation_cache_dir_from_environment():
 
 def test_embedding_hands_freed_memory_back(monkeypatch):
   """iter_batches releases the allocator's free pages every _TRIM_EVERY_BATCHES batches and at its end
-  (elmo_jax/memory.py); on glibc the call reaches malloc_trim."""
-  from elmo_jax import embedder as embedder_lib
-  from elmo_jax import memory
+  (elmo_jax/runtime/memory.py); on glibc the call reaches malloc_trim."""
+  from elmo_jax.embedding import embedder as embedder_lib
+  from elmo_jax.runtime import memory
   calls = []
   monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1))
   monkeypatch.setattr(embedder_lib, "_TRIM_EVERY_BATCHES", 2)
@@ -101,7 +101,7 @@ def test_embedding_hands_freed_memory_back(monkeypatch):
 
 
 def test_token_rows_flush_keeps_pinned_rows_and_grows_for_a_big_batch():
-  from elmo_jax.token_cache import TokenRows
+  from elmo_jax.embedding.token_cache import TokenRows
   rows = TokenRows(4, pinned=["the", "a"])
   r, new = rows.assign(["the", "x", "y"])
   assert list(r) == [0, 2, 3] and list(new) == [1, 2] and rows.capacity == 6
@@ -151,7 +151,7 @@ def test_entry_points_keep_freed_memory_for_reuse():
   import subprocess
   import sys
   import tomllib
-  code = "from elmo_jax import memory; print(memory.reuse_freed_memory())"
+  code = "from elmo_jax.runtime import memory; print(memory.reuse_freed_memory())"
   assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                         check=True).stdout.strip() == "True"
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

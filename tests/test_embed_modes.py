@@ -12,9 +12,9 @@ import h5py
 import numpy as np
 import pytest
 
-from elmo_jax import embed
+from elmo_jax.embedding import writer as embed
 from elmo_jax.data.tokenize import Tokenizer
-from elmo_jax.embedder import Embedder
+from elmo_jax.embedding.embedder import Embedder
 from tests.test_pretrained import dead_url, mirror, serve
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "bilm_tf")

@@ -19,9 +19,9 @@ import h5py
 import numpy as np
 import pytest
 
-from elmo_jax import embed
-from elmo_jax import embed_job
-from elmo_jax.embedder import Embedder
+from elmo_jax.embedding import writer as embed
+from elmo_jax.embedding import job as embed_job
+from elmo_jax.embedding.embedder import Embedder
 from launch_util import REPO, free_port
 from test_embed_cli import OPTIONS, SENTENCES, WEIGHTS, error_lines, model_args, stop_at_launch, write_lines
 
@@ -62,8 +62,8 @@ def embedder() -> Embedder:
 _EIGHT = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from elmo_jax import embed
-    from elmo_jax.embedder import Embedder
+    from elmo_jax.embedding import writer as embed
+    from elmo_jax.embedding.embedder import Embedder
     options, weights, text, out = sys.argv[1:5]
     sentences = [line.split() for line in open(text)]
     for stateful in (False, True):

@@ -18,7 +18,7 @@ FAST = probes.ProbeConfig(max_epochs=25, patience=4)
 
 
 class FakeEmbedder:
-  """Deterministic stand-in for elmo_jax.embedder.Embedder (3 layers, dim 16).
+  """Deterministic stand-in for elmo_jax.embedding.embedder.Embedder (3 layers, dim 16).
 
   layer 0: a fixed random vector per word type (context-free, like the char CNN);
   layer 1: the type vector plus the sum of the other tokens' vectors (context);

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from elmo_jax import devices
+from elmo_jax.runtime import devices
 from elmo_jax.training import lock as lock_lib
 from elmo_jax.training import preflight
 from elmo_jax.training.config import base_config

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import http_util
-from elmo_jax import download
-from elmo_jax import files
-from elmo_jax import pretrained
-from elmo_jax.embedder import Embedder
+from elmo_jax.interop import download
+from elmo_jax.runtime import files
+from elmo_jax.interop import pretrained
+from elmo_jax.embedding.embedder import Embedder
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "bilm_tf")
 OPTIONS = os.path.join(FIXTURE, "options.json")
@@ -206,8 +206,8 @@ def test_evaluate_model_flag(tmp_path, cache, monkeypatch, parsed_flags):
 
 
 def test_init_from_released_name(tmp_path, cache, monkeypatch):
-  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
   mirror(tmp_path / "www")
   options = options_lib.load(OPTIONS)

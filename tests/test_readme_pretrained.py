@@ -12,7 +12,7 @@ import sys
 import h5py
 import pytest
 
-from elmo_jax import pretrained
+from elmo_jax.interop import pretrained
 from tests.test_pretrained import mirror, serve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

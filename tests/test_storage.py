@@ -1,11 +1,11 @@
-"""elmo_jax.storage against a real GCS server (tests/gcs_util.py): copies, mirrors, staged outputs."""
+"""elmo_jax.runtime.storage against a real GCS server (tests/gcs_util.py): copies, mirrors, staged outputs."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from elmo_jax import storage
+from elmo_jax.runtime import storage
 import gcs_util
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,7 @@ def test_missing_bucket_is_one_line(gcs_server, monkeypatch):
 
 
 def test_bucket_outputs_follow_the_local_output_rules(bucket):
-  from elmo_jax import files
+  from elmo_jax.runtime import files
   storage.write_bytes(bucket + "/run/config.json", b"{}")  # a trained run's folder
   with pytest.raises(files.UnsafeOutputError, match=r"is inside the trained run gs://\S+/run's export/ folder"):
     files.check_output(bucket + "/run/export/e.hdf5", "--output_file")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from elmo_jax import options as options_lib
+from elmo_jax.interop import options as options_lib
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 

@@ -9,7 +9,7 @@ from typing import Callable
 from absl import app
 from absl import flags
 
-from elmo_jax import memory
+from elmo_jax.runtime import memory
 
 
 def default_config(name: str = "default") -> str:
@@ -50,7 +50,7 @@ def _one_line_usage_errors(main: Callable, name: str | None) -> Callable:
 
 def run_main(main: Callable, define_flags: Callable[[], None] | None = None, name: str | None = None) -> None:
   """Every command's start: glibc keeps freed memory for XLA's buffers (first, before JAX allocates; see
-  elmo_jax/memory.py), then the command's flags where it defines them only when run, then absl. A usage
+  elmo_jax/runtime/memory.py), then the command's flags where it defines them only when run, then absl. A usage
   error (`app.UsageError`) from `main` is one line, `NAME: error: MESSAGE (--help for usage)`, exit code
   its `exitcode` (1 by default); `name` defaults to how the command was invoked (`command_name`)."""
   memory.reuse_freed_memory()

@@ -11,18 +11,18 @@ from absl import flags
 from absl import logging
 
 from elmo_jax import cli
-from elmo_jax import devices
-from elmo_jax import embed
-from elmo_jax import embed_files
-from elmo_jax import embed_job
-from elmo_jax import embed_step
-from elmo_jax import files
-from elmo_jax import options as options_lib
-from elmo_jax import progress as progress_lib
-from elmo_jax import storage
-from elmo_jax import token_cache
-from elmo_jax import weights as weights_lib
-from elmo_jax.embedder import Embedder
+from elmo_jax.runtime import devices
+from elmo_jax.embedding import writer as embed
+from elmo_jax.embedding import inputs as embed_files
+from elmo_jax.embedding import job as embed_job
+from elmo_jax.embedding import step as embed_step
+from elmo_jax.runtime import files
+from elmo_jax.interop import options as options_lib
+from elmo_jax.runtime import progress as progress_lib
+from elmo_jax.runtime import storage
+from elmo_jax.embedding import token_cache
+from elmo_jax.interop import weights as weights_lib
+from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.training import distributed
 
 FLAGS = flags.FLAGS
@@ -98,23 +98,14 @@ def _run_inputs() -> list[str]:
   """Every file this run reads (the text or vocabulary, the token embeddings, the model's options, weights
   and vocabulary however the model is named), found without loading or downloading anything: the output
   must not be one of them. (`embed_file` checks the loaded model's files again.)"""
-  from elmo_jax import download, pretrained  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import download
+  from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
   out = [FLAGS.input_file, FLAGS.vocab_file, FLAGS.token_embedding_file]
   out += [download.local_path(p) for p in (FLAGS.options_file, FLAGS.weight_file) if p]
-  run_dir = FLAGS.workdir
-  if FLAGS.model in pretrained.MODELS:
-    released = pretrained.MODELS[FLAGS.model]
-    out += [download.local_path(released.options_url), download.local_path(released.weight_url)]
-  elif FLAGS.model and os.path.isdir(os.path.expanduser(FLAGS.model)):
-    folder = os.path.expanduser(FLAGS.model)
-    try:
-      out += list(pretrained.resolve(folder))
-    except download.DownloadError:
-      pass  # loading it says what is missing
-    run_dir = folder if os.path.isdir(os.path.join(folder, "export")) else None
-  if run_dir:
-    out += [os.path.join(run_dir, "export", "options.json"), os.path.join(run_dir, "export", "weights.hdf5"),
-            os.path.join(run_dir, "vocab.txt")]
+  for spec, use in ((FLAGS.model, "model"), (FLAGS.workdir, "run")):
+    if spec:
+      model = pretrained.resolve_model(spec, use=use, fetch=False)
+      out += [model.options_file, model.weight_file, model.vocab_file]
   return [p for p in out if p]
 
 

@@ -25,12 +25,12 @@ from typing import Callable, Sequence
 from absl import flags, logging
 
 from elmo_jax import cli
-from elmo_jax import files
-from elmo_jax import progress
-from elmo_jax import storage
+from elmo_jax.runtime import files
+from elmo_jax.runtime import progress
+from elmo_jax.runtime import storage
 from elmo_jax.evaluation import outputs
 from elmo_jax.evaluation import readers
-from elmo_jax.options import OptionsError
+from elmo_jax.interop.options import OptionsError
 from elmo_jax.evaluation import tasks as tasks_lib
 
 _TASK_NAMES = ["perplexity", "wsd", "pos", "sentiment", "all"]
@@ -119,7 +119,7 @@ def _resolve_model_flag() -> None:
     return
   if _WORKDIR.value or _OPTIONS.value or _WEIGHTS.value:
     raise readers.InputError("give one of --model, --workdir or --options_file/--weight_file")
-  from elmo_jax import pretrained  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
   flags.FLAGS.options_file, flags.FLAGS.weight_file = pretrained.resolve(_MODEL.value)
 
 
@@ -192,7 +192,7 @@ def _local_workdir() -> str | None:
 
 def load_models_from_flags() -> tasks_lib.Models:
   """Builds the real Embedder and its untrained twin (imported lazily: slow)."""
-  from elmo_jax.embedder import Embedder  # pylint: disable=g-import-not-at-top
+  from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top
   from elmo_jax.evaluation import features  # pylint: disable=g-import-not-at-top
 
   if _WORKDIR.value:
@@ -234,7 +234,7 @@ def main(argv: Sequence[str],
 
 
 def _announce() -> None:
-  from elmo_jax import devices  # pylint: disable=g-import-not-at-top
+  from elmo_jax.runtime import devices  # pylint: disable=g-import-not-at-top
   devices.announce()
 
 

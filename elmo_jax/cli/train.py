@@ -15,7 +15,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from elmo_jax import cli
-from elmo_jax import progress
+from elmo_jax.runtime import progress
 from elmo_jax.training import distributed
 from elmo_jax.training.config import config_file_error, unknown_override_error
 
@@ -43,14 +43,14 @@ def main(argv):
   if not FLAGS.progress:
     progress.set_enabled(False)
   from elmo_jax.training import preflight  # pylint: disable=g-import-not-at-top
-  from elmo_jax.storage import StorageError  # pylint: disable=g-import-not-at-top
+  from elmo_jax.runtime.storage import StorageError  # pylint: disable=g-import-not-at-top
   try:  # a user's mistake is refused in one line, before anything is written (also by the checks below)
     preflight.check(FLAGS.config, FLAGS.workdir)
   except (preflight.PreflightError, StorageError) as e:
     sys.exit(f"train: error: {e}")
   # Before anything touches a JAX backend: initialize() must come first in every process.
   distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-  from elmo_jax import devices  # pylint: disable=g-import-not-at-top
+  from elmo_jax.runtime import devices  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.lock import WorkdirLock, WorkdirLocked  # pylint: disable=g-import-not-at-top
   devices.announce()
@@ -84,9 +84,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
   """Errors whose message is the whole story (a file, a key, a checkpoint of another run): no traceback."""
   # pylint: disable=g-import-not-at-top
   from elmo_jax.data.prepare import PrepareError
-  from elmo_jax.download import DownloadError
-  from elmo_jax.options import OptionsError
-  from elmo_jax.storage import StorageError
+  from elmo_jax.interop.download import DownloadError
+  from elmo_jax.interop.options import OptionsError
+  from elmo_jax.runtime.storage import StorageError
   from elmo_jax.training.checkpoint import IncompatibleCheckpointError
   from elmo_jax.training.init_from import InitFromError
   return IncompatibleCheckpointError, PrepareError, InitFromError, OptionsError, DownloadError, StorageError

@@ -1,7 +1,17 @@
-"""Training data: tokenizer, vocabulary, sentence sources and bilm-tf-style LM batches."""
-from elmo_jax.data.pipeline import LMIterator, make_lm_iterator
-from elmo_jax.data.sources import TextSource, TfdsSource
-from elmo_jax.data.tokenize import Tokenizer
-from elmo_jax.data.vocab import Vocab
+"""Training data: text (or TFDS, or a prepared corpus) into type ids and bilm-tf-style LM batches.
 
-__all__ = ["LMIterator", "TextSource", "TfdsSource", "Tokenizer", "Vocab", "make_lm_iterator"]
+Names are loaded on first use (PEP 562), so `elmo_jax.data.chars` or `elmo_jax.data.vocab` alone do not
+import Grain and TFDS.
+"""
+import importlib
+
+_NAMES = {"LMIterator": "pipeline", "make_lm_iterator": "pipeline", "TextSource": "sources",
+          "TfdsSource": "sources", "Tokenizer": "tokenize", "Vocab": "vocab"}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+  if name in _NAMES:
+    return getattr(importlib.import_module(f"elmo_jax.data.{_NAMES[name]}"), name)
+  raise AttributeError(f"module 'elmo_jax.data' has no attribute {name!r}")

@@ -25,10 +25,10 @@ import os
 import time
 from typing import Any, Callable
 
-from elmo_jax import files
-from elmo_jax import log
-from elmo_jax import storage
-from elmo_jax.progress import progress
+from elmo_jax.runtime import files
+from elmo_jax.runtime import log
+from elmo_jax.runtime import storage
+from elmo_jax.runtime.progress import progress
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -221,7 +221,7 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
 
 
 def _verify_cache_path(real: str) -> str:
-  from elmo_jax.download import cache_dir  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop.download import cache_dir  # pylint: disable=g-import-not-at-top
   return os.path.join(cache_dir(), VERIFY_CACHE, hashlib.sha256(real.encode()).hexdigest()[:16] + ".json")
 
 

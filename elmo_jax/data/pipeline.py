@@ -20,7 +20,7 @@ import grain
 import jax
 import numpy as np
 
-from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, CharIdCache
+from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, CharIdCache
 from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.data.vocab import Vocab
 

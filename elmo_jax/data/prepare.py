@@ -42,16 +42,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from elmo_jax import files
-from elmo_jax import log
-from elmo_jax import storage
-from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, token_to_ids
+from elmo_jax.runtime import files
+from elmo_jax.runtime import log
+from elmo_jax.runtime import storage
+from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, token_to_ids
 from elmo_jax.data.manifest import (PARTIAL, PrepareError, describe_source, read_manifest, settings_difference,
                                     settings_of, verify_files, write_manifest)
 from elmo_jax.data.prepare_inputs import check_inputs, check_numbers, check_vocab_file, open_source, source_spec
 from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.data.vocab import Vocab
-from elmo_jax.progress import progress
+from elmo_jax.runtime.progress import progress
 
 SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 
@@ -327,7 +327,7 @@ def main(argv: Sequence[str]) -> None:
   del argv
   from absl import flags  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
-  from elmo_jax import progress as progress_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.runtime import progress as progress_lib  # pylint: disable=g-import-not-at-top
   if not f.progress:
     progress_lib.set_enabled(False)
   inputs = [p.strip() for p in (f.input or "").split(",") if p.strip()]

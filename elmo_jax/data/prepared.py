@@ -17,8 +17,8 @@ from typing import Any, Callable
 import grain
 import numpy as np
 
-from elmo_jax import log
-from elmo_jax import storage
+from elmo_jax.runtime import log
+from elmo_jax.runtime import storage
 from elmo_jax.data.pipeline import _STATE_VERSION, check_state, stream_order
 from elmo_jax.data.manifest import AGAIN, MANIFEST, PreparedCorpusError, open_verified
 from elmo_jax.data.vocab import Vocab

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from elmo_jax import storage
+from elmo_jax.runtime import storage
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from elmo_jax import files
-from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN
+from elmo_jax.runtime import files
+from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN
 
 VOCAB_FILE = "vocab.txt"
 COUNTS_FILE = "vocab_counts.tsv"

@@ -13,8 +13,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from elmo_jax import chars, files
-from elmo_jax.embedder import bucket
+from elmo_jax.data import chars
+from elmo_jax.runtime import files
+from elmo_jax.embedding.embedder import bucket
 from elmo_jax.evaluation import readers
 
 TASKS = ("pos", "sentiment")
@@ -76,15 +77,11 @@ def bilm_files(spec: str | None) -> list[str]:
   """The local files (and folder) a `--bilm` spec names, found without loading or downloading anything."""
   if not spec:
     return []
-  from elmo_jax import download, pretrained  # pylint: disable=g-import-not-at-top
-  if spec in pretrained.MODELS:
-    return [download.cache_file(pretrained.MODELS[spec].options_url),
-            download.cache_file(pretrained.MODELS[spec].weight_url)]
+  from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
+  model = pretrained.resolve_model(spec, fetch=False)
+  found = [p for p in (model.options_file, model.weight_file) if p]
   path = os.path.expanduser(spec)
-  if not os.path.isdir(path):
-    return []
-  return [path] + [os.path.join(path, *rel) for rel in (("export", "options.json"), ("export", "weights.hdf5"),
-                                                        ("options.json",), ("weights.hdf5",))]
+  return ([path] if os.path.isdir(path) else []) + found
 
 
 def check_outputs(workdir: str, paths: dict[str, str | None], bilm: str | None = None,

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 from absl import app, flags
 
-from elmo_jax import files
+from elmo_jax.runtime import files
 
 _OUTPUT = flags.DEFINE_string("output", None, "Directory for downstream.md and downstream.json.")
 _ORDER = {"none": 0, "frozen": 1, "finetune": 2}

@@ -25,11 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from elmo_jax import files, pretrained
+from elmo_jax.runtime import files
+from elmo_jax.interop import pretrained
 from elmo_jax.downstream import data as data_lib
 from elmo_jax.downstream.model import TaskConfig, TaskModel, init_params
 from elmo_jax.evaluation import features, readers
-from elmo_jax.progress import progress
+from elmo_jax.runtime.progress import progress
 
 ELMO_SETTINGS = ("none", "frozen", "finetune")
 
@@ -60,7 +61,7 @@ class DownstreamConfig:
 @dataclasses.dataclass
 class Bilm:
   """A loaded biLM and what identifies it."""
-  embedder: Any                      # elmo_jax.embedder.Embedder
+  embedder: Any                      # elmo_jax.embedding.embedder.Embedder
   description: dict[str, Any]
 
 
@@ -68,17 +69,13 @@ def load_bilm(spec: str, init: str = "trained", seed: int = 0) -> Bilm:
   """`spec`: a training run's workdir (its `export/`, else its newest good checkpoint, read as
   `config.init_from` does), a folder with options.json + weights.hdf5, a released name (`small`, ...) or a
   URL. `init="random"`: the same shape, randomly initialised (seeded): the untrained twin."""
-  from elmo_jax.embedder import Embedder  # pylint: disable=g-import-not-at-top  (slow import)
-  path = os.path.expanduser(spec)
-  export = os.path.join(path, "export")
-  if not os.path.isdir(export) and os.path.isdir(os.path.join(path, "checkpoints")):
-    emb, description = _from_checkpoint(path)
+  from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top  (slow import)
+  model = pretrained.resolve_model(spec, use="bilm")
+  if model.checkpoints is not None:
+    emb, description = _from_checkpoint(model.workdir)
   else:
-    if os.path.isdir(export):
-      options_file, weight_file = (os.path.join(export, n) for n in ("options.json", "weights.hdf5"))
-    else:
-      options_file, weight_file = pretrained.resolve(spec)
-    emb = Embedder.from_files(options_file, weight_file)
+    emb = Embedder.from_model(model)
+    options_file, weight_file = emb.model_files
     description = {"options_file": options_file, "weight_file": weight_file,
                    "weights_sha256": files.sha256_file(weight_file),
                    "options_sha256": files.sha256_file(options_file)}
@@ -91,7 +88,7 @@ def load_bilm(spec: str, init: str = "trained", seed: int = 0) -> Bilm:
 
 def _from_checkpoint(workdir: str) -> tuple[Any, dict[str, Any]]:
   """A run without an export yet (still training): its newest checkpoint that verifies."""
-  from elmo_jax.embedder import Embedder  # pylint: disable=g-import-not-at-top
+  from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
   config_file = os.path.join(workdir, "config.json")
   if not os.path.exists(config_file):

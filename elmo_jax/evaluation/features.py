@@ -14,13 +14,13 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from elmo_jax import files
-from elmo_jax.progress import progress
+from elmo_jax.runtime import files
+from elmo_jax.runtime.progress import progress
 from elmo_jax.evaluation import readers
 
 
 class EmbedderLike(Protocol):
-  """What the probes need from `elmo_jax.embedder.Embedder`."""
+  """What the probes need from `elmo_jax.embedding.embedder.Embedder`."""
   n_layers: int
   options: dict
 

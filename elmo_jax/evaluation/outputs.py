@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from elmo_jax import files
+from elmo_jax.runtime import files
 from elmo_jax.evaluation import readers
 
 if TYPE_CHECKING:

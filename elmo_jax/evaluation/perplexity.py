@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from elmo_jax import storage
+from elmo_jax.runtime import storage
 from elmo_jax.evaluation import plots
 from elmo_jax.evaluation.readers import InputError
 
@@ -108,8 +108,8 @@ def _no_softmax(weight_file: str) -> NoSoftmax:
 
 def load_language_model(task_config: PerplexityConfig, workdir: str | None) -> LanguageModel:
   """Reads options, weights (with softmax) and vocabulary; one-line errors for every mismatch."""
-  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.data import Vocab  # pylint: disable=g-import-not-at-top
 
   paths = model_files(task_config, workdir, check_vocab=False)

@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from elmo_jax import files
+from elmo_jax.runtime import files
 
 _MODEL_COLOURS = {"trained": "tab:blue", "untrained": "tab:grey"}
 

@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any, Iterator, Sequence
 
-from elmo_jax import files
+from elmo_jax.runtime import files
 
 
 class InputError(ValueError):

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from elmo_jax import files
+from elmo_jax.runtime import files
 from elmo_jax.evaluation import features, outputs, perplexity, plots, probes, readers, report, wsd
 
 # Where each probe file sits under --probe_data_dir. Probe sets are research data: none ships here.

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from elmo_jax import chars
+from elmo_jax.data import chars
 from elmo_jax.model.char_cnn import CharCNN
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.dropout import Dropout, Rows

@@ -116,7 +116,7 @@ def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_s
   (config.dedupe_tokens), 0 = half the positions of one window, bucketed as the trainer does.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.model import make_model  # pylint: disable=g-import-not-at-top
   from elmo_jax.data import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
@@ -159,7 +159,7 @@ def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_s
     return report
   text = compiled.as_text()
   if dump_hlo:  # one object in a bucket, or a renamed temp file: never half an HLO dump
-    from elmo_jax import storage  # pylint: disable=g-import-not-at-top
+    from elmo_jax.runtime import storage  # pylint: disable=g-import-not-at-top
     storage.write_bytes(dump_hlo, text.encode())
   report.update(analyse_hlo(text, target, tokens, launch_us))
   cost = compiled.cost_analysis()

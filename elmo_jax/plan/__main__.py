@@ -21,7 +21,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from elmo_jax import cli
-from elmo_jax import files
+from elmo_jax.runtime import files
 
 FLAGS = flags.FLAGS
 
@@ -128,7 +128,7 @@ def main(argv):
       os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                  f" --xla_force_host_platform_device_count={int(topo)}").strip()
     if FLAGS.step == "embed":
-      from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+      from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
       from elmo_jax.plan import embed as embed_plan  # pylint: disable=g-import-not-at-top
       try:
         options = options_lib.validate(options_lib.preset(FLAGS.model))

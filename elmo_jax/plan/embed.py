@@ -27,8 +27,8 @@ def plan_embed(options: dict[str, Any], target_spec: str, time_buckets: Sequence
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from elmo_jax import embed_step  # pylint: disable=g-import-not-at-top
-  from elmo_jax import embedder as embedder_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.embedding import step as embed_step  # pylint: disable=g-import-not-at-top
+  from elmo_jax.embedding import embedder as embedder_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.model import BiLM, BiLMConfig  # pylint: disable=g-import-not-at-top
 

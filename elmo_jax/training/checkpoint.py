@@ -11,7 +11,7 @@ Layout under `directory` (normally `workdir/checkpoints`):
                                `max_to_keep` garbage collection cannot drop the last good step in their favour.
 
 `directory` may be a bucket URL (`gs://...`): Orbax writes there itself, and every other file operation here
-goes through `elmo_jax.storage`.
+goes through `elmo_jax.runtime.storage`.
 
 Orbax itself has no checksums (a flipped byte restores silently) and takes any integer-named folder as a step
 (an empty one becomes "latest" and fails to restore); `restore` handles both by falling back to the newest
@@ -30,8 +30,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from elmo_jax import log
-from elmo_jax import storage
+from elmo_jax.runtime import log
+from elmo_jax.runtime import storage
 
 
 class IncompatibleCheckpointError(ValueError):

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from elmo_jax.pretrained import bilm_labels
+from elmo_jax.interop.pretrained import bilm_labels
 
 
 class FrozenBiLMState(NamedTuple):

@@ -5,7 +5,6 @@ only when the vocabulary is the same (its rows are per word), and the optimizer 
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 from typing import Any
@@ -13,11 +12,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from elmo_jax import files
-from elmo_jax import options as options_lib
-from elmo_jax import pretrained
-from elmo_jax import storage
-from elmo_jax import weights as weights_lib
+from elmo_jax.interop import options as options_lib
+from elmo_jax.interop import pretrained
+from elmo_jax.runtime import storage
+from elmo_jax.interop import weights as weights_lib
 from elmo_jax.training.checkpoint import Checkpointer, newest_meta
 from elmo_jax.training.resume import options_difference
 
@@ -30,54 +28,12 @@ class InitFromError(ValueError):
   """`config.init_from` cannot be used; the message names the path and what is wrong."""
 
 
-def _checkpoint_dir(path: str) -> tuple[str, int | None] | None:
-  """(checkpoints dir, step or None=latest) if `path` is a workdir, its checkpoints/ or one step folder (in
-  a bucket too: Orbax reads it there)."""
-  if storage.isdir(storage.join(path, "checkpoints")):
-    return storage.join(path, "checkpoints"), None
-  path = path.rstrip("/") if storage.is_remote(path) else os.path.normpath(path)
-  name = path.rsplit("/", 1)[-1]
-  if name.isdigit() and storage.isdir(storage.join(path, "state")):
-    return path.rsplit("/", 1)[0], int(name)
-  if any(n.isdigit() for n in storage.listdir(path)):
-    return path, None
-  return None
-
-
-def _source(path: str) -> tuple[str, tuple[str, int | None] | None]:
-  """(path, its checkpoints) for `config.init_from`: a local path made absolute; in a bucket, checkpoints
-  stay there and ELMo files are read from their local copy. InitFromError when there is nothing."""
-  if not storage.is_remote(path):
-    path = os.path.abspath(os.path.expanduser(path))
-    if not os.path.exists(path):
-      raise InitFromError(f"config.init_from={path}: no such file or folder")
-    return path, _checkpoint_dir(path)
-  if not storage.exists(path):
-    raise InitFromError(f"config.init_from={path}: no such object or folder in the bucket")
-  found = _checkpoint_dir(path)
-  return (path, found) if found is not None else (storage.local(path), None)
-
-
-def _elmo_files(path: str) -> tuple[str, str]:
-  """(options.json, weights.hdf5) from an options.json, an hdf5 or a folder holding both."""
-  what = "a run's workdir, its checkpoints/ or a step, ELMo's options.json or weights .hdf5, or a folder of them"
-  if os.path.isfile(path) and not path.endswith((".hdf5", ".h5", ".json")):
-    raise InitFromError(f"config.init_from={path} is {files.looks_like(path)}; expected {what}")
-  if (os.path.isdir(path) and not glob.glob(os.path.join(path, "*.hdf5"))
-      and not os.path.exists(os.path.join(path, "options.json"))):
-    raise InitFromError(f"config.init_from={path} is a folder with no checkpoints, options.json or *.hdf5; "
-                        f"expected {what}")
-  folder = path if os.path.isdir(path) else os.path.dirname(path)
-  if path.endswith(".hdf5") or path.endswith(".h5"):
-    options = os.path.join(folder, "options.json")
-    candidates = sorted(glob.glob(os.path.join(folder, "*options*.json")))
-    return (options if os.path.exists(options) else (candidates[0] if len(candidates) == 1 else options)), path
-  options = path if path.endswith(".json") else os.path.join(folder, "options.json")
-  weights = sorted(glob.glob(os.path.join(folder, "*.hdf5")))
-  if len(weights) != 1:
-    raise InitFromError(f"config.init_from={path}: expected one *.hdf5 beside {options}, found {len(weights)}; "
-                        "point init_from at the hdf5 file itself")
-  return options, weights[0]
+def _resolve(path: str) -> pretrained.ResolvedModel:
+  """`pretrained.resolve_model(use="init_from")`, its errors as InitFromError naming the config field."""
+  try:
+    return pretrained.resolve_model(path, use="init_from")
+  except pretrained.SourceError as e:
+    raise InitFromError(f"config.init_from={e}") from None
 
 
 def check(path: str, options: dict[str, Any]) -> None:
@@ -86,7 +42,8 @@ def check(path: str, options: dict[str, Any]) -> None:
   shape. Released names and URLs are checked when they are loaded. Raises InitFromError."""
   if pretrained.is_model_spec(path):
     return
-  path, found = _source(path)
+  source = _resolve(path)
+  path, found = source.path, source.checkpoints
   if found is not None:
     newest = newest_meta(found[0]) if found[1] is None else None
     if found[1] is not None:  # one step folder: its own meta
@@ -98,7 +55,7 @@ def check(path: str, options: dict[str, Any]) -> None:
       raise InitFromError(f"config.init_from={path}: no readable checkpoint there")
     saved = newest[1].get("config", {}).get("options", {})
   else:
-    options_file, weight_file = _elmo_files(path)
+    options_file, weight_file = source.files
     for needed in (options_file, weight_file):
       if not os.path.isfile(needed):
         raise InitFromError(f"config.init_from={path}: {needed} not found")
@@ -143,12 +100,11 @@ def _composite(**items):
 def load(path: str, options: dict[str, Any], vocab_sha256: str) -> tuple[dict[str, Any], dict | None, str]:
   """Reads `path` -> (biLM params, softmax params or None, one-line description). Numpy, on the host.
 
-  `path` may also be a released ELMo name (`small`, `original`, ...) or a URL (`elmo_jax.pretrained`).
+  `path` may also be a released ELMo name (`small`, `original`, ...) or a URL (`elmo_jax.interop.pretrained`).
   Raises InitFromError if the model shape there differs from `options` (naming the first differing key).
   """
-  if pretrained.is_model_spec(path):
-    return _load_elmo_files(path, *pretrained.resolve(path), options, vocab_sha256)
-  path, found = _source(path)
+  source = _resolve(path)
+  path, found = source.path, source.checkpoints
   if found is not None:
     params, meta, step = _restore_params(*found)
     diff = options_difference(meta["config"]["options"], options)
@@ -158,11 +114,13 @@ def load(path: str, options: dict[str, Any], vocab_sha256: str) -> tuple[dict[st
     softmax = params["softmax"] if same_vocab else None
     return params["bilm"], softmax, (f"checkpoint step {step} of {found[0]} "
                                      f"({'with its softmax' if same_vocab else 'new vocabulary: ' + NEW_SOFTMAX})")
-  return _load_elmo_files(path, *_elmo_files(path), options, vocab_sha256)
+  return _load_elmo_files(source, options, vocab_sha256)
 
 
-def _load_elmo_files(path: str, options_file: str, weight_file: str, options: dict[str, Any], vocab_sha256: str
+def _load_elmo_files(source: pretrained.ResolvedModel, options: dict[str, Any], vocab_sha256: str
                      ) -> tuple[dict[str, Any], dict | None, str]:
+  """The ELMo files' biLM, and their softmax when the vocab.txt beside them is this run's vocabulary."""
+  path, (options_file, weight_file) = source.path, source.files
   saved = options_lib.validate(options_lib.load(options_file), options_file)
   diff = options_difference(saved, options)
   if diff is not None:
@@ -170,10 +128,9 @@ def _load_elmo_files(path: str, options_file: str, weight_file: str, options: di
                         f"({options_file})")
   loaded = weights_lib.load_hdf5(weight_file, saved)
   softmax = None
-  vocab_file = os.path.join(os.path.dirname(weight_file), "vocab.txt")
-  if loaded["softmax"] is not None and os.path.exists(vocab_file):
+  if loaded["softmax"] is not None and source.vocab_file is not None:
     from elmo_jax.data import Vocab
-    if Vocab.load(vocab_file).sha256() == vocab_sha256:
+    if Vocab.load(source.vocab_file).sha256() == vocab_sha256:
       softmax = loaded["softmax"]
   return loaded["params"], softmax, (f"ELMo weights {weight_file} "
                                      f"({'with its softmax' if softmax is not None else NEW_SOFTMAX})")

@@ -20,15 +20,16 @@ from typing import Any, Callable, Iterator
 import jax
 import ml_collections
 
-from elmo_jax import log
-from elmo_jax import storage
+from elmo_jax.runtime import log
+from elmo_jax.runtime import storage
 from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
 from elmo_jax.data import manifest
 from elmo_jax.data import prepare as prepare_lib
 from elmo_jax.data.prepare_inputs import source_spec
 from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
-from elmo_jax.progress import progress
-from elmo_jax.training.workdir import PREPARED_DIR, Workdir
+from elmo_jax.runtime.progress import progress
+from elmo_jax.runtime.run_layout import PREPARED_DIR
+from elmo_jax.training.workdir import Workdir
 
 
 def _split(s: str) -> list[str]:
@@ -79,7 +80,7 @@ def _auto_prepare(config, workdir: str | Workdir) -> tuple[str, str]:
   # Keyed by what the output depends on, so a changed corpus or setting prepares anew instead of refusing.
   # The vocab file by content too: an edited vocabulary prepares anew (its path alone would be refused as an
   # unfinished preparation of other settings). A missing file is refused by prepare, in one line.
-  from elmo_jax import files  # pylint: disable=g-import-not-at-top
+  from elmo_jax.runtime import files  # pylint: disable=g-import-not-at-top
   with_sha = dict(vocab, vocab_sha256=files.sha256_file(data.vocab_file)) if (
       data.vocab_file and os.path.isfile(data.vocab_file)) else vocab
   key = json.dumps([spec, data.eval_files, with_sha, kw], sort_keys=True)

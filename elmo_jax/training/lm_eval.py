@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from elmo_jax import progress
+from elmo_jax.runtime import progress
 from elmo_jax.data import Vocab
 
 CONVENTION = ("each sentence is <S> w1..wn </S>; forward predicts w1..wn </S>, backward predicts "

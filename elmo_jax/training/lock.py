@@ -17,9 +17,9 @@ import socket
 import threading
 import time
 
-from elmo_jax import log
-from elmo_jax import storage
-from elmo_jax.training.workdir import LOCK_FILE
+from elmo_jax.runtime import log
+from elmo_jax.runtime import storage
+from elmo_jax.runtime.run_layout import LOCK_FILE
 
 
 class WorkdirLocked(RuntimeError):

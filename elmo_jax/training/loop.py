@@ -17,10 +17,10 @@ from typing import Any
 import jax
 import ml_collections
 
-from elmo_jax import log
-from elmo_jax import files
-from elmo_jax import storage
-from elmo_jax import options as options_lib
+from elmo_jax.runtime import log
+from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
+from elmo_jax.interop import options as options_lib
 from elmo_jax.model import make_model, zero_state
 from elmo_jax.training import init_from, lm_eval, resume, step as step_lib
 from elmo_jax.training import input as input_lib
@@ -29,7 +29,8 @@ from elmo_jax.training.checkpoint import (Checkpointer, IncompatibleCheckpointEr
 from elmo_jax.training.distributed import StopRequest
 from elmo_jax.training.export import export_model
 from elmo_jax.training.metrics import LogWindow, MetricWriter, progress_line
-from elmo_jax.training.workdir import METRICS_FILE, Workdir
+from elmo_jax.runtime.run_layout import METRICS_FILE
+from elmo_jax.training.workdir import Workdir
 
 def _every(step: int, n: int, last: int) -> bool:
   return step % n == 0 or step == last

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import jax
 from tensorboardX import SummaryWriter
 
-from elmo_jax.training.workdir import METRICS_FILE, TENSORBOARD_DIR
+from elmo_jax.runtime.run_layout import METRICS_FILE, TENSORBOARD_DIR
 
 
 class MetricWriter:

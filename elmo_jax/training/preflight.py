@@ -18,8 +18,8 @@ import sys
 
 import ml_collections
 
-from elmo_jax import files
-from elmo_jax import log
+from elmo_jax.runtime import files
+from elmo_jax.runtime import log
 from elmo_jax.data.sources import expand_paths
 from elmo_jax.training.workdir import Workdir
 
@@ -80,7 +80,7 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 def check_values(config: ml_collections.ConfigDict) -> None:
   """Ranges, choices and the model options (`config.options` as an options.json)."""
-  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.resume import flatten  # pylint: disable=g-import-not-at-top
   flat = flatten(config.to_dict())
   _check_known_keys(flat)
@@ -132,7 +132,7 @@ def check_run(config: ml_collections.ConfigDict, workdir: str, n_devices: int, n
   if config.batch_size % n_devices:
     raise PreflightError(f"config.batch_size={config.batch_size} must be divisible by the {n_devices} devices "
                          f"(e.g. --config.batch_size={-(-config.batch_size // n_devices) * n_devices})")
-  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import checkpoint, resume  # pylint: disable=g-import-not-at-top
   run = Workdir(workdir)
   found = checkpoint.newest_meta(run.checkpoints)
@@ -240,7 +240,7 @@ def check_vocab(path: str, what: str):
 
 def _check_init_from(config: ml_collections.ConfigDict) -> None:
   """The run to start from exists and has this config's model shape (released names: when loaded)."""
-  from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
   try:
     init_from.check(config.init_from, options_lib.validate(config.options.to_dict(), "config.options"))

@@ -8,9 +8,9 @@ from typing import Any
 import ml_collections
 from flax import traverse_util
 
-from elmo_jax import files
+from elmo_jax.runtime import files
 from elmo_jax.training.checkpoint import IncompatibleCheckpointError
-from elmo_jax.training.workdir import METRICS_FILE
+from elmo_jax.runtime.run_layout import METRICS_FILE
 
 # Config keys that change the shape of the saved state or the meaning of the saved data position.
 # The training data's identity too: a data position means nothing in another corpus.

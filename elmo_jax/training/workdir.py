@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import threading
 
-from elmo_jax import log
-from elmo_jax import storage
+from elmo_jax.runtime import log
+from elmo_jax.runtime import storage
 
-from elmo_jax.run_layout import CHECKPOINTS, LOCK_FILE, METRICS_FILE, PREPARED_DIR, TENSORBOARD_DIR  # noqa: F401
+from elmo_jax.runtime.run_layout import CHECKPOINTS, LOCK_FILE
 
 
 class Workdir:

@@ -1,5 +1,5 @@
 """The one channel for what the library tells its user: whole lines on stdout, flushed, from process 0 only
-unless asked. Progress bars are `elmo_jax.progress`; a CLI prints its results itself."""
+unless asked. Progress bars are `elmo_jax.runtime.progress`; a CLI prints its results itself."""
 from __future__ import annotations
 
 import sys

@@ -32,7 +32,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
 
-from elmo_jax import files
+from elmo_jax.runtime import files
+from elmo_jax.runtime.run_layout import CONFIG_FILE
 
 SCHEME = "gs://"
 RECORD = ".bucket-copy.json"  # in a local copy: {relative path: [generation, size, mtime_ns]}
@@ -185,7 +186,7 @@ def _crc32c_file(path: str) -> str:
 
 
 def cache_root() -> str:
-  from elmo_jax import download  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import download  # pylint: disable=g-import-not-at-top
   return os.path.join(download.cache_dir(), "bucket")
 
 
@@ -193,10 +194,6 @@ def copy_path(url: str, area: str = "copies") -> str:
   """Where `local(url)` keeps its copy: `$ELMO_JAX_CACHE/bucket/copies/<bucket>/<object path>` (other areas:
   "workdirs" for a run's `Mirror`, "staged" for outputs on their way up)."""
   return os.path.join(cache_root(), area, *_key(url).split("/"))
-
-
-# What a trained run's readers need of its workdir (embed, evaluate): not its checkpoints.
-RUN_FILES = ("export", "vocab.txt", "config.json")
 
 
 def local(path: str | os.PathLike, names: Iterable[str] | None = None) -> str:
@@ -359,7 +356,7 @@ def check_output(url: str, what: str, *, inputs: Iterable[Any] = (), directory: 
   parts = target.split("/")  # "gs:", "", bucket, name, ...
   for i in range(3, len(parts) if directory else len(parts) - 1):
     run = "/".join(parts[:i])
-    if parts[i] in run_folders and exists(join(run, "config.json")):
+    if parts[i] in run_folders and exists(join(run, CONFIG_FILE)):
       raise StorageError(f"{what}={url} is inside the trained run {run}'s {parts[i]}/ folder, which other "
                          "commands read; write elsewhere")
   bucket = _key(url).split("/")[0]

@@ -11,8 +11,8 @@ import threading
 import time
 from typing import Any, Iterator
 
-from elmo_jax import embed_job
-from elmo_jax import files
+from elmo_jax.embedding import job as embed_job
+from elmo_jax.runtime import files
 
 ACTIVE_TEMPS: set[str] = set()  # temp outputs and parts being written, for the CLI's signal handler
 _TEMPS_LOCK = threading.Lock()  # the writer thread creates part temps under it; remove_active_temps stops that

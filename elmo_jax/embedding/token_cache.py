@@ -11,7 +11,7 @@ from typing import Sequence
 import h5py
 import numpy as np
 
-from elmo_jax import files
+from elmo_jax.runtime import files
 
 
 class TokenCacheError(ValueError):

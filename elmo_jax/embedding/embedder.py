@@ -3,14 +3,14 @@
     emb = Embedder.from_files("options.json", "weights.hdf5")
     layers = emb.embed_sentences([["The", "bank", "flooded", "."]])  # [(n_layers + 1, 4, 2P) float32]
 
-Speed: sentences are sorted by length and padded to a few time buckets; every distinct token runs through
-the char CNN once (exact: the CNN sees one token at a time) into an on-device token table that outlives
-the batch (`token_cache.TokenRows`), and each batch gathers its tokens from it. Short tokens run through
-the CNN over fewer char positions (`embed_step.CHAR_WIDTHS`, exact, see `embed_step.char_widths`), in
-fixed chunks of `embed_step.CNN_ROWS` tokens, so the CNN compiles one shape per width. Batch k+1 is
-prepared on the host and dispatched before batch k is copied back (JAX dispatches asynchronously), and
-JAX's persistent compilation cache (`enable_compilation_cache`) makes a second process start fast. Every batch is split over all of
-this process's devices by default (`devices=`; the compiled functions are in `embed_step`).
+Speed: sentences are sorted by length and padded to a few time buckets; every distinct token runs through the
+char CNN once (exact: the CNN sees one token at a time) into an on-device token table that outlives the batch
+(`token_cache.TokenRows`), and each batch gathers its tokens from it. Short tokens run through the CNN over fewer
+char positions (`embed_step.CHAR_WIDTHS`, exact, see `embed_step.char_widths`), in fixed chunks of
+`embed_step.CNN_ROWS` tokens, so the CNN compiles one shape per width. Batch k+1 is prepared on the host and
+dispatched before batch k is copied back (JAX dispatches asynchronously), and JAX's persistent compilation cache
+(`enable_compilation_cache`) makes a second process start fast. Every batch is split over all of this process's
+devices by default (`devices=`; the compiled functions are in `embed_step`).
 """
 from __future__ import annotations
 
@@ -22,22 +22,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax import chars
-from elmo_jax import download
-from elmo_jax import embed_step
-from elmo_jax.embed_args import check_sentences, select_layers
-from elmo_jax import files
-from elmo_jax import memory
-from elmo_jax import options as options_lib
-from elmo_jax import pretrained
-from elmo_jax import storage
-from elmo_jax import token_cache as token_cache_lib
-from elmo_jax import weights as weights_lib
-from elmo_jax.embed_step import width_chunks
+from elmo_jax.data import chars
+from elmo_jax.interop import download
+from elmo_jax.embedding import step as embed_step
+from elmo_jax.embedding.args import check_sentences, select_layers
+from elmo_jax.runtime import files
+from elmo_jax.runtime import memory
+from elmo_jax.interop import options as options_lib
+from elmo_jax.interop import pretrained
+from elmo_jax.embedding import token_cache as token_cache_lib
+from elmo_jax.interop import weights as weights_lib
+from elmo_jax.embedding.step import width_chunks
 from elmo_jax.model import BiLM, BiLMConfig, zero_state
-from elmo_jax.progress import progress
+from elmo_jax.runtime.progress import progress
 
-_TRIM_EVERY_BATCHES = 32  # freed batch copies go back to the OS this often (elmo_jax/memory.py)
+_TRIM_EVERY_BATCHES = 32  # freed batch copies go back to the OS this often (elmo_jax/runtime/memory.py)
 _TIME_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _CNN_CACHE_TOKENS = 1 << 15
 DEFAULT_BATCH_SIZE = 64  # sentences per device (stateless) or per batch (stateful: it defines the rows)
@@ -46,10 +45,9 @@ DEFAULT_BATCH_SIZE = 64  # sentences per device (stateless) or per batch (statef
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
   """Turns on JAX's persistent compilation cache, so a new process reuses earlier compiles.
 
-  The directory is `path`, else `$ELMO_JAX_CACHE`, else `~/.cache/elmo_jax`. A cache directory the user
-  already configured (jax_compilation_cache_dir) is left as it is. Returns the directory in use. A file
-  where the folder should be is one line (`download.DownloadError`: "ELMO_JAX_CACHE=... is a file, not a
-  directory").
+  The directory is `path`, else `$ELMO_JAX_CACHE`, else `~/.cache/elmo_jax`. A cache directory the user already
+  configured (jax_compilation_cache_dir) is left as it is. Returns the directory in use. A file where the folder
+  should be is one line (`download.DownloadError`: "ELMO_JAX_CACHE=... is a file, not a directory").
   """
   current = jax.config.jax_compilation_cache_dir
   if current and path is None:
@@ -75,10 +73,6 @@ def bucket(n: int, buckets: Sequence[int] = _TIME_BUCKETS) -> int:
   return -(-n // top) * top
 
 
-def _pow2_at_least(n: int, floor: int = 64) -> int:
-  return max(floor, 1 << max(0, n - 1).bit_length())
-
-
 @dataclasses.dataclass
 class _Prepared:
   """One batch on the host: sentences [n], `positions`/`mask` [rows, time] and char-CNN input chunks."""
@@ -95,24 +89,22 @@ class Embedder:
   Args:
     options: options.json content.
     params: `BiLM` params (as `weights.load_hdf5` returns them).
-    softmax: optional {"W": [V, P], "b": [V]} of a trained LM (for perplexity).
-    vocab_file: optional vocabulary matching `softmax`.
-    stateful: carry each batch row's LSTM state into the next batch (bilm-tf semantics); sentences are
-      then processed in the given order, row k of each batch continuing row k of the previous one.
+    vocab_file: the vocabulary the model came with (a run's vocab.txt), an input outputs must not overwrite.
+    stateful: carry each batch row's LSTM state into the next batch (bilm-tf semantics); sentences are then
+      processed in the given order, row k of each batch continuing row k of the previous one.
     dtype: matmul dtype (jnp.float32 or jnp.bfloat16).
-    token_embedding_file: char-CNN outputs of a vocabulary (`python -m elmo_jax.embed
-      --dump_token_embeddings`); its words skip the char CNN, other words still run through it.
+    token_embedding_file: char-CNN outputs of a vocabulary (`python -m elmo_jax.embed --dump_token_embeddings`);
+      its words skip the char CNN, other words still run through it.
     token_vocab_file: the vocabulary of a bilm-tf token embedding file (ours store their words).
     compilation_cache: turn on JAX's persistent compilation cache (`enable_compilation_cache`).
-    cnn_cache_tokens: char-CNN outputs kept on each device across batches (`token_cache.TokenRows`;
-      small: 16 MB, original: 64 MB at the default), so a token runs through the CNN once per device, not
-      once per batch.
-    devices: this process's devices to split each batch over (`embed_step.local_mesh`): None = all local
-      devices, an int k = the first k, or a list. Rows are padded to a multiple of the device count; each
-      device computes as a one-device Embedder would, so the outputs equal one device's.
+    cnn_cache_tokens: char-CNN outputs kept on each device across batches (`token_cache.TokenRows`; small:
+      16 MB, original: 64 MB at the default), so a token runs through the CNN once per device, not once per batch.
+    devices: this process's devices to split each batch over (`embed_step.local_mesh`): None = all local devices,
+      an int k = the first k, or a list. Rows are padded to a multiple of the device count; each device
+      computes as a one-device Embedder would, so the outputs equal one device's.
   """
 
-  def __init__(self, options: dict[str, Any], params: dict[str, Any], *, softmax: dict | None = None,
+  def __init__(self, options: dict[str, Any], params: dict[str, Any], *,
                vocab_file: str | None = None, stateful: bool = False, dtype: Any = jnp.float32,
                token_embedding_file: str | os.PathLike | None = None, token_vocab_file: str | None = None,
                compilation_cache: bool = True, cnn_cache_tokens: int = _CNN_CACHE_TOKENS,
@@ -122,7 +114,6 @@ class Embedder:
     self.options = options
     self.config = BiLMConfig.from_options(options)
     self.mesh = embed_step.local_mesh(devices)
-    self.softmax = softmax
     self.vocab_file = vocab_file
     self.stateful = stateful
     self.model = BiLM(self.config, dtype=dtype)
@@ -147,36 +138,32 @@ class Embedder:
   # --- construction -------------------------------------------------------------------------------------
   @classmethod
   def from_files(cls, options_file: str | os.PathLike, weight_file: str | os.PathLike, **kwargs) -> "Embedder":
-    """Local paths, `file://` or `http(s)://` URLs (downloaded once into the cache, see `elmo_jax.download`;
+    """Local paths, `file://` or `http(s)://` URLs (downloaded once into the cache, see `elmo_jax.interop.download`;
     a download must be a valid options.json and a readable HDF5 file, whatever the URL's name)."""
     options_path = download.cached_path(options_file, kind="options")
     weight_path = download.cached_path(weight_file, kind="hdf5")
     options = options_lib.load(options_path)
-    loaded = weights_lib.load_hdf5(weight_path, options)
-    emb = cls(options, loaded["params"], softmax=loaded["softmax"], **kwargs)
+    emb = cls(options, weights_lib.load_hdf5(weight_path, options)["params"], **kwargs)
     emb.model_files = (os.fspath(options_path), os.fspath(weight_path))
     return emb
 
   @classmethod
   def from_pretrained(cls, name_or_path: str, **kwargs) -> "Embedder":
-    """A released model by name (`small`, `medium`, `original`, `original_5.5B`), a folder or a URL."""
-    if os.path.isdir(os.path.expanduser(name_or_path)) and os.path.isdir(
-        os.path.join(os.path.expanduser(name_or_path), "export")):
-      return cls.from_workdir(os.path.expanduser(name_or_path), **kwargs)
-    return cls.from_files(*pretrained.resolve(name_or_path), **kwargs)
+    """A training run, a released model by name (`small`, `medium`, `original`, `original_5.5B`), a URL or a
+    folder (`pretrained.resolve_model`)."""
+    return cls.from_model(pretrained.resolve_model(name_or_path), **kwargs)
 
   @classmethod
   def from_workdir(cls, workdir: str | os.PathLike, **kwargs) -> "Embedder":
     """A trained run: uses `workdir/export/{options.json,weights.hdf5}` and `workdir/vocab.txt` (of a bucket
     workdir, `gs://...`, local copies of those)."""
-    workdir = storage.local(workdir, names=storage.RUN_FILES)
-    export = os.path.join(workdir, "export")
-    for name in ("options.json", "weights.hdf5"):
-      if not os.path.exists(os.path.join(export, name)):
-        raise FileNotFoundError(f"{os.path.join(export, name)}: not found (has {workdir} finished a checkpoint?)")
-    vocab = os.path.join(workdir, "vocab.txt")
-    return cls.from_files(os.path.join(export, "options.json"), os.path.join(export, "weights.hdf5"),
-                          vocab_file=vocab if os.path.exists(vocab) else None, **kwargs)
+    return cls.from_model(pretrained.resolve_model(workdir, use="run"), **kwargs)
+
+  @classmethod
+  def from_model(cls, model: pretrained.ResolvedModel, **kwargs) -> "Embedder":
+    """What `pretrained.resolve_model` found; a run's vocabulary becomes one of its `input_files`."""
+    kwargs.setdefault("vocab_file", model.vocab_file)
+    return cls.from_files(*model.checked().files, **kwargs)
 
   @classmethod
   def random(cls, options: dict[str, Any], seed: int = 0, **kwargs) -> "Embedder":
@@ -249,7 +236,7 @@ class Embedder:
   def embed_batch(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None = None) -> np.ndarray:
     """One padded batch -> `[batch, n_layers + 1, time_bucket, 2P]` float32 (zeros past each length)."""
     prepared = self._prepare(sentences, pad_batch_to)
-    return self._fetch(prepared, self._launch(prepared))
+    return np.asarray(self._launch(prepared))[:prepared.n]
 
   def _prepare(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None) -> _Prepared:
     """Host side of a batch: token positions, mask, and the distinct tokens' char ids by char width, each
@@ -278,29 +265,22 @@ class Embedder:
     return _Prepared(n, positions, mask, *embed_step.stack_chunks(chunks))
 
   def _launch(self, prepared: _Prepared) -> jax.Array:
-    """Dispatches a prepared batch (asynchronously); returns the device array of its layers."""
-    emb = self._token_embeddings(prepared)
-    mask = self._steps.put_rows(prepared.mask)
-    if not self.stateful:
-      return self._steps.bilm(self.params, emb, mask)
-    state = jax.device_put(self._take_state(prepared.mask.shape[0]), self._steps.state_sharding)
-    layers, state = self._steps.bilm_stateful(self.params, emb, mask, state)
-    self._put_state(state, prepared.n)
-    return layers
-
-  def _fetch(self, prepared: _Prepared, layers: jax.Array) -> np.ndarray:
-    return np.asarray(layers)[:prepared.n]
-
-  def _token_embeddings(self, prepared: _Prepared) -> jax.Array:
-    """The batch's char-CNN outputs `[rows, time, P]`, on device: new tokens into the table, then a gather.
-    Runs right after the batch's `_prepare` (whose row assignment it writes), as `iter_batches` does."""
+    """Dispatches a prepared batch (asynchronously); returns the device array of its layers. The char CNN's
+    outputs `[rows, time, P]`: the new tokens into the table, then a gather; so it runs right after the batch's
+    `_prepare` (whose row assignment it writes), as `batches` does."""
     grow = max(rows.capacity for rows in self._token_rows) - self._table.shape[1]
     if grow > 0:  # first use, or a batch with more new tokens than a table held
       self._table = jax.device_put(jnp.pad(self._table, ((0, 0), (0, grow), (0, 0))), self._steps.by_rows)
     put = self._steps.put_rows
     for chunk, dest in zip(prepared.chunks, prepared.dests):
       self._table = self._steps.cnn_into(self.params, self._table, put(chunk), put(dest))
-    return self._steps.gather(self._table, put(prepared.positions))
+    emb, mask = self._steps.gather(self._table, put(prepared.positions)), put(prepared.mask)
+    if not self.stateful:
+      return self._steps.bilm(self.params, emb, mask)
+    state = jax.device_put(self._take_state(prepared.mask.shape[0]), self._steps.state_sharding)
+    layers, state = self._steps.bilm_stateful(self.params, emb, mask, state)
+    self._put_state(state, prepared.n)
+    return layers
 
   def _take_state(self, rows: int):
     if self._state is None or self._state[0].shape[2] < rows:
@@ -317,30 +297,23 @@ class Embedder:
     c[:, :, :n], h[:, :, :n] = np.asarray(state[0])[:, :, :n], np.asarray(state[1])[:, :, :n]
     self._state = (c, h)
 
-  def iter_batches(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None, *,
-                   full_rows: bool = False) -> Iterator[tuple[list[int], np.ndarray]]:
-    """Yields (indices into `sentences`, layers `[len(indices), n_layers + 1, time, 2P]`) batch by batch.
-
-    Stateless: sentences sorted by length (stable), so batches hold similar lengths. Stateful: input order,
-    rows padded to `batch_size` (None: `default_batch_size`). A short last batch is padded to a power of
-    two of rows, not to batch_size (it holds the longest sentences, so full padding would dominate its
-    cost; at most log2(batch_size) more shapes), unless `full_rows`. Batch k+1 is prepared and dispatched before batch k is fetched, so
-    the host's work (and the caller's, e.g. writing batch k) overlaps the device's.
-    """
-    for _, chunk, layers, _ in self.batches(sentences, batch_size, full_rows=full_rows):
-      yield chunk, layers
-
   def batches(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None, *,
               full_rows: bool = False, skip: Callable[[int], bool] | None = None,
               fresh_every: int | None = None) -> Iterator[tuple[int, list[int], np.ndarray, Any]]:
-    """`iter_batches` with the batch number k and, stateful, the state right after batch k:
-    yields (k, indices, layers, state or None); batches with `skip(k)` are neither run nor yielded (a
-    resumed job's finished parts).
+    """Yields (k, indices into `sentences`, layers `[len(indices), n_layers + 1, time, 2P]`, stateful: the
+    state right after batch k, else None) batch by batch; batches with `skip(k)` are neither run nor yielded
+    (a resumed job's finished parts).
 
-    `fresh_every=m`: the token table is cleared before batches 0, m, 2m, ..., so each group of m batches
-    gives the same bits whatever ran before it. (XLA:CPU's matmuls round a row by where it sits in its
-    chunk, ~1e-7, so a token's char-CNN output depends on the tokens it was first computed with; a resumed
-    or many-process job would otherwise differ from an uninterrupted one in the last bits.)"""
+    Stateless: sentences sorted by length (stable), so batches hold similar lengths. Stateful: input order, rows
+    padded to `batch_size` (None: `default_batch_size`). A short last batch is padded to a power of two of rows,
+    not to batch_size (it holds the longest sentences, so full padding would dominate its cost; at most
+    log2(batch_size) more shapes), unless `full_rows`. Batch k+1 is prepared and dispatched before batch k is
+    fetched, so the host's work (and the caller's, e.g. writing batch k) overlaps the device's.
+
+    `fresh_every=m`: the token table is cleared before batches 0, m, 2m, ..., so each group of m batches gives
+    the same bits whatever ran before it. (XLA:CPU's matmuls round a row by where it sits in its chunk, ~1e-7,
+    so a token's char-CNN output depends on the tokens it was first computed with; a resumed or many-process
+    job would otherwise differ from an uninterrupted one in the last bits.)"""
     batch_size = batch_size or self.default_batch_size
     order = list(range(len(sentences)))
     if not self.stateful:
@@ -356,13 +329,13 @@ class Embedder:
       chunk = order[start:start + batch_size]
       full = full_rows or self.stateful
       prepared = self._prepare([sentences[i] for i in chunk],
-                               batch_size if full else min(batch_size, _pow2_at_least(len(chunk), floor=1)))
-      launched = (k, chunk, prepared, self._launch(prepared), self._state)
+                               batch_size if full else min(batch_size, 1 << max(0, len(chunk) - 1).bit_length()))
+      launched = (k, chunk, prepared.n, self._launch(prepared), self._state)
       if pending is not None:
-        yield pending[0], pending[1], self._fetch(*pending[2:4]), pending[4]
+        yield pending[0], pending[1], np.asarray(pending[3])[:pending[2]], pending[4]
       pending = launched
     if pending is not None:
-      yield pending[0], pending[1], self._fetch(*pending[2:4]), pending[4]
+      yield pending[0], pending[1], np.asarray(pending[3])[:pending[2]], pending[4]
     memory.release_free_memory()
 
   def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None,
@@ -377,7 +350,7 @@ class Embedder:
     sentences = check_sentences(sentences, batch_size)
     results: list[np.ndarray | None] = [None] * len(sentences)
     done = 0
-    for chunk, layers in self.iter_batches(sentences, batch_size):
+    for _, chunk, layers, _ in self.batches(sentences, batch_size):
       for row, i in enumerate(chunk):
         # A copy: a view would keep the whole padded batch alive.
         results[i] = np.array(layers[row, :, :len(sentences[i])])

@@ -51,9 +51,9 @@ from typing import Any, Callable, Iterator
 
 import h5py
 
-from elmo_jax import files
-from elmo_jax import log
-from elmo_jax.progress import progress
+from elmo_jax.runtime import files
+from elmo_jax.runtime import log
+from elmo_jax.runtime.progress import progress
 
 _CHUNK = 1 << 20
 MANIFEST = "manifest.json"
@@ -137,7 +137,7 @@ def check_kind(path: str | os.PathLike, name: str | None = None, kind: str | Non
   `kind` is what the caller needs (one of `KINDS`); None infers it from the name (`name`, default `path`):
   `.hdf5`/`.h5` -> "hdf5", `.json` -> "json", other names: no check (None).
   "hdf5": opens with h5py and every object's header reads (a truncated file fails); "json": parses as a
-  JSON object; "options": a JSON object that passes `elmo_jax.options.validate` (e.g. not a server's
+  JSON object; "options": a JSON object that passes `elmo_jax.interop.options.validate` (e.g. not a server's
   `{"error": ...}` reply). Used on a fresh download before it is renamed into place and its hash
   recorded, and on every cached file before it is used.
   """
@@ -164,7 +164,7 @@ def check_kind(path: str | os.PathLike, name: str | None = None, kind: str | Non
     if not isinstance(obj, dict):
       return f"not a JSON object (it holds a JSON {type(obj).__name__})"
     if kind == "options":
-      from elmo_jax import options as options_lib  # pylint: disable=g-import-not-at-top
+      from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
       try:
         options_lib.validate(obj, source="options")
       except ValueError as e:

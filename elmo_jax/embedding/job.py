@@ -32,7 +32,7 @@ from typing import Any, Callable, TextIO
 import h5py
 import numpy as np
 
-from elmo_jax import files
+from elmo_jax.runtime import files
 
 SUFFIX = ".partial"
 # Batches per part: what a kill -9 can cost, one file each, and how long the token table lives (it starts

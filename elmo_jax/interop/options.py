@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any
 
-from elmo_jax import files
+from elmo_jax.runtime import files
 
 # The released ELMo sizes (allennlp.org/elmo). The char CNN is the same for all three.
 _CHAR_CNN = {

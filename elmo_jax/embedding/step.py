@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elmo_jax import chars
+from elmo_jax.data import chars
 from elmo_jax.model import BiLM
 
 AXIS = "rows"

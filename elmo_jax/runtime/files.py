@@ -12,6 +12,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from elmo_jax.runtime.run_layout import CONFIG_FILE, RUN_FOLDERS
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = ".tmp", prefix: str | None = None) -> Iterator[str]:
@@ -120,10 +122,6 @@ class UnsafeOutputError(ValueError):
   """An output path that cannot be written, or whose writing would destroy an input; one line."""
 
 
-# A trained run's folders whose files other commands read (checkpoints and the exported model).
-_RUN_FOLDERS = ("checkpoints", "export")
-
-
 def _within(path: str, folder: str) -> bool:
   return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
@@ -146,11 +144,11 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
   raw = os.fspath(path)
   if not raw.strip():
     raise UnsafeOutputError(f"{what} is empty; give a path")
-  from elmo_jax import storage  # pylint: disable=g-import-not-at-top  (it imports this module)
+  from elmo_jax.runtime import storage  # pylint: disable=g-import-not-at-top  (it imports this module)
   if storage.is_remote(raw):  # the same rules for a bucket URL, and a write probe
     try:
       storage.check_output(raw, what, inputs=[inputs] if isinstance(inputs, (str, os.PathLike)) else inputs,
-                           directory=directory, replaces=replaces, run_folders=_RUN_FOLDERS)
+                           directory=directory, replaces=replaces, run_folders=RUN_FOLDERS)
     except storage.StorageError as e:
       raise UnsafeOutputError(str(e)) from None
     return
@@ -169,11 +167,11 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
       raise UnsafeOutputError(f"{what}={raw} is an input of this run ({item}); writing it would destroy it")
     if replaces and _within(source, real):
       raise UnsafeOutputError(f"{what}={raw} holds an input of this run ({item}), and is replaced whole")
-  for folder in _RUN_FOLDERS:  # a trained run's folder: WORKDIR/{checkpoints,export} beside config.json
+  for folder in RUN_FOLDERS:  # a trained run's folder: WORKDIR/{checkpoints,export} beside config.json
     parts = real.split(os.sep)
     for i, part in enumerate(parts[:-1] if not directory else parts):
       run = os.sep.join(parts[:i]) or os.sep
-      if part == folder and os.path.isfile(os.path.join(run, "config.json")):
+      if part == folder and os.path.isfile(os.path.join(run, CONFIG_FILE)):
         raise UnsafeOutputError(f"{what}={raw} is inside the trained run {run}'s {folder}/ folder, which "
                                 "other commands read; write elsewhere")
   existing = _nearest_existing(real if directory else os.path.dirname(real))

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Callable
 
-from elmo_jax import log
+from elmo_jax.runtime import log
 
 # Set on Cloud TPU VMs and by GKE for TPU pods (not TPU_SKIP_MDS_QUERY: importing jax sets that one).
 _TPU_ENV = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID")

@@ -1,0 +1,403 @@
+"""Embeds a file of sentences into an HDF5 file of ELMo layers (the layout of AllenNLP's `elmo` command).
+
+    python -m elmo_jax.embed --options_file=O.json --weight_file=W.hdf5 \
+        --input_file=S.txt --output_file=E.hdf5 [--batch_size=N] [--stateful]
+    python -m elmo_jax.embed --workdir=DIR --input_file=S.txt --output_file=E.hdf5
+    python -m elmo_jax.embed --model=original --input_file=S.txt.gz --output_file=E.hdf5 --top \
+        --output_dtype=float16
+    python -m elmo_jax.embed --model=small --input_file=raw.txt --tokenize --sentence_vectors \
+        --average --output_file=V.hdf5
+    python -m elmo_jax.embed --model=small --dump_token_embeddings --vocab_file=V.txt --output_file=T.hdf5
+
+Input: one whitespace-tokenized sentence per line (UTF-8, gzip if it is gzipped), or raw text with
+`--tokenize` (the trainer's Moses tokenizer). Output: dataset `str(i)` for input line i (0-based) of shape
+`(n_layers + 1, n_tokens, 2P)` (`--all`, the default), `(n_tokens, 2P)` (`--top`: the top layer;
+`--average`: the mean of the layers), with `--sentence_vectors` the mean over the tokens instead
+(`(n_layers + 1, 2P)` or `(2P,)`); float32 or `--output_dtype=float16`. `sentence_to_index`: a (1,)
+variable-length string dataset holding `json.dumps({stripped line text: "i"})` (later duplicates win, as
+in AllenNLP). With `--use_sentence_keys` the datasets are named by the line text instead and there is no
+`sentence_to_index` (AllenNLP's layout; a repeated line is then an error); `--forget_sentences` omits it.
+
+Unlike AllenNLP, an empty line is not an error: it gets a `(n_layers + 1, 0, 2P)` entry and a warning.
+The file is streamed in chunks, so memory stays bounded; within a chunk the `Embedder`'s length bucketing
+and token dedupe apply, on all of the process's devices. The work goes through the job folder
+`OUTPUT.partial/` (`elmo_jax.embedding.job`): parts of each chunk are committed as they are written, a rerun of
+the same command after a failure, a signal or `kill -9` continues after the last one, and with several
+processes each embeds its share of the chunks. Process 0 merges the parts into a temp file next to the
+output and renames it at the end, so no reader ever sees a half-written output; temp files are removed on
+failure and SIGTERM, and one left by a writer killed outright is removed by the next run for that output.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable, TextIO
+
+import h5py
+import numpy as np
+from absl import logging
+
+from elmo_jax.embedding import inputs as embed_files
+from elmo_jax.embedding import job as embed_job
+from elmo_jax.runtime import files
+from elmo_jax.embedding.inputs import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, check_output_path, count_lines,
+                                  read_lines, remove_stale_temps)
+from elmo_jax.embedding.args import select_layers
+from elmo_jax.embedding.embedder import Embedder
+
+_MAX_EMPTY_WARNINGS = 10  # individual warnings; the rest are only counted
+
+
+@dataclasses.dataclass
+class _Format:
+  """What each dataset holds and how it is named (see `embed_file`'s arguments)."""
+  output: str = "all"
+  sentence_vectors: bool = False
+  dtype: str = "float32"
+  use_sentence_keys: bool = False
+
+
+@dataclasses.dataclass
+class _Lines:
+  """What reading the input learned: empty lines, over-long tokens."""
+  input_file: str
+  max_chars: int
+  warn: Callable[[str], Any]
+  empty: list[int] = dataclasses.field(default_factory=list)
+  long_tokens: int = 0
+  first_long: str | None = None
+
+  def tokens(self, i: int, text: str, tokenize: Callable[[str], list[str]] | None) -> list[str]:
+    """Line i's tokens; warns about an empty line."""
+    tokens = tokenize(text) if tokenize is not None else text.split()
+    n_long = sum(len(t) > self.max_chars for t in tokens)
+    if n_long:
+      self.long_tokens += n_long
+      self.first_long = self.first_long or f"{self.input_file}:{i + 1}"
+    if not tokens:
+      self.empty.append(i)
+      if len(self.empty) <= _MAX_EMPTY_WARNINGS:
+        self.warn(f"{self.input_file}:{i + 1}: empty line; its entry '{i}' has 0 tokens")
+    return tokens
+
+  def finish(self) -> None:
+    """The run's summary warnings."""
+    if len(self.empty) > _MAX_EMPTY_WARNINGS:
+      self.warn(f"{self.input_file}: {len(self.empty)} empty lines in all (warned about the first "
+                f"{_MAX_EMPTY_WARNINGS})")
+    if self.long_tokens:  # bilm-tf cuts them silently; say so once per run
+      self.warn(f"{self.input_file}: {self.long_tokens} tokens longer than {self.max_chars} characters were "
+                f"cut to their first {self.max_chars} (as bilm-tf does); the first at {self.first_long}")
+
+
+class _Writer:
+  """Writes batches into the job's part files from a background thread.
+
+  The device computes batch k+1 (and the main thread reads and prepares the next ones) while batch k is cut
+  to its lengths, converted and written. The queue holds at most `depth` batches, so memory stays bounded
+  when the disk is slower than the device. A part is written to a temp file and committed
+  (`Job.commit`) once its last batch is written. An error in the thread is raised by the next `put` or
+  `close`.
+  """
+
+  def __init__(self, job: embed_job.Job, fmt: _Format, where: str, warn: Callable[[str], Any], depth: int = 2):
+    self.job, self.fmt, self.where, self.warn = job, fmt, where, warn
+    self.error: BaseException | None = None
+    self.fout: h5py.File | None = None
+    self._tmp: str | None = None
+    self._counts = [0, 0]
+    self._slash_warned = False
+    self._queue: queue.Queue = queue.Queue(maxsize=depth)
+    self._thread = threading.Thread(target=self._run, name="embed-hdf5-writer", daemon=True)
+    self._thread.start()
+
+  def put(self, layers: np.ndarray, lines: list[tuple[int, str, int]]) -> None:
+    """Queues one batch: layers `[rows, n_layers + 1, time, 2P]` and (line index, text, n_tokens) per row."""
+    self._put(("batch", layers, lines))
+
+  def commit(self, part: tuple[int, int], state=None) -> None:
+    """Queues the end of `part` (its batches were `put` before); `state`: the LSTM state after it."""
+    self._put(("commit", part, state))
+
+  def _put(self, item) -> None:
+    while True:
+      self._raise()
+      try:
+        self._queue.put(item, timeout=0.1)
+        return
+      except queue.Full:
+        if not self._thread.is_alive():
+          self._raise()
+          raise RuntimeError("the HDF5 writer thread stopped")
+
+  def close(self, abort: bool = False) -> None:
+    """Waits for the queued batches to be written; raises the thread's error (not if `abort`: the main
+    thread failed, and its error is the one to report). The queued batches are written even then (at most
+    `depth`: the parts they finish are kept for the rerun)."""
+    self._queue.put(None)
+    self._thread.join()
+    self._drop_part()
+    if not abort:
+      self._raise()
+
+  def _raise(self) -> None:
+    if self.error is not None:
+      raise self.error
+
+  def _run(self) -> None:
+    while (item := self._queue.get()) is not None:
+      if self.error is not None:
+        continue  # drain until close()
+      try:
+        if item[0] == "batch":
+          self._write_batch(*item[1:])
+        else:
+          self._commit(*item[1:])
+      except BaseException as e:  # pylint: disable=broad-except
+        self.error = e
+
+  def _write_batch(self, layers: np.ndarray, lines: list[tuple[int, str, int]]) -> None:
+    if self.fout is None:
+      self._tmp = embed_files.new_part_temp(self.job.parts_dir)
+      self.fout = h5py.File(self._tmp, "w")
+    for row, (i, text, n) in enumerate(lines):
+      self._write(i, text, layers[row, :, :n])
+      self._counts[0] += 1
+      self._counts[1] += n
+
+  def _commit(self, part: tuple[int, int], state) -> None:
+    self.fout.close()
+    self.job.commit(part, self._tmp, *self._counts, state=state)
+    ACTIVE_TEMPS.discard(self._tmp)
+    self.fout, self._tmp, self._counts = None, None, [0, 0]
+
+  def _drop_part(self) -> None:
+    """An unfinished part (a failed run) is removed; committed parts stay for the rerun."""
+    if self.fout is not None:
+      self.fout.close()
+      os.remove(self._tmp)
+      ACTIVE_TEMPS.discard(self._tmp)
+      self.fout = None
+
+  def _write(self, i: int, text: str, layers: np.ndarray) -> None:
+    data = select_layers(layers, self.fmt.output)
+    if self.fmt.sentence_vectors:
+      n = layers.shape[1]
+      data = data.mean(axis=-2) if n else np.zeros(data.shape[:-2] + data.shape[-1:], np.float32)
+    if not self.fmt.use_sentence_keys:
+      self.fout.create_dataset(str(i), data=data, dtype=self.fmt.dtype)
+      return
+    if "/" in text and not self._slash_warned:  # h5py nests such names in groups, as AllenNLP's files do
+      self._slash_warned = True
+      self.warn(f"{self.where}:{i + 1}: a sentence key holds '/'; read it back with f[sentence], not by "
+                "listing the file's keys")
+    try:
+      self.fout.create_dataset(text, data=data, dtype=self.fmt.dtype)
+    except (ValueError, KeyError, TypeError) as e:
+      raise EmbedInputError(f"{self.where}:{i + 1}: {text!r} cannot name an HDF5 dataset ({e}); "
+                            "drop --use_sentence_keys") from None
+
+
+def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: str | os.PathLike,
+               batch_size: int | None = None, *, chunk_size: int = 4096,
+               part_sentences: int | None = None,
+               progress_every: float | None = 5.0,
+               progress_stream: TextIO | None = None,
+               warn: Callable[[str], Any] = logging.warning, output: str = "all",
+               sentence_vectors: bool = False, output_dtype: str = "float32", use_sentence_keys: bool = False,
+               forget_sentences: bool = False, tokenize: Callable[[str], list[str]] | None = None,
+               process_index: int | None = None, process_count: int | None = None) -> dict[str, Any]:
+  """Embeds every line of `input_file` into `output_file` (HDF5, AllenNLP `elmo` layout); resumable.
+
+  The work goes through the job folder `output_file.partial/` (`elmo_jax.embedding.job`): a rerun of the same
+  call after a failure, a signal or `kill -9` skips the finished parts and gives the same file; with
+  several processes (`jax.distributed`), each embeds its share of the lines and process 0 writes the file.
+
+  Args:
+    embedder: the model; its `stateful` flag decides the batching (see `Embedder`).
+    input_file: UTF-8 text, one whitespace-tokenized sentence per line.
+    output_file: HDF5 to write; replaced only once everything succeeded.
+    batch_size: sentences per batch (None: `embedder.default_batch_size`, 64 per device).
+    chunk_size: lines read (and held) at once; rounded up to a multiple of `batch_size` so stateful
+      batches are the same consecutive groups of lines however the file is chunked.
+    part_sentences: sentences per part file (rounded up to whole batches; None: 8 batches): the most a
+      kill can lose, and how long the token table lives.
+    progress_every: seconds between progress lines (None: none).
+    progress_stream: where progress goes (default stderr).
+    warn: called with a message for empty lines.
+    output: "all" `(n_layers + 1, n_tokens, 2P)`, "top" or "average" `(n_tokens, 2P)` (`allennlp elmo`).
+    sentence_vectors: write the mean over each line's tokens instead (`(n_layers + 1, 2P)` or `(2P,)`).
+    output_dtype: "float32" or "float16".
+    use_sentence_keys: name each dataset by the line's text (AllenNLP); no `sentence_to_index`.
+    forget_sentences: do not write `sentence_to_index`.
+    tokenize: `str -> tokens` for raw text (default: split on whitespace).
+    process_index, process_count: this process's share (default: JAX's process index and count).
+
+  Returns:
+    {"lines", "sentences" (this process, this run), "resumed" (earlier runs'), "tokens", "empty_lines",
+     "long_tokens", "seconds", "wrote" (whether this process wrote the output)}.
+
+  Raises:
+    EmbedInputError: missing input file or output directory, invalid UTF-8 (names the line), a job folder
+      of another run (`embed_job.JobError`), or `--stateful` over several processes;
+      `embed_files.EmbedOutputError` (also a `files.UnsafeOutputError`) for an output path that is, or
+      links to, the input or one of the embedder's files, or lies in a trained run's checkpoints/export.
+  """
+  input_file, output_file = os.fspath(input_file), os.fspath(output_file)
+  if not os.path.exists(input_file):
+    raise EmbedInputError(f"{input_file}: input file not found")
+  problem = text_input_problem(input_file)
+  if problem is not None:
+    raise EmbedInputError(f"{input_file}: {problem}")
+  batch_size = embedder.default_batch_size if batch_size is None else batch_size
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  if output not in ("all", "top", "average") or output_dtype not in ("float32", "float16"):
+    raise ValueError(f"output must be all/top/average and output_dtype float32/float16, got {output!r}, "
+                     f"{output_dtype!r}")
+  # the text, the model's files: an output path that is one of them would destroy it
+  check_output_path(output_file, [input_file, *embedder.input_files])
+  if process_index is None or process_count is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    process_index, process_count = jax.process_index(), jax.process_count()
+  if embedder.stateful and process_count > 1:
+    raise EmbedInputError(f"--stateful carries each batch row's state through {input_file} in order, so it "
+                          f"runs in one process (this job has {process_count})")
+  digest = hashlib.sha256()  # of the (decompressed) text: the job's identity, read in the same pass
+  n_lines = count_lines(input_file, validate=True, digest=digest)
+  if use_sentence_keys:
+    embed_files.check_sentence_keys(input_file)
+  fmt = _Format(output, sentence_vectors, output_dtype, use_sentence_keys)
+  layout = embed_job.Layout(n_lines, -(-max(chunk_size, 1) // batch_size) * batch_size, batch_size,
+                            max(1, -(-part_sentences // batch_size)) if part_sentences
+                            else embed_job.DEFAULT_PART_BATCHES)
+  settings = {"input": {"lines": n_lines, "sha256": digest.hexdigest()},
+              "model": embedder.fingerprint(), "devices": len(embedder.devices),
+              "layout": dataclasses.asdict(layout), "format": dataclasses.asdict(fmt),
+              "tokenize": None if tokenize is None else type(tokenize).__name__,
+              "sentence_to_index": not (use_sentence_keys or forget_sentences)}
+  job = embed_job.Job.open(output_file, settings, layout)
+  job.clear_failure(process_index)  # an earlier run's report of this process
+  remove_stale_temps(output_file)
+  resumed = job.done_counts()
+  if resumed[0]:
+    warn(f"{output_file}: resuming; {resumed[0]} of {n_lines} lines are already embedded in {job.folder}")
+  progress = embed_job.Progress(n_lines, progress_every if process_index == 0 else None, progress_stream,
+                                done=resumed,
+                                poll=job.done_counts if process_count > 1 else None)
+  # bilm-tf's ids leave room for the begin/end-of-word marks
+  lines = _Lines(input_file, embedder.config.max_characters_per_token - 2, warn)
+  ACTIVE_JOBS.add(job.folder)
+  try:
+    try:
+      _embed_share(embedder, job, lines, _Writer(job, fmt, input_file, warn), progress, tokenize,
+                   layout.share(process_index, process_count))
+    except BaseException as e:
+      if process_index > 0:
+        job.record_failure(process_index, e)
+      raise
+    lines.finish()
+    if process_index == 0:
+      job.wait_for_all(on_poll=progress.update)
+      progress.finish()
+      _write_output(job, output_file, input_file if settings["sentence_to_index"] else None)
+  finally:
+    ACTIVE_JOBS.discard(job.folder)
+  return {"lines": n_lines, "sentences": progress.sentences, "resumed": resumed[0], "tokens": progress.tokens,
+          "empty_lines": len(lines.empty), "long_tokens": lines.long_tokens,
+          "seconds": time.perf_counter() - progress.start, "wrote": process_index == 0}
+
+
+def _embed_share(embedder: Embedder, job: embed_job.Job, lines: _Lines, writer: _Writer,
+                 progress: embed_job.Progress, tokenize: Callable[[str], list[str]] | None,
+                 share: range) -> None:
+  """Reads this process's chunks, embeds their unfinished parts with `Embedder.batches` and hands the
+  batches to `writer`, committing each part after its last batch.
+
+  The batches are `embed_sentences`' (a short last batch padded to a power of two of rows), so the CLI
+  compiles no shape the library would not, and a chunk's last batch costs no more than its sentences need.
+  Stateful, the finished parts are the ones before the first unfinished part, and the state continues
+  from the last of them.
+  """
+  layout, todo = job.layout, _unfinished(job, embedder, share)
+  try:
+    for c, chunk in enumerate(embed_files.chunks(read_lines(lines.input_file), layout.chunk_size)):
+      if c >= share.stop:
+        break
+      if c not in todo:
+        continue
+      sentences = [lines.tokens(i, text, tokenize) for i, text in chunk]
+      n_batches = -(-len(chunk) // layout.batch_size)
+      for k, rows, layers, state in embedder.batches(
+          sentences, layout.batch_size, fresh_every=layout.part_batches,
+          skip=lambda k, c=c: k // layout.part_batches not in todo[c]):
+        writer.put(layers, [(*chunk[pos], len(sentences[pos])) for pos in rows])
+        progress.update(len(rows), sum(len(sentences[pos]) for pos in rows))
+        if k % layout.part_batches == layout.part_batches - 1 or k == n_batches - 1:
+          writer.commit((c, k // layout.part_batches), state)
+  except BaseException:
+    writer.close(abort=True)
+    raise
+  writer.close()
+
+
+def _unfinished(job: embed_job.Job, embedder: Embedder, share: range) -> dict[int, set[int]]:
+  """{chunk: its parts still to embed} of `share`; stateful, also restores the state to continue from."""
+  parts = [(c, g) for c in share for g in range(job.layout.parts(c))]
+  done = job.done_parts(parts)
+  if embedder.stateful:
+    first = next((i for i, p in enumerate(parts) if p not in done), len(parts))
+    embedder.state = job.state_after(parts[first - 1]) if first else None
+    todo = parts[first:]
+  else:
+    todo = [p for p in parts if p not in done]
+  out: dict[int, set[int]] = {}
+  for c, g in todo:
+    out.setdefault(c, set()).add(g)
+  return out
+
+
+def _write_output(job: embed_job.Job, output_file: str, index_from: str | None) -> None:
+  """Process 0, once every part is committed: the parts merged into the output (atomically), then the
+  job folder removed. `index_from`: the input, whose lines make `sentence_to_index`."""
+  with files.atomic_path(output_file, prefix=embed_files.temp_prefix(output_file)) as tmp:
+    ACTIVE_TEMPS.add(tmp)
+    try:
+      with h5py.File(tmp, "w") as fout:
+        job.merge(fout)
+        if index_from is not None:  # later duplicates win, as in AllenNLP
+          index = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
+          index[0] = json.dumps({text: str(i) for i, text in read_lines(index_from)})
+    finally:
+      ACTIVE_TEMPS.discard(tmp)
+  job.remove()
+
+
+def text_input_problem(path: str | os.PathLike) -> str | None:
+  """Why `path` cannot be the text (or vocabulary) of an embedding run, from its first bytes
+  (`files.text_problem`): 'is a directory, not a text file', 'is an HDF5 file, not text', binary data;
+  None for text (invalid UTF-8 in text is reported later, naming its line)."""
+  problem = files.text_problem(path)
+  return None if problem is None or problem.startswith("is not UTF-8") else problem
+
+
+def dump_token_embeddings(embedder: Embedder, vocab_file: str | os.PathLike, output_file: str | os.PathLike,
+                          batch_size: int = 4096) -> int:
+  """bilm-tf's `dump_token_embeddings`: the char-CNN output of every word of `vocab_file`; returns the count."""
+  from elmo_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
+  if os.path.exists(vocab_file):
+    problem = files.text_problem(vocab_file)
+    if problem is not None:
+      raise EmbedInputError(f"{os.fspath(vocab_file)}: {problem}")
+  check_output_path(output_file, [vocab_file, *embedder.input_files])
+  try:
+    tokens = Vocab.load(os.fspath(vocab_file), require_specials=False).tokens
+  except (FileNotFoundError, ValueError) as e:
+    raise EmbedInputError(str(e)) from None
+  embedder.dump_token_embeddings(tokens, output_file, batch_size)
+  return len(tokens)

@@ -1,0 +1,332 @@
+"""The released ELMo models by name, the one reading of any model spec (`resolve_model`), a one-call load into Flax.
+
+    model = pretrained.resolve_model("original")                  # downloads once, then works offline
+    options_file, weight_file = model.files                       # also: pretrained.resolve("original")
+    elmo, variables = pretrained.load_elmo("small", dropout=0.5, l2_coef=1e-3)
+    tx = pretrained.freeze_bilm(optax.adamw(1e-3))                # the biLM's params never move
+
+Names are AllenNLP's published options.json + weights.hdf5 pairs (allennlp.org/elmo; `$ELMO_JAX_MODELS_URL`
+points at a mirror with the same layout). No sha256 is
+published for them, so the cache records the hash of the first download and checks it on every later
+use; every download and every use must also be a valid options.json and a readable HDF5 file
+(`cached_path(kind=...)`), so a server's error reply is never cached (see `elmo_jax.interop.download`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import urllib.parse
+from typing import Any, Sequence
+
+
+from elmo_jax.interop import download
+from elmo_jax.runtime import files
+from elmo_jax.interop import options as options_lib
+from elmo_jax.runtime import storage
+from elmo_jax.interop import weights as weights_lib
+from elmo_jax.runtime.run_layout import (CHECKPOINTS, EXPORT_DIR, OPTIONS_FILE, RUN_FILES, VOCAB_FILE, WEIGHTS_FILE,
+                                 export_files)
+
+ALLENNLP_BASE = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
+
+
+def base_url() -> str:
+  """Where the released files are: AllenNLP's bucket, or a mirror in `$ELMO_JAX_MODELS_URL` (same layout)."""
+  return (os.environ.get("ELMO_JAX_MODELS_URL") or ALLENNLP_BASE).rstrip("/")
+
+
+@dataclasses.dataclass(frozen=True)
+class Released:
+  """One published model: where its two files are and what they hold."""
+  name: str
+  key: str                       # AllenNLP's directory and file-name stem
+  params_millions: float         # allennlp.org/elmo
+  weights_mb: float              # size of weights.hdf5 (MB = 1e6 bytes)
+  description: str
+  options_sha256: str | None = None   # none published; recorded on first download
+  weights_sha256: str | None = None
+
+  @property
+  def options_url(self) -> str:
+    return f"{base_url()}/{self.key}/elmo_{self.key}_options.json"
+
+  @property
+  def weight_url(self) -> str:
+    return f"{base_url()}/{self.key}/elmo_{self.key}_weights.hdf5"
+
+
+# Sizes: `original` is 374,434,792 bytes as downloads report it; the others are the float32 parameter bytes
+# plus the same ~31 kB of HDF5 overhead (the 5.5B model has the original's shape).
+MODELS: dict[str, Released] = {m.name: m for m in (
+    Released("small", "2x1024_128_2048cnn_1xhighway", 13.6, 54.4,
+             "LSTM 1024, output 2x128, 1 highway; 1B Word Benchmark"),
+    Released("medium", "2x2048_256_2048cnn_1xhighway", 28.0, 112.1,
+             "LSTM 2048, output 2x256, 1 highway; 1B Word Benchmark"),
+    Released("original", "2x4096_512_2048cnn_2xhighway", 93.6, 374.4,
+             "LSTM 4096, output 2x512, 2 highway; 1B Word Benchmark (the paper's model)"),
+    Released("original_5.5B", "2x4096_512_2048cnn_2xhighway_5.5B", 93.6, 374.4,
+             "as original, trained on 5.5B tokens (Wikipedia + WMT news 2008-2012)"),
+)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedModel:
+  """What a model spec names, as paths (`resolve_model`); None where the spec has no such part.
+
+  Attributes:
+    options_file, weight_file: the ELMo pair (None for a run with checkpoints only, so far).
+    vocab_file: the vocabulary of the weights' softmax where there is one: a run's vocab.txt (`init_from`:
+      the vocab.txt beside the weights).
+    workdir: a training run's folder (of a bucket run: the local copy of `run_layout.RUN_FILES`).
+    checkpoints: (checkpoints folder, step or None = the newest) of a run, its checkpoints/ or one step; a
+      bucket run's stay in the bucket (Orbax reads them there).
+    name: the released model's name.
+    path: the spec as a path: a name or URL as given, a local path user-expanded (`init_from`: absolute), a
+      bucket one as given (`init_from` ELMo files there: their local copy).
+  """
+  options_file: str | None = None
+  weight_file: str | None = None
+  vocab_file: str | None = None
+  workdir: str | None = None
+  checkpoints: tuple[str, int | None] | None = None
+  name: str | None = None
+  path: str | None = None
+
+  @property
+  def files(self) -> tuple[str, str]:
+    """(options_file, weight_file)."""
+    return self.options_file, self.weight_file  # type: ignore[return-value]
+
+  def checked(self) -> "ResolvedModel":
+    """Itself, once a run's export is there to load (FileNotFoundError, one line, if not)."""
+    if self.workdir is not None and self.options_file is not None:
+      for path in self.files:
+        if not os.path.exists(path):
+          raise FileNotFoundError(f"{path}: not found (has {self.workdir} finished a checkpoint?)")
+    return self
+
+
+class SourceError(ValueError):
+  """`use="init_from"`: the spec names no checkpoint or ELMo files; the message starts with the path."""
+
+
+_INIT_FROM = ("a run's workdir, its checkpoints/ or a step, ELMo's options.json or weights .hdf5, or a folder "
+              "of them")
+
+
+def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = True) -> ResolvedModel:
+  """The one reading of "which model does the user mean", for every loader.
+
+  `spec` is, by `use`:
+    "model": a local training run (a folder with export/), a released name (`MODELS`), a URL (`_url_pair`;
+      a `file://` folder as a folder) or a folder of options.json + weights.hdf5 (`_pair_in_folder`);
+    "bilm": as "model", and a local run with checkpoints but no export yet gives its checkpoints;
+    "run": a training run's workdir, local or `gs://` (its `run_layout.RUN_FILES` then copied here);
+    "init_from": a released name, a URL, then a run, its checkpoints/ or one step (local or `gs://`), else
+      an options.json or .hdf5 file or a folder of them (`_elmo_files`; in a bucket: a local copy).
+  `fetch=False`: the paths alone, nothing downloaded, copied or listed beyond a local folder (what an output
+  must not overwrite, before any work): a released name's cache files, a run's files; nothing for a URL or
+  what cannot be found.
+
+  Raises (one line): download.DownloadError (a download, or nothing found), SourceError (`init_from`).
+  `checked()` raises FileNotFoundError for a run that has not exported yet.
+  """
+  text = os.fspath(spec)
+  if use == "run":
+    return _run(text, fetch)
+  path = os.path.expanduser(text)
+  if use in ("model", "bilm") and os.path.isdir(os.path.join(path, EXPORT_DIR)):
+    return _run(path, fetch)
+  if use == "bilm" and os.path.isdir(os.path.join(path, CHECKPOINTS)):
+    return ResolvedModel(workdir=path, checkpoints=(os.path.join(path, CHECKPOINTS), None), path=path)
+  if text in MODELS:
+    found = _released(MODELS[text], fetch)
+  elif download.is_url(text):
+    found = _from_url(text) if fetch else ResolvedModel()
+  elif use == "init_from":
+    found = _init_source(text)
+  elif os.path.isdir(path):
+    try:
+      found = ResolvedModel(*_pair_in_folder(path), path=path)
+    except download.DownloadError:
+      if fetch:
+        raise
+      found = ResolvedModel(path=path)  # loading it says what is missing
+  elif fetch:
+    raise download.DownloadError(f"{text}: not a released model ({', '.join(MODELS)}), a folder or a URL")
+  else:
+    found = ResolvedModel()
+  return _vocab_beside(found) if use == "init_from" else found
+
+
+def resolve(name_or_path: str) -> tuple[str, str]:
+  """Local (options.json, weights.hdf5) of `resolve_model(name_or_path)`: a released name, a folder, a URL."""
+  return resolve_model(name_or_path).checked().files
+
+
+def _released(m: Released, fetch: bool) -> ResolvedModel:
+  """The two files in the cache (downloaded once; checked against the recorded hash on every use)."""
+  if not fetch:
+    return ResolvedModel(download.local_path(m.options_url), download.local_path(m.weight_url), name=m.name,
+                         path=m.name)
+  return ResolvedModel(download.cached_path(m.options_url, m.options_sha256, kind="options"),
+                       download.cached_path(m.weight_url, m.weights_sha256, kind="hdf5"), name=m.name, path=m.name)
+
+
+def _url_pair(url: str) -> tuple[str, str]:
+  """A folder URL (ending in `/`: `options.json` and `weights.hdf5` inside) or the options file's, whose
+  weights sit beside it with `options.json` -> `weights.hdf5` (AllenNLP's naming)."""
+  if url.endswith("/"):
+    return url + OPTIONS_FILE, url + WEIGHTS_FILE
+  if urllib.parse.urlparse(url).path.endswith(OPTIONS_FILE):
+    at = url.rindex(OPTIONS_FILE)
+    return url, url[:at] + WEIGHTS_FILE + url[at + len(OPTIONS_FILE):]
+  raise download.DownloadError(f"{url}: give the URL of an options.json or of a folder "
+                               "(ending in /) holding options.json and weights.hdf5")
+
+
+def _from_url(url: str) -> ResolvedModel:
+  if urllib.parse.urlparse(url).scheme == "file" and os.path.isdir(download.cached_path(url)):
+    return ResolvedModel(*_pair_in_folder(download.cached_path(url)), path=url)
+  options_url, weight_url = _url_pair(url)
+  return ResolvedModel(download.cached_path(options_url, kind="options"),
+                       download.cached_path(weight_url, kind="hdf5"), path=url)
+
+
+def _run(workdir: str, fetch: bool) -> ResolvedModel:
+  """A training run's export/ pair and vocab.txt (`run_layout`); fetched: a bucket run's local copy, and
+  the vocabulary only where there is one."""
+  if fetch:
+    workdir = storage.local(workdir, names=RUN_FILES)
+  options_file, weight_file = (os.path.join(workdir, rel) for rel in export_files())
+  vocab = os.path.join(workdir, VOCAB_FILE)
+  if fetch and not os.path.exists(vocab):
+    vocab = None
+  return ResolvedModel(options_file, weight_file, vocab, workdir=workdir, path=workdir)
+
+
+def _pair_in_folder(folder: str) -> tuple[str, str]:
+  """(options, weights) of a local folder: a training run's export/, or `options.json` + `weights.hdf5`,
+  else the one `*options*.json` and the one `*weights*.hdf5` (or only `*.hdf5`) there."""
+  if os.path.isdir(os.path.join(folder, EXPORT_DIR)):
+    folder = os.path.join(folder, EXPORT_DIR)
+  found = []
+  for patterns in ((OPTIONS_FILE, "*options*.json"), (WEIGHTS_FILE, "*weights*.hdf5", "*.hdf5")):
+    for pattern in patterns:
+      matches = sorted(glob.glob(os.path.join(glob.escape(folder), pattern)))
+      if len(matches) == 1:
+        found.append(matches[0])
+        break
+    else:
+      raise download.DownloadError(f"{folder}: expected one {patterns[-1]} there, found {len(matches)}")
+  return found[0], found[1]
+
+
+def _checkpoint_dir(path: str) -> tuple[str, int | None] | None:
+  """(checkpoints dir, step or None=latest) if `path` is a workdir, its checkpoints/ or one step folder (in
+  a bucket too: Orbax reads it there)."""
+  if storage.isdir(storage.join(path, CHECKPOINTS)):
+    return storage.join(path, CHECKPOINTS), None
+  path = path.rstrip("/") if storage.is_remote(path) else os.path.normpath(path)
+  name = path.rsplit("/", 1)[-1]
+  if name.isdigit() and storage.isdir(storage.join(path, "state")):
+    return path.rsplit("/", 1)[0], int(name)
+  if any(n.isdigit() for n in storage.listdir(path)):
+    return path, None
+  return None
+
+
+def _init_source(path: str) -> ResolvedModel:
+  """`use="init_from"` past names and URLs: a local path made absolute; in a bucket, checkpoints stay there
+  and ELMo files are read from their local copy."""
+  if storage.is_remote(path):
+    if not storage.exists(path):
+      raise SourceError(f"{path}: no such object or folder in the bucket")
+  else:
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.exists(path):
+      raise SourceError(f"{path}: no such file or folder")
+  found = _checkpoint_dir(path)
+  if found is not None:
+    return ResolvedModel(checkpoints=found, path=path)
+  path = storage.local(path)
+  return ResolvedModel(*_elmo_files(path), path=path)
+
+
+def _elmo_files(path: str) -> tuple[str, str]:
+  """(options.json, weights.hdf5) from an options.json, an hdf5 or a folder holding both."""
+  if os.path.isfile(path) and not path.endswith((".hdf5", ".h5", ".json")):
+    raise SourceError(f"{path} is {files.looks_like(path)}; expected {_INIT_FROM}")
+  if (os.path.isdir(path) and not glob.glob(os.path.join(path, "*.hdf5"))
+      and not os.path.exists(os.path.join(path, OPTIONS_FILE))):
+    raise SourceError(f"{path} is a folder with no checkpoints, options.json or *.hdf5; expected {_INIT_FROM}")
+  folder = path if os.path.isdir(path) else os.path.dirname(path)
+  if path.endswith(".hdf5") or path.endswith(".h5"):
+    options = os.path.join(folder, OPTIONS_FILE)
+    candidates = sorted(glob.glob(os.path.join(folder, "*options*.json")))
+    return (options if os.path.exists(options) else (candidates[0] if len(candidates) == 1 else options)), path
+  options = path if path.endswith(".json") else os.path.join(folder, OPTIONS_FILE)
+  weights = sorted(glob.glob(os.path.join(folder, "*.hdf5")))
+  if len(weights) != 1:
+    raise SourceError(f"{path}: expected one *.hdf5 beside {options}, found {len(weights)}; "
+                      "point init_from at the hdf5 file itself")
+  return options, weights[0]
+
+
+def _vocab_beside(found: ResolvedModel) -> ResolvedModel:
+  """`init_from`'s vocabulary: the vocab.txt beside the weights, if any (a run's export/ has one)."""
+  if found.weight_file is None:
+    return found
+  vocab = os.path.join(os.path.dirname(found.weight_file), VOCAB_FILE)
+  return dataclasses.replace(found, vocab_file=vocab if os.path.exists(vocab) else None)
+
+
+def is_model_spec(text: str) -> bool:
+  """True for what `resolve` takes beyond a plain file: a released name or a URL."""
+  return text in MODELS or download.is_url(text)
+
+
+def load(name_or_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(options, biLM params as numpy) of a released name, folder or URL."""
+  options_file, weight_file = resolve(name_or_path)
+  options = options_lib.load(options_file)
+  return options, weights_lib.load_hdf5(weight_file, options)["params"]
+
+
+def load_elmo(name_or_path: str, *, vocab_to_cache: Sequence[str] | None = None, **elmo_kwargs):
+  """(`Elmo` module, ready `variables`) of a released name, folder or URL, in one call.
+
+  `elmo_kwargs` go to `Elmo` (num_output_representations, dropout, do_layer_norm, l2_coef, ...). With
+  `vocab_to_cache` the variables hold the char-CNN table of those words ("token_cache").
+  """
+  from elmo_jax.model import BiLMConfig, Elmo, elmo_variables  # pylint: disable=g-import-not-at-top
+  options, params = load(name_or_path)
+  if vocab_to_cache is not None:
+    vocab_to_cache = tuple(vocab_to_cache)
+  elmo = Elmo(BiLMConfig.from_options(options), vocab_to_cache=vocab_to_cache, **elmo_kwargs)
+  return elmo, elmo_variables(elmo, params)
+
+
+def _is_bilm(path: Sequence[Any]) -> bool:
+  return any(getattr(k, "key", getattr(k, "name", None)) == "bilm" for k in path)
+
+
+def bilm_labels(params: Any) -> Any:
+  """"frozen" for every param under a `bilm` module (at any depth), "trainable" for the rest."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.tree_util.tree_map_with_path(lambda p, _: "frozen" if _is_bilm(p) else "trainable", params)
+
+
+def freeze_bilm(tx):
+  """`tx` for everything but the biLM, whose updates are exactly zero (`optax.set_to_zero`).
+
+  Unlike `stop_gradient` alone (`Elmo(requires_grad=False)`), this also keeps AdamW's weight decay and
+  momentum from moving the "frozen" weights.
+  """
+  import optax  # pylint: disable=g-import-not-at-top
+  return optax.multi_transform({"trainable": tx, "frozen": optax.set_to_zero()}, bilm_labels)
+
+
+__all__ = ["MODELS", "Released", "ResolvedModel", "SourceError", "resolve_model", "resolve", "load", "load_elmo",
+           "freeze_bilm", "bilm_labels", "is_model_spec"]
