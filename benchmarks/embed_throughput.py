@@ -46,7 +46,7 @@ from elmo_jax.embedding import writer as embed
 from elmo_jax.runtime import memory
 from elmo_jax.interop import options as options_lib
 from elmo_jax.embedding.step import char_widths as _char_widths
-from elmo_jax.embedding.embedder import Embedder, _pow2_at_least
+from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.model import BiLM, BiLMConfig
 
 _CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "pd-small", "train.txt.gz")
@@ -161,7 +161,7 @@ def split_pass(embedder: Embedder, sentences, batch_size: int) -> dict[str, Any]
   with tempfile.TemporaryDirectory() as tmp, h5py.File(os.path.join(tmp, "split.hdf5"), "w") as fout:
     for chunk in batches(embedder, sentences, batch_size):
       t = [time.perf_counter()]
-      rows = min(batch_size, _pow2_at_least(len(chunk), floor=1))
+      rows = min(batch_size, 1 << max(0, len(chunk) - 1).bit_length())  # as Embedder.batches pads
       prepared = embedder._prepare([sentences[i] for i in chunk], rows)  # pylint: disable=protected-access
       t.append(time.perf_counter())
       # pylint: disable=protected-access

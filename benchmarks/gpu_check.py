@@ -27,7 +27,7 @@ import numpy as np
 from elmo_jax.data import chars
 from elmo_jax.interop import options as options_lib
 from elmo_jax.model import make_model
-from elmo_jax.training import step as step_lib
+from elmo_jax.training import feed, optimizer as optimizer_lib, step as step_lib
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, _ROOT)
@@ -64,14 +64,14 @@ def train_throughput(config_name, dtype, batch, vocab, steps):
   options = config.options.to_dict()
   num_sampled = int(config.n_negative_samples) if config.n_negative_samples < vocab else 0
   model = make_model(options, dropout=config.dropout, dtype=config.dtype, unroll=config.get("scan_unroll", 1))
-  optimizer = step_lib.make_optimizer(config)
+  optimizer = optimizer_lib.make_optimizer(config)
   mesh = step_lib.make_mesh(jax.devices()[:1])
   state = step_lib.create_train_state(model, optimizer, vocab, batch, 0)
   shardings = step_lib.state_shardings(state, mesh)
   state = jax.device_put(state, shardings)
   train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
   unroll = int(config.unroll_steps)
-  batches = [step_lib.global_arrays(b, mesh) for b in
+  batches = [feed.device_batch(b, mesh) for b in
              _batches(3, batch, unroll, options["char_cnn"]["max_characters_per_token"], vocab)]
   t0 = time.perf_counter()
   compiled = train_step.lower(state, batches[0]).compile()

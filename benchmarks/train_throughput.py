@@ -49,7 +49,7 @@ from elmo_jax.model import BiLM, BiLMConfig, BiLSTMStack, make_model
 from elmo_jax.plan import forward_flops_per_token
 from elmo_jax.data import dedupe as dedupe_lib
 from elmo_jax.training import losses
-from elmo_jax.training import step as step_lib
+from elmo_jax.training import feed, optimizer as optimizer_lib, step as step_lib
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
@@ -135,7 +135,7 @@ def bench_train(name: str, peak: float) -> dict[str, Any]:
   options = config.options.to_dict()
   num_sampled = int(config.n_negative_samples) if config.n_negative_samples < vocab else 0
   model = make_model(options, dropout=config.dropout, dtype=config.dtype, unroll=config.get("scan_unroll", 1))
-  optimizer = step_lib.make_optimizer(config)
+  optimizer = optimizer_lib.make_optimizer(config)
   mesh = step_lib.make_mesh(jax.devices()[:1])
   b, t = int(config.batch_size), int(config.unroll_steps)
   state = step_lib.create_train_state(model, optimizer, vocab, b, int(config.seed))
@@ -146,8 +146,8 @@ def bench_train(name: str, peak: float) -> dict[str, Any]:
   t0 = time.perf_counter()
   deduped = [dedupe_lib.dedupe_batch(x, 1) for x in batches]
   dedupe_ms = (time.perf_counter() - t0) / len(batches) * 1e3
-  variants = {"dedupe": [step_lib.global_arrays(x, mesh) for x in deduped],
-              "plain": [step_lib.global_arrays(x, mesh) for x in batches]}
+  variants = {"dedupe": [feed.device_batch(x, mesh) for x in deduped],
+              "plain": [feed.device_batch(x, mesh) for x in batches]}
   if not FLAGS.dedupe_compare:
     variants.pop("plain")
 

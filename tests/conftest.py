@@ -12,18 +12,14 @@ from absl import flags
 from elmo_jax.interop import options as options_lib
 from elmo_jax.embedding.embedder import enable_compilation_cache
 from elmo_jax.interop import weights as weights_lib
-from tiny import tiny_options  # noqa: F401  (the model-core tests import it from here)
+from paths import FIXTURE_DIR, FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT
 
 # JAX's persistent compilation cache, on from the first test, in the clone's ignored .cache/tests (not
 # ~/.cache): a second run of the quick tier skips most compiling; CI's clean clone starts cold. Entries are
 # keyed by the compiled program, so a stale entry is never used for changed code.
-os.environ.setdefault("ELMO_JAX_CACHE", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                     ".cache", "tests"))
+os.environ.setdefault("ELMO_JAX_CACHE", os.path.join(REPO_ROOT, ".cache", "tests"))
 enable_compilation_cache()
 
-FIXTURE_DIR = os.path.join(os.path.dirname(__file__), "fixtures", "bilm_tf")
-FIXTURE_OPTIONS = os.path.join(FIXTURE_DIR, "options.json")
-FIXTURE_WEIGHTS = os.path.join(FIXTURE_DIR, "lm_weights.hdf5")
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import http.server
 import threading
 
 import pytest
+import shutil
+import socket
+
+from elmo_jax.interop import pretrained
+from paths import FIXTURE_DIR
 
 
 @contextlib.contextmanager
@@ -32,3 +38,47 @@ def cache(tmp_path, monkeypatch):
   path = tmp_path / "cache"
   monkeypatch.setenv("ELMO_JAX_CACHE", str(path))
   return path
+
+
+class ModelHandler(http.server.SimpleHTTPRequestHandler):
+  """Serves a folder; counts GETs; `truncate` paths send a Content-Length larger than the body."""
+
+  def log_message(self, *args):  # keep test output clean
+    pass
+
+  def do_GET(self):  # noqa: N802
+    self.server.requests.append(self.path)
+    if self.path in self.server.truncate:
+      body = b"x" * 100
+      self.send_response(200)
+      self.send_header("Content-Length", "1000")
+      self.end_headers()
+      self.wfile.write(body)
+      self.wfile.flush()
+      self.close_connection = True
+      return
+    super().do_GET()
+
+
+def serve_models(directory):
+  """`serve` with `ModelHandler` (nothing truncated)."""
+  return serve(ModelHandler, directory, truncate=set())
+
+
+def dead_url(path: str) -> str:
+  """A URL on a local port where nothing listens (an offline machine, as far as the client can tell)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  return f"http://127.0.0.1:{port}/{path}"
+
+
+def mirror(root, names=("small",)):
+  """AllenNLP's bucket layout under `root`, holding the fixture model under each released name."""
+  for name in names:
+    m = pretrained.MODELS[name]
+    folder = root / m.key
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(os.path.join(FIXTURE_DIR, "options.json"), folder / f"elmo_{m.key}_options.json")
+    shutil.copy(os.path.join(FIXTURE_DIR, "lm_weights.hdf5"), folder / f"elmo_{m.key}_weights.hdf5")
+  return root

@@ -55,8 +55,10 @@ def env(devices: int = 1, cache_dir: str | None = None,
 
 
 def launch(workdir: str, config: str, *flags: str, log: str, **env_kw) -> subprocess.Popen:
+  """train.py in a subprocess; with `signal_at`, its test wrapper `tests/signal_train.py`."""
   out = open(log, "ab")
-  return subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), f"--workdir={workdir}",
+  script = os.path.join(REPO, "tests", "signal_train.py") if env_kw.get("signal_at") else os.path.join(REPO, "train.py")
+  return subprocess.Popen([sys.executable, script, f"--workdir={workdir}",
                            f"--config={config}", *flags], cwd=REPO, env=env(**env_kw), stdout=out, stderr=subprocess.STDOUT)
 
 

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from elmo_jax.interop import options as options_lib
+import numpy as np
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -52,3 +53,28 @@ def write_train_config(path: str, train_file: str, eval_file: str = "", **overri
     f.write(f"import sys\nsys.path.insert(0, {TESTS!r})\nimport tiny\n\n\n"
             f"def get_config():\n  return tiny.train_config({train_file!r}, {eval_file!r}, **{overrides!r})\n")
   return path
+
+
+_WORDS = ("the bank of the river flooded . she sat on the river bank . the bank lent money . "
+          "they plant trees near the plant . a power plant makes power . money is in the bank .").split(" . ")
+
+
+def _lines(n: int, seed: int) -> list[str]:
+  rng = np.random.default_rng(seed)
+  return [f"{_WORDS[i]} ." for i in rng.integers(len(_WORDS), size=n)]
+
+
+def train_tiny(workdir: str, steps: int = 10) -> str:
+  """Trains a tiny biLM (LSTM 32, projection 8) on a synthetic corpus; returns the workdir."""
+  from elmo_jax.training.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
+
+  data = os.path.join(workdir, "data")
+  os.makedirs(data, exist_ok=True)
+  for name, n, seed in (("train.txt", 200, 0), ("valid.txt", 30, 1)):
+    with open(os.path.join(data, name), "w", encoding="utf-8") as f:
+      f.write("\n".join(_lines(n, seed)) + "\n")
+  c = train_config(os.path.join(data, "train.txt"), os.path.join(data, "valid.txt"), **{
+      "num_train_steps": steps, "eval_every_steps": 5, "checkpoint_every_steps": steps, "log_every_steps": 5,
+      "n_negative_samples": 0, "data.pretokenized": False})
+  train_and_evaluate(c, workdir)
+  return workdir

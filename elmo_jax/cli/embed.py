@@ -150,7 +150,7 @@ def _embed(output_file: str) -> str:
     kind = "vocab" if FLAGS.dump_token_embeddings else "input"
     raise embed_files.EmbedInputError(f"{source}: {kind} file not found")
   # a directory, an HDF5 file (e.g. the weights) or other binary data: one line naming the flag
-  problem = (files.text_problem(source) if FLAGS.dump_token_embeddings else embed.text_input_problem(source))
+  problem = (files.text_problem(source) if FLAGS.dump_token_embeddings else embed_files.text_input_problem(source))
   if problem is not None:
     flag = "vocab_file" if FLAGS.dump_token_embeddings else "input_file"
     raise embed_files.EmbedInputError(f"--{flag}={source} {problem}")

@@ -28,6 +28,7 @@ from elmo_jax import cli
 from elmo_jax.runtime import files
 from elmo_jax.runtime import progress
 from elmo_jax.runtime import storage
+from elmo_jax.runtime import run_layout
 from elmo_jax.evaluation import outputs
 from elmo_jax.evaluation import readers
 from elmo_jax.interop.options import OptionsError
@@ -187,7 +188,7 @@ def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
 
 def _local_workdir() -> str | None:
   """--workdir, or for a bucket workdir a local copy of what evaluation reads (export/, vocab, config)."""
-  return storage.local(_WORKDIR.value, names=storage.RUN_FILES) if _WORKDIR.value else None
+  return storage.local(_WORKDIR.value, names=run_layout.RUN_FILES) if _WORKDIR.value else None
 
 
 def load_models_from_flags() -> tasks_lib.Models:

@@ -8,6 +8,7 @@ the current step, save and exit 0. Multi-process (TPU pod, several GPU hosts, or
 every process runs the same command; on TPU pods and SLURM `--distributed=auto` finds the cluster itself,
 elsewhere pass --coordinator_address=HOST:PORT --num_processes=N --process_id=I.
 """
+import functools
 import os
 import sys
 
@@ -36,7 +37,8 @@ def define_flags() -> None:
   flags.mark_flags_as_required(["workdir"])
 
 
-def main(argv):
+def main(argv, after_step=None):
+  """`train.py`; `after_step(step, flush)` is `train_and_evaluate`'s hook (the fault tests' `tests/signal_train.py`)."""
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -67,7 +69,7 @@ def main(argv):
   if not _all_agree(lock is not None):  # every process stops when process 0 is refused
     sys.exit(f"train: error: {error}")
   try:
-    train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    train_and_evaluate(FLAGS.config, FLAGS.workdir, after_step=after_step)
   except KeyboardInterrupt:  # before the step loop (which saves on Ctrl-C), e.g. while preparing the corpus
     lock.release()
     sys.stderr.write("train: interrupted; rerunning the same command resumes\n")
@@ -116,8 +118,8 @@ def _exit_without_finalization() -> None:
   os._exit(0)
 
 
-def run() -> None:
-  cli.run_main(main, define_flags)
+def run(after_step=None) -> None:
+  cli.run_main(main if after_step is None else functools.partial(main, after_step=after_step), define_flags)
 
 
 if __name__ == "__main__":

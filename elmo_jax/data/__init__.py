@@ -5,7 +5,7 @@ import Grain and TFDS.
 """
 import importlib
 
-_NAMES = {"LMIterator": "pipeline", "make_lm_iterator": "pipeline", "TextSource": "sources",
+_NAMES = {"LMIterator": "batches", "make_lm_iterator": "pipeline", "TextSource": "sources",
           "TfdsSource": "sources", "Tokenizer": "tokenize", "Vocab": "vocab"}
 
 __all__ = sorted(_NAMES)

@@ -56,16 +56,12 @@ VERIFY_CACHE = "prepared-verified"  # under $ELMO_JAX_CACHE: the files' last suc
 
 
 # --- settings: what a preparation depends on, and how two of them differ ---------------------------------
-def _describe_spec(spec: dict[str, Any]) -> str:
-  if spec["kind"] == "tfds":
-    return f"tfds {spec['name']}/{spec['split']}"
-  return ", ".join(f["path"] for f in spec["files"][:3]) + (" ..." if len(spec["files"]) > 3 else "")
-
-
 def describe_source(spec: Any) -> str:
   """The input in a few words: its first files, or the TFDS dataset and split."""
   try:
-    return _describe_spec(spec)
+    if spec["kind"] == "tfds":
+      return f"tfds {spec['name']}/{spec['split']}"
+    return ", ".join(f["path"] for f in spec["files"][:3]) + (" ..." if len(spec["files"]) > 3 else "")
   except (KeyError, TypeError):  # a damaged settings.json
     return json.dumps(spec)[:80]
 

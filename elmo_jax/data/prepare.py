@@ -26,7 +26,8 @@ The sentences are tokenized in fixed chunks (`--chunk_sentences`) by `--num_work
 chunk is kept in `output_dir/.partial/`, so a killed run resumes where it stopped, and the merge ranks types
 from the chunks' counts alone: the output is byte-identical for any number of workers.
 
-Every reader opens a prepared directory through `elmo_jax.data.manifest.open_verified`.
+Every reader opens a prepared directory through `elmo_jax.data.manifest.open_verified`. The command's flags
+are `elmo_jax/cli/prepare.py`.
 """
 from __future__ import annotations
 
@@ -36,7 +37,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -44,7 +44,6 @@ import numpy as np
 
 from elmo_jax.runtime import files
 from elmo_jax.runtime import log
-from elmo_jax.runtime import storage
 from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, token_to_ids
 from elmo_jax.data.manifest import (PARTIAL, PrepareError, describe_source, read_manifest, settings_difference,
                                     settings_of, verify_files, write_manifest)
@@ -233,7 +232,6 @@ def _read_partial_settings(path: str) -> dict[str, Any]:
   return saved
 
 
-# A few lines over 60, most of them the signature and docstring of the public entry point.
 def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "", tfds_split: str = "train",
             tfds_data_dir: str = "", tfds_text_key: str = "text", pretokenized: bool = False, lang: str = "en",
             max_token_chars: int = 50, max_characters_per_token: int = MAX_CHARS,
@@ -266,18 +264,81 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
                          vocab_min_count, vocab_file)
   out = os.path.abspath(output_dir)
   work = os.path.join(out, PARTIAL)
-  manifest = read_manifest(out) if os.path.isdir(out) else None
+  manifest = _finished(out, work, settings, log_line)
   if manifest is not None:
-    diff = settings_difference(manifest["settings"], settings)
-    if diff:
-      raise PrepareError(f"{out} holds another prepared corpus ({diff}); prepare into another directory or delete "
-                         f"{out}")
-    verify_files(out, manifest, log_line=log_line)
-    if os.path.isdir(work):  # left by a run killed between writing the manifest and removing it
-      shutil.rmtree(work, ignore_errors=True)
-    log_line(f"{out} is already prepared ({manifest['counts']['n_tokens']:,} tokens, verified); nothing to do")
     return manifest
   settings_path = os.path.join(work, "settings.json")
+  _check_unfinished(out, work, settings_path, settings, chunk_sentences)
+  _check_output(out, spec, vocab_file)
+  started = time.time()
+  source = open_source(spec)  # reads (and checks) the text before anything is created
+  created_out = not os.path.exists(out)
+  os.makedirs(work, exist_ok=True)
+  files.write_json(settings_path, {**settings, "chunk_sentences": chunk_sentences})
+  tokenized, counts = _tokenize_and_merge(spec, source, out, settings, pretokenized, lang, chunk_sentences,
+                                          num_workers, log_line, created_out)
+  manifest = write_manifest(out, {"settings": settings, "counts": counts,
+                                  "skipped_lines": dict(getattr(source, "skipped", {}))}, log_line)
+  shutil.rmtree(work)
+  elapsed = time.time() - started
+  log_line(f"prepared {counts['n_sentences']:,} sentences, {counts['n_tokens']:,} tokens, {counts['n_types']:,} "
+           f"types (vocab {counts['vocab_size']:,}) in {elapsed:.1f}s (tokenizing {tokenized - started:.1f}s, "
+           f"{counts['n_tokens'] / max(tokenized - started, 1e-9):,.0f} tokens/s) -> {out}")
+  return manifest
+
+
+def _check_output(out: str, spec: dict[str, Any], vocab_file: str) -> None:
+  """Raises PrepareError when the output directory `out` is unsafe to write (e.g. an input is inside it)."""
+  try:
+    files.check_output(out, "output directory", directory=True,
+                       inputs=[f["path"] for f in spec.get("files", [])] + ([vocab_file] if vocab_file else []))
+  except files.UnsafeOutputError as e:  # "output directory=D ..." -> "output directory D ..."
+    raise PrepareError(str(e).replace(f"output directory={out}", f"output directory {out}", 1)) from None
+
+
+def _tokenize_and_merge(spec, source, out: str, settings: dict[str, Any], pretokenized: bool, lang: str,
+                        chunk_sentences: int, num_workers: int, log_line: Callable[[str], None],
+                        created_out: bool) -> tuple[float, dict[str, Any]]:
+  """Passes 1 and 2 into `out`: (when tokenizing ended, the corpus counts). A refused corpus (PrepareError:
+  no tokens) removes its chunks, and `out` when this run created it, before the error goes on."""
+  work = os.path.join(out, PARTIAL)
+  try:
+    tokenizer = Tokenizer(pretokenized=pretokenized, lang=lang)
+    _tokenize_all(spec, source, tokenizer, work, chunk_sentences, num_workers, log_line)
+    tokenized = time.time()
+    n_chunks = -(-len(source) // chunk_sentences)
+    counts = _merge(work, out, n_chunks, len(source), settings, log_line)
+  except PrepareError:  # a refused corpus (no tokens): its chunks could only be refused again
+    shutil.rmtree(work, ignore_errors=True)
+    if created_out:
+      with contextlib.suppress(OSError):
+        os.rmdir(out)
+    raise
+  return tokenized, counts
+
+
+def _finished(out: str, work: str, settings: dict[str, Any], log_line: Callable[[str], None]
+              ) -> dict[str, Any] | None:
+  """The verified manifest of `out` when it is already prepared with `settings`, None when it is not prepared.
+  Raises PrepareError: `out` holds another corpus or other settings (PreparedCorpusError: damaged files)."""
+  manifest = read_manifest(out) if os.path.isdir(out) else None
+  if manifest is None:
+    return None
+  diff = settings_difference(manifest["settings"], settings)
+  if diff:
+    raise PrepareError(f"{out} holds another prepared corpus ({diff}); prepare into another directory or delete "
+                       f"{out}")
+  verify_files(out, manifest, log_line=log_line)
+  if os.path.isdir(work):  # left by a run killed between writing the manifest and removing it
+    shutil.rmtree(work, ignore_errors=True)
+  log_line(f"{out} is already prepared ({manifest['counts']['n_tokens']:,} tokens, verified); nothing to do")
+  return manifest
+
+
+def _check_unfinished(out: str, work: str, settings_path: str, settings: dict[str, Any], chunk_sentences: int
+                      ) -> None:
+  """Raises PrepareError unless `out` is new, empty, or holds an unfinished run of these very settings
+  (chunks included) that this run resumes."""
   if os.path.exists(settings_path):
     saved = _read_partial_settings(settings_path)
     diff = settings_difference({k: v for k, v in saved.items() if k != "chunk_sentences"}, settings)
@@ -291,85 +352,8 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
                          f"{json.dumps(saved.get('chunk_sentences'))[:20]} to resume it, or delete {work}")
   elif os.path.isdir(out) and set(os.listdir(out)) - {PARTIAL}:  # a .partial without settings holds nothing
     raise PrepareError(f"{out} is not empty and holds no prepared corpus; prepare into another directory")
-  try:
-    files.check_output(out, "output directory", directory=True,
-                       inputs=[f["path"] for f in spec.get("files", [])] + ([vocab_file] if vocab_file else []))
-  except files.UnsafeOutputError as e:  # "output directory=D ..." -> "output directory D ..."
-    raise PrepareError(str(e).replace(f"output directory={out}", f"output directory {out}", 1)) from None
-  started = time.time()
-  source = open_source(spec)  # reads (and checks) the text before anything is created
-  created_out = not os.path.exists(out)
-  os.makedirs(work, exist_ok=True)
-  files.write_json(settings_path, {**settings, "chunk_sentences": chunk_sentences})
-  try:
-    tokenizer = Tokenizer(pretokenized=pretokenized, lang=lang)
-    _tokenize_all(spec, source, tokenizer, work, chunk_sentences, num_workers, log_line)
-    tokenized = time.time()
-    n_chunks = -(-len(source) // chunk_sentences)
-    counts = _merge(work, out, n_chunks, len(source), settings, log_line)
-  except PrepareError:  # a refused corpus (no tokens): its chunks could only be refused again
-    shutil.rmtree(work, ignore_errors=True)
-    if created_out:
-      with contextlib.suppress(OSError):
-        os.rmdir(out)
-    raise
-  manifest = write_manifest(out, {"settings": settings, "counts": counts,
-                                  "skipped_lines": dict(getattr(source, "skipped", {}))}, log_line)
-  shutil.rmtree(work)
-  elapsed = time.time() - started
-  log_line(f"prepared {counts['n_sentences']:,} sentences, {counts['n_tokens']:,} tokens, {counts['n_types']:,} "
-           f"types (vocab {counts['vocab_size']:,}) in {elapsed:.1f}s (tokenizing {tokenized - started:.1f}s, "
-           f"{counts['n_tokens'] / max(tokenized - started, 1e-9):,.0f} tokens/s) -> {out}")
-  return manifest
-
-
-def main(argv: Sequence[str]) -> None:
-  del argv
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  f = flags.FLAGS
-  from elmo_jax.runtime import progress as progress_lib  # pylint: disable=g-import-not-at-top
-  if not f.progress:
-    progress_lib.set_enabled(False)
-  inputs = [p.strip() for p in (f.input or "").split(",") if p.strip()]
-  output_dir = f.output_dir
-  try:  # a bucket --output_dir: prepared in a local staging folder (resumable there), uploaded when done
-    with storage.staged_output(f.output_dir, "--output_dir", directory=True, inputs=inputs) as output_dir:
-      prepare(output_dir, inputs, tfds_name=f.tfds_name, tfds_split=f.tfds_split, tfds_data_dir=f.tfds_data_dir,
-              tfds_text_key=f.tfds_text_key, pretokenized=f.pretokenized, max_token_chars=f.max_token_chars,
-              vocab_max_size=f.vocab_max_size or None, vocab_min_count=f.vocab_min_count,
-              vocab_file=f.vocab_file, num_workers=f.num_workers, chunk_sentences=f.chunk_sentences)
-    if storage.is_remote(f.output_dir):
-      log.info(f"uploaded to {f.output_dir}")
-  except (PrepareError, files.UnsafeOutputError, storage.StorageError) as e:
-    sys.exit(f"prepare: {e}")
-  except KeyboardInterrupt:  # the workers ignore SIGINT: this is the only report
-    work = os.path.join(os.path.abspath(output_dir), PARTIAL)
-    kept = (f"rerun the same command to resume (finished chunks are kept in {work})" if os.path.isdir(work)
-            else "nothing was written")
-    print(f"prepare: interrupted; {kept}", file=sys.stderr, flush=True)
-    sys.exit(130)
-
-
-def _define_flags() -> None:
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string("input", None, "Comma-separated text files or globs (.gz ok), one sentence per line.")
-  flags.DEFINE_string("tfds_name", "", "A TFDS dataset (ArrayRecord, read without TensorFlow), e.g. lm1b.")
-  flags.DEFINE_string("tfds_split", "train", "TFDS split.")
-  flags.DEFINE_string("tfds_data_dir", "", "TFDS data_dir (default: TFDS's).")
-  flags.DEFINE_string("tfds_text_key", "text", "Feature holding the sentence.")
-  flags.DEFINE_string("output_dir", None, "Directory for the prepared corpus (created; resumable).")
-  flags.DEFINE_bool("pretokenized", False, "Lines are already tokenized: split on whitespace (else Moses).")
-  flags.DEFINE_integer("max_token_chars", 50, "Longer tokens are cut to this many characters for the char CNN.")
-  flags.DEFINE_integer("vocab_max_size", 100_000, "Softmax vocabulary size incl. <S>, </S>, <UNK> (0 = all).")
-  flags.DEFINE_integer("vocab_min_count", 1, "Tokens seen fewer times are <UNK> in the softmax.")
-  flags.DEFINE_string("vocab_file", "", "Use this vocab.txt (bilm-tf format) instead of building one.")
-  flags.DEFINE_integer("num_workers", max(1, (os.cpu_count() or 2) - 1), "Tokenizer processes.")
-  flags.DEFINE_integer("chunk_sentences", 100_000, "Sentences per resumable chunk (not part of the output).")
-  flags.DEFINE_bool("progress", True, "Progress bars on stderr.")
-  flags.mark_flags_as_required(["output_dir"])
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
-  _define_flags()
-  app.run(main)
+  from elmo_jax.cli import prepare as _cli  # pylint: disable=g-import-not-at-top
+  _cli.run()

@@ -1,5 +1,5 @@
-"""`python -m elmo_jax.downstream`: see `elmo_jax.downstream.cli`."""
-from elmo_jax.downstream.cli import run
+"""`python -m elmo_jax.downstream`: see `elmo_jax.cli.downstream`."""
+from elmo_jax.cli.downstream import run
 
 if __name__ == "__main__":
   run()

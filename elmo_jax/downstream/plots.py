@@ -1,6 +1,7 @@
 """Plots of the downstream results; each draws on a given matplotlib `ax` (the notebook calls them too).
 
-Saving and the per-layer probe bars are `elmo_jax.evaluation.plots` (`save`, `layer_scores`).
+Saving, the per-layer probe bars and the perplexity bars are `elmo_jax.evaluation.plots` (`save`,
+`layer_scores`, `perplexity_bars`; the last is also here, under the name the notebook uses).
 """
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from elmo_jax.evaluation import plots as evaluation_plots
+
+
+# `perplexity_bars(ax, {name: perplexity result})`: forward / backward vs unigram per model, log scale.
+perplexity_bars = evaluation_plots.perplexity_bars
 
 SETTING_COLOURS = {"none": "tab:grey", "frozen": "tab:blue", "finetune": "tab:orange"}
 
@@ -43,22 +49,3 @@ def settings_bars(ax, summary: dict[str, Any], task: str) -> None:
   ax.set_xticks(x, names, fontsize=8)
   ax.set_ylabel("test accuracy")
   ax.set_title(f"{task}: task model test accuracy (mean ± std over seeds)")
-
-
-def perplexity_bars(ax, results: dict[str, dict[str, Any]]) -> None:
-  """Forward / backward perplexity vs unigram for each named evaluate.py perplexity JSON (log scale)."""
-  names = list(results)
-  x = np.arange(len(names))
-  for offset, key, colour in ((-0.27, "ppl_forward", "tab:blue"), (0.0, "ppl_backward", "tab:cyan"),
-                              (0.27, "unigram_ppl", "tab:grey")):
-    vals = [results[n].get(key) for n in names]
-    vals = [np.nan if v is None else v for v in vals]
-    ax.bar_label(ax.bar(x + offset, vals, width=0.27, label=key.replace("_ppl", "").replace("ppl_", ""),
-                        color=colour), fmt="%.0f", fontsize=7)
-  ax.set_yscale("log")
-  # Path-like names of more than a few groups overlap unless slanted.
-  slant = {"rotation": 20, "ha": "right"} if len(names) > 4 else {}
-  ax.set_xticks(x, names, fontsize=8, **slant)
-  ax.set_ylabel("perplexity")
-  ax.set_title("biLM perplexity vs unigram")
-  ax.legend(fontsize=8)

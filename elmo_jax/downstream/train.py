@@ -29,7 +29,7 @@ from elmo_jax.runtime import files
 from elmo_jax.interop import pretrained
 from elmo_jax.downstream import data as data_lib
 from elmo_jax.downstream.model import TaskConfig, TaskModel, init_params
-from elmo_jax.evaluation import features, readers
+from elmo_jax.evaluation import early_stopping, features, probes, readers
 from elmo_jax.runtime.progress import progress
 
 ELMO_SETTINGS = ("none", "frozen", "finetune")
@@ -207,9 +207,11 @@ def _fit(cfg: DownstreamConfig, model: TaskModel, params, encoded, batch_iter, o
   eval_step = jax.jit(lambda p, b: loss_fn(p, b, jax.random.key(0), deterministic=True)[1])
   rng = np.random.default_rng(cfg.seed)
   key = jax.random.key(cfg.seed)
-  curve, best, best_params, bad_epochs = [], None, params, 0
+  curve = []
   n_batches = -(-len(encoded["train"]) // cfg.batch_size)
-  for epoch in range(1, cfg.num_epochs + 1):
+
+  def run_epoch(epoch: int) -> tuple[dict[str, Any], Any]:
+    nonlocal params, opt_state, key
     t0, losses = time.time(), []
     bar = progress(desc=f"epoch {epoch}/{cfg.num_epochs}", total=n_batches, unit="batch")
     for batch in batch_iter(encoded["train"], rng):
@@ -222,15 +224,16 @@ def _fit(cfg: DownstreamConfig, model: TaskModel, params, encoded, batch_iter, o
     row = {"epoch": epoch, "train_loss": float(np.mean(jax.device_get(losses))),
            "dev_accuracy": evaluate(eval_step, params, encoded["dev"], batch_iter),
            "seconds": round(time.time() - t0, 2)}
-    if best is None or row["dev_accuracy"] > best["dev_accuracy"]:
-      best, best_params, bad_epochs = row, jax.device_get(params), 0
-    else:
-      bad_epochs += 1
     curve.append(row)
     if on_epoch is not None:
       on_epoch(row)
-    if bad_epochs >= cfg.patience:
-      break
+    return row, params
+
+  # Ties keep the earlier epoch; the best params are copied to the host (they are tested and returned).
+  best, _ = early_stopping.run_epochs(
+      run_epoch, lambda record, best: best is None or record[0]["dev_accuracy"] > best[0]["dev_accuracy"],
+      cfg.num_epochs, cfg.patience, keep=lambda record: (record[0], jax.device_get(record[1])))
+  best, best_params = best if best is not None else (None, params)
   return best, best_params, curve, eval_step
 
 
@@ -286,9 +289,9 @@ def run(cfg: DownstreamConfig, splits: dict[str, data_lib.Split], bilm: Bilm | N
 
 
 def majority_baseline(train: data_lib.Encoded, test: data_lib.Encoded) -> float:
-  """Test accuracy of always predicting the most frequent training label (tag)."""
+  """Test accuracy of always predicting the most frequent training label (tag), over every test label."""
   flat = lambda d: np.concatenate([np.atleast_1d(y) for y in d.labels])  # noqa: E731
-  return float(np.mean(flat(test) == np.bincount(flat(train)).argmax()))
+  return probes.majority_accuracy(flat(train), flat(test))
 
 
 def mix_summary(params: Any) -> dict[str, Any]:

@@ -9,8 +9,9 @@ char CNN once (exact: the CNN sees one token at a time) into an on-device token 
 char positions (`embed_step.CHAR_WIDTHS`, exact, see `embed_step.char_widths`), in fixed chunks of
 `embed_step.CNN_ROWS` tokens, so the CNN compiles one shape per width. Batch k+1 is prepared on the host and
 dispatched before batch k is copied back (JAX dispatches asynchronously), and JAX's persistent compilation cache
-(`enable_compilation_cache`) makes a second process start fast. Every batch is split over all of this process's
-devices by default (`devices=`; the compiled functions are in `embed_step`).
+(`compile_cache.enable_compilation_cache`) makes a second process start fast. Every batch is split over all of
+this process's devices by default (`devices=`; the compiled functions are in `embed_step`); stateful, the LSTM
+state each row carries is kept by `row_state`.
 """
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ import numpy as np
 
 from elmo_jax.data import chars
 from elmo_jax.interop import download
+from elmo_jax.embedding import row_state
 from elmo_jax.embedding import step as embed_step
 from elmo_jax.embedding.args import check_sentences, select_layers
+from elmo_jax.embedding.compile_cache import enable_compilation_cache
 from elmo_jax.runtime import files
 from elmo_jax.runtime import memory
 from elmo_jax.interop import options as options_lib
@@ -33,35 +36,13 @@ from elmo_jax.interop import pretrained
 from elmo_jax.embedding import token_cache as token_cache_lib
 from elmo_jax.interop import weights as weights_lib
 from elmo_jax.embedding.step import width_chunks
-from elmo_jax.model import BiLM, BiLMConfig, zero_state
+from elmo_jax.model import BiLM, BiLMConfig
 from elmo_jax.runtime.progress import progress
 
 _TRIM_EVERY_BATCHES = 32  # freed batch copies go back to the OS this often (elmo_jax/runtime/memory.py)
 _TIME_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _CNN_CACHE_TOKENS = 1 << 15
 DEFAULT_BATCH_SIZE = 64  # sentences per device (stateless) or per batch (stateful: it defines the rows)
-
-
-def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
-  """Turns on JAX's persistent compilation cache, so a new process reuses earlier compiles.
-
-  The directory is `path`, else `$ELMO_JAX_CACHE`, else `~/.cache/elmo_jax`. A cache directory the user already
-  configured (jax_compilation_cache_dir) is left as it is. Returns the directory in use. A file where the folder
-  should be is one line (`download.DownloadError`: "ELMO_JAX_CACHE=... is a file, not a directory").
-  """
-  current = jax.config.jax_compilation_cache_dir
-  if current and path is None:
-    return current
-  given = path is not None
-  path = os.fspath(path or os.environ.get("ELMO_JAX_CACHE") or
-                   os.path.join(os.path.expanduser("~"), ".cache", "elmo_jax"))
-  # a file in the way: one line naming it (ELMO_JAX_CACHE=... when that is where it comes from)
-  download.make_dir(path, f"the compilation cache folder {path}" if given else None)
-  jax.config.update("jax_compilation_cache_dir", path)
-  # The default (1 s) skips the char CNN's, the gathers' and the small eager ops' compiles, which add up.
-  if jax.config.jax_persistent_cache_min_compile_time_secs >= 1.0:
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  return path
 
 
 def bucket(n: int, buckets: Sequence[int] = _TIME_BUCKETS) -> int:
@@ -225,12 +206,13 @@ class Embedder:
 
   @property
   def state(self):
-    """Stateful use: the LSTMState `(c, h)` each batch row carries on (host arrays), None before the first."""
+    """Stateful use: the LSTMState `(c, h)` each batch row carries on (host arrays, `row_state`), None before
+    the first batch."""
     return self._state
 
   @state.setter
   def state(self, value) -> None:  # e.g. the state a resumed job saved after its last finished part
-    self._state = None if value is None else tuple(np.array(v, np.float32) for v in value)
+    self._state = row_state.restored(value)
 
   # --- embedding ----------------------------------------------------------------------------------------
   def embed_batch(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None = None) -> np.ndarray:
@@ -264,38 +246,28 @@ class Embedder:
         positions[block] = row[positions[block]]  # padded slots point at some token; the mask zeroes them
     return _Prepared(n, positions, mask, *embed_step.stack_chunks(chunks))
 
-  def _launch(self, prepared: _Prepared) -> jax.Array:
-    """Dispatches a prepared batch (asynchronously); returns the device array of its layers. The char CNN's
-    outputs `[rows, time, P]`: the new tokens into the table, then a gather; so it runs right after the batch's
-    `_prepare` (whose row assignment it writes), as `batches` does."""
+  def _token_embeddings(self, prepared: _Prepared) -> jax.Array:
+    """The batch's char-CNN outputs `[rows, time, P]`, on device: the new tokens into the table, then a gather.
+    Runs right after the batch's `_prepare` (whose row assignment it writes), as `batches` does."""
     grow = max(rows.capacity for rows in self._token_rows) - self._table.shape[1]
     if grow > 0:  # first use, or a batch with more new tokens than a table held
       self._table = jax.device_put(jnp.pad(self._table, ((0, 0), (0, grow), (0, 0))), self._steps.by_rows)
     put = self._steps.put_rows
     for chunk, dest in zip(prepared.chunks, prepared.dests):
       self._table = self._steps.cnn_into(self.params, self._table, put(chunk), put(dest))
-    emb, mask = self._steps.gather(self._table, put(prepared.positions)), put(prepared.mask)
+    return self._steps.gather(self._table, put(prepared.positions))
+
+  def _launch(self, prepared: _Prepared) -> jax.Array:
+    """Dispatches a prepared batch (asynchronously); returns the device array of its layers."""
+    emb, mask = self._token_embeddings(prepared), self._steps.put_rows(prepared.mask)
     if not self.stateful:
       return self._steps.bilm(self.params, emb, mask)
-    state = jax.device_put(self._take_state(prepared.mask.shape[0]), self._steps.state_sharding)
+    n_rows = prepared.mask.shape[0]
+    self._state = row_state.grown(self._state, self.config, n_rows)
+    state = jax.device_put(row_state.first_rows(self._state, n_rows), self._steps.state_sharding)
     layers, state = self._steps.bilm_stateful(self.params, emb, mask, state)
-    self._put_state(state, prepared.n)
+    self._state = row_state.advanced(self._state, state, prepared.n)  # the rows that held sentences move on
     return layers
-
-  def _take_state(self, rows: int):
-    if self._state is None or self._state[0].shape[2] < rows:
-      grown = zero_state(self.config, rows, xp=np)
-      if self._state is not None:
-        old = self._state[0].shape[2]
-        grown[0][:, :, :old], grown[1][:, :, :old] = self._state
-      self._state = grown
-    return (self._state[0][:, :, :rows], self._state[1][:, :, :rows])
-
-  def _put_state(self, state, n: int) -> None:
-    # Only the rows that held sentences move on; unused rows keep their state (bilm-tf semantics).
-    c, h = (np.array(s) for s in self._state)
-    c[:, :, :n], h[:, :, :n] = np.asarray(state[0])[:, :, :n], np.asarray(state[1])[:, :, :n]
-    self._state = (c, h)
 
   def batches(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None, *,
               full_rows: bool = False, skip: Callable[[int], bool] | None = None,

@@ -1,15 +1,17 @@
-"""The embedding command's files: the input read line by line (and checked before any work), the output
-path checked, and the temp files of a run tracked, so a signal or the next run can remove them."""
+"""The embedding command's files: the input read line by line (and checked before any work; its lines'
+tokens and warnings: `InputLines`), the output path checked, and the temp files of a run tracked, so a signal
+or the next run can remove them."""
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import gzip
 import os
 import socket
 import tempfile
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.runtime import files
@@ -18,6 +20,7 @@ ACTIVE_TEMPS: set[str] = set()  # temp outputs and parts being written, for the 
 _TEMPS_LOCK = threading.Lock()  # the writer thread creates part temps under it; remove_active_temps stops that
 _EXITING = threading.Event()
 ACTIVE_JOBS: set[str] = set()  # job folders of running embed_file calls (kept on a signal, for the rerun)
+_MAX_EMPTY_WARNINGS = 10  # individual warnings; the rest are only counted
 
 
 class EmbedInputError(ValueError):
@@ -148,6 +151,14 @@ def _alive(pid: int) -> bool:
   return True
 
 
+def text_input_problem(path: str | os.PathLike) -> str | None:
+  """Why `path` cannot be the text (or vocabulary) of an embedding run, from its first bytes
+  (`files.text_problem`): 'is a directory, not a text file', 'is an HDF5 file, not text', binary data;
+  None for text (invalid UTF-8 in text is reported later, naming its line)."""
+  problem = files.text_problem(path)
+  return None if problem is None or problem.startswith("is not UTF-8") else problem
+
+
 def check_output_path(output_file: str | os.PathLike, inputs: Any = (), what: str = "output_file") -> None:
   """`files.check_output` of the output hdf5 against the run's `inputs` (input, options, weight, vocab and
   token files), before any work; raises `EmbedOutputError` (an `EmbedInputError` and an
@@ -180,3 +191,36 @@ def check_sentence_keys(input_file: str) -> None:
     if not text:
       raise EmbedInputError(f"{where}: an empty line cannot name an HDF5 dataset; drop --use_sentence_keys")
     seen[text] = i
+
+
+@dataclasses.dataclass
+class InputLines:
+  """What reading the input learned: empty lines, over-long tokens (warned about as `embed_file` meets them)."""
+  input_file: str
+  max_chars: int
+  warn: Callable[[str], Any]
+  empty: list[int] = dataclasses.field(default_factory=list)
+  long_tokens: int = 0
+  first_long: str | None = None
+
+  def tokens(self, i: int, text: str, tokenize: Callable[[str], list[str]] | None) -> list[str]:
+    """Line i's tokens; warns about an empty line."""
+    tokens = tokenize(text) if tokenize is not None else text.split()
+    n_long = sum(len(t) > self.max_chars for t in tokens)
+    if n_long:
+      self.long_tokens += n_long
+      self.first_long = self.first_long or f"{self.input_file}:{i + 1}"
+    if not tokens:
+      self.empty.append(i)
+      if len(self.empty) <= _MAX_EMPTY_WARNINGS:
+        self.warn(f"{self.input_file}:{i + 1}: empty line; its entry '{i}' has 0 tokens")
+    return tokens
+
+  def finish(self) -> None:
+    """The run's summary warnings."""
+    if len(self.empty) > _MAX_EMPTY_WARNINGS:
+      self.warn(f"{self.input_file}: {len(self.empty)} empty lines in all (warned about the first "
+                f"{_MAX_EMPTY_WARNINGS})")
+    if self.long_tokens:  # bilm-tf cuts them silently; say so once per run
+      self.warn(f"{self.input_file}: {self.long_tokens} tokens longer than {self.max_chars} characters were "
+                f"cut to their first {self.max_chars} (as bilm-tf does); the first at {self.first_long}")

@@ -25,7 +25,6 @@ import glob
 import json
 import os
 import shutil
-import sys
 import time
 from typing import Any, Callable, TextIO
 
@@ -33,6 +32,7 @@ import h5py
 import numpy as np
 
 from elmo_jax.runtime import files
+from elmo_jax.runtime import progress as progress_lib
 
 SUFFIX = ".partial"
 # Batches per part: what a kill -9 can cost, one file each, and how long the token table lives (it starts
@@ -191,8 +191,10 @@ class Job:
     shutil.rmtree(self.folder, ignore_errors=True)
 
 
-class Progress:
-  """Prints `embedded n/N sentences (x sent/s, y tok/s, ETA h:mm:ss)` at most every `every` seconds.
+class Progress(progress_lib.Lines):
+  """Prints `embedded n/N sentences (x sent/s, y tok/s, ETA h:mm:ss)` at most every `every` seconds: the
+  project's line progress (`progress.Lines`; not a bar, so a job's log shows it and process 0 can count
+  every process's committed parts).
 
   `done`: what earlier runs of a resumed job finished; `poll`: () -> (sentences, tokens) done by all
   processes (process 0 of many reads the job's committed parts), else this process's count is used.
@@ -201,39 +203,17 @@ class Progress:
 
   def __init__(self, total: int, every: float | None = 5.0, stream: TextIO | None = None,
                done: tuple[int, int] = (0, 0), poll: Callable[[], tuple[int, int]] | None = None):
-    self.total, self.every, self.resumed, self.poll = total, every, done, poll
-    self.stream = stream if stream is not None else sys.stderr
-    self.start = self._last = time.perf_counter()
-    self.sentences = self.tokens = 0  # this process, this run
-    self._printed = ""
+    super().__init__(total, self._describe, every, stream, done, poll)
 
-  def update(self, sentences: int = 0, tokens: int = 0) -> None:
-    self.sentences += sentences
-    self.tokens += tokens
-    now = time.perf_counter()
-    if self.every is not None and now - self._last >= self.every:
-      self._last = now
-      self._print(self.line(now))
+  @property
+  def sentences(self) -> int:
+    """This process's, this run's."""
+    return self.counts[0]
 
-  def finish(self) -> None:
-    """The last line, when it says more than the last one printed."""
-    if self.every is not None:
-      self._print(self.line())
+  @property
+  def tokens(self) -> int:
+    return self.counts[1]
 
-  def _print(self, line: str) -> None:
-    if line.split(" (")[0] != self._printed.split(" (")[0]:
-      self.stream.write(line + "\n")
-      self.stream.flush()
-      self._printed = line
-
-  def line(self, now: float | None = None) -> str:
-    elapsed = max((now or time.perf_counter()) - self.start, 1e-9)
-    if self.poll is not None:
-      sentences, tokens = self.poll()
-    else:
-      sentences, tokens = self.resumed[0] + self.sentences, self.resumed[1] + self.tokens
-    rate = (sentences - self.resumed[0]) / elapsed
-    eta = (self.total - sentences) / rate if rate > 0 else float("inf")
-    eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta != float("inf") else "?"
-    return (f"embedded {sentences}/{self.total} sentences ({rate:.1f} sent/s, "
-            f"{(tokens - self.resumed[1]) / elapsed:.0f} tok/s, ETA {eta_text})")
+  def _describe(self, counts, rates, eta: str) -> str:
+    return (f"embedded {counts[0]}/{self.total} sentences ({rates[0]:.1f} sent/s, {rates[1]:.0f} tok/s, "
+            f"ETA {eta})")

@@ -45,13 +45,10 @@ from absl import logging
 from elmo_jax.embedding import inputs as embed_files
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.runtime import files
-from elmo_jax.embedding.inputs import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, check_output_path, count_lines,
-                                  read_lines, remove_stale_temps)
+from elmo_jax.embedding.inputs import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, InputLines, check_output_path,
+                                      count_lines, read_lines, remove_stale_temps, text_input_problem)
 from elmo_jax.embedding.args import select_layers
 from elmo_jax.embedding.embedder import Embedder
-
-_MAX_EMPTY_WARNINGS = 10  # individual warnings; the rest are only counted
-
 
 @dataclasses.dataclass
 class _Format:
@@ -60,39 +57,6 @@ class _Format:
   sentence_vectors: bool = False
   dtype: str = "float32"
   use_sentence_keys: bool = False
-
-
-@dataclasses.dataclass
-class _Lines:
-  """What reading the input learned: empty lines, over-long tokens."""
-  input_file: str
-  max_chars: int
-  warn: Callable[[str], Any]
-  empty: list[int] = dataclasses.field(default_factory=list)
-  long_tokens: int = 0
-  first_long: str | None = None
-
-  def tokens(self, i: int, text: str, tokenize: Callable[[str], list[str]] | None) -> list[str]:
-    """Line i's tokens; warns about an empty line."""
-    tokens = tokenize(text) if tokenize is not None else text.split()
-    n_long = sum(len(t) > self.max_chars for t in tokens)
-    if n_long:
-      self.long_tokens += n_long
-      self.first_long = self.first_long or f"{self.input_file}:{i + 1}"
-    if not tokens:
-      self.empty.append(i)
-      if len(self.empty) <= _MAX_EMPTY_WARNINGS:
-        self.warn(f"{self.input_file}:{i + 1}: empty line; its entry '{i}' has 0 tokens")
-    return tokens
-
-  def finish(self) -> None:
-    """The run's summary warnings."""
-    if len(self.empty) > _MAX_EMPTY_WARNINGS:
-      self.warn(f"{self.input_file}: {len(self.empty)} empty lines in all (warned about the first "
-                f"{_MAX_EMPTY_WARNINGS})")
-    if self.long_tokens:  # bilm-tf cuts them silently; say so once per run
-      self.warn(f"{self.input_file}: {self.long_tokens} tokens longer than {self.max_chars} characters were "
-                f"cut to their first {self.max_chars} (as bilm-tf does); the first at {self.first_long}")
 
 
 class _Writer:
@@ -249,6 +213,25 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
       links to, the input or one of the embedder's files, or lies in a trained run's checkpoints/export.
   """
   input_file, output_file = os.fspath(input_file), os.fspath(output_file)
+  batch_size, process_index, process_count = _checked_args(embedder, input_file, output_file, batch_size, output,
+                                                           output_dtype, process_index, process_count)
+  fmt = _Format(output, sentence_vectors, output_dtype, use_sentence_keys)
+  index_from = None if use_sentence_keys or forget_sentences else input_file  # the lines of sentence_to_index
+  job = _open_job(embedder, input_file, output_file, fmt, tokenize, index_from is not None,
+                  (batch_size, chunk_size, part_sentences), process_index)
+  progress = _progress(job, output_file, warn, progress_every if process_index == 0 else None, progress_stream,
+                       process_count > 1)
+  # bilm-tf's ids leave room for the begin/end-of-word marks
+  lines = InputLines(input_file, embedder.config.max_characters_per_token - 2, warn)
+  return _run_job(embedder, job, fmt, lines, progress, tokenize, (process_index, process_count), output_file,
+                  index_from)
+
+
+def _checked_args(embedder: Embedder, input_file: str, output_file: str, batch_size: int | None, output: str,
+                  output_dtype: str, process_index: int | None,
+                  process_count: int | None) -> tuple[int, int, int]:
+  """`embed_file`'s checks before any work, in order; returns the batch size and this process's index and
+  count (None: JAX's)."""
   if not os.path.exists(input_file):
     raise EmbedInputError(f"{input_file}: input file not found")
   problem = text_input_problem(input_file)
@@ -268,11 +251,20 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   if embedder.stateful and process_count > 1:
     raise EmbedInputError(f"--stateful carries each batch row's state through {input_file} in order, so it "
                           f"runs in one process (this job has {process_count})")
+  return batch_size, process_index, process_count
+
+
+def _open_job(embedder: Embedder, input_file: str, output_file: str, fmt: _Format,
+              tokenize: Callable[[str], list[str]] | None, sentence_to_index: bool,
+              sizes: tuple[int, int, int | None], process_index: int) -> embed_job.Job:
+  """The job folder of this run (created, or an earlier run's to resume: `embed_job.Job.open` checks that its
+  settings are these), the input read once for its line count and sha256; clears what an earlier run of this
+  process left (its failure report, dead temp files). `sizes`: batch_size, chunk_size, part_sentences."""
+  batch_size, chunk_size, part_sentences = sizes
   digest = hashlib.sha256()  # of the (decompressed) text: the job's identity, read in the same pass
   n_lines = count_lines(input_file, validate=True, digest=digest)
-  if use_sentence_keys:
+  if fmt.use_sentence_keys:
     embed_files.check_sentence_keys(input_file)
-  fmt = _Format(output, sentence_vectors, output_dtype, use_sentence_keys)
   layout = embed_job.Layout(n_lines, -(-max(chunk_size, 1) // batch_size) * batch_size, batch_size,
                             max(1, -(-part_sentences // batch_size)) if part_sentences
                             else embed_job.DEFAULT_PART_BATCHES)
@@ -280,40 +272,51 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
               "model": embedder.fingerprint(), "devices": len(embedder.devices),
               "layout": dataclasses.asdict(layout), "format": dataclasses.asdict(fmt),
               "tokenize": None if tokenize is None else type(tokenize).__name__,
-              "sentence_to_index": not (use_sentence_keys or forget_sentences)}
+              "sentence_to_index": sentence_to_index}
   job = embed_job.Job.open(output_file, settings, layout)
   job.clear_failure(process_index)  # an earlier run's report of this process
   remove_stale_temps(output_file)
+  return job
+
+
+def _progress(job: embed_job.Job, output_file: str, warn: Callable[[str], Any], every: float | None,
+              stream: TextIO | None, poll: bool) -> embed_job.Progress:
+  """The job's progress lines, counting what earlier runs finished (said once: resuming); `poll`: count
+  every process's committed parts, not this process's batches."""
   resumed = job.done_counts()
   if resumed[0]:
-    warn(f"{output_file}: resuming; {resumed[0]} of {n_lines} lines are already embedded in {job.folder}")
-  progress = embed_job.Progress(n_lines, progress_every if process_index == 0 else None, progress_stream,
-                                done=resumed,
-                                poll=job.done_counts if process_count > 1 else None)
-  # bilm-tf's ids leave room for the begin/end-of-word marks
-  lines = _Lines(input_file, embedder.config.max_characters_per_token - 2, warn)
+    warn(f"{output_file}: resuming; {resumed[0]} of {job.layout.lines} lines are already embedded in {job.folder}")
+  return embed_job.Progress(job.layout.lines, every, stream, done=resumed, poll=job.done_counts if poll else None)
+
+
+def _run_job(embedder: Embedder, job: embed_job.Job, fmt: _Format, lines: InputLines,
+             progress: embed_job.Progress, tokenize: Callable[[str], list[str]] | None,
+             process: tuple[int, int], output_file: str, index_from: str | None) -> dict[str, Any]:
+  """Embeds this process's share of `job` (a failure on a process other than 0 is recorded for process 0);
+  process 0 then waits for every part and writes the output. Returns `embed_file`'s stats."""
+  index, count = process
   ACTIVE_JOBS.add(job.folder)
   try:
     try:
-      _embed_share(embedder, job, lines, _Writer(job, fmt, input_file, warn), progress, tokenize,
-                   layout.share(process_index, process_count))
+      _embed_share(embedder, job, lines, _Writer(job, fmt, lines.input_file, lines.warn), progress, tokenize,
+                   job.layout.share(index, count))
     except BaseException as e:
-      if process_index > 0:
-        job.record_failure(process_index, e)
+      if index > 0:
+        job.record_failure(index, e)
       raise
     lines.finish()
-    if process_index == 0:
+    if index == 0:
       job.wait_for_all(on_poll=progress.update)
       progress.finish()
-      _write_output(job, output_file, input_file if settings["sentence_to_index"] else None)
+      _write_output(job, output_file, index_from)
   finally:
     ACTIVE_JOBS.discard(job.folder)
-  return {"lines": n_lines, "sentences": progress.sentences, "resumed": resumed[0], "tokens": progress.tokens,
-          "empty_lines": len(lines.empty), "long_tokens": lines.long_tokens,
-          "seconds": time.perf_counter() - progress.start, "wrote": process_index == 0}
+  return {"lines": job.layout.lines, "sentences": progress.sentences, "resumed": progress.done[0],
+          "tokens": progress.tokens, "empty_lines": len(lines.empty), "long_tokens": lines.long_tokens,
+          "seconds": time.perf_counter() - progress.start, "wrote": index == 0}
 
 
-def _embed_share(embedder: Embedder, job: embed_job.Job, lines: _Lines, writer: _Writer,
+def _embed_share(embedder: Embedder, job: embed_job.Job, lines: InputLines, writer: _Writer,
                  progress: embed_job.Progress, tokenize: Callable[[str], list[str]] | None,
                  share: range) -> None:
   """Reads this process's chunks, embeds their unfinished parts with `Embedder.batches` and hands the
@@ -376,14 +379,6 @@ def _write_output(job: embed_job.Job, output_file: str, index_from: str | None) 
     finally:
       ACTIVE_TEMPS.discard(tmp)
   job.remove()
-
-
-def text_input_problem(path: str | os.PathLike) -> str | None:
-  """Why `path` cannot be the text (or vocabulary) of an embedding run, from its first bytes
-  (`files.text_problem`): 'is a directory, not a text file', 'is an HDF5 file, not text', binary data;
-  None for text (invalid UTF-8 in text is reported later, naming its line)."""
-  problem = files.text_problem(path)
-  return None if problem is None or problem.startswith("is not UTF-8") else problem
 
 
 def dump_token_embeddings(embedder: Embedder, vocab_file: str | os.PathLike, output_file: str | os.PathLike,

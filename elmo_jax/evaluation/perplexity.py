@@ -186,7 +186,7 @@ def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_
 
   from elmo_jax.data import Tokenizer, make_lm_iterator  # pylint: disable=g-import-not-at-top
   from elmo_jax.model import make_model, zero_state  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training import lm_eval, step as step_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import feed, lm_eval, step as step_lib  # pylint: disable=g-import-not-at-top
 
   devices = jax.devices()
   # All devices when the rows split evenly, else one: evaluation is cheap next to a wrong error.
@@ -206,7 +206,7 @@ def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_
                                max_token_chars=max_token_chars,
                                max_characters_per_token=lm.options["char_cnn"]["max_characters_per_token"])
   tally = lm_eval.UnigramTally(lm_eval.with_progress(batches, len(source), max_batches, "perplexity"), lm.vocab)
-  result = lm_eval.perplexity(eval_step, params, zero, tally, lambda b: step_lib.global_arrays(b, mesh),
+  result = lm_eval.perplexity(eval_step, params, zero, tally, lambda b: feed.device_batch(b, mesh),
                               max_batches)
   result.update({**tally.result(), "n_sentences": batches.counters["sentences"],
                  "n_batches": batches.counters["batches"]})
@@ -315,6 +315,7 @@ def run(task_config: PerplexityConfig, workdir: str | None, output_dir: str) -> 
       result["plots"].append(plots.save(curves, os.path.join(output_dir, "perplexity_curves.png")))
     except ValueError as e:  # a run that never evaluated: the bar chart still says what we measured
       result["curves_note"] = str(e)
-  result["plots"].append(plots.save(plots.perplexity_bars(result), os.path.join(output_dir, "perplexity_bars.png")))
+  result["plots"].append(plots.save(plots.perplexity_bars(None, result),
+                                    os.path.join(output_dir, "perplexity_bars.png")))
   result["seconds"] = round(time.time() - start, 2)
   return result

@@ -169,8 +169,21 @@ def perplexity_curves(metrics_path: str, ax: Axes | None = None) -> Figure:
   return fig
 
 
-def perplexity_bars(result: dict[str, Any], ax: Axes | None = None) -> Figure:
-  """Bars: model forward / backward / mean perplexity vs the unigram baseline (a perplexity result)."""
+def perplexity_bars(ax: Axes | None, results: Mapping[str, Any]) -> Figure:
+  """Bars of biLM vs unigram perplexity.
+
+  Args:
+    ax: the axes to draw on (None: a new figure).
+    results: one perplexity result (evaluate.py's perplexity.json, with `ppl_forward`): its forward /
+      backward / mean perplexity vs the unigram baseline, linear from 0; or {name: such a result}: forward /
+      backward / unigram bars grouped by name, log scale (several models side by side).
+  """
+  if "ppl_forward" in results:
+    return _perplexity_of_one(ax, results)
+  return _perplexity_by_name(ax, results)
+
+
+def _perplexity_of_one(ax: Axes | None, result: Mapping[str, Any]) -> Figure:
   names = ["forward", "backward", "mean", "unigram"]
   values = [result["ppl_forward"], result["ppl_backward"], result["ppl"], result.get("unigram_ppl")]
   keep = [(n, v) for n, v in zip(names, values) if v is not None and np.isfinite(v)]
@@ -181,4 +194,24 @@ def perplexity_bars(result: dict[str, Any], ax: Axes | None = None) -> Figure:
   ax.set_ylim(0, 1.12 * max(v for _, v in keep))  # linear from 0: log bars exaggerate gaps
   ax.set_ylabel("perplexity (lower is better)")
   ax.set_title(f"biLM vs unigram perplexity ({result['n_tokens']:,} targets per direction)", fontsize=9)
+  return fig
+
+
+def _perplexity_by_name(ax: Axes | None, results: Mapping[str, Mapping[str, Any]]) -> Figure:
+  names = list(results)
+  x = np.arange(len(names))
+  fig, ax = _figure(ax, (2.2 * len(names) + 3, 3.6))
+  for offset, key, colour in ((-0.27, "ppl_forward", "tab:blue"), (0.0, "ppl_backward", "tab:cyan"),
+                              (0.27, "unigram_ppl", "tab:grey")):
+    vals = [results[n].get(key) for n in names]
+    vals = [np.nan if v is None else v for v in vals]
+    ax.bar_label(ax.bar(x + offset, vals, width=0.27, label=key.replace("_ppl", "").replace("ppl_", ""),
+                        color=colour), fmt="%.0f", fontsize=7)
+  ax.set_yscale("log")
+  # Path-like names of more than a few groups overlap unless slanted.
+  slant = {"rotation": 20, "ha": "right"} if len(names) > 4 else {}
+  ax.set_xticks(x, names, fontsize=8, **slant)
+  ax.set_ylabel("perplexity")
+  ax.set_title("biLM perplexity vs unigram")
+  ax.legend(fontsize=8)
   return fig

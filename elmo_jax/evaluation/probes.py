@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from elmo_jax.evaluation import early_stopping
 from elmo_jax.model.scalar_mix import ScalarMix
 
 
@@ -101,6 +102,12 @@ def _evaluate(params, x: np.ndarray, y: np.ndarray, chunk: int = 65536
   return correct / len(y), loss / len(y)
 
 
+def majority_accuracy(y_train: np.ndarray, y_test: np.ndarray) -> float:
+  """Test accuracy of always predicting the most frequent training label; y_train: int (N,), y_test: int
+  (M,); 0.0 when M == 0."""
+  return float(np.mean(y_test == np.bincount(y_train).argmax())) if len(y_test) else 0.0
+
+
 def standardise(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
   """Per-layer, per-dimension z-scoring with train statistics. Arrays (N, L, D)."""
   mu = train.mean(axis=0, keepdims=True)
@@ -122,11 +129,9 @@ def _train_with_early_stopping(params: dict, tx, x_fit: np.ndarray, y_fit: np.nd
   x_fit_dev = jnp.asarray(x_fit)
   y_fit_dev = jnp.asarray(y_fit)
   rng = np.random.default_rng(config.seed)
-  # Early stopping on dev cross-entropy: accuracy plateaus (ties) long before
-  # the mix has settled, while the loss keeps rewarding a better mix.
-  best = (float("inf"), float("nan"), params, 0)
-  epoch, stale = 0, 0
-  for epoch in range(1, config.max_epochs + 1):
+
+  def run_epoch(epoch: int) -> tuple:
+    nonlocal params, opt_state
     # Pad the permutation to whole batches so every step has one shape (one compile).
     order = rng.permutation(n)
     pad = n_batches * batch - n
@@ -138,13 +143,14 @@ def _train_with_early_stopping(params: dict, tx, x_fit: np.ndarray, y_fit: np.nd
                                    jnp.asarray(mask[i * batch:(i + 1) * batch]), tx)
     dev_acc, dev_loss = (_evaluate(params, x_dev, y_dev) if len(y_dev)
                          else _evaluate(params, x_fit, y_fit))
-    if dev_loss < best[0] - 1e-4:
-      best, stale = (dev_loss, dev_acc, params, epoch), 0
-    else:
-      stale += 1
-      if stale >= config.patience:
-        break
-  return best, epoch
+    return dev_loss, dev_acc, params, epoch
+
+  # Early stopping on dev cross-entropy: accuracy plateaus (ties) long before
+  # the mix has settled, while the loss keeps rewarding a better mix.
+  # A patience below 1 still stops only at the first epoch without improvement.
+  return early_stopping.run_epochs(
+      run_epoch, lambda record, best: record[0] < best[0] - 1e-4, config.max_epochs,
+      max(config.patience, 1), best=(float("inf"), float("nan"), params, 0))
 
 
 def fit_probe(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,

@@ -114,11 +114,6 @@ def _first(items: list, cap: int | None) -> list:
   return items if not cap or cap <= 0 else items[:cap]
 
 
-def _majority(y_train: np.ndarray, y_test: np.ndarray) -> float:
-  """Test accuracy of always predicting the most frequent training label."""
-  return float(np.mean(y_test == np.bincount(y_train).argmax())) if len(y_test) else 0.0
-
-
 def _features(cfg: EvalConfig, models: Models, name: str, data_key: str,
               compute: Callable[[features.EmbedderLike], np.ndarray]
               ) -> dict[str, np.ndarray]:
@@ -223,7 +218,7 @@ def run_pos(cfg: EvalConfig, get_models: Callable[[], Models], data) -> dict[str
             "data": {"train_file": cfg.pos_train_file, "test_file": cfg.pos_test_file,
                      "train_sentences": len(train), "train_tokens": int(len(y_train)),
                      "test_sentences": len(test), "n_tags": len(ids),
-                     "majority_baseline": _majority(y_train, y_test)}}
+                     "majority_baseline": probes.majority_accuracy(y_train, y_test)}}
   result.update(_probe_both(cfg, feats, len(y_train), y_train, y_test, len(ids), dev_mask))
   result["plots"] = _probe_plots(cfg, "pos", result, "token accuracy")
   return result
@@ -268,7 +263,7 @@ def run_sentiment(cfg: EvalConfig, get_models: Callable[[], Models], data) -> di
             "data": {"train_file": cfg.sentiment_train_file,
                      "test_file": cfg.sentiment_test_file, "train": len(train),
                      "test": len(test), "labels": sorted(ids),
-                     "majority_baseline": _majority(y_train, y_test)}}
+                     "majority_baseline": probes.majority_accuracy(y_train, y_test)}}
   result.update(_probe_both(cfg, feats, len(train), y_train, y_test, len(ids), dev_mask))
   result["plots"] = _probe_plots(cfg, "sentiment", result, "accuracy")
   return result
@@ -322,7 +317,47 @@ def _jsonable(obj: Any) -> Any:
   return obj
 
 
-# A few lines over 60: the task runner's checks, ordering and writes read best as one sequence.
+def _read_inputs(task: str, names: list[str], cfg: EvalConfig, echo: Callable[[str], None],
+                 results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+  """{task: its data} of every task in `names` that has data; for `all`, the others go into `results` as
+  {"skipped": reason} (a single task raises TaskUnavailable instead)."""
+  data: dict[str, Any] = {}
+  for name in names:
+    try:
+      reason = missing_data(name, cfg)
+      if reason is not None:
+        raise TaskUnavailable(reason)
+      data[name] = TASKS[name][0](cfg)
+    except TaskUnavailable as e:
+      if task != "all":
+        raise
+      results[name] = {"skipped": str(e)}
+      echo(f"{name}: skipped ({e})")
+  if not data:
+    raise TaskUnavailable("no task has data to run; see the skip lines above")
+  return data
+
+
+def _run_task(name: str, cfg: EvalConfig, get_models: Callable[[], Models], data: Any,
+              echo: Callable[[str], None]) -> dict[str, Any]:
+  """Runs task `name` on its data, writes OUT/NAME.json, echoes its table; returns the JSON-able result."""
+  start = time.time()
+  result = TASKS[name][1](cfg, get_models, data)
+  if "model" not in result:  # perplexity describes its own LM and needs no Embedder
+    models = get_models()
+    result["model"] = {**models.description, "key": models.key,
+                       "untrained_key": models.untrained_key}
+    result["probe_config"] = cfg.probe.as_dict()
+  result["seconds"] = round(time.time() - start, 2)
+  result = _jsonable(result)
+  files.write_text(os.path.join(cfg.output_dir, f"{name}.json"), json.dumps(result, indent=2) + "\n")
+  if "trained" in result:
+    echo(f"\n{name} ({result['seconds']} s)\n" + report.table(result))
+  elif name == "perplexity":
+    echo(f"\n{name} ({result['seconds']} s)\n" + perplexity.table(result))
+  return result
+
+
 def run(task: str, cfg: EvalConfig, load_models: Callable[[], Models],
         echo: Callable[[str], None] = print,
         on_start: Callable[[], Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -349,42 +384,13 @@ def run(task: str, cfg: EvalConfig, load_models: Callable[[], Models],
   get_models = _LazyModels(load_models)
   results: dict[str, dict[str, Any]] = {}
   # Every input is read and checked before any work, so a bad file fails in seconds, not after a task.
-  data: dict[str, Any] = {}
-  for name in names:
-    try:
-      reason = missing_data(name, cfg)
-      if reason is not None:
-        raise TaskUnavailable(reason)
-      data[name] = TASKS[name][0](cfg)
-    except TaskUnavailable as e:
-      if task != "all":
-        raise
-      results[name] = {"skipped": str(e)}
-      echo(f"{name}: skipped ({e})")
-  if not data:
-    raise TaskUnavailable("no task has data to run; see the skip lines above")
+  data = _read_inputs(task, names, cfg, echo, results)
   if on_start is not None:
     on_start()
   os.makedirs(cfg.output_dir, exist_ok=True)
   for name in names:
-    if name not in data:
-      continue
-    start = time.time()
-    result = TASKS[name][1](cfg, get_models, data[name])
-    if "model" not in result:  # perplexity describes its own LM and needs no Embedder
-      models = get_models()
-      result["model"] = {**models.description, "key": models.key,
-                         "untrained_key": models.untrained_key}
-      result["probe_config"] = cfg.probe.as_dict()
-    result["seconds"] = round(time.time() - start, 2)
-    result = _jsonable(result)
-    files.write_text(os.path.join(cfg.output_dir, f"{name}.json"),
-                        json.dumps(result, indent=2) + "\n")
-    results[name] = result
-    if "trained" in result:
-      echo(f"\n{name} ({result['seconds']} s)\n" + report.table(result))
-    elif name == "perplexity":
-      echo(f"\n{name} ({result['seconds']} s)\n" + perplexity.table(result))
+    if name in data:
+      results[name] = _run_task(name, cfg, get_models, data[name], echo)
   if task == "all":
     ordered = {name: results[name] for name in names}
     path = os.path.join(cfg.output_dir, "report.md")

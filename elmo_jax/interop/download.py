@@ -8,9 +8,10 @@ The cache is `$ELMO_JAX_CACHE` (default `~/.cache/elmo_jax`); each URL maps to o
 a hash of the URL plus the URL's file name. A download streams into a `.part` file beside it and is renamed
 into place only when it is whole and of the right kind: every byte of the server's Content-Length arrived
 (a connection cut mid-way is one line saying to run again), a published sha256 matches, and `check_kind`
-passes: the caller says what the file must be (`kind=`: "hdf5" a readable HDF5 file, "json" a JSON
-object, "options" a valid ELMo options.json; `validate=` a further check), else the URL's name decides (a
-`.hdf5`/`.h5` name must be a readable HDF5 file, a `.json` name a JSON object, other names: no check).
+(`elmo_jax.interop.checks`) passes: the caller says what the file must be (`kind=`: "hdf5" a readable HDF5
+file, "json" a JSON object, "options" a valid ELMo options.json; `validate=` a further check), else the
+URL's name decides (a `.hdf5`/`.h5` name must be a readable HDF5 file, a `.json` name a JSON object, other
+names: no check).
 This catches half a file sent without a Content-Length, an HTML error page, or a server's 200 reply
 `{"error": "rate limited"}` in place of options. A failed download leaves nothing in the cache, so the
 next run fetches again.
@@ -49,8 +50,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable, Iterator
 
-import h5py
-
+from elmo_jax.interop import checks
 from elmo_jax.runtime import files
 from elmo_jax.runtime import log
 from elmo_jax.runtime.progress import progress
@@ -111,79 +111,6 @@ def cache_file(url: str, cache: str | None = None) -> str:
   return os.path.join(cache or cache_dir(), f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{name}")
 
 
-def _one_line(x: Any, limit: int = 200) -> str:
-  text = " ".join(str(x).split())
-  return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _touch_hdf5(_: str, obj: Any) -> None:
-  """Reads an object's header (and a dataset's shape and type), so damaged metadata raises."""
-  if isinstance(obj, h5py.Dataset):
-    _ = obj.shape, obj.dtype
-  _ = list(obj.attrs.keys())
-
-
-KINDS = ("hdf5", "json", "options")
-
-
-def _kind_of(name: str) -> str | None:
-  name = name.lower()
-  return "hdf5" if name.endswith((".hdf5", ".h5")) else "json" if name.endswith(".json") else None
-
-
-def check_kind(path: str | os.PathLike, name: str | None = None, kind: str | None = None) -> str | None:
-  """The one cache-entry validator: why `path` is not what it must be, else None.
-
-  `kind` is what the caller needs (one of `KINDS`); None infers it from the name (`name`, default `path`):
-  `.hdf5`/`.h5` -> "hdf5", `.json` -> "json", other names: no check (None).
-  "hdf5": opens with h5py and every object's header reads (a truncated file fails); "json": parses as a
-  JSON object; "options": a JSON object that passes `elmo_jax.interop.options.validate` (e.g. not a server's
-  `{"error": ...}` reply). Used on a fresh download before it is renamed into place and its hash
-  recorded, and on every cached file before it is used.
-  """
-  if kind is None:
-    kind = _kind_of(os.fspath(name or path))
-  elif kind not in KINDS:
-    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-  if kind == "hdf5":
-    try:
-      with h5py.File(path, "r") as f:
-        f.visititems(_touch_hdf5)
-    except Exception as e:  # noqa: BLE001 - h5py raises OSError, KeyError, RuntimeError... for damaged files
-      looks = files.looks_like(path)
-      return (f"not a readable HDF5 file (truncated? {_one_line(e)})" if looks == "an HDF5 file" else
-              f"not an HDF5 file (it is {looks})")
-  elif kind in ("json", "options"):
-    try:
-      with open(path, encoding="utf-8") as f:
-        obj = json.load(f)
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-      looks = files.looks_like(path)
-      return (f"not a readable JSON file (truncated? {_one_line(e)})" if looks == "a JSON file" else
-              f"not a JSON file (it is {looks})")
-    if not isinstance(obj, dict):
-      return f"not a JSON object (it holds a JSON {type(obj).__name__})"
-    if kind == "options":
-      from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
-      try:
-        options_lib.validate(obj, source="options")
-      except ValueError as e:
-        why = _one_line(str(e).removeprefix("options: "), 120)
-        return f"not an ELMo options.json ({why}; it holds {_one_line(json.dumps(obj), 80)})"
-  return None
-
-
-def _check(path: str, name: str, kind: str | None, validate: Callable[[str], str | None] | None) -> str | None:
-  """`check_kind`, then the caller's `validate(path)` (a problem string, None, or a ValueError/OSError)."""
-  problem = check_kind(path, name=name, kind=kind)
-  if problem is None and validate is not None:
-    try:
-      problem = validate(path)
-    except (ValueError, OSError) as e:
-      problem = _one_line(e)
-  return problem
-
-
 def _aside_path(path: str) -> str:
   aside = f"{path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
   k = 1
@@ -212,7 +139,7 @@ def _read_manifest(path: str) -> tuple[dict[str, Any], str | None]:
   except FileNotFoundError:
     return {}, None
   except (OSError, ValueError) as e:
-    return {}, f"unreadable ({_one_line(e)})"
+    return {}, f"unreadable ({checks.one_line(e)})"
   if not isinstance(manifest, dict):
     return {}, f"not a JSON object (a JSON {type(manifest).__name__})"
   if not isinstance(manifest.get(_UNTRUSTED, {}), dict):
@@ -263,10 +190,10 @@ def _download(url: str, target: str, timeout: float, sha256: str | None,
     if 300 <= e.code < 400:  # urllib's text for this spans 3 lines
       where = e.headers.get("Location") if e.headers is not None else None
       raise DownloadError(f"{url}: too many redirects, or a redirect loop (the last: HTTP {e.code}"
-                          f"{' to ' + _one_line(where, 120) if where else ''}); check the URL") from None
-    raise DownloadError(f"{url}: HTTP {e.code} {_one_line(e.reason)} (check the URL)") from None
+                          f"{' to ' + checks.one_line(where, 120) if where else ''}); check the URL") from None
+    raise DownloadError(f"{url}: HTTP {e.code} {checks.one_line(e.reason)} (check the URL)") from None
   except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-    reason = _one_line(getattr(e, "reason", None) or repr(e))
+    reason = checks.one_line(getattr(e, "reason", None) or repr(e))
     raise DownloadError(f"{url}: cannot download ({reason}); offline? fetch it by hand and put it at "
                         f"{target} (or pass its local path instead of the URL)") from None
   # Under the manifest lock no other download of this file runs: any `.part` is a killed one's leftover.
@@ -285,7 +212,7 @@ def _download(url: str, target: str, timeout: float, sha256: str | None,
             if isinstance(e, http.client.IncompleteRead):
               got, why = n + len(e.partial or b""), "the connection closed mid-reply"
             else:
-              got, why = n, _one_line(repr(e))
+              got, why = n, checks.one_line(repr(e))
             raise DownloadError(f"{url}: download interrupted after {got} bytes ({why}); run again to retry"
                                 ) from None
           if not block:
@@ -298,7 +225,7 @@ def _download(url: str, target: str, timeout: float, sha256: str | None,
       bar.close()
     if total is not None and n != total:
       raise DownloadError(f"{url}: download incomplete ({n} of {total} bytes); run again to retry")
-    problem = check(tmp) if check is not None else check_kind(tmp, name=target)
+    problem = check(tmp) if check is not None else checks.check_kind(tmp, name=target)
     if problem is not None:
       unsized = "" if total is not None else " (the server sent no Content-Length, so a cut was not seen)"
       raise DownloadError(f"{url}: the downloaded {n} bytes are {problem}{unsized}; not cached, run again "
@@ -346,7 +273,7 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
       in the manifest and checked on every later use.
     cache: cache directory (default `cache_dir()`).
     timeout: seconds to wait for the server.
-    kind: what the file must be ("hdf5", "json", "options": see `check_kind`); None infers it from the
+    kind: what the file must be ("hdf5", "json", "options": see `checks.check_kind`); None infers it from the
       URL's file name (none for a name without a known extension). Callers that know should say.
     validate: a further check, `validate(path)` -> why it is wrong, or None (a ValueError/OSError it
       raises counts as its message).
@@ -357,55 +284,17 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
   text = os.fspath(url_or_path)
   if urllib.parse.urlparse(text).scheme not in ("http", "https"):
     return local_path(text)
-  if kind is not None and kind not in KINDS:
-    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+  checks.require_kind(kind)
   cache = os.path.abspath(cache or cache_dir())
   target = cache_file(text, cache)
-  name = os.path.basename(target)
-  check = lambda path: _check(path, target, kind, validate)  # noqa: E731
+  check = lambda path: checks.check(path, target, kind, validate)  # noqa: E731
   with _locked_manifest(cache) as manifest:
-    untrusted = manifest.get(_UNTRUSTED, {})
-    for gone in [n for n in untrusted if not os.path.isfile(os.path.join(cache, n))]:
-      del untrusted[gone]
-    if _UNTRUSTED in manifest and not untrusted:
-      del manifest[_UNTRUSTED]
-    entry = manifest.get(text)
-    recorded = entry.get("sha256") if isinstance(entry, dict) else None
-    if not (isinstance(recorded, str) and _SHA256.fullmatch(recorded)):
-      recorded = None
+    _forget_gone(manifest, cache)
     bad = None  # (why the cached copy failed, where it was moved): named if fetching it again fails
     if os.path.isfile(target):
-      want = sha256 or recorded
-      if want is not None:
-        got = files.sha256_file(target)
-        problem = (check(target) if got == want else
-                   f"sha256 {got[:12]}... differs from the {'published' if sha256 else 'recorded'} {want[:12]}...")
-        if problem is None:
-          if recorded != got:  # a published hash vouches for it
-            _record(manifest, text, target, got, os.path.getsize(target), "published")
-          return target
-        bad = problem, _move_aside(target, problem)
-      else:
-        lost = ("cache manifest.json was unreadable, so its recorded hash is lost" if name in untrusted
-                and untrusted[name] == _stamp(target) else None)
-        if entry is not None:
-          lost = "its manifest.json entry has no valid sha256"
-        if lost is None:  # placed by hand (an intact manifest, no entry): its kind decides; recorded from now on
-          untrusted.pop(name, None)
-          problem = check(target)
-          if problem is None:
-            _record(manifest, text, target, files.sha256_file(target), os.path.getsize(target), "found in cache")
-            return target
-          bad = problem, _move_aside(target, problem)
-        else:  # once trusted, now unverifiable: fetched again before the old copy goes aside
-          try:
-            got, n = _download(text, target, timeout, None, replacing=f"not trusted ({lost})", check=check)
-          except DownloadError as e:
-            raise DownloadError(f"{target}: cached copy of {text} not trusted ({lost}); fetching it again "
-                                f"failed ({str(e).removeprefix(text + ': ')}); delete it and run again online, "
-                                "or replace it with a copy you verified") from None
-          _record(manifest, text, target, got, n, "first download")
-          return target
+      trusted, bad = _use_cached(manifest, text, target, sha256, timeout, check)
+      if trusted:
+        return target
     try:
       got, n = _download(text, target, timeout, sha256, check=check)
     except DownloadError as e:
@@ -416,3 +305,63 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
                           f"fetching it again failed ({str(e).removeprefix(text + ': ')})") from None
     _record(manifest, text, target, got, n, "published" if sha256 else "first download")
   return target
+
+
+def _forget_gone(manifest: dict[str, Any], cache: str) -> None:
+  """Drops the untrusted-list entries of files no longer in the cache (and the list, once empty)."""
+  untrusted = manifest.get(_UNTRUSTED, {})
+  for gone in [n for n in untrusted if not os.path.isfile(os.path.join(cache, n))]:
+    del untrusted[gone]
+  if _UNTRUSTED in manifest and not untrusted:
+    del manifest[_UNTRUSTED]
+
+
+def _recorded(manifest: dict[str, Any], url: str) -> str | None:
+  """The sha256 the manifest recorded for `url`, None when there is none or it is malformed."""
+  entry = manifest.get(url)
+  recorded = entry.get("sha256") if isinstance(entry, dict) else None
+  return recorded if isinstance(recorded, str) and _SHA256.fullmatch(recorded) else None
+
+
+def _use_cached(manifest: dict[str, Any], url: str, target: str, sha256: str | None, timeout: float,
+                check: Callable[[str], str | None]) -> tuple[bool, tuple[str, str] | None]:
+  """Whether the cached `target` (now) holds a trusted copy of `url`, and if not, (why it failed, where it
+  was moved); a once-trusted copy that lost its hash is fetched again here. Raises DownloadError."""
+  recorded = _recorded(manifest, url)
+  want = sha256 or recorded
+  if want is not None:
+    got = files.sha256_file(target)
+    problem = (check(target) if got == want else
+               f"sha256 {got[:12]}... differs from the {'published' if sha256 else 'recorded'} {want[:12]}...")
+    if problem is None:
+      if recorded != got:  # a published hash vouches for it
+        _record(manifest, url, target, got, os.path.getsize(target), "published")
+      return True, None
+    return False, (problem, _move_aside(target, problem))
+  untrusted, name = manifest.get(_UNTRUSTED, {}), os.path.basename(target)
+  lost = ("cache manifest.json was unreadable, so its recorded hash is lost" if name in untrusted
+          and untrusted[name] == _stamp(target) else None)
+  if manifest.get(url) is not None:
+    lost = "its manifest.json entry has no valid sha256"
+  if lost is not None:  # once trusted, now unverifiable: fetched again before the old copy goes aside
+    _refetch(manifest, url, target, timeout, lost, check)
+    return True, None
+  # Placed by hand (an intact manifest, no entry): its kind decides; recorded from now on.
+  untrusted.pop(name, None)
+  problem = check(target)
+  if problem is None:
+    _record(manifest, url, target, files.sha256_file(target), os.path.getsize(target), "found in cache")
+    return True, None
+  return False, (problem, _move_aside(target, problem))
+
+
+def _refetch(manifest: dict[str, Any], url: str, target: str, timeout: float, lost: str,
+             check: Callable[[str], str | None]) -> None:
+  """Downloads `url` again over a cached copy that lost its trust (`lost`: why). Raises DownloadError."""
+  try:
+    got, n = _download(url, target, timeout, None, replacing=f"not trusted ({lost})", check=check)
+  except DownloadError as e:
+    raise DownloadError(f"{target}: cached copy of {url} not trusted ({lost}); fetching it again "
+                        f"failed ({str(e).removeprefix(url + ': ')}); delete it and run again online, "
+                        "or replace it with a copy you verified") from None
+  _record(manifest, url, target, got, n, "first download")

@@ -9,7 +9,7 @@ for the local shape: the same mask on every device, and another one for every de
 `Dropout` here computes exactly the bits `nn.Dropout` draws for the global array, for the rows a device
 holds: the counter of element (i, ..., b, ...) is its flat index in the global shape, with the batch axis
 holding rows `rows_offset .. rows_offset + B` of `rows_total`. Same key (same module name and rng stream),
-so with `rows=None` it equals `nn.Dropout` bit for bit (tests/test_model.py), and a sharded train step
+so with `rows=None` it equals `nn.Dropout` bit for bit (tests/model/test_model.py), and a sharded train step
 draws the masks an unsharded one would.
 """
 from __future__ import annotations

@@ -7,10 +7,9 @@ no peepholes. Padded steps leave (c, h) unchanged and output zeros, like `dynami
 Speed: the input half of the gate matmul runs for all time steps at once outside the scan (`input_gates`);
 the scan only does the recurrent `h @ W_h`, with the forward and backward directions batched into one
 einsum. Both have hand-written backward passes (custom_vjp): the weight gradients are single large matmuls
-after the loop instead of per-step accumulations, and no 4H-wide array is transposed. Measured on 2 CPU
-cores (benchmarks/train_throughput.py): 1.19-1.25x the train-step tokens/s of autodiff through `lax.scan`,
-then ~1.13x more from `input_gates`. `lax.scan(unroll=k)` did not help (k=2 equal, k>=4 slower), hence
-config.scan_unroll = 1.
+after the loop instead of per-step accumulations, and no 4H-wide array is transposed
+(`benchmarks/train_throughput.py` compares them with autodiff through `lax.scan`; unrolling the scan did
+not help on CPU, hence config.scan_unroll = 1).
 """
 from __future__ import annotations
 

@@ -64,13 +64,13 @@ def abstract_inputs(config, model, optimizer, mesh, vocab: int, global_batch: in
   from elmo_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
   create = lambda: step_lib.create_train_state(model, optimizer, vocab, global_batch, config.seed)
   abstract = jax.eval_shape(create)
-  shardings = step_lib.state_shardings(abstract, mesh, bool(config.get("shard_softmax", False)))
+  shardings = step_lib.state_shardings(abstract, mesh, bool(config.shard_softmax))
   state = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
   rows = step_lib.batch_sharding(mesh)
   b, t, c = global_batch, config.unroll_steps, model.config.max_characters_per_token
   spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
   batch = {"fwd_targets": spec((b, t)), "bwd_targets": spec((b, t)), "weights": spec((b, t), jnp.float32)}
-  if config.get("dedupe_tokens", False):
+  if config.dedupe_tokens:
     batch.update(token_chars=spec((mesh.devices.size, table_size, c)), fwd_index=spec((b, t)), bwd_index=spec((b, t)))
   else:
     batch.update(fwd_chars=spec((b, t, c)), bwd_chars=spec((b, t, c)))
@@ -115,11 +115,9 @@ def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_s
   `vocab_size`: 0 = config.data.vocab_max_size. `table_size`: deduped char-CNN table per device
   (config.dedupe_tokens), 0 = half the positions of one window, bucketed as the trainer does.
   """
-  import jax  # pylint: disable=g-import-not-at-top
   from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.model import make_model  # pylint: disable=g-import-not-at-top
-  from elmo_jax.data import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import optimizer as optimizer_lib, step as step_lib  # pylint: disable=g-import-not-at-top
 
   target = targets_lib.make_target(target_spec)
   n = target.n
@@ -127,32 +125,14 @@ def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_s
   if rows <= 0 or (not per_device_batch and config.batch_size % n):
     raise targets_lib.TargetError(f"config.batch_size={config.batch_size} does not split over {n} devices; "
                                   "pass --per_device_batch")
-  global_batch = rows * n
   options = options_lib.validate(config.options.to_dict(), "config.options")
-  vocab = int(vocab_size or config.data.vocab_max_size)
-  num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < vocab - 1 else 0
-  unroll = int(config.unroll_steps)
-  dedupe = bool(config.get("dedupe_tokens", False))
-  table = table_size or dedupe_lib.bucket_size(rows * unroll // 2 + 1, cap=2 * rows * unroll + 1)
-  model = make_model(options, dropout=config.dropout, dtype=config.dtype, unroll=config.get("scan_unroll", 1))
-  optimizer = step_lib.make_optimizer(config)
+  report, table = _header(config, options, target_spec, target, rows, vocab_size, table_size, launch_us)
+  model = make_model(options, dropout=config.dropout, dtype=config.dtype, unroll=config.scan_unroll)
+  optimizer = optimizer_lib.make_optimizer(config)
   mesh = step_lib.make_mesh(target.devices)
-  state, batch, shardings = abstract_inputs(config, model, optimizer, mesh, vocab, global_batch, table)
-  tokens = rows * unroll
-  cnn_rows = table / tokens if dedupe else 2.0
-  analytic = forward_flops_per_token(options, vocab, num_sampled, cnn_rows)
-  report: dict[str, Any] = {
-      "target": target_spec, "chip": target.chip.name, "devices": n, "per_device_batch": rows,
-      "global_batch": global_batch, "unroll_steps": unroll, "tokens_per_device_per_step": tokens,
-      "vocab": vocab, "num_sampled": num_sampled, "dtype": config.dtype, "dedupe_table_size": table if dedupe else 0,
-      "shard_softmax": bool(config.get("shard_softmax", False)),
-      "analytic_train_flops_per_token": 3 * analytic["total"], "analytic_forward_flops_per_token": analytic,
-      "peak": {"bf16_flops": target.chip.peak_flops, "hbm_bytes_per_s": target.chip.hbm_bandwidth,
-               "collective_bytes_per_s": target.chip.collective_bandwidth,
-               "cross_host_bytes_per_s": target.chip.cross_host_bandwidth,
-               "launch_us": launch_us if target.chip.platform == "cuda" else None},
-  }
-  train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
+  state, batch, shardings = abstract_inputs(config, model, optimizer, mesh, report["vocab"],
+                                            report["global_batch"], table)
+  train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, report["num_sampled"])
   capacity = int(target.hbm_bytes)
   compiled, report["hbm_bytes"], report["fits"] = _compile(train_step, (state, batch), capacity)
   if compiled is None:
@@ -161,24 +141,57 @@ def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_s
   if dump_hlo:  # one object in a bucket, or a renamed temp file: never half an HLO dump
     from elmo_jax.runtime import storage  # pylint: disable=g-import-not-at-top
     storage.write_bytes(dump_hlo, text.encode())
-  report.update(analyse_hlo(text, target, tokens, launch_us))
+  report.update(analyse_hlo(text, target, report["tokens_per_device_per_step"], launch_us))
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
   report["compiler_flops_loops_once"] = float(cost["flops"]) if cost and "flops" in cost else None
   # The config's token budget (lm1b: 10 epochs) at the roofline rate of this many devices.
-  config_tokens = int(config.num_train_steps) * config.batch_size * unroll
+  config_tokens = int(config.num_train_steps) * config.batch_size * report["unroll_steps"]
   rate = report["roofline"]["tokens_per_s_per_device"] * n
   report["config_train_tokens"] = config_tokens
   report["config_train_hours"] = config_tokens / rate / 3600 if rate else None
   if with_eval:
-    eval_step = step_lib.make_eval_step(model, mesh, shardings.params)
-    compiled, hbm, fits = _compile(eval_step, (state.params, state.lstm_state, batch), capacity)
-    report["eval"] = {"fits": fits, "hbm_bytes": hbm}
-    if compiled is not None:
-      module = hlo_lib.Module(compiled.as_text())
-      report["eval"].update(flops_per_device_per_step=module.flops(),
-                            collective_bytes_per_device=_by_kind(module.collectives()))
+    report["eval"] = _plan_eval(step_lib.make_eval_step(model, mesh, shardings.params),
+                                (state.params, state.lstm_state, batch), capacity)
   return report
+
+
+def _header(config, options: dict[str, Any], target_spec: str, target: targets_lib.Target, rows: int,
+            vocab_size: int, table_size: int, launch_us: float) -> tuple[dict[str, Any], int]:
+  """(the report's part known before compiling: batch, vocabulary, analytic FLOPs, the chip's peaks; the
+  deduped char-CNN table rows per device, which the abstract inputs take even without dedupe)."""
+  from elmo_jax.data import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
+  n = target.n
+  vocab = int(vocab_size or config.data.vocab_max_size)
+  num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < vocab - 1 else 0
+  unroll = int(config.unroll_steps)
+  dedupe = bool(config.dedupe_tokens)
+  table = table_size or dedupe_lib.bucket_size(rows * unroll // 2 + 1, cap=2 * rows * unroll + 1)
+  tokens = rows * unroll
+  cnn_rows = table / tokens if dedupe else 2.0
+  analytic = forward_flops_per_token(options, vocab, num_sampled, cnn_rows)
+  report = {
+      "target": target_spec, "chip": target.chip.name, "devices": n, "per_device_batch": rows,
+      "global_batch": rows * n, "unroll_steps": unroll, "tokens_per_device_per_step": tokens,
+      "vocab": vocab, "num_sampled": num_sampled, "dtype": config.dtype, "dedupe_table_size": table if dedupe else 0,
+      "shard_softmax": bool(config.shard_softmax),
+      "analytic_train_flops_per_token": 3 * analytic["total"], "analytic_forward_flops_per_token": analytic,
+      "peak": {"bf16_flops": target.chip.peak_flops, "hbm_bytes_per_s": target.chip.hbm_bandwidth,
+               "collective_bytes_per_s": target.chip.collective_bandwidth,
+               "cross_host_bytes_per_s": target.chip.cross_host_bandwidth,
+               "launch_us": launch_us if target.chip.platform == "cuda" else None},
+  }
+  return report, table
+
+
+def _plan_eval(eval_step, args, capacity: int) -> dict[str, Any]:
+  """The eval step's part of the report: whether it fits, its HBM, and (if it compiled) FLOPs and collectives."""
+  compiled, hbm, fits = _compile(eval_step, args, capacity)
+  out: dict[str, Any] = {"fits": fits, "hbm_bytes": hbm}
+  if compiled is not None:
+    module = hlo_lib.Module(compiled.as_text())
+    out.update(flops_per_device_per_step=module.flops(), collective_bytes_per_device=_by_kind(module.collectives()))
+  return out
 
 
 def _compile(jitted, args, capacity: int):

@@ -64,36 +64,42 @@ def plan_embed(options: dict[str, Any], target_spec: str, time_buckets: Sequence
       "model": {"lstm_dim": config.lstm_dim, "projection_dim": p, "n_layers": config.n_layers},
       "param_bytes": param_bytes, "token_table_bytes": table_bytes, "hbm_capacity": capacity,
       "cnn_step_hbm_bytes": cnn_hbm, "per_device_batch": per_device_batch, "buckets": []}
+  budget = capacity - table_bytes  # the token table stays on every device beside the biLM step's own memory
   for time in time_buckets:
-    entry: dict[str, Any] = {"time": int(time)}
-    hbm, fits = bilm_hbm(per_device_batch, time)
-    entry["hbm_bytes_at_batch"], entry["fits_at_batch"] = hbm, fits
-    # The token table stays on every device beside the biLM step's own memory.
-    budget = capacity - table_bytes
-    (r0, r1) = _PROBE_ROWS
-    h0, _ = bilm_hbm(r0, time)
-    h1, _ = bilm_hbm(r1, time)
-    if "total" not in h0 or "total" not in h1:
-      entry["largest_rows_per_device"] = 0
-      report["buckets"].append(entry)
-      continue
-    per_row = (h1["total"] - h0["total"]) / (r1 - r0)
-    fixed = h0["total"] - per_row * r0
-    predicted = int((budget - fixed) // per_row) if per_row > 0 else 1 << 20
-    rows = 1 << max(0, predicted.bit_length() - 1)
-    fit = lambda hbm, fits: fits and hbm.get("total", capacity) <= budget  # noqa: E731
-    hbm, fits = bilm_hbm(rows, time)
-    if fit(hbm, fits):  # the prediction fits: confirm that twice as many rows do not
-      while fit(*(bigger := bilm_hbm(2 * rows, time))):
-        rows, hbm = 2 * rows, bigger[0]
-    else:
-      while rows > 1 and not fit(hbm, fits):
-        rows //= 2
-        hbm, fits = bilm_hbm(rows, time)
-    entry.update(largest_rows_per_device=rows, largest_tokens_per_device=rows * int(time),
-                 hbm_bytes_at_largest=hbm, bytes_per_row=int(per_row), fixed_bytes=int(fixed))
-    report["buckets"].append(entry)
+    report["buckets"].append(_bucket(bilm_hbm, time, per_device_batch, capacity, budget))
   return report
+
+
+def _bucket(bilm_hbm, time: int, per_device_batch: int, capacity: int, budget: int) -> dict[str, Any]:
+  """One time bucket's part of the report: HBM at `per_device_batch`, and the largest power-of-two rows per
+  device within `budget`, predicted from the linear fit of two probe compiles, then confirmed by compiling.
+
+  `bilm_hbm(rows, time)` -> (HBM dict, fits) compiles the biLM step at `rows` per device."""
+  entry: dict[str, Any] = {"time": int(time)}
+  hbm, fits = bilm_hbm(per_device_batch, time)
+  entry["hbm_bytes_at_batch"], entry["fits_at_batch"] = hbm, fits
+  (r0, r1) = _PROBE_ROWS
+  h0, _ = bilm_hbm(r0, time)
+  h1, _ = bilm_hbm(r1, time)
+  if "total" not in h0 or "total" not in h1:
+    entry["largest_rows_per_device"] = 0
+    return entry
+  per_row = (h1["total"] - h0["total"]) / (r1 - r0)
+  fixed = h0["total"] - per_row * r0
+  predicted = int((budget - fixed) // per_row) if per_row > 0 else 1 << 20
+  rows = 1 << max(0, predicted.bit_length() - 1)
+  fit = lambda hbm, fits: fits and hbm.get("total", capacity) <= budget  # noqa: E731
+  hbm, fits = bilm_hbm(rows, time)
+  if fit(hbm, fits):  # the prediction fits: confirm that twice as many rows do not
+    while fit(*(bigger := bilm_hbm(2 * rows, time))):
+      rows, hbm = 2 * rows, bigger[0]
+  else:
+    while rows > 1 and not fit(hbm, fits):
+      rows //= 2
+      hbm, fits = bilm_hbm(rows, time)
+  entry.update(largest_rows_per_device=rows, largest_tokens_per_device=rows * int(time),
+               hbm_bytes_at_largest=hbm, bytes_per_row=int(per_row), fixed_bytes=int(fixed))
+  return entry
 
 
 def render(r: dict[str, Any]) -> str:

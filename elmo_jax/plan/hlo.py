@@ -16,154 +16,22 @@ same on every backend: computations, their instructions with shapes, and how the
   * `loops`: each while loop's trip count and the kernels (top-level instructions that launch work) in its
     body: on a GPU each is a launch per iteration.
 
-Everything here is text processing of the module the compiler produced; nothing is compiled or run.
+Everything here is text processing of the module the compiler produced (parsed by `elmo_jax.plan.hlo_text`);
+nothing is compiled or run.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import re
 from typing import Iterator
 
-DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2,
-               "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
-               "c128": 16}
+from elmo_jax.plan.hlo_text import DTYPE_BYTES, Computation, Instr, arrays, attr, backend_config, braced_ints
+from elmo_jax.plan.hlo_text import nbytes, parse_module, tuple_elements
+
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 # Instructions that move no data and launch nothing.
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
          "replica-id", "opt-barrier", "add-dependency", "iota", "while", "call", "conditional", "domain"}
-_ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9][a-z]*)?)\[([0-9,]*)\]")
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
-_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*")
-
-
-@dataclasses.dataclass
-class Instr:
-  name: str
-  shape: str  # result type text, e.g. "f32[128,512]{1,0}" or a tuple "(s32[], bf16[...])"
-  op: str
-  operands: list[str]
-  args: str  # the text inside the parentheses: operands, or a parameter's index / a constant's value
-  attrs: str  # everything after the operand list
-  root: bool = False
-
-
-@dataclasses.dataclass
-class Computation:
-  name: str
-  instrs: list[Instr]
-  entry: bool = False
-
-  def __post_init__(self):
-    self.by_name = {i.name: i for i in self.instrs}
-
-
-def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
-  """The (dtype, dims) of every array in a type text (a tuple lists several)."""
-  out = []
-  for dtype, dims in _ARRAY.findall(shape):
-    if dtype in DTYPE_BYTES:
-      out.append((dtype, tuple(int(d) for d in dims.split(",") if d)))
-  return out
-
-
-def nbytes(shape: str) -> int:
-  return int(sum(math.prod(d) * DTYPE_BYTES[t] for t, d in arrays(shape)))
-
-
-def tuple_elements(shape: str) -> list[str]:
-  """The top-level elements of a tuple type text, `[shape]` if it is not a tuple."""
-  shape = re.sub(r"/\*[^*]*\*/", "", shape).strip()
-  if not shape.startswith("("):
-    return [shape]
-  out, depth, start = [], 0, 1
-  for i, c in enumerate(shape):
-    if c in "([{":
-      depth += 1
-    elif c in ")]}":
-      depth -= 1
-      if depth == 0:
-        out.append(shape[start:i].strip())
-    elif c == "," and depth == 1:
-      out.append(shape[start:i].strip())
-      start = i + 1
-  return [e for e in out if e]
-
-
-def _balanced(text: str, start: int) -> int:
-  """Index just past the bracket group opening at text[start] ('(' or '{')."""
-  pairs = {"(": ")", "{": "}", "[": "]"}
-  stack = []
-  for i in range(start, len(text)):
-    c = text[i]
-    if c in pairs:
-      stack.append(pairs[c])
-    elif stack and c == stack[-1]:
-      stack.pop()
-      if not stack:
-        return i + 1
-  return len(text)
-
-
-def _parse_instr(line: str) -> Instr | None:
-  m = _INSTR.match(line)
-  if not m:
-    return None
-  rest = line[m.end():]
-  end = _balanced(rest, 0) if rest.startswith("(") else rest.find(" ")  # a tuple, or dims{layout}
-  shape, rest = rest[:end], rest[end:].lstrip()
-  op_end = rest.find("(")
-  if op_end < 0:
-    return None
-  op = rest[:op_end].strip()
-  close = _balanced(rest, op_end)
-  operands = re.findall(r"%([\w.\-]+)", rest[op_end:close])
-  return Instr(m.group(2), shape, op, operands, rest[op_end + 1:close - 1], rest[close:], bool(m.group(1)))
-
-
-def parse_module(text: str) -> dict[str, Computation]:
-  """Computation name -> Computation of an HLO module's text."""
-  comps: dict[str, Computation] = {}
-  current: list[Instr] | None = None
-  name, entry = "", False
-  for line in text.splitlines():
-    if current is None:
-      m = _HEADER.match(line)
-      if m:
-        current, name, entry = [], m.group(2), bool(m.group(1))
-      continue
-    if line.strip() == "}":
-      comps[name] = Computation(name, current, entry)
-      current = None
-      continue
-    instr = _parse_instr(line)
-    if instr is not None:
-      current.append(instr)
-  return comps
-
-
-def _attr(attrs: str, key: str) -> str | None:
-  m = re.search(rf"\b{key}=([%\w.\-]+)", attrs)
-  return m.group(1).lstrip("%") if m else None
-
-
-def _braced_ints(attrs: str, key: str) -> list[int]:
-  m = re.search(rf"\b{key}=\{{([0-9,]*)\}}", attrs)
-  return [int(x) for x in m.group(1).split(",") if x] if m else []
-
-
-def _backend_config(attrs: str) -> dict:
-  i = attrs.find("backend_config=")
-  if i < 0:
-    return {}
-  j = i + len("backend_config=")
-  if j < len(attrs) and attrs[j] == "{":
-    try:
-      return json.loads(attrs[j:_balanced(attrs, j)])
-    except ValueError:
-      return {}
-  return {}
 
 
 class Module:
@@ -186,10 +54,10 @@ class Module:
   # --- loops --------------------------------------------------------------------------------------------
   def trip_count(self, instr: Instr) -> int:
     """A while loop's trip count: the compiler's `known_trip_count`, else `i < N` in its condition."""
-    known = _backend_config(instr.attrs).get("known_trip_count", {}).get("n")
+    known = backend_config(instr.attrs).get("known_trip_count", {}).get("n")
     if known is not None:
       return int(known)
-    cond = self.comps.get(_attr(instr.attrs, "condition") or "")
+    cond = self.comps.get(attr(instr.attrs, "condition") or "")
     if cond is not None:
       root = next((i for i in cond.instrs if i.root), None)
       if root is not None and root.op == "compare" and "direction=LT" in root.attrs:
@@ -208,11 +76,11 @@ class Module:
       if instr.op == "while":
         n = self.trip_count(instr)
         for key in ("body", "condition"):
-          callee = self.comps.get(_attr(instr.attrs, key) or "")
+          callee = self.comps.get(attr(instr.attrs, key) or "")
           if callee is not None:
             yield from self.walk(callee, times * n, fused)
       elif instr.op == "call" or "calls=" in instr.attrs:  # fusions, calls, async wrappers (not reducers)
-        callee = self.comps.get(_attr(instr.attrs, "calls") or _attr(instr.attrs, "to_apply") or "")
+        callee = self.comps.get(attr(instr.attrs, "calls") or attr(instr.attrs, "to_apply") or "")
         if callee is not None:
           yield from self.walk(callee, times, fused or instr.op == "fusion")
       elif instr.op == "conditional":
@@ -230,7 +98,7 @@ class Module:
       lhs = arrays(self._operand_shape(comp, instr, 0))
       if not out or not lhs:
         return 0.0
-      k = math.prod(lhs[0][1][d] for d in _braced_ints(instr.attrs, "lhs_contracting_dims"))
+      k = math.prod(lhs[0][1][d] for d in braced_ints(instr.attrs, "lhs_contracting_dims"))
       return 2.0 * math.prod(out[0][1]) * k
     if op == "convolution":
       return self._conv_flops(instr.attrs, arrays(instr.shape), arrays(self._operand_shape(comp, instr, 1)))
@@ -239,7 +107,7 @@ class Module:
       target = target.group(1) if target else ""
       out = arrays(instr.shape)
       if "gemm" in target or "matmul" in target:
-        dims = _backend_config(instr.attrs).get("gemm_backend_config", {}).get("dot_dimension_numbers", {})
+        dims = backend_config(instr.attrs).get("gemm_backend_config", {}).get("dot_dimension_numbers", {})
         lhs = arrays(self._operand_shape(comp, instr, 0))
         if not out or not lhs:
           return 0.0
@@ -340,7 +208,7 @@ class Module:
       if len(elements) >= 2:
         return 2 * nbytes(elements[1])  # the result is read and written
     if instr.op == "fusion":
-      callee = self.comps.get(_attr(instr.attrs, "calls") or "")
+      callee = self.comps.get(attr(instr.attrs, "calls") or "")
       if callee is not None:
         reads = sum(self._fusion_operand_bytes(callee, k, nbytes(self._operand_shape(comp, instr, k)))
                     for k in range(len(instr.operands)))
@@ -384,8 +252,8 @@ class Module:
       if instr.op != "while" or fused:
         continue
       trips = self.trip_count(instr)
-      body = self.comps.get(_attr(instr.attrs, "body") or "")
-      cond = self.comps.get(_attr(instr.attrs, "condition") or "")
+      body = self.comps.get(attr(instr.attrs, "body") or "")
+      cond = self.comps.get(attr(instr.attrs, "condition") or "")
       k = (self.kernels(body) if body else 0) + (self.kernels(cond) if cond else 0)
       meta = re.search(r'op_name="([^"]+)"', instr.attrs)
       out.append({"name": instr.name, "op_name": meta.group(1) if meta else "", "trip_count": trips,

@@ -2,13 +2,15 @@
 
 Quiet when stderr is not a terminal (batch logs stay readable) or after `set_enabled(False)` (the entry
 points' `--noprogress`); `ELMO_JAX_PROGRESS=1` forces bars on, `=0` off. Library code calls `progress(...)`
-and never decides this itself.
+and never decides this itself. A job whose log is the place to follow it (the embedding command, which may
+run as many processes) prints whole lines instead (`Lines`).
 """
 from __future__ import annotations
 
 import os
 import sys
-from typing import Iterable, Iterator, TypeVar
+import time
+from typing import Callable, Iterable, Iterator, Sequence, TextIO, TypeVar
 
 from tqdm import tqdm
 
@@ -53,3 +55,54 @@ def track(iterable: Iterable[T], *, desc: str, total: float | None = None, count
       yield item
   finally:
     bar.close()
+
+
+class Lines:
+  """Progress as whole lines on `stream` (default stderr), at most every `every` seconds (None: silent).
+
+  Why not a bar (`progress`): a bar redraws one line in place and is silent when stderr is not a terminal,
+  while a long job's log (a file, a pipe its launcher reads) needs plain lines whatever the terminal, and the
+  counts may be polled (`poll`: e.g. the work every process of a job committed) instead of summed from this
+  process's `update`s, which tqdm cannot show. So these are lines, counted here; the caller decides whether
+  to print them (`every`), as `progress` decides for bars.
+
+  `done`: the counts earlier runs finished (a resumed job), shown but not in the rates; `describe(counts,
+  rates, eta)` words a line from the counts shown, this run's rates per second and the time left of the
+  first count to `total` ("%H:%M:%S", "?" before any progress). A line is printed only when the first
+  count moved since the last one.
+  """
+
+  def __init__(self, total: int, describe: Callable[[Sequence[int], Sequence[float], str], str],
+               every: float | None = 5.0, stream: TextIO | None = None, done: Sequence[int] = (0,),
+               poll: Callable[[], Sequence[int]] | None = None):
+    self.total, self.describe, self.every, self.done, self.poll = total, describe, every, done, poll
+    self.stream = stream if stream is not None else sys.stderr
+    self.start = self._last = time.perf_counter()
+    self.counts = [0] * len(done)  # this process, this run
+    self._shown: int | None = None  # the first count of the last line printed
+
+  def update(self, *counts: int) -> None:
+    """Adds this process's `counts` (none: a chance to print, e.g. while waiting on `poll`'s)."""
+    for i, n in enumerate(counts):
+      self.counts[i] += n
+    now = time.perf_counter()
+    if self.every is not None and now - self._last >= self.every:
+      self._last = now
+      self._print(now)
+
+  def finish(self) -> None:
+    """The last line, when it says more than the last one printed."""
+    if self.every is not None:
+      self._print(None)
+
+  def _print(self, now: float | None) -> None:
+    counts = self.poll() if self.poll is not None else [d + c for d, c in zip(self.done, self.counts)]
+    if counts[0] == self._shown:
+      return
+    elapsed = max((now or time.perf_counter()) - self.start, 1e-9)
+    rates = [(c - d) / elapsed for c, d in zip(counts, self.done)]
+    eta = (self.total - counts[0]) / rates[0] if rates[0] > 0 else float("inf")
+    eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta != float("inf") else "?"
+    self.stream.write(self.describe(counts, rates, eta_text) + "\n")
+    self.stream.flush()
+    self._shown = counts[0]

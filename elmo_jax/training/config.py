@@ -9,8 +9,7 @@ from elmo_jax.interop import options as options_lib
 
 
 def base_config() -> ml_collections.ConfigDict:
-  # Over 60 lines on purpose: one flat list of every key with its default and why, as the Flax examples'
-  # configs; splitting it would scatter the defaults.
+  """Every key with its default and why (as the Flax examples' configs); `c.data` is `_data_config()`."""
   c = ml_collections.ConfigDict()
   # --- keys scripts rely on -------------------------------------------------------------------------
   c.seed = 0
@@ -42,30 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.weight_decay = 0.0
   c.warmup_steps = 0
   # --- data ---------------------------------------------------------------------------------------------
-  c.data = ml_collections.ConfigDict()
-  c.data.train_files = "data/pd-small/train.txt.gz"  # comma-separated files or globs
-  c.data.eval_files = "data/pd-small/valid.txt.gz"
-  # A corpus prepared by `python -m elmo_jax.data.prepare` (ids + type table): no tokenizing while training.
-  # Set, it replaces train_files/tfds_name (and prepared_eval_dir replaces eval_files / the TFDS eval split).
-  c.data.prepared_dir = ""
-  c.data.prepared_eval_dir = ""
-  # Text corpora up to this size are prepared automatically into workdir/prepared/ (0 = never).
-  c.data.auto_prepare_max_mb = 1024
-  c.data.tfds_name = ""  # e.g. "lm1b": read TFDS (ArrayRecord) instead of text files
-  c.data.tfds_data_dir = ""
-  c.data.tfds_train_split = "train"
-  c.data.tfds_eval_split = "test"
-  c.data.tfds_text_key = "text"
-  c.data.tfds_download = False
-  c.data.pretokenized = False  # True: whitespace-split lines; False: Moses tokenizer
-  c.data.vocab_file = ""  # an existing vocab (bilm-tf format); empty = build from the training split
-  c.data.vocab_max_size = 100_000  # including <S>, </S>, <UNK>
-  c.data.vocab_min_count = 1
-  c.data.max_token_chars = 50
-  # How processes split the training data: "sentences" (process p reads sentences p::P) or "rows" (all
-  # processes walk one global stream, each producing its rows of the global batch: the batches are then
-  # the same for any process count).
-  c.data.shard = "sentences"
+  c.data = _data_config()
   c.eval_max_batches = 0  # 0 = the whole eval split
   # --- host/device overlap ------------------------------------------------------------------------------
   c.prefetch_batches = 2  # batches built and put on the devices ahead of the step that uses them
@@ -80,6 +56,35 @@ def base_config() -> ml_collections.ConfigDict:
   # none): a random softmax's first gradients would otherwise flow into the pretrained biLM. 0 = off.
   c.freeze_bilm_steps = 0
   return c
+
+
+def _data_config() -> ml_collections.ConfigDict:
+  """`base_config().data`: where the corpus comes from and how it is tokenized, split and made a vocabulary."""
+  d = ml_collections.ConfigDict()
+  d.train_files = "data/pd-small/train.txt.gz"  # comma-separated files or globs
+  d.eval_files = "data/pd-small/valid.txt.gz"
+  # A corpus prepared by `python -m elmo_jax.data.prepare` (ids + type table): no tokenizing while training.
+  # Set, it replaces train_files/tfds_name (and prepared_eval_dir replaces eval_files / the TFDS eval split).
+  d.prepared_dir = ""
+  d.prepared_eval_dir = ""
+  # Text corpora up to this size are prepared automatically into workdir/prepared/ (0 = never).
+  d.auto_prepare_max_mb = 1024
+  d.tfds_name = ""  # e.g. "lm1b": read TFDS (ArrayRecord) instead of text files
+  d.tfds_data_dir = ""
+  d.tfds_train_split = "train"
+  d.tfds_eval_split = "test"
+  d.tfds_text_key = "text"
+  d.tfds_download = False
+  d.pretokenized = False  # True: whitespace-split lines; False: Moses tokenizer
+  d.vocab_file = ""  # an existing vocab (bilm-tf format); empty = build from the training split
+  d.vocab_max_size = 100_000  # including <S>, </S>, <UNK>
+  d.vocab_min_count = 1
+  d.max_token_chars = 50
+  # How processes split the training data: "sentences" (process p reads sentences p::P) or "rows" (all
+  # processes walk one global stream, each producing its rows of the global batch: the batches are then
+  # the same for any process count).
+  d.shard = "sentences"
+  return d
 
 
 def config_path(argv: list[str], default_config_file: str, flag_name: str = "config") -> str:

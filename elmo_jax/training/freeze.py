@@ -54,8 +54,3 @@ def bilm_frozen_for(steps: int, clip: optax.GradientTransformation,
     return zero_bilm(updates), FrozenBiLMState(state.count + 1, clip_state, split_state)
 
   return optax.GradientTransformation(init, update)
-
-
-def frozen_at(config, step: int) -> bool:
-  """Whether the `step`-th update (1-based) of a run leaves the biLM frozen."""
-  return step <= int(config.get("freeze_bilm_steps", 0) or 0)

@@ -1,5 +1,5 @@
-"""The trainer's input: sources (raw text, TFDS or a prepared corpus), the vocabulary, batch iterators, and a
-prefetcher that builds batches and puts them on the devices while earlier steps run.
+"""The one place that builds the trainer's input from a config: sources (raw text, TFDS or a prepared
+corpus), the vocabulary and the train/eval batch iterators (host numpy; `feed.py` puts them on devices).
 
 A text corpus up to `config.data.auto_prepare_max_mb` is prepared once into `workdir/prepared/` (ids, type
 table; `elmo_jax.data.prepare`) and trained from ids: same batches as the raw-text path, a fraction of the
@@ -12,8 +12,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import queue
-import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -53,7 +51,7 @@ def make_sources(data: ml_collections.ConfigDict):
 def train_source(data: ml_collections.ConfigDict) -> dict[str, Any] | None:
   """The text training files' identity (paths, sizes, mtimes: `prepare_inputs.source_spec`), recorded with every
   checkpoint so a resume notices a corpus edited in place; None for TFDS or a prepared corpus."""
-  if data.get("prepared_dir") or data.tfds_name or not data.train_files:
+  if data.prepared_dir or data.tfds_name or not data.train_files:
     return None
   return source_spec(_split(data.train_files))
 
@@ -65,7 +63,7 @@ def _auto_prepare(config, workdir: str | Workdir) -> tuple[str, str]:
   (a bucket workdir: after copying it down)."""
   run = Workdir.of(workdir)
   data = config.data
-  limit = float(data.get("auto_prepare_max_mb", 0) or 0)
+  limit = float(data.auto_prepare_max_mb or 0)
   if data.tfds_name or not data.train_files or limit <= 0:
     return "", ""
   spec = source_spec(_split(data.train_files))
@@ -109,7 +107,7 @@ class TrainInput:
   """What the loop needs from the data: the vocab and ways to make train/eval batch iterators."""
   vocab: Vocab
   train: Callable[..., Iterator[dict[str, Any]]]  # (dedupe_shards) -> the training iterator
-  eval: Callable[..., Iterator[dict[str, Any]]] | None  # (**shard) -> one pass over the eval split
+  eval: Callable[..., Iterator[dict[str, Any]]] | None  # (dedupe_shards, **shard) -> one pass over eval
   description: str
   eval_sentences: int = 0  # sentences in the eval split (for the progress bar)
 
@@ -140,11 +138,14 @@ def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
   run = Workdir.of(workdir)
   workdir = run.local
   data = config.data
-  train_dir, eval_dir = data.get("prepared_dir", ""), data.get("prepared_eval_dir", "")
+  train_dir, eval_dir = data.prepared_dir, data.prepared_eval_dir
   if not train_dir:
     train_dir, eval_dir = _auto_prepare(config, run)
   common = dict(batch_size=local_rows, unroll_steps=config.unroll_steps, seed=config.seed)
-  shard = data.get("shard", "sentences")
+  # Eval tables go by content: the perplexities keep the bits they had before batches were deduped by type
+  # id (a table's row order can move the char CNN's output by ~1e-7 on XLA:CPU).
+  once = dict(shuffle=False, num_epochs=1, dedupe_by="content", **common)
+  shard = data.shard
   if train_dir:
     corpus = PreparedCorpus(train_dir)
     eval_corpus = PreparedCorpus(eval_dir) if eval_dir else None
@@ -153,7 +154,7 @@ def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
     train = lambda dedupe_shards=None: make_prepared_iterator(corpus, vocab, shard=shard,
                                                               dedupe_shards=dedupe_shards, **common)
     evals = None if eval_corpus is None else (
-        lambda **kw: make_prepared_iterator(eval_corpus, vocab, shuffle=False, num_epochs=1, **common, **kw))
+        lambda **kw: make_prepared_iterator(eval_corpus, vocab, **once, **kw))
     return TrainInput(vocab, train, evals, f"prepared corpus {train_dir}",
                       len(eval_corpus) if eval_corpus is not None else 0)
 
@@ -174,120 +175,10 @@ def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
 
   vocab = _run_vocab(config, workdir, build)
   raw = dict(max_token_chars=data.max_token_chars, **common)
-  train = lambda dedupe_shards=None: make_lm_iterator(train_source, vocab, tokenizer, shard=shard, **raw)
+  train = lambda dedupe_shards=None: make_lm_iterator(train_source, vocab, tokenizer, shard=shard,
+                                                      dedupe_shards=dedupe_shards, **raw)
   evals = None if eval_source is None else (
-      lambda **kw: make_lm_iterator(eval_source, vocab, tokenizer, shuffle=False, num_epochs=1, **raw, **kw))
+      lambda **kw: make_lm_iterator(eval_source, vocab, tokenizer, max_token_chars=data.max_token_chars, **once,
+                                    **kw))
   return TrainInput(vocab, train, evals, f"raw text {train_source!r}",
                     len(eval_source) if eval_source is not None else 0)
-
-
-_END = object()
-
-
-class Prefetcher:
-  """Builds batches on a background thread, `depth` ahead of the step that uses them.
-
-  `next()` returns `(batch, data_state)`: `transform(next(iterator))` and the iterator's `get_state()` right
-  after that batch, so a checkpoint records the position of the batches the steps consumed, never of the
-  ones still queued (a resumed run rebuilds those). `transform` may `jax.device_put` the batch, so the
-  copy to the devices overlaps the running step too. Errors of the iterator surface at `next()`.
-  """
-
-  def __init__(self, iterator, transform: Callable[[Any], Any], depth: int = 2):
-    self._iterator, self._transform = iterator, transform
-    self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
-    self._stop = threading.Event()
-    self.wait_sec = 0.0  # time `next()` spent waiting for the producer (the step's data wait)
-    self._thread = threading.Thread(target=self._produce, name="batch-prefetch", daemon=True)
-    self._thread.start()
-
-  def _put(self, item) -> bool:
-    while not self._stop.is_set():
-      try:
-        self._queue.put(item, timeout=0.1)
-        return True
-      except queue.Full:
-        continue
-    return False
-
-  def _produce(self) -> None:
-    try:
-      for batch in self._iterator:
-        item = (self._transform(batch), self._iterator.get_state())
-        if not self._put(item):
-          return
-      self._put(_END)
-    except BaseException as e:  # pylint: disable=broad-except  (re-raised in the consumer)
-      self._put(e)
-
-  def ready(self) -> bool:
-    """True if `next()` will not block."""
-    return not self._queue.empty()
-
-  def next(self):
-    started = time.perf_counter()
-    item = self._queue.get()
-    self.wait_sec += time.perf_counter() - started
-    if item is _END:
-      self._queue.put(_END)
-      raise StopIteration
-    if isinstance(item, BaseException):
-      raise item
-    return item
-
-  def close(self) -> None:
-    self._stop.set()
-    while self._thread.is_alive():
-      try:
-        self._queue.get(timeout=0.1)
-      except queue.Empty:
-        pass
-    self._thread.join()
-
-
-class AgreedFeed:
-  """Several processes: pads every process's deduped tables to one size and puts the batches on the devices.
-
-  The sizes are agreed for `block` batches at once (one small all-gather per block instead of one per step),
-  on the main thread, so every process runs the collective at the same point of the step sequence.
-  """
-
-  def __init__(self, feed: Prefetcher, mesh, block: int = 10):
-    import collections  # pylint: disable=g-import-not-at-top
-    self._feed, self._mesh, self._block = feed, mesh, max(block, 1)
-    self._ready: collections.deque = collections.deque()
-
-  @property
-  def wait_sec(self) -> float:
-    return self._feed.wait_sec
-
-  def ready(self) -> bool:
-    return bool(self._ready) or self._feed.ready()
-
-  def next(self):
-    if not self._ready:
-      self._agree_block()
-    if not self._ready:
-      raise StopIteration
-    return self._ready.popleft()
-
-  def _agree_block(self) -> None:
-    import numpy as np  # pylint: disable=g-import-not-at-top
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    from elmo_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
-    items = []
-    for _ in range(self._block):  # the training stream repeats forever: every process gets `block` batches
-      try:
-        items.append(self._feed.next())
-      except StopIteration:
-        break
-    sizes = np.array([b["token_chars"].shape[1] if "token_chars" in b else 0 for b, _ in items], np.int64)
-    agreed = np.max(multihost_utils.process_allgather(sizes), axis=0) if len(sizes) else sizes
-    for (batch, data_state), u in zip(items, agreed.tolist()):
-      if "token_chars" in batch:
-        table = batch["token_chars"]
-        batch = {**batch, "token_chars": np.pad(table, ((0, 0), (0, u - table.shape[1]), (0, 0)))}
-      self._ready.append((step_lib.to_devices(batch, self._mesh), data_state))
-
-  def close(self) -> None:
-    self._feed.close()

@@ -57,23 +57,23 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
   run.pull()  # a bucket workdir: its files (not the checkpoints) into the local copy that is checked here
   check_values(config)
   data = config.data
-  if data.get("prepared_dir"):
+  if data.prepared_dir:
     check_prepared_dir("config.data.prepared_dir", data.prepared_dir, config)
-    if data.get("prepared_eval_dir"):
+    if data.prepared_eval_dir:
       check_prepared_dir("config.data.prepared_eval_dir", data.prepared_eval_dir, config)
-  elif data.get("prepared_eval_dir"):
+  elif data.prepared_eval_dir:
     raise PreflightError("config.data.prepared_eval_dir is set without config.data.prepared_dir: a prepared eval "
                          "split goes with a prepared train split (or give the text as config.data.eval_files)")
-  elif not data.get("tfds_name"):
+  elif not data.tfds_name:
     if not data.train_files:
       raise PreflightError("config.data.train_files is empty and config.data.tfds_name is not set: "
                            "no training data")
     check_text_files("config.data.train_files", data.train_files)
     if data.eval_files:
       check_text_files("config.data.eval_files", data.eval_files)
-  if data.get("vocab_file"):
+  if data.vocab_file:
     check_vocab(data.vocab_file, "config.data.vocab_file")
-  if config.get("init_from"):
+  if config.init_from:
     _check_init_from(config)
   _check_saved_vocab(config, run)
 
@@ -256,7 +256,7 @@ def _check_saved_vocab(config: ml_collections.ConfigDict, run: Workdir) -> None:
   if not os.path.exists(saved_path) or checkpoint.newest_meta(run.checkpoints):
     return  # with a checkpoint, check_run compares its whole config (vocabulary settings included)
   saved = check_vocab(saved_path, "the workdir's vocabulary (resume)")
-  if config.data.get("vocab_file"):
+  if config.data.vocab_file:
     wanted = check_vocab(config.data.vocab_file, "config.data.vocab_file")
     if wanted.sha256() != saved.sha256():
       raise PreflightError(f"{saved_path} differs from config.data.vocab_file={config.data.vocab_file}; "
@@ -280,7 +280,7 @@ def _check_saved_vocab(config: ml_collections.ConfigDict, run: Workdir) -> None:
 
 def _vocab_sha256(config: ml_collections.ConfigDict, workdir: str) -> str | None:
   """The sha256 of the vocabulary this run will use, where it is known before building one."""
-  for path in (os.path.join(workdir, "vocab.txt"), config.data.get("vocab_file")):
+  for path in (os.path.join(workdir, "vocab.txt"), config.data.vocab_file):
     if path and os.path.exists(path):
       return check_vocab(path, "the run's vocabulary").sha256()
   return None

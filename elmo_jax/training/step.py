@@ -1,4 +1,4 @@
-"""Train state, optimizer and the jit-compiled, data-parallel train/eval steps.
+"""Train state and the jit-compiled, data-parallel train/eval steps (the optimizer: `optimizer.py`).
 
 Data parallelism: one `Mesh` axis "data" over every device of every process; the global batch (and the
 carried LSTM state, whose rows belong to batch rows) is split along it, params and optimizer state are
@@ -17,12 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax.model import BiLM, zero_state
-from elmo_jax.data import dedupe as dedupe_lib
-from elmo_jax.training import freeze as freeze_lib
 from elmo_jax.training import losses
 
 DATA_AXIS = "data"
@@ -40,46 +37,6 @@ class TrainState:
 def make_mesh(devices=None) -> Mesh:
   devices = np.asarray(jax.devices() if devices is None else devices)
   return Mesh(devices.reshape(-1), (DATA_AXIS,))
-
-
-def make_optimizer(config) -> optax.GradientTransformation:
-  """bilm-tf's recipe by default: Adagrad(lr 0.2, initial accumulator 1.0) after global-norm clip 10."""
-  name = config.optimizer
-  lr = make_schedule(config)
-  if name == "adagrad":
-    opt = optax.adagrad(lr, initial_accumulator_value=config.adagrad_initial_accumulator, eps=0.0)
-  elif name == "adam":
-    opt = optax.adam(lr)
-  elif name == "adamw":
-    opt = optax.adamw(lr, weight_decay=config.weight_decay)
-  else:
-    raise ValueError(f"config.optimizer must be 'adagrad', 'adam' or 'adamw', got {name!r}")
-  freeze = int(config.get("freeze_bilm_steps", 0) or 0)
-  if freeze < 0:
-    raise ValueError(f"config.freeze_bilm_steps must be >= 0, got {freeze}")
-  if freeze:  # another optimizer-state layout; resume refuses a changed value (resume._SHAPE_KEYS)
-    return freeze_lib.bilm_frozen_for(freeze, optax.clip_by_global_norm(config.grad_clip), opt)
-  return optax.chain(optax.clip_by_global_norm(config.grad_clip), opt)
-
-
-def make_schedule(config) -> optax.ScalarOrSchedule:
-  """The learning rate by optax's update count (0-based): config.learning_rate, after a linear warmup over
-  config.warmup_steps. Update k (1-based) uses lr * min(k, warmup) / warmup: the first update is not wasted
-  at rate 0. A plain float without warmup."""
-  warmup = int(config.get("warmup_steps", 0) or 0)
-  if not warmup:
-    return config.learning_rate
-  peak = float(config.learning_rate)
-  return lambda count: peak * jnp.minimum(count + 1, warmup).astype(jnp.float32) / warmup
-
-
-def learning_rate_at(config, step: int) -> float:
-  """The learning rate the `step`-th update (1-based) applied, read off `make_schedule(config)`.
-
-  A warmup rate is float32 (as the update applies it) and is given at float32's 7 significant digits, so
-  the log says 0.03, not 0.029999997466802597."""
-  schedule = make_schedule(config)
-  return float(f"{float(schedule(step - 1)):.7g}") if callable(schedule) else float(schedule)
 
 
 def init_params(model: BiLM, vocab_size: int, rng: jax.Array) -> dict[str, Any]:
@@ -134,6 +91,7 @@ def lstm_state_sharding(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Batch arrays (and deduped token tables [shards, U, C]) split along their first axis over the mesh."""
   return NamedSharding(mesh, P(DATA_AXIS))
 
 
@@ -197,7 +155,7 @@ def _lm_nll(model, params, batch, lstm_state, rng, num_sampled, deterministic, r
   is this device's [V, P/n] columns (inside the map), fetched with `take_split_rows`.
   """
   rngs = {} if deterministic else {"dropout": rng}
-  if "token_chars" in batch:  # deduped on the host (`global_arrays(..., dedupe=True)`)
+  if "token_chars" in batch:  # deduped by type on the host (`data.batches.LMIterator`)
     chars_in = {"token_chars": batch["token_chars"], "fwd_index": batch["fwd_index"],
                 "bwd_index": batch["bwd_index"]}
     fwd, bwd, new_state = model.apply({"params": params["bilm"]}, None, None, lstm_state, deterministic,
@@ -293,36 +251,3 @@ def make_eval_step(model: BiLM, mesh: Mesh, params_sharding: Any):
   replicated = NamedSharding(mesh, P())
   return jax.jit(eval_sums, in_shardings=(params_sharding, lstm_sharding, batch_sharding(mesh)),
                  out_shardings=(lstm_sharding, replicated))
-
-
-def host_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, np.ndarray]:
-  """This process's rows as the step wants them: with `dedupe`, char ids become per-device tables of
-  distinct tokens and indices (`dedupe.dedupe_batch`; a prepared corpus's batches arrive deduped already)."""
-  if dedupe and "fwd_chars" in local_batch:
-    local_batch = dedupe_lib.dedupe_batch(local_batch, len(mesh.local_devices))
-  return local_batch
-
-
-def agree_table_size(local_batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """Pads `token_chars` to the largest table of all processes (the global shape must agree): a collective."""
-  if "token_chars" not in local_batch or jax.process_count() == 1:
-    return local_batch
-  table = local_batch["token_chars"]
-  u = int(np.max(multihost_utils.process_allgather(np.array(table.shape[1]))))
-  return {**local_batch, "token_chars": np.pad(table, ((0, 0), (0, u - table.shape[1]), (0, 0)))}
-
-
-def to_devices(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-  """Host rows (already deduped / agreed) -> global arrays split over the mesh. No collective."""
-  sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
-
-
-def global_arrays(local_batch: dict[str, np.ndarray], mesh: Mesh, dedupe: bool = False) -> dict[str, jax.Array]:
-  """This process's rows -> global arrays split over the mesh (works for one or many processes).
-
-  With `dedupe`, the char ids are first replaced by per-device tables of distinct tokens and indices
-  (`dedupe.dedupe_batch`): each of this process's devices gets its rows' table, so the char CNN runs once
-  per distinct token of each shard. A pure function of the batch; the step jits one variant per table size.
-  """
-  return to_devices(agree_table_size(host_batch(local_batch, mesh, dedupe)), mesh)

@@ -1,0 +1,74 @@
+"""The README's "Using released ELMo" section runs as written: every shell command and Python block, with the
+released names served by a local mirror of the fixture model (`$ELMO_JAX_MODELS_URL`)."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+
+import h5py
+import pytest
+
+from elmo_jax.interop import pretrained
+from http_util import mirror, serve_models
+from paths import REPO_ROOT
+
+ROOT = REPO_ROOT
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "bilm_tf")
+
+
+def section() -> str:
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = f.read()
+  start = text.index("## Using released ELMo")
+  return text[start:text.index("\n## ", start + 1)]
+
+
+def blocks(kind: str) -> list[str]:
+  return re.findall(rf"```{kind}\n(.*?)```", section(), re.S)
+
+
+def test_section_has_the_three_tasks():
+  text = section()
+  for heading in ("### Embed a file", "### Sentence vectors in Python", "### ELMo in a Flax model"):
+    assert heading in text
+  assert len(blocks("python")) == 2 and len(blocks("bash")) == 2
+  tagger = blocks("python")[1]
+  assert "freeze_bilm" in tagger and "l2_coef" in tagger and "losses" in tagger
+
+
+@pytest.mark.slow
+def test_readme_code_runs(tmp_path):
+  with open(os.path.join(FIXTURE, "lm_embeddings_sentences.json")) as f:
+    lines = json.load(f)[1][:5]
+  (tmp_path / "sentences.txt.gz").write_bytes(gzip.compress("".join(s + "\n" for s in lines).encode()))
+  (tmp_path / "raw.txt").write_text("Hello, world!\nIt's raw text.\n")
+  (tmp_path / "vocab.txt").write_text("\n".join(sorted({w for s in lines for w in s.split()})) + "\n")
+  with serve_models(mirror(tmp_path / "www", tuple(pretrained.MODELS))) as (server, base):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "ELMO_JAX_MODELS_URL": base,
+           "ELMO_JAX_CACHE": str(tmp_path / "cache"), "PYTHONPATH": ROOT}
+    commands = [c.replace("\\\n", " ") for block in blocks("bash") for c in re.split(r"(?<!\\)\n", block) if c]
+    assert len(commands) == 5
+    for command in commands:
+      command = command.replace("python -m", f"{sys.executable} -m", 1)
+      proc = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+      assert proc.returncode == 0, (command, proc.stderr)
+    for code in blocks("python"):
+      proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+      assert proc.returncode == 0, proc.stderr
+      assert proc.stdout.strip(), code
+    # Only the two files of each model used were fetched, once each.
+    assert sorted(set(server.requests)) == sorted(server.requests)
+  with h5py.File(tmp_path / "elmo.hdf5", "r") as f:
+    assert f["0"].dtype == "float16" and f["0"].shape == (len(lines[0].split()), 32)
+  with h5py.File(tmp_path / "vectors.hdf5", "r") as f:
+    assert f[lines[0]].shape == (32,)
+  with h5py.File(tmp_path / "tokens.hdf5", "r") as f:
+    assert f["embedding"].shape[1] == 16
+  with h5py.File(tmp_path / "elmo_cached.hdf5", "r") as f, h5py.File(tmp_path / "elmo.hdf5", "r") as g:
+    assert abs(f["0"][-1] - g["0"][...]).max() < 2e-3  # the token-cached run agrees with the char path

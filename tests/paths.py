@@ -1,0 +1,8 @@
+"""Where the tests' files are: the repository, tests/ and bilm-tf's fixture (tests sit in room folders)."""
+import os
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(TESTS_DIR)
+FIXTURE_DIR = os.path.join(TESTS_DIR, "fixtures", "bilm_tf")
+FIXTURE_OPTIONS = os.path.join(FIXTURE_DIR, "options.json")
+FIXTURE_WEIGHTS = os.path.join(FIXTURE_DIR, "lm_weights.hdf5")

@@ -1,0 +1,232 @@
+"""The AOT planner (`python -m elmo_jax.plan`) and what it says about the data-parallel step.
+
+On 2, 4 and 8 simulated CPU devices (a subprocess: the device count is fixed when JAX starts): the train step
+fits, its only large collective is the gradient all-reduce, its per-device FLOPs do not depend on the device
+count and match the analytic count. TPU (libtpu) and GPU (CUDA plugin) compiles run when those optional
+packages are importable; CI has neither (they are not in requirements.txt).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from elmo_jax.plan import hlo as hlo_lib
+from elmo_jax.plan import hlo_text
+from elmo_jax.plan import targets as targets_lib
+import tiny
+from paths import REPO_ROOT, TESTS_DIR
+
+REPO = REPO_ROOT
+PYTHON = sys.executable
+
+_SCRIPT = textwrap.dedent(r"""
+  import json, sys
+  sys.path[:0] = sys.argv[1].split(os.pathsep)
+  import tiny
+  from elmo_jax import plan
+  out = {}
+  for spec in sys.argv[2:]:
+    config = tiny.train_config("unused.txt", **{"n_negative_samples": 12, "shard_softmax": True,
+                                                "data.vocab_max_size": 300})
+    r = plan.plan(config, spec, per_device_batch=4, with_eval=spec == "cpu:8")
+    out[spec] = r
+  print(json.dumps(out))
+""")
+
+
+def _plan_cpu(tmp_path, *specs):
+  script = tmp_path / "plan.py"
+  script.write_text(_SCRIPT)
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([PYTHON, str(script), os.pathsep.join((os.path.dirname(__file__), TESTS_DIR)), *specs], env=env,
+                        capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_step_work_per_device_does_not_grow_with_devices(tmp_path):
+  """The shard_map step on 2, 4, 8 devices at 4 rows each: same FLOPs per device (the analytic count), fits,
+  no all-gather of activations (the old GSPMD step gathered the global batch's LSTM gates)."""
+  reports = _plan_cpu(tmp_path, "cpu:2", "cpu:4", "cpu:8")
+  flops = {spec: r["flops_per_device_per_step"] for spec, r in reports.items()}
+  print(json.dumps({s: {k: r[k] for k in ("flops_per_device_per_step", "collective_bytes_per_device",
+                                          "analytic_train_flops_per_token", "flops_per_token")}
+                    for s, r in reports.items()}, indent=1))
+  base = flops["cpu:2"]
+  for spec, r in reports.items():
+    assert r["fits"] and r["hbm_bytes"]["temporaries"] > 0
+    assert abs(flops[spec] - base) <= 0.05 * base, flops
+    # loop-corrected FLOPs per token within 10% of the analytic count (both: matmul/conv only)
+    assert abs(r["flops_per_token"] / r["analytic_train_flops_per_token"] - 1) < 0.10, r["flops_per_token"]
+    gathers = [c for c in r["largest_collectives"] if c["op"] == "all-gather"]
+    assert all(c["bytes"] < 1_000_000 for c in gathers), gathers
+    assert set(r["collective_bytes_per_device"]) <= {"all-reduce", "all-gather", "reduce-scatter", "all-to-all"}
+    assert r["collective_bytes_per_device"]["all-reduce"] > 0  # the gradient reduction
+  eight = reports["cpu:8"]
+  assert eight["eval"]["fits"] and eight["eval"]["flops_per_device_per_step"] > 0
+  assert eight["loops"] and all(loop["trip_count"] == eight["unroll_steps"] for loop in eight["loops"])
+
+
+def _run_plan(config, *args):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  env.pop("XLA_FLAGS", None)  # the command sets the CPU device count for a cpu:N target itself
+  return subprocess.run([PYTHON, "-m", "elmo_jax.plan", f"--config={config}", *args], env=env, cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_plan_on_cpu_devices_json(tmp_path):
+  """`python -m elmo_jax.plan --target=cpu:2 --json`: fits, the report's keys, the gradient all-reduce as the
+  collective, loop-corrected FLOPs at the analytic count (the tiny model, sampled softmax split over P)."""
+  config = tiny.write_train_config(str(tmp_path / "config.py"), "unused.txt", n_negative_samples=12,
+                                   shard_softmax=True, **{"data.vocab_max_size": 300})
+  proc = _run_plan(config, "--target=cpu:2", "--per_device_batch=4", "--json", "--noeval",
+                   f"--dump_hlo={tmp_path / 'step.hlo'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = json.loads(proc.stdout[proc.stdout.index("{"):])
+  for key in ("target", "devices", "fits", "hbm_bytes", "flops_per_device_per_step", "collective_bytes_per_device",
+              "largest_collectives", "roofline"):
+    assert key in r, key
+  assert r["devices"] == 2 and r["global_batch"] == 8 and r["fits"] is True
+  assert set(r["hbm_bytes"]) >= {"arguments", "temporaries", "outputs", "capacity"} and r["hbm_bytes"]["temporaries"] > 0
+  assert set(r["roofline"]) >= {"step_s", "tokens_per_s_per_device", "mfu_bound"}
+  assert abs(r["flops_per_token"] / r["analytic_train_flops_per_token"] - 1) < 0.10, r["flops_per_token"]
+  assert r["collective_bytes_per_device"]["all-reduce"] > 0
+  assert all(c["bytes"] < 1_000_000 for c in r["largest_collectives"] if c["op"] == "all-gather")
+  assert all(loop["trip_count"] == r["unroll_steps"] for loop in r["loops"]) and r["loops"]
+  rf = r["roofline"]
+  assert rf["step_s"] == max(v for k, v in rf.items() if k.endswith("_s") and k != "step_s") > 0
+  assert 0 < rf["mfu_bound"] <= 1
+  assert "ENTRY" in (tmp_path / "step.hlo").read_text()
+
+
+@pytest.mark.slow
+def test_plan_report_and_one_line_errors(tmp_path):
+  config = tiny.write_train_config(str(tmp_path / "config.py"), "unused.txt")
+  text = _run_plan(config, "--target=cpu:2", "--per_device_batch=2")
+  assert text.returncode == 0, text.stderr[-3000:]
+  assert "train step: FITS" in text.stdout and "eval step:  FITS" in text.stdout and "roofline step" in text.stdout
+  bad = _run_plan(config, "--target=v9x:2x2")
+  assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("plan: error: --target='v9x:2x2'")
+  assert "Traceback" not in bad.stderr
+  if importlib.util.find_spec("libtpu") is None:  # CI: the optional TPU compiler is not installed
+    missing = _run_plan(config, "--target=v5e:2x2")
+    assert missing.returncode == 1 and 'pip install -e ".[plan-tpu]"' in missing.stderr.strip().splitlines()[-1]
+
+
+_HLO = """HloModule m
+
+%fused_dot (p0: f32[8,16], p1: f32[16,4]) -> f32[8,4] {
+  %p0 = f32[8,16]{1,0} parameter(0)
+  %p1 = f32[16,4]{1,0} parameter(1)
+  ROOT %d = f32[8,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (t: (s32[], f32[8,16], f32[16,4], f32[6,8,4])) -> (s32[], f32[8,16], f32[16,4], f32[6,8,4]) {
+  %t = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}, f32[6,8,4]{2,1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[8,16]{1,0} get-tuple-element(%t), index=1
+  %w = f32[16,4]{1,0} get-tuple-element(%t), index=2
+  %acc = f32[6,8,4]{2,1,0} get-tuple-element(%t), index=3
+  %f = f32[8,4]{1,0} fusion(%x, %w), kind=kOutput, calls=%fused_dot
+  %ar = f32[16,4]{1,0} all-reduce(%w), replica_groups=[1,4]<=[4], to_apply=%add
+  ROOT %out = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}, f32[6,8,4]{2,1,0}) tuple(%i, %x, %ar, %acc)
+}
+
+%cond (t: (s32[], f32[8,16], f32[16,4], f32[6,8,4])) -> pred[] {
+  %t = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}, f32[6,8,4]{2,1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %n = s32[] constant(6)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (a: f32[8,16], b: f32[16,4]) -> f32[8,4] {
+  %a = f32[8,16]{1,0} parameter(0)
+  %b = f32[16,4]{1,0} parameter(1)
+  %z = s32[] constant(0)
+  %acc = f32[6,8,4]{2,1,0} broadcast(%z), dimensions={}
+  %init = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}, f32[6,8,4]{2,1,0}) tuple(%z, %a, %b, %acc)
+  %loop = (s32[], f32[8,16]{1,0}, f32[16,4]{1,0}, f32[6,8,4]{2,1,0}) while(%init), condition=%cond, body=%body
+  %c = f32[8,4]{1,0} convolution(%a, %b), window={size=2 lhs_dilate=2}, dim_labels=bf_io->bf
+  ROOT %ag = f32[8,4]{1,0} all-gather(%c), replica_groups={{0,1,2,3}}, dimensions={0}
+}
+"""
+
+
+def test_hlo_reader_applies_trip_counts_and_reads_collectives():
+  """A hand-written module: a 6-iteration loop (trip count from `i < 6`) with a fused dot and an all-reduce."""
+  m = hlo_lib.Module(_HLO)
+  dot = 2 * 8 * 4 * 16
+  conv = 2 * 8 * 4 * 16 * 0.5  # a window of 2 taps over input dilated by 2 meets one input element
+  assert m.flops() == 6 * dot + conv
+  (loop,) = m.loops()
+  assert loop["trip_count"] == 6 and loop["kernels_per_iteration"] == 3  # fusion + all-reduce + compare
+  coll = {c["op"]: c for c in m.collectives()}
+  assert coll["all-reduce"]["count"] == 6 and coll["all-reduce"]["bytes"] == 16 * 4 * 4
+  assert coll["all-reduce"]["group_size"] == 4 and coll["all-gather"]["group_size"] == 4
+  assert hlo_text.nbytes("(s32[], bf16[2,3]{1,0})") == 4 + 12
+
+
+def test_targets_parse_and_collective_model():
+  assert targets_lib.parse("v5e:16x16") == ("v5e", "16x16")
+  with pytest.raises(targets_lib.TargetError, match="expected <chip>:<topology>"):
+    targets_lib.parse("tpu-v5e-16")
+  target = targets_lib.Target("h200:1x2x8", targets_lib.CHIPS["h200"], list(range(16)), 8, 141e9)
+  # a ring all-reduce moves 2 (n - 1) / n of the bytes; across hosts at the NIC's 50 GB/s
+  assert targets_lib.collective_seconds(target, "all-reduce", 1e9, 16) == pytest.approx(2 * 15 / 16 * 1e9 / 50e9)
+  assert targets_lib.collective_seconds(target, "all-reduce", 1e9, 8) == pytest.approx(2 * 7 / 8 * 1e9 / 450e9)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu (pip install -e '.[plan-tpu]') "
+                    "is not installed: the TPU compiler is an optional package")
+def test_plan_compiles_for_tpu_v5e_without_hardware(tmp_path):
+  config = tiny.write_train_config(str(tmp_path / "config.py"), "unused.txt", n_negative_samples=12,
+                                   shard_softmax=True, **{"data.vocab_max_size": 300})
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+  proc = subprocess.run([PYTHON, "-m", "elmo_jax.plan", f"--config={config}", "--target=v5e:2x2",
+                         "--per_device_batch=8", "--json"], env=env, cwd=REPO, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = json.loads(proc.stdout[proc.stdout.index("{"):])
+  assert r["devices"] == 4 and r["chip"] == "TPU v5e" and r["fits"]
+  assert r["hbm_bytes"]["capacity"] == 16 * 2**30
+  assert abs(r["flops_per_token"] / r["analytic_train_flops_per_token"] - 1) < 0.10
+  assert all(c["bytes"] < 1_000_000 for c in r["largest_collectives"] if c["op"] == "all-gather")
+
+
+@pytest.mark.slow
+def test_embed_step_plan_finds_the_largest_batch_that_fits():
+  """`--step=embed` (here in process, on this process's one CPU device): the Embedder's own biLM step, its
+  memory per device at the given batch and the largest power-of-two batch per time bucket: it fits the
+  capacity beside the token table, twice as many rows would not (by the fitted bytes per row)."""
+  from elmo_jax.plan import embed as embed_plan  # pylint: disable=g-import-not-at-top
+  r = embed_plan.plan_embed(tiny.tiny_options(), "cpu:1", time_buckets=(8, 32), per_device_batch=4)
+  assert r["devices"] == 1 and r["token_table_bytes"] == (2**15 + 1) * 6 * 4 and r["param_bytes"] > 0
+  assert [b["time"] for b in r["buckets"]] == [8, 32]
+  for b in r["buckets"]:
+    rows = b["largest_rows_per_device"]
+    assert b["fits_at_batch"] and rows & (rows - 1) == 0 and rows > 4
+    assert b["hbm_bytes_at_largest"]["total"] <= r["hbm_capacity"] - r["token_table_bytes"]
+    assert b["fixed_bytes"] + 2 * rows * b["bytes_per_row"] > 0.9 * (r["hbm_capacity"] - r["token_table_bytes"])
+  assert r["buckets"][0]["bytes_per_row"] < r["buckets"][1]["bytes_per_row"]  # longer rows cost more
+  assert "largest power of two that fits" in embed_plan.render(r)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu (pip install -e '.[plan-tpu]') "
+                    "is not installed: the TPU compiler is an optional package")
+def test_embed_step_plan_for_tpu_v5e(tmp_path):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+  proc = subprocess.run([PYTHON, "-m", "elmo_jax.plan", "--step=embed", "--model=small", "--target=v5e:2x2",
+                         "--time_buckets=16", "--per_device_batch=8"], env=env, cwd=REPO, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "v5e:2x2: 4 x TPU v5e, embed step of lstm 1024 -> 128" in proc.stdout
+  assert "time bucket   16: 8 rows per device FIT" in proc.stdout and "largest power of two" in proc.stdout

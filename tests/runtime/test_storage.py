@@ -1,0 +1,128 @@
+"""elmo_jax.runtime.storage against a real GCS server (tests/gcs_util.py): copies, mirrors, staged outputs."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from elmo_jax.runtime import storage
+import gcs_util
+
+pytestmark = pytest.mark.slow
+gcs_server, bucket = gcs_util.gcs_server, gcs_util.bucket  # the fixtures
+
+
+def test_local_copy_downloads_once_and_follows_the_bucket(bucket, tmp_path):
+  folder = tmp_path / "src"
+  (folder / "sub").mkdir(parents=True)
+  (folder / "a.txt").write_text("one\n")
+  (folder / "sub" / "b.txt").write_text("two\n")
+  storage.upload(str(folder), bucket + "/data")
+  local = storage.local(bucket + "/data")
+  assert open(os.path.join(local, "sub", "b.txt")).read() == "two\n"
+  before = os.stat(os.path.join(local, "a.txt")).st_mtime_ns
+  assert storage.local(bucket + "/data") == local
+  assert os.stat(os.path.join(local, "a.txt")).st_mtime_ns == before  # unchanged: not downloaded again
+  storage.write_bytes(bucket + "/data/a.txt", b"changed\n")
+  storage.remove(bucket + "/data/sub/b.txt")
+  storage.local(bucket + "/data")
+  assert open(os.path.join(local, "a.txt")).read() == "changed\n"
+  assert not os.path.exists(os.path.join(local, "sub", "b.txt"))
+  one = storage.local(bucket + "/data/a.txt")
+  assert open(one).read() == "changed\n"
+  with pytest.raises(FileNotFoundError, match="no such object"):
+    storage.local(bucket + "/nothing")
+
+
+def test_mirror_push_uploads_changes_and_pull_rolls_back(bucket, tmp_path):
+  mirror = storage.Mirror(bucket + "/run", str(tmp_path / "m"), skip=("checkpoints",))
+  mirror.pull()
+  (tmp_path / "m" / "metrics.jsonl").write_text('{"step": 1}\n')
+  mirror.push("metrics.jsonl")
+  assert storage.read_bytes(bucket + "/run/metrics.jsonl") == b'{"step": 1}\n'
+  with open(tmp_path / "m" / "metrics.jsonl", "a") as f:
+    f.write('{"step": 2}\n')  # written, never pushed (the process was killed)
+  (tmp_path / "m" / "stray.txt").write_text("x")
+  storage.write_bytes(bucket + "/run/checkpoints/1/x", b"ckpt")
+  mirror.pull()
+  assert (tmp_path / "m" / "metrics.jsonl").read_text() == '{"step": 1}\n'
+  assert not (tmp_path / "m" / "stray.txt").exists()
+  assert not (tmp_path / "m" / "checkpoints").exists()
+
+
+def test_staged_output_reaches_the_bucket_only_on_success(bucket):
+  with pytest.raises(RuntimeError):
+    with storage.staged_output(bucket + "/out/e.hdf5", "--output_file") as path:
+      open(path, "w").write("half")
+      raise RuntimeError("stopped")
+  assert not storage.exists(bucket + "/out/e.hdf5")
+  with storage.staged_output(bucket + "/out/e.hdf5", "--output_file") as path:
+    open(path, "w").write("whole")
+  assert storage.read_bytes(bucket + "/out/e.hdf5") == b"whole"
+
+
+def test_digests_of_a_bucket_folder_match_the_local_files(bucket, tmp_path):
+  (tmp_path / "d").mkdir()
+  (tmp_path / "d" / "x.bin").write_bytes(os.urandom(1000))
+  storage.upload(str(tmp_path / "d"), bucket + "/d")
+  assert storage.tree_digests(bucket + "/d", "crc32c") == storage.tree_digests(str(tmp_path / "d"), "crc32c")
+  assert storage.tree_digests(bucket + "/d", "sha256") == storage.tree_digests(str(tmp_path / "d"), "sha256")
+
+
+def test_missing_bucket_is_one_line(gcs_server, monkeypatch):
+  for key, value in gcs_server.env.items():
+    monkeypatch.setenv(key, value)
+  with pytest.raises(storage.StorageError, match="gs://no-such-bucket does not exist"):
+    storage.check_output("gs://no-such-bucket/run", "--workdir", directory=True)
+
+
+def test_bucket_outputs_follow_the_local_output_rules(bucket):
+  from elmo_jax.runtime import files
+  storage.write_bytes(bucket + "/run/config.json", b"{}")  # a trained run's folder
+  with pytest.raises(files.UnsafeOutputError, match=r"is inside the trained run gs://\S+/run's export/ folder"):
+    files.check_output(bucket + "/run/export/e.hdf5", "--output_file")
+  with pytest.raises(files.UnsafeOutputError, match="is an input of this run"):
+    files.check_output(bucket + "/t.txt", "--output_file", inputs=[bucket + "/t.txt"])
+  with pytest.raises(files.UnsafeOutputError, match="holds an input of this run"):
+    files.check_output(bucket + "/d", "--output_dir", inputs=[bucket + "/d/t.txt"], directory=True, replaces=True)
+  files.check_output(bucket + "/out/e.hdf5", "--output_file", inputs=[bucket + "/t.txt"])
+  assert storage.listdir(bucket) == ["run"]  # the write probe is gone, and was never under out/e.hdf5/
+
+
+def test_tfds_data_dir_in_a_bucket_reads_like_the_local_one(bucket, tmp_path):
+  from elmo_jax.data.sources import TfdsSource
+  from elmo_jax.evaluation import readers
+  from tfds_util import TinySst2
+  local = str(tmp_path / "tfds")
+  TinySst2(data_dir=local, file_format="array_record").download_and_prepare()
+  storage.upload(local, bucket + "/tfds")
+  here, there = TfdsSource("tiny_sst2", "train", data_dir=local, text_key="sentence"), TfdsSource(
+      "tiny_sst2", "train", data_dir=bucket + "/tfds", text_key="sentence")
+  assert len(there) == len(here) == 120
+  assert [there[i] for i in range(len(there))] == [here[i] for i in range(len(here))]
+  assert (readers.read_tfds_labelled("tfds:tiny_sst2:validation", bucket + "/tfds")
+          == readers.read_tfds_labelled("tfds:tiny_sst2:validation", local))
+
+
+def test_without_gcsfs_a_bucket_path_is_one_line(monkeypatch):
+  import sys
+  monkeypatch.setitem(sys.modules, "gcsfs", None)  # import fails as when it is not installed
+  storage._filesystem.cache_clear()  # pylint: disable=protected-access
+  try:
+    with pytest.raises(storage.StorageError, match=r"gs:// paths need gcsfs: pip install gcsfs"):
+      storage.exists("gs://bucket/run")
+  finally:
+    storage._filesystem.cache_clear()  # pylint: disable=protected-access
+  assert storage.exists(__file__)  # local paths never touch it
+
+
+def test_text_files_in_a_bucket_read_like_local_ones(bucket, tmp_path):
+  from elmo_jax.data.sources import TextSource, expand_paths
+  (tmp_path / "a.txt").write_text("the cat sat\non a mat\n")
+  storage.upload(str(tmp_path / "a.txt"), bucket + "/text/a.txt")
+  there, here = TextSource([bucket + "/text/a.txt"]), TextSource([str(tmp_path / "a.txt")])
+  assert [there[i] for i in range(len(there))] == [here[i] for i in range(len(here))] == ["the cat sat", "on a mat"]
+  with pytest.raises(FileNotFoundError, match="patterns are not expanded in a bucket"):
+    expand_paths([bucket + "/text/*.txt"])
+  with pytest.raises(FileNotFoundError, match="no such object"):
+    expand_paths([bucket + "/text/b.txt"])
