@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import numpy as np
 
 import tiny
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import REPO_ROOT as REPO, TESTS_DIR
 TIMING_FIELDS = ("tokens_per_sec", "elapsed_sec", "data_wait_share")
 
 
@@ -57,7 +58,7 @@ def env(devices: int = 1, cache_dir: str | None = None,
 def launch(workdir: str, config: str, *flags: str, log: str, **env_kw) -> subprocess.Popen:
   """train.py in a subprocess; with `signal_at`, its test wrapper `tests/signal_train.py`."""
   out = open(log, "ab")
-  script = os.path.join(REPO, "tests", "signal_train.py") if env_kw.get("signal_at") else os.path.join(REPO, "train.py")
+  script = os.path.join(TESTS_DIR, "signal_train.py") if env_kw.get("signal_at") else os.path.join(REPO, "train.py")
   return subprocess.Popen([sys.executable, script, f"--workdir={workdir}",
                            f"--config={config}", *flags], cwd=REPO, env=env(**env_kw), stdout=out, stderr=subprocess.STDOUT)
 
@@ -110,3 +111,14 @@ def exported(workdir: str) -> dict[str, np.ndarray]:
 def read(path: str) -> str:
   with open(path, errors="replace") as f:
     return f.read()
+
+
+def popen_interruptible(cmd, **kwargs) -> subprocess.Popen:
+  """`subprocess.Popen(cmd, **kwargs)` whose child takes Ctrl-C (SIGINT) as a KeyboardInterrupt, also when the
+  suite runs in the background (`cmd &`): such a suite inherits an ignored SIGINT, which a child keeps across
+  exec (then Python installs no KeyboardInterrupt); a handled one is reset to the default: give the child that."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    return subprocess.Popen(cmd, **kwargs)
+  finally:
+    signal.signal(signal.SIGINT, previous)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from elmo_jax.interop import options as options_lib
 import numpy as np
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+from elmo_jax.interop import options as options_lib
+from paths import TESTS_DIR as TESTS
 
 # The trainer's tiny biLM: LSTM 32 -> 8, a 16-filter char CNN over 4-dim char embeddings; 5-token windows.
 TRAIN_MODEL = {"options.lstm.dim": 32, "options.lstm.projection_dim": 8,

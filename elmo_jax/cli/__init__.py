@@ -1,5 +1,6 @@
-"""Command-line entry points (console scripts `elmo-jax-train`, `elmo-jax-evaluate`, `elmo-jax-embed`).
-The top-level `train.py` / `evaluate.py` and `python -m elmo_jax.embed` are thin wrappers around these."""
+"""Every command: train, evaluate, embed, prepare, plan, downstream (console scripts `elmo-jax-train`,
+`elmo-jax-evaluate`, `elmo-jax-embed`, `elmo-jax-plan`, `elmo-jax-downstream`). `train.py`, `evaluate.py` and
+`python -m elmo_jax.{embed,plan,downstream,data.prepare}` are thin aliases of these modules."""
 import functools
 import math
 import os

@@ -1,4 +1,24 @@
-"""The embedding command (`python -m elmo_jax.embed`, `elmo-jax-embed`); the work is `elmo_jax.embed`."""
+"""The embedding command (`python -m elmo_jax.embed`, `elmo-jax-embed`): a file of sentences into an HDF5 file of
+ELMo layers, the layout of AllenNLP's `elmo` command (the work: `elmo_jax.embedding.writer.embed_file`).
+
+    python -m elmo_jax.embed --options_file=O.json --weight_file=W.hdf5 \
+        --input_file=S.txt --output_file=E.hdf5 [--batch_size=N] [--stateful]
+    python -m elmo_jax.embed --workdir=DIR --input_file=S.txt --output_file=E.hdf5
+    python -m elmo_jax.embed --model=original --input_file=S.txt.gz --output_file=E.hdf5 --top \
+        --output_dtype=float16
+    python -m elmo_jax.embed --model=small --input_file=raw.txt --tokenize --sentence_vectors \
+        --average --output_file=V.hdf5
+    python -m elmo_jax.embed --model=small --dump_token_embeddings --vocab_file=V.txt --output_file=T.hdf5
+
+Input: one whitespace-tokenized sentence per line (UTF-8, gzip if it is gzipped), or raw text with
+`--tokenize` (the trainer's Moses tokenizer). Output: dataset `str(i)` for input line i (0-based) of shape
+`(n_layers + 1, n_tokens, 2P)` (`--all`, the default), `(n_tokens, 2P)` (`--top`: the top layer;
+`--average`: the mean of the layers), with `--sentence_vectors` the mean over the tokens instead
+(`(n_layers + 1, 2P)` or `(2P,)`); float32 or `--output_dtype=float16`. `sentence_to_index`: a (1,)
+variable-length string dataset holding `json.dumps({stripped line text: "i"})` (later duplicates win, as
+in AllenNLP). With `--use_sentence_keys` the datasets are named by the line text instead and there is no
+`sentence_to_index` (AllenNLP's layout; a repeated line is then an error); `--forget_sentences` omits it.
+"""
 from __future__ import annotations
 
 import os

@@ -146,7 +146,7 @@ def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
   for path in (_OPTIONS.value, _WEIGHTS.value):
     if path and not os.path.isfile(path):
       raise readers.InputError(f"{path}: file not found")
-  output_dir = _OUTPUT.value or (storage.join(_WORKDIR.value, "eval") if _WORKDIR.value
+  output_dir = _OUTPUT.value or (storage.join(_WORKDIR.value, run_layout.EVAL_DIR) if _WORKDIR.value
                                  else None)
   if not output_dir:
     raise readers.InputError("--output_dir is required without --workdir")

@@ -31,6 +31,7 @@ from elmo_jax.downstream import data as data_lib
 from elmo_jax.downstream.model import TaskConfig, TaskModel, init_params
 from elmo_jax.evaluation import early_stopping, features, probes, readers
 from elmo_jax.runtime.progress import progress
+from elmo_jax.runtime.run_layout import CONFIG_FILE
 
 ELMO_SETTINGS = ("none", "frozen", "finetune")
 
@@ -90,7 +91,7 @@ def _from_checkpoint(workdir: str) -> tuple[Any, dict[str, Any]]:
   """A run without an export yet (still training): its newest checkpoint that verifies."""
   from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
-  config_file = os.path.join(workdir, "config.json")
+  config_file = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(config_file):
     raise FileNotFoundError(f"{config_file}: not found (is {workdir} a train.py workdir?)")
   with open(config_file, encoding="utf-8") as f:

@@ -17,6 +17,7 @@ import numpy as np
 from elmo_jax.runtime import files
 from elmo_jax.runtime.progress import progress
 from elmo_jax.evaluation import readers
+from elmo_jax.runtime.run_layout import EXPORT_DIR
 
 
 class EmbedderLike(Protocol):
@@ -44,7 +45,7 @@ def model_key_from_files(options_file: str, weight_file: str) -> str:
 
 def model_key_from_workdir(workdir: str) -> str:
   """Identity of a trained run: every file under workdir/export (path/size/mtime)."""
-  export = os.path.join(workdir, "export")
+  export = os.path.join(workdir, EXPORT_DIR)
   if not os.path.isdir(export):
     raise readers.InputError(f"{export}: no exported model (directory not found)")
   h = hashlib.sha256()

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from elmo_jax.runtime import files
 from elmo_jax.evaluation import readers
+from elmo_jax.runtime.run_layout import CONFIG_FILE, METRICS_FILE, VOCAB_FILE, export_files
 
 if TYPE_CHECKING:
   from elmo_jax.evaluation.tasks import EvalConfig
@@ -26,11 +27,10 @@ def input_files(cfg: "EvalConfig") -> list[str]:
            cfg.sentiment_test_file, ppl.options_file, ppl.weight_file, ppl.vocab_file]
   paths += (ppl.text_file or "").split(",")
   if ppl.weight_file:
-    paths.append(os.path.join(os.path.dirname(ppl.weight_file), "vocab.txt"))
+    paths.append(os.path.join(os.path.dirname(ppl.weight_file), VOCAB_FILE))
   if cfg.workdir:
-    paths += [os.path.join(cfg.workdir, *rel) for rel in (("export", "options.json"), ("export", "weights.hdf5"),
-                                                          ("vocab.txt",), ("config.json",), ("metrics.jsonl",))]
-  for vocab in [p for p in paths if p and os.path.basename(p) == "vocab.txt"]:
+    paths += [os.path.join(cfg.workdir, rel) for rel in (*export_files(), VOCAB_FILE, CONFIG_FILE, METRICS_FILE)]
+  for vocab in [p for p in paths if p and os.path.basename(p) == VOCAB_FILE]:
     paths.append(os.path.join(os.path.dirname(vocab), "vocab_counts.tsv"))
   return [p for p in paths if p and not readers.is_tfds(p)]
 

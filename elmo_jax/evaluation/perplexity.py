@@ -20,6 +20,7 @@ from typing import Any
 from elmo_jax.runtime import storage
 from elmo_jax.evaluation import plots
 from elmo_jax.evaluation.readers import InputError
+from elmo_jax.runtime.run_layout import CONFIG_FILE, METRICS_FILE, VOCAB_FILE, export_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_BATCH_SIZE = 64
@@ -73,7 +74,7 @@ def _check_file(path: str) -> str:
 
 def read_train_config(workdir: str) -> dict[str, Any]:
   """The run's config.json (the trainer writes it at start), or InputError."""
-  path = _check_file(os.path.join(workdir, "config.json"))
+  path = _check_file(os.path.join(workdir, CONFIG_FILE))
   try:
     with open(path, encoding="utf-8") as f:
       return json.load(f)
@@ -85,14 +86,13 @@ def model_files(task_config: PerplexityConfig, workdir: str | None, check_vocab:
   """options/weights/vocab paths; the workdir's vocab.txt carries the counts, export/ has none. Each must
   exist (the vocabulary only with `check_vocab`: it matters only for weights that hold a softmax)."""
   if workdir:
-    export = os.path.join(workdir, "export")
-    paths = {"options_file": os.path.join(export, "options.json"),
-             "weight_file": os.path.join(export, "weights.hdf5"),
-             "vocab_file": task_config.vocab_file or os.path.join(workdir, "vocab.txt")}
+    options_file, weight_file = (os.path.join(workdir, rel) for rel in export_files())
+    paths = {"options_file": options_file, "weight_file": weight_file,
+             "vocab_file": task_config.vocab_file or os.path.join(workdir, VOCAB_FILE)}
   else:
     if not (task_config.options_file and task_config.weight_file):
       raise InputError("perplexity needs --workdir or --options_file and --weight_file")
-    beside = os.path.join(os.path.dirname(task_config.weight_file), "vocab.txt")
+    beside = os.path.join(os.path.dirname(task_config.weight_file), VOCAB_FILE)
     paths = {"options_file": task_config.options_file, "weight_file": task_config.weight_file,
              "vocab_file": task_config.vocab_file or beside}
   for key, path in paths.items():
@@ -308,7 +308,7 @@ def run(task_config: PerplexityConfig, workdir: str | None, output_dir: str) -> 
                          f"({lm.files['vocab_file']}): all of them are scored as <UNK>, so this perplexity "
                          "says little about the text")
   result["plots"] = []
-  metrics = os.path.join(workdir, "metrics.jsonl") if workdir else None
+  metrics = os.path.join(workdir, METRICS_FILE) if workdir else None
   if metrics and os.path.exists(metrics):
     try:
       curves = plots.perplexity_curves(metrics)

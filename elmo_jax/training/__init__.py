@@ -1,1 +1,2 @@
-"""Training the biLM: losses, train state and sharded step, checkpoints, export, the train loop."""
+"""Training the biLM: the input from a config (`input`), host -> device feeding (`feed`), the train state and
+sharded steps (`step`), the optimizer, losses, checkpoints, resume, export and the train loop (`loop`)."""

@@ -26,7 +26,7 @@ from elmo_jax.data import prepare as prepare_lib
 from elmo_jax.data.prepare_inputs import source_spec
 from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
 from elmo_jax.runtime.progress import progress
-from elmo_jax.runtime.run_layout import PREPARED_DIR
+from elmo_jax.runtime.run_layout import PREPARED_DIR, VOCAB_FILE
 from elmo_jax.training.workdir import Workdir
 
 
@@ -124,7 +124,7 @@ def _report_skipped(name: str, source) -> None:
 def _run_vocab(config, workdir: str, build: Callable[[], Vocab]) -> Vocab:
   """The workdir's vocab (resume), else config.data.vocab_file, else `build()`; saved into the workdir (its
   local copy: the caller uploads it)."""
-  saved = os.path.join(workdir, "vocab.txt")
+  saved = os.path.join(workdir, VOCAB_FILE)
   if os.path.exists(saved):
     return Vocab.load(saved)
   vocab = Vocab.load(config.data.vocab_file) if config.data.vocab_file else build()

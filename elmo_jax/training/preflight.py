@@ -22,6 +22,7 @@ from elmo_jax.runtime import files
 from elmo_jax.runtime import log
 from elmo_jax.data.sources import expand_paths
 from elmo_jax.training.workdir import Workdir
+from elmo_jax.runtime.run_layout import CONFIG_FILE, VOCAB_FILE
 
 _BLOCK = 1 << 20
 
@@ -252,7 +253,7 @@ def _check_saved_vocab(config: ml_collections.ConfigDict, run: Workdir) -> None:
   """A `vocab.txt` an earlier run left must be the one this config would build, else it would silently win."""
   from elmo_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
   workdir = run.local
-  saved_path = os.path.join(workdir, "vocab.txt")
+  saved_path = os.path.join(workdir, VOCAB_FILE)
   if not os.path.exists(saved_path) or checkpoint.newest_meta(run.checkpoints):
     return  # with a checkpoint, check_run compares its whole config (vocabulary settings included)
   saved = check_vocab(saved_path, "the workdir's vocabulary (resume)")
@@ -263,7 +264,7 @@ def _check_saved_vocab(config: ml_collections.ConfigDict, run: Workdir) -> None:
                            "use another --workdir (or delete vocab.txt if no checkpoint was trained with it)")
     return
   from elmo_jax.training.resume import flatten, normalise  # pylint: disable=g-import-not-at-top
-  record = os.path.join(workdir, "config.json")
+  record = os.path.join(workdir, CONFIG_FILE)
   try:
     with open(record) as f:
       before = flatten(json.load(f))
@@ -280,7 +281,7 @@ def _check_saved_vocab(config: ml_collections.ConfigDict, run: Workdir) -> None:
 
 def _vocab_sha256(config: ml_collections.ConfigDict, workdir: str) -> str | None:
   """The sha256 of the vocabulary this run will use, where it is known before building one."""
-  for path in (os.path.join(workdir, "vocab.txt"), config.data.vocab_file):
+  for path in (os.path.join(workdir, VOCAB_FILE), config.data.vocab_file):
     if path and os.path.exists(path):
       return check_vocab(path, "the run's vocabulary").sha256()
   return None

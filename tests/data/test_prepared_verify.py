@@ -24,6 +24,8 @@ import time
 import numpy as np
 import pytest
 
+import launch_util
+
 from elmo_jax.data import TextSource
 from elmo_jax.data import prepare as prepare_lib
 from elmo_jax.data.manifest import (PARTIAL, NotPreparedError, PrepareError, PreparedCorpusError, open_verified,
@@ -279,8 +281,8 @@ def test_ctrl_c_is_one_line_and_the_rerun_resumes(tmp_path):
   env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
   cli = [sys.executable, "-m", "elmo_jax.data.prepare", "--noprogress", f"--input={text}",
          f"--output_dir={tmp_path}/o", "--chunk_sentences=500", "--num_workers=2"]
-  run = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+  run = launch_util.popen_interruptible(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       start_new_session=True)
   partial = tmp_path / "o" / PARTIAL
   deadline = time.time() + 120
   while time.time() < deadline and len(glob.glob(str(partial / "chunk-*[0-9].npz"))) < 4 and run.poll() is None:

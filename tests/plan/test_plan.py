@@ -26,7 +26,7 @@ REPO = REPO_ROOT
 PYTHON = sys.executable
 
 _SCRIPT = textwrap.dedent(r"""
-  import json, sys
+  import json, os, sys
   sys.path[:0] = sys.argv[1].split(os.pathsep)
   import tiny
   from elmo_jax import plan

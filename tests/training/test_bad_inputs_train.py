@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
+import launch_util
 import tiny
 from elmo_jax.data import Vocab
 from elmo_jax.training import checkpoint, preflight
@@ -314,16 +315,11 @@ def test_a_refused_resume_leaves_the_workdir_as_it_was(tmp_path):
 def test_ctrl_c_while_preparing_the_corpus_is_one_line(tmp_path):
   (tmp_path / "big.txt").write_text("".join(f"w{i % 997} w{i % 13} the cat sat on a mat {i} .\n"
                                             for i in range(400_000)))
-  # A suite started in the background (`cmd &`) inherits an ignored SIGINT, which a child keeps across exec
-  # (then Python installs no KeyboardInterrupt); a handled one is reset to the default: give the child that.
-  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-  try:
-    proc = subprocess.Popen([PYTHON, os.path.join(REPO, "train.py"), "--workdir=run", "--config.data.train_files=big.txt",
-                             "--config.data.eval_files=", "--config.data.pretokenized", "--config.num_train_steps=2"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO})
-  finally:
-    signal.signal(signal.SIGINT, previous)
+  proc = launch_util.popen_interruptible(
+      [PYTHON, os.path.join(REPO, "train.py"), "--workdir=run", "--config.data.train_files=big.txt",
+       "--config.data.eval_files=", "--config.data.pretokenized", "--config.num_train_steps=2"],
+      cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO})
   seen = []
   while not (seen and seen[-1].startswith("preparing the training text")):  # past the preflight, tokenizing
     seen.append(proc.stdout.readline())
