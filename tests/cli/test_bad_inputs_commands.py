@@ -373,6 +373,7 @@ def test_evaluate_counts_and_rates_out_of_range_are_refused_before_any_work(tmp_
   assert loads == [] and not os.path.exists(tmp_path / "out")
 
 
+@pytest.mark.slow  # four subprocesses
 def test_downstream_counts_and_fractions_out_of_range_are_one_line(tmp_path):
   """DS4 (--batch_size=0: a ValueError traceback), DS6 (--num_epochs=0: a TypeError after the work)."""
   rng = np.random.default_rng(0)

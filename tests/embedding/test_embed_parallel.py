@@ -81,6 +81,7 @@ _EIGHT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a subprocess on 8 simulated devices
 def test_eight_devices_equal_one_in_every_mode(tmp_path, embedder):
   text = write_lines(tmp_path / "in.txt", LINES)
   proc = subprocess.run([sys.executable, "-c", _EIGHT, OPTIONS, WEIGHTS, text, str(tmp_path)],

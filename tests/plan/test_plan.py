@@ -81,6 +81,7 @@ def _run_plan(config, *args):
                         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # a subprocess compile on 8 simulated devices
 def test_plan_on_cpu_devices_json(tmp_path):
   """`python -m elmo_jax.plan --target=cpu:2 --json`: fits, the report's keys, the gradient all-reduce as the
   collective, loop-corrected FLOPs at the analytic count (the tiny model, sampled softmax split over P)."""
