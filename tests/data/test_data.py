@@ -275,6 +275,27 @@ def test_state_restore_is_bit_exact():
     other.set_state(state)
 
 
+def test_raw_text_dedupe_is_by_content_so_a_resumed_stream_gives_the_same_tables():
+  """Raw text numbers its types as it reads them, and a resumed iterator reads in another order: its
+  deduped tables go by content (the char rows), so they equal the uninterrupted stream's bit for bit, and
+  they index back to the plain batches' chars."""
+  sentences = _corpus(40)
+  vocab = _vocab(sentences)
+  make = lambda **kw: make_lm_iterator(sentences, vocab, PRETOK, batch_size=4, unroll_steps=5, seed=3,
+                                       process_index=0, process_count=1, **kw)
+  plain, deduped = make(), make(dedupe_shards=2)
+  _take(plain, 6)
+  _take(deduped, 6)
+  resumed = make(dedupe_shards=2)
+  resumed.set_state(deduped.get_state())
+  for a, b, c in zip(_take(plain, 12), _take(deduped, 12), _take(resumed, 12)):
+    for key in b:
+      np.testing.assert_array_equal(b[key], c[key], err_msg=key)
+    shard_of_row = np.arange(4)[:, None] // 2
+    for d in ("fwd", "bwd"):
+      np.testing.assert_array_equal(b["token_chars"][shard_of_row, b[f"{d}_index"]], a[f"{d}_chars"])
+
+
 def test_long_tokens_truncated_and_counted():
   sentences = ["ok " + "x" * 80, "fine"]
   vocab = _vocab(["ok fine " + "x" * 10])
