@@ -113,19 +113,21 @@ class LMIterator:
       self._cur[r], self._pos[r], self._ids[r] = k, 0, ids
       return True
 
-  def _plan(self) -> tuple[list[tuple[int, int, int, int]], list[np.ndarray]]:
-    """This window's sentence pieces: (row, time, first step, steps) and each piece's sentence ids."""
-    pieces, ids = [], []
+  def _plan(self) -> tuple[list[tuple[int, int, int, int, int]], list[np.ndarray]]:
+    """This window's sentence pieces: (row, time, first step, steps, sentence words) and their sentences' ids."""
+    pieces, ids, u = [], [], self._u
     for r in range(self._b):
       t = 0
-      while t < self._u and not self._done[r]:
-        if self._ids[r] is None or self._pos[r] >= len(self._ids[r]) + 1:
+      while t < u and not self._done[r]:
+        sentence = self._ids[r]
+        if sentence is None or self._pos[r] > len(sentence):
           if not self._advance(r):
             break
-        pos = self._pos[r]
-        n = min(len(self._ids[r]) + 1 - pos, self._u - t)
-        pieces.append((r, t, pos, n))
-        ids.append(self._ids[r])
+          sentence = self._ids[r]
+        pos, words = self._pos[r], len(sentence)
+        n = min(words + 1 - pos, u - t)
+        pieces.append((r, t, pos, n, words))
+        ids.append(sentence)
         self._pos[r] = pos + n
         t += n
     return pieces, ids
@@ -138,9 +140,9 @@ class LMIterator:
       raise StopIteration
     chars, targets, truncated = self.sentences.tables()
     p = np.asarray(pieces, np.int64)
-    lengths = np.fromiter((len(x) for x in ids), np.int64, count=len(ids))
+    lengths = p[:, 4]
     flat = np.concatenate(ids)
-    self._count_new_sentences([x for x, first in zip(ids, p[:, 2]) if first == 0], truncated)
+    self._count_new_sentences(p, flat, truncated)
     steps = p[:, 3]
     within = np.arange(int(steps.sum())) - np.repeat(np.cumsum(steps) - steps, steps)
     row, time = np.repeat(p[:, 0], steps), np.repeat(p[:, 1], steps) + within
@@ -167,12 +169,15 @@ class LMIterator:
     out["fwd_chars"], out["bwd_chars"] = table[fwd_in + 1], table[bwd_in + 1]
     return dedupe_lib.dedupe_batch(out, self._dedupe) if self._dedupe else out
 
-  def _count_new_sentences(self, started: list[np.ndarray], truncated: np.ndarray) -> None:
-    """Counters of the sentences started in this window (a sentence's first piece starts at step 0)."""
-    self._counts["sentences"] += len(started)
-    self._counts["tokens"] += sum(len(x) for x in started)
-    if started:
-      self._counts["truncated_tokens"] += int(np.count_nonzero(truncated[np.concatenate(started)]))
+  def _count_new_sentences(self, pieces: np.ndarray, flat: np.ndarray, truncated: np.ndarray) -> None:
+    """Counters of the sentences started in this window (a sentence's first piece starts at step 0);
+    `flat`: the pieces' sentences' ids, one after another."""
+    started, lengths = pieces[:, 2] == 0, pieces[:, 4]
+    self._counts["sentences"] += int(np.count_nonzero(started))
+    self._counts["tokens"] += int(lengths[started].sum())
+    if started.any() and truncated.any():
+      words = np.repeat(started, lengths)  # the started sentences' words in `flat`
+      self._counts["truncated_tokens"] += int(np.count_nonzero(truncated[flat[words]]))
 
   def get_state(self) -> dict[str, Any]:
     """Small JSON-serializable position (2 ints per row + counters + the config it belongs to)."""

@@ -125,13 +125,14 @@ class _CorpusTypes:
   def __init__(self, corpus: PreparedCorpus, vocab: Vocab):
     self.corpus, self.skipped = corpus, corpus.skipped
     self._tables = (corpus.type_chars, corpus.targets(vocab), corpus.truncated())
+    # A plain view of the memory map (nothing read): its slices skip np.memmap's per-slice bookkeeping.
+    self._tokens, self._offsets = np.asarray(corpus.tokens), corpus.offsets
 
   def __len__(self) -> int:
     return len(self.corpus)
 
   def type_ids(self, index: int) -> np.ndarray:
-    offsets = self.corpus.offsets
-    return self.corpus.tokens[offsets[index]:offsets[index + 1]]
+    return self._tokens[self._offsets[index]:self._offsets[index + 1]]
 
   def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return self._tables
