@@ -5,24 +5,15 @@ import json
 import os
 
 from elmo_jax.embedding.embedder import Embedder
-from paths import FIXTURE_DIR
+from paths import FIXTURE_DIR, FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 
 
-FIXTURE = FIXTURE_DIR
-
-
-OPTIONS = os.path.join(FIXTURE, "options.json")
-
-
-WEIGHTS = os.path.join(FIXTURE, "lm_weights.hdf5")
-
-
-with open(os.path.join(FIXTURE, "lm_embeddings_sentences.json")) as _f:
+with open(os.path.join(FIXTURE_DIR, "lm_embeddings_sentences.json")) as _f:
   SENTENCES: list[list[str]] = json.load(_f)
 
 
 def model_args() -> list[str]:
-  return [f"--options_file={OPTIONS}", f"--weight_file={WEIGHTS}"]
+  return [f"--options_file={FIXTURE_OPTIONS}", f"--weight_file={FIXTURE_WEIGHTS}"]
 
 
 def write_lines(path, lines: list[str]) -> str:

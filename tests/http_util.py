@@ -3,16 +3,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import http.server
+import shutil
+import socket
 import threading
 
 import pytest
-import shutil
-import socket
 
 from elmo_jax.interop import pretrained
-from paths import FIXTURE_DIR
+from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 
 
 @contextlib.contextmanager
@@ -79,6 +78,6 @@ def mirror(root, names=("small",)):
     m = pretrained.MODELS[name]
     folder = root / m.key
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(os.path.join(FIXTURE_DIR, "options.json"), folder / f"elmo_{m.key}_options.json")
-    shutil.copy(os.path.join(FIXTURE_DIR, "lm_weights.hdf5"), folder / f"elmo_{m.key}_weights.hdf5")
+    shutil.copy(FIXTURE_OPTIONS, folder / f"elmo_{m.key}_options.json")
+    shutil.copy(FIXTURE_WEIGHTS, folder / f"elmo_{m.key}_weights.hdf5")
   return root

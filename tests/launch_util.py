@@ -15,7 +15,7 @@ import numpy as np
 
 import tiny
 
-from paths import REPO_ROOT as REPO, TESTS_DIR
+from paths import REPO_ROOT, TESTS_DIR
 TIMING_FIELDS = ("tokens_per_sec", "elapsed_sec", "data_wait_share")
 
 
@@ -47,7 +47,7 @@ def env(devices: int = 1, cache_dir: str | None = None,
     e["ELMO_JAX_TEST_SIGNAL_AT_STEP"] = signal_at
   e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   e["JAX_PLATFORMS"] = "cpu"
-  e["PYTHONPATH"] = REPO + os.pathsep + e.get("PYTHONPATH", "")
+  e["PYTHONPATH"] = REPO_ROOT + os.pathsep + e.get("PYTHONPATH", "")
   if cache_dir:  # later launches reuse the compiled steps: the same executables, so the same bits
     e["JAX_COMPILATION_CACHE_DIR"] = cache_dir
     e["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
@@ -58,9 +58,9 @@ def env(devices: int = 1, cache_dir: str | None = None,
 def launch(workdir: str, config: str, *flags: str, log: str, **env_kw) -> subprocess.Popen:
   """train.py in a subprocess; with `signal_at`, its test wrapper `tests/signal_train.py`."""
   out = open(log, "ab")
-  script = os.path.join(TESTS_DIR, "signal_train.py") if env_kw.get("signal_at") else os.path.join(REPO, "train.py")
+  script = os.path.join(TESTS_DIR, "signal_train.py") if env_kw.get("signal_at") else os.path.join(REPO_ROOT, "train.py")
   return subprocess.Popen([sys.executable, script, f"--workdir={workdir}",
-                           f"--config={config}", *flags], cwd=REPO, env=env(**env_kw), stdout=out, stderr=subprocess.STDOUT)
+                           f"--config={config}", *flags], cwd=REPO_ROOT, env=env(**env_kw), stdout=out, stderr=subprocess.STDOUT)
 
 
 def wait(procs, timeout: float = 150.0) -> list[int]:

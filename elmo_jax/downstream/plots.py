@@ -1,7 +1,7 @@
 """Plots of the downstream results; each draws on a given matplotlib `ax` (the notebook calls them too).
 
 Saving, the per-layer probe bars and the perplexity bars are `elmo_jax.evaluation.plots` (`save`,
-`layer_scores`, `perplexity_bars`; the last is also here, under the name the notebook uses).
+`layer_scores`, `perplexity_by_model`).
 """
 from __future__ import annotations
 
@@ -9,11 +9,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from elmo_jax.evaluation import plots as evaluation_plots
-
-
-# `perplexity_bars(ax, {name: perplexity result})`: forward / backward vs unigram per model, log scale.
-perplexity_bars = evaluation_plots.perplexity_bars
 
 SETTING_COLOURS = {"none": "tab:grey", "frozen": "tab:blue", "finetune": "tab:orange"}
 

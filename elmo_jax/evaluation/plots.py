@@ -169,21 +169,9 @@ def perplexity_curves(metrics_path: str, ax: Axes | None = None) -> Figure:
   return fig
 
 
-def perplexity_bars(ax: Axes | None, results: Mapping[str, Any]) -> Figure:
-  """Bars of biLM vs unigram perplexity.
-
-  Args:
-    ax: the axes to draw on (None: a new figure).
-    results: one perplexity result (evaluate.py's perplexity.json, with `ppl_forward`): its forward /
-      backward / mean perplexity vs the unigram baseline, linear from 0; or {name: such a result}: forward /
-      backward / unigram bars grouped by name, log scale (several models side by side).
-  """
-  if "ppl_forward" in results:
-    return _perplexity_of_one(ax, results)
-  return _perplexity_by_name(ax, results)
-
-
-def _perplexity_of_one(ax: Axes | None, result: Mapping[str, Any]) -> Figure:
+def perplexity_bars(ax: Axes | None, result: Mapping[str, Any]) -> Figure:
+  """One model's forward / backward / mean perplexity vs the unigram baseline (evaluate.py's perplexity.json),
+  linear from 0: log bars exaggerate gaps. `ax`: the axes to draw on (None: a new figure)."""
   names = ["forward", "backward", "mean", "unigram"]
   values = [result["ppl_forward"], result["ppl_backward"], result["ppl"], result.get("unigram_ppl")]
   keep = [(n, v) for n, v in zip(names, values) if v is not None and np.isfinite(v)]
@@ -191,13 +179,15 @@ def _perplexity_of_one(ax: Axes | None, result: Mapping[str, Any]) -> Figure:
   colours = {"forward": "tab:blue", "backward": "tab:orange", "mean": "black", "unigram": "tab:grey"}
   bars = ax.bar([n for n, _ in keep], [v for _, v in keep], color=[colours[n] for n, _ in keep])
   ax.bar_label(bars, fmt="%.1f", fontsize=8)
-  ax.set_ylim(0, 1.12 * max(v for _, v in keep))  # linear from 0: log bars exaggerate gaps
+  ax.set_ylim(0, 1.12 * max(v for _, v in keep))
   ax.set_ylabel("perplexity (lower is better)")
   ax.set_title(f"biLM vs unigram perplexity ({result['n_tokens']:,} targets per direction)", fontsize=9)
   return fig
 
 
-def _perplexity_by_name(ax: Axes | None, results: Mapping[str, Mapping[str, Any]]) -> Figure:
+def perplexity_by_model(ax: Axes | None, results: Mapping[str, Mapping[str, Any]]) -> Figure:
+  """Several models side by side: forward / backward / unigram perplexity grouped by name ({name: a
+  perplexity result}), log scale. `ax`: the axes to draw on (None: a new figure)."""
   names = list(results)
   x = np.arange(len(names))
   fig, ax = _figure(ax, (2.2 * len(names) + 3, 3.6))

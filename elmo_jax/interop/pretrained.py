@@ -81,7 +81,6 @@ class ResolvedModel:
     workdir: a training run's folder (of a bucket run: the local copy of `run_layout.RUN_FILES`).
     checkpoints: (checkpoints folder, step or None = the newest) of a run, its checkpoints/ or one step; a
       bucket run's stay in the bucket (Orbax reads them there).
-    name: the released model's name.
     path: the spec as a path: a name or URL as given, a local path user-expanded (`init_from`: absolute), a
       bucket one as given (`init_from` ELMo files there: their local copy).
   """
@@ -90,7 +89,6 @@ class ResolvedModel:
   vocab_file: str | None = None
   workdir: str | None = None
   checkpoints: tuple[str, int | None] | None = None
-  name: str | None = None
   path: str | None = None
 
   @property
@@ -168,10 +166,9 @@ def resolve(name_or_path: str) -> tuple[str, str]:
 def _released(m: Released, fetch: bool) -> ResolvedModel:
   """The two files in the cache (downloaded once; checked against the recorded hash on every use)."""
   if not fetch:
-    return ResolvedModel(download.local_path(m.options_url), download.local_path(m.weight_url), name=m.name,
-                         path=m.name)
+    return ResolvedModel(download.local_path(m.options_url), download.local_path(m.weight_url), path=m.name)
   return ResolvedModel(download.cached_path(m.options_url, m.options_sha256, kind="options"),
-                       download.cached_path(m.weight_url, m.weights_sha256, kind="hdf5"), name=m.name, path=m.name)
+                       download.cached_path(m.weight_url, m.weights_sha256, kind="hdf5"), path=m.name)
 
 
 def _url_pair(url: str) -> tuple[str, str]:

@@ -42,12 +42,11 @@ def _every(step: int, n: int, last: int) -> bool:
 
 @dataclasses.dataclass
 class Steps:
-  """The compiled side of a run (`make_steps`): the mesh, the sharded initial state and the two steps."""
+  """The compiled side of a run (`make_steps`): the mesh, the state's layout and the two steps."""
   mesh: Any
   model: BiLM
   optimizer: Any
   shardings: step_lib.TrainState
-  state: step_lib.TrainState
   train_step: Callable
   eval_step: Callable
   num_sampled: int  # 0: full softmax
@@ -70,18 +69,20 @@ def open_run(config: ml_collections.ConfigDict, workdir: str) -> tuple[Workdir, 
   return run, options, data
 
 
-def make_steps(config: ml_collections.ConfigDict, options: dict[str, Any], vocab_size: int) -> Steps:
-  """The mesh over every device, the model, the optimizer, the initial state placed by its shardings, and
-  the jitted train and eval steps."""
+def make_steps(config: ml_collections.ConfigDict, options: dict[str, Any], vocab_size: int
+               ) -> tuple[Steps, step_lib.TrainState]:
+  """(the mesh over every device, the model, the optimizer, the jitted train and eval steps; the initial state
+  placed by its shardings). The state is returned apart: a restored run drops it, and nothing else holds it."""
   mesh = step_lib.make_mesh()
   model = make_model(options, dropout=config.dropout, dtype=config.dtype, unroll=config.scan_unroll)
   optimizer = optimizer_lib.make_optimizer(config)
   num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < vocab_size - 1 else 0
   create = lambda: step_lib.create_train_state(model, optimizer, vocab_size, config.batch_size, config.seed)
   shardings = step_lib.state_shardings(jax.eval_shape(create), mesh, bool(config.shard_softmax))
-  return Steps(mesh, model, optimizer, shardings, jax.jit(create, out_shardings=shardings)(),
-               step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled),
-               step_lib.make_eval_step(model, mesh, shardings.params), num_sampled)
+  train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
+  steps = Steps(mesh, model, optimizer, shardings, train_step, step_lib.make_eval_step(model, mesh, shardings.params),
+                num_sampled)
+  return steps, jax.jit(create, out_shardings=shardings)()
 
 
 def restore_or_init(config, run: Workdir, checkpointer, state, train_iter, check, optimizer, options, vocab,
@@ -225,13 +226,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # --- setup ---------------------------------------------------------------------------------------------
   run, options, data = open_run(config, workdir)
   is_main, n_proc, vocab = jax.process_index() == 0, jax.process_count(), data.vocab
-  steps = make_steps(config, options, len(vocab))
+  steps, state = make_steps(config, options, len(vocab))
   train_iter = data.train(dedupe_shards=_dedupe_shards(config, steps))
 
   # --- restore or init -----------------------------------------------------------------------------------
   checkpointer = Checkpointer(run.checkpoints, keep=config.keep_checkpoints)
   compatible = lambda meta: resume.check_compatible(meta, config, options, vocab.sha256(), n_proc, run.path)
-  state, window_sums = restore_or_init(config, run, checkpointer, steps.state, train_iter, compatible,
+  state, window_sums = restore_or_init(config, run, checkpointer, state, train_iter, compatible,
                                        steps.optimizer, options, vocab, steps.shardings)
   start_step, last = int(state.step), config.num_train_steps
   data_state = train_iter.get_state()  # the position after the last batch a step consumed

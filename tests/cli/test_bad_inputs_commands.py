@@ -27,8 +27,6 @@ from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT
 from tiny import tiny_options
 from eval_util import fake_models, pos_conll, sentiment_tsv, write
 
-REPO = REPO_ROOT
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
@@ -176,11 +174,11 @@ def test_downstream_refuses_a_workdir_that_is_the_bilm_or_holds_an_input(tmp_pat
 @pytest.mark.slow
 def test_plan_refuses_to_dump_hlo_over_its_config(tmp_path):
   config = tmp_path / "config.py"
-  shutil.copy(os.path.join(REPO, "configs", "default.py"), config)
+  shutil.copy(os.path.join(REPO_ROOT, "configs", "default.py"), config)
   before = config.read_text()
   proc = subprocess.run([sys.executable, "-m", "elmo_jax.plan", f"--config={config}", "--target=cpu:1",
-                         f"--dump_hlo={config}"], capture_output=True, text=True, timeout=300, cwd=REPO,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO})
+                         f"--dump_hlo={config}"], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO_ROOT})
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 1 and lines == [f"plan: error: --dump_hlo={config} is an input of this run ({config}); "
                                             "writing it would destroy it"], proc.stderr
@@ -386,7 +384,7 @@ def test_downstream_counts_and_fractions_out_of_range_are_one_line(tmp_path):
                         ("--dev_fraction=0", "--dev_fraction must be between 0 and 1 (exclusive), got 0.0")):
     proc = subprocess.run([sys.executable, "-m", "elmo_jax.downstream", "--task=pos", f"--train={train}",
                            f"--test={test}", f"--workdir={tmp_path}/run", flag, "--noprogress"],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO_ROOT)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"elmo_jax.downstream: error: {message}"], proc.stderr
   assert not os.path.exists(tmp_path / "run")

@@ -12,7 +12,6 @@ from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, token_to_ids
 from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
 from paths import REPO_ROOT
 
-REPO = REPO_ROOT
 PRETOK = Tokenizer(pretokenized=True)
 
 
@@ -78,7 +77,7 @@ def test_vocab_requires_specials_and_names_file(tmp_path):
 
 
 def _bilm_tf_fixture(name: str) -> str:
-  for root in (os.path.join(REPO, "tests", "fixtures"), os.path.join(REPO, "..", "shared", "peer_fixtures")):
+  for root in (os.path.join(REPO_ROOT, "tests", "fixtures"), os.path.join(REPO_ROOT, "..", "shared", "peer_fixtures")):
     path = os.path.join(root, "bilm_tf", name)
     if os.path.exists(path):
       return path

@@ -22,7 +22,6 @@ from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
 from elmo_jax.training.feed import Prefetcher
 from paths import REPO_ROOT
 
-REPO = REPO_ROOT
 WORDS = "the cat sat on a mat , dog ran far away under big small red tree house river \" boat ( sun ) .".split()
 
 
@@ -53,7 +52,7 @@ def test_prepare_is_byte_identical_for_any_worker_count_and_verifies(tmp_path):
   text = _corpus(tmp_path / "train.txt.gz", gz=True)
   a = prepare(str(tmp_path / "a"), [text], num_workers=1, chunk_sentences=1000, log_line=lambda _: None)
   # Worker processes fork: do it from a fresh process, not from this JAX-initialized test process.
-  env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
   subprocess.run([sys.executable, "-m", "elmo_jax.data.prepare", "--noprogress", f"--input={text}",
                   f"--output_dir={tmp_path / 'b'}", "--num_workers=2", "--chunk_sentences=37"],
                  env=env, check=True, capture_output=True)
@@ -196,7 +195,7 @@ def test_refusals_are_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_cli_refusal_and_resume_after_kill9(tmp_path):
-  env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
   cli = [sys.executable, "-m", "elmo_jax.data.prepare", "--noprogress"]
   proc = subprocess.run(cli + [f"--input={tmp_path}/missing.txt", f"--output_dir={tmp_path}/x"], env=env,
                         capture_output=True, text=True)

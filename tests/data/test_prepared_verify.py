@@ -34,7 +34,6 @@ from elmo_jax.data.prepare import prepare
 from elmo_jax.data.prepared import PreparedCorpus
 from paths import REPO_ROOT
 
-REPO = REPO_ROOT
 WORDS = "the cat sat on a mat , dog ran far away under big small red tree house river boat sun .".split()
 QUIET = dict(log_line=lambda _: None)
 
@@ -278,7 +277,7 @@ def test_ctrl_c_is_one_line_and_the_rerun_resumes(tmp_path):
   """Row 4: Ctrl-C (SIGINT to the whole process group, as a terminal sends it) during a 2-worker prepare
   printed 3 tracebacks; now one line, exit 130, and the finished chunks are resumed."""
   text = _corpus(tmp_path / "big.txt", n=80_000)
-  env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
   cli = [sys.executable, "-m", "elmo_jax.data.prepare", "--noprogress", f"--input={text}",
          f"--output_dir={tmp_path}/o", "--chunk_sentences=500", "--num_workers=2"]
   run = launch_util.popen_interruptible(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -396,7 +395,7 @@ def test_vocab_max_size_0_is_no_limit_and_4_is_one_word(tmp_path):
 
 def test_the_cli_refuses_a_negative_vocab_size(tmp_path):
   """P01/P02 through the CLI (0 there means no limit; a negative size is not 'no limit')."""
-  env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
   text = _corpus(tmp_path / "t.txt")
   proc = subprocess.run([sys.executable, "-m", "elmo_jax.data.prepare", "--noprogress", f"--input={text}",
                          f"--output_dir={tmp_path}/o", "--vocab_max_size=-10"],

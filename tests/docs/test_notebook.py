@@ -16,8 +16,7 @@ from tiny import train_tiny  # noqa: E402  (tests/ is on sys.path under pytest)
 
 pytestmark = pytest.mark.slow  # subprocess runs of train.py / a notebook kernel
 
-REPO = REPO_ROOT
-NOTEBOOK = os.path.join(REPO, "notebooks", "inspect_elmo.ipynb")
+NOTEBOOK = os.path.join(REPO_ROOT, "notebooks", "inspect_elmo.ipynb")
 KERNEL = "elmo-jax-test"
 
 

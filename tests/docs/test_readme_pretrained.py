@@ -16,12 +16,11 @@ from elmo_jax.interop import pretrained
 from http_util import mirror, serve_models
 from paths import REPO_ROOT
 
-ROOT = REPO_ROOT
-FIXTURE = os.path.join(ROOT, "tests", "fixtures", "bilm_tf")
+FIXTURE = os.path.join(REPO_ROOT, "tests", "fixtures", "bilm_tf")
 
 
 def section() -> str:
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+  with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
     text = f.read()
   start = text.index("## Using released ELMo")
   return text[start:text.index("\n## ", start + 1)]
@@ -49,7 +48,7 @@ def test_readme_code_runs(tmp_path):
   (tmp_path / "vocab.txt").write_text("\n".join(sorted({w for s in lines for w in s.split()})) + "\n")
   with serve_models(mirror(tmp_path / "www", tuple(pretrained.MODELS))) as (server, base):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "ELMO_JAX_MODELS_URL": base,
-           "ELMO_JAX_CACHE": str(tmp_path / "cache"), "PYTHONPATH": ROOT}
+           "ELMO_JAX_CACHE": str(tmp_path / "cache"), "PYTHONPATH": REPO_ROOT}
     commands = [c.replace("\\\n", " ") for block in blocks("bash") for c in re.split(r"(?<!\\)\n", block) if c]
     assert len(commands) == 5
     for command in commands:

@@ -20,7 +20,6 @@ from elmo_jax.downstream.model import TaskConfig, TaskModel, init_params
 from elmo_jax.evaluation import readers
 from elmo_jax.model import BiLM
 
-REPO = REPO_ROOT
 _NOUNS = "dog cat bird house tree car river bank".split()
 _VERBS = "runs sees eats likes finds".split()
 
@@ -206,8 +205,8 @@ def test_early_stopping_tests_the_best_dev_epoch(task_dir, monkeypatch):
   assert any(np.any(a != b) for a, b in zip(jax.tree_util.tree_leaves(seen[4]), jax.tree_util.tree_leaves(seen[3])))
 
 
-def _cli(*args, cwd=REPO):
-  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+def _cli(*args, cwd=REPO_ROOT):
+  env = dict(os.environ, PYTHONPATH=REPO_ROOT, JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
                         timeout=600)
 
@@ -272,7 +271,7 @@ def _run_notebook(results_dir) -> None:
   old = {k: os.environ.get(k) for k in env}
   os.environ.update(env)
   try:
-    nb = nbformat.read(os.path.join(REPO, "notebooks", "downstream_results.ipynb"), as_version=4)
+    nb = nbformat.read(os.path.join(REPO_ROOT, "notebooks", "downstream_results.ipynb"), as_version=4)
     nbclient.NotebookClient(nb, kernel_name="elmo-jax-test", timeout=300,
                             resources={"metadata": {"path": str(results_dir)}}).execute()
   finally:

@@ -16,8 +16,8 @@ import pytest
 
 from elmo_jax.embedding import writer as embed
 from elmo_jax.embedding.embedder import Embedder
-from embed_util import (FIXTURE, OPTIONS, SENTENCES, WEIGHTS, error_lines, model_args, stop_at_launch,
-                        write_lines)
+from embed_util import SENTENCES, error_lines, model_args, stop_at_launch, write_lines
+from paths import FIXTURE_DIR, FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -41,7 +41,7 @@ def leftovers(directory) -> list[str]:
 
 @pytest.fixture(scope="module")
 def embedder() -> Embedder:
-  return Embedder.from_files(OPTIONS, WEIGHTS)
+  return Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS)
 
 
 @pytest.mark.slow
@@ -73,7 +73,7 @@ def test_stateful_reproduces_bilm_tf_fixture(tmp_path):
   assert proc.returncode == 0, proc.stderr
   arrays, _ = read_output(out)
   for k in range(3):
-    with h5py.File(os.path.join(FIXTURE, f"lm_embeddings_{k}.hdf5"), "r") as f:
+    with h5py.File(os.path.join(FIXTURE_DIR, f"lm_embeddings_{k}.hdf5"), "r") as f:
       for i in range(10):
         want = np.concatenate([f[str(i)][0], f[str(i)][1]], axis=-1)  # fwd | bwd -> (n_tokens, 32)
         np.testing.assert_allclose(arrays[str(3 * i + k)][-1], want, atol=1e-5)
@@ -117,9 +117,9 @@ def test_missing_input_file(tmp_path):
 @pytest.mark.slow
 def test_truncated_weight_file(tmp_path):
   bad = tmp_path / "w.hdf5"
-  with open(WEIGHTS, "rb") as f:
+  with open(FIXTURE_WEIGHTS, "rb") as f:
     bad.write_bytes(f.read()[:50_000])
-  proc = run_cli(f"--options_file={OPTIONS}", f"--weight_file={bad}",
+  proc = run_cli(f"--options_file={FIXTURE_OPTIONS}", f"--weight_file={bad}",
                  f"--input_file={write_lines(tmp_path / 'in.txt', ['a b .'])}",
                  f"--output_file={tmp_path / 'out.hdf5'}")
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
@@ -132,13 +132,13 @@ def test_truncated_weight_file(tmp_path):
 @pytest.mark.parametrize("mutation", ["wrong_shape", "missing"])
 def test_weight_file_naming_the_bad_dataset(tmp_path, mutation):
   bad = tmp_path / "w.hdf5"
-  shutil.copy(WEIGHTS, bad)
+  shutil.copy(FIXTURE_WEIGHTS, bad)
   name = "RNN_1/RNN/MultiRNNCell/Cell0/LSTMCell/W_P_0"
   with h5py.File(bad, "a") as f:
     del f[name]
     if mutation == "wrong_shape":
       f.create_dataset(name, data=np.zeros((64, 17), np.float32))
-  proc = run_cli(f"--options_file={OPTIONS}", f"--weight_file={bad}",
+  proc = run_cli(f"--options_file={FIXTURE_OPTIONS}", f"--weight_file={bad}",
                  f"--input_file={write_lines(tmp_path / 'in.txt', ['a b .'])}",
                  f"--output_file={tmp_path / 'out.hdf5'}")
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
@@ -153,8 +153,8 @@ def test_weight_file_naming_the_bad_dataset(tmp_path, mutation):
 def test_workdir(tmp_path, embedder):
   export = tmp_path / "run" / "export"
   export.mkdir(parents=True)
-  shutil.copy(OPTIONS, export / "options.json")
-  shutil.copy(WEIGHTS, export / "weights.hdf5")
+  shutil.copy(FIXTURE_OPTIONS, export / "options.json")
+  shutil.copy(FIXTURE_WEIGHTS, export / "weights.hdf5")
   lines = SENTENCES[2][:3]
   out = tmp_path / "out.hdf5"
   proc = run_cli(f"--workdir={tmp_path / 'run'}", f"--input_file={write_lines(tmp_path / 'in.txt', lines)}",
@@ -206,7 +206,7 @@ def test_stateful_chunking_keeps_batches(tmp_path):
   path = write_lines(tmp_path / "in.txt", lines)
   outs = []
   for chunk_size in (2, 4096):  # 2 is rounded up to 3 = batch_size, so the batches are the same
-    emb = Embedder.from_files(OPTIONS, WEIGHTS, stateful=True)
+    emb = Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS, stateful=True)
     out = tmp_path / f"out{chunk_size}.hdf5"
     embed.embed_file(emb, path, out, batch_size=3, chunk_size=chunk_size, progress_every=None)
     outs.append(read_output(out))

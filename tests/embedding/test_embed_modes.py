@@ -16,18 +16,15 @@ from elmo_jax.embedding import writer as embed
 from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.embedding.embedder import Embedder
 from http_util import dead_url, mirror, serve_models
-from paths import FIXTURE_DIR
+from paths import FIXTURE_DIR, FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 
-FIXTURE = FIXTURE_DIR
-OPTIONS = os.path.join(FIXTURE, "options.json")
-WEIGHTS = os.path.join(FIXTURE, "lm_weights.hdf5")
-with open(os.path.join(FIXTURE, "lm_embeddings_sentences.json")) as _f:
+with open(os.path.join(FIXTURE_DIR, "lm_embeddings_sentences.json")) as _f:
   LINES: list[str] = json.load(_f)[0][:6]
 
 
 @pytest.fixture(scope="module")
 def embedder() -> Embedder:
-  return Embedder.from_files(OPTIONS, WEIGHTS)
+  return Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +142,7 @@ def test_cli_urls_sentence_vectors_and_token_dump(tmp_path, embedder):
   words = sorted({w for line in LINES for w in line.split()})[:-3]  # a few words stay uncached
   vocab.write_text("\n".join(words) + "\n")
   tokens = tmp_path / "tokens.hdf5"
-  with serve_models(FIXTURE) as (_, base):
+  with serve_models(FIXTURE_DIR) as (_, base):
     urls = [f"--options_file={base}/options.json", f"--weight_file={base}/lm_weights.hdf5"]
     env = {"ELMO_JAX_CACHE": str(tmp_path / "cache")}
     proc = run_cli(*urls, "--dump_token_embeddings", f"--vocab_file={vocab}", f"--output_file={tokens}", env=env)
@@ -160,6 +157,6 @@ def test_cli_urls_sentence_vectors_and_token_dump(tmp_path, embedder):
   want = embedder.sentence_vectors([s.split() for s in LINES], "average")
   for line, vector in zip(LINES, want):
     np.testing.assert_allclose(got[line], vector, atol=1e-6)
-  proc = run_cli(f"--options_file={OPTIONS}", f"--weight_file={WEIGHTS}", "--top", "--average",
+  proc = run_cli(f"--options_file={FIXTURE_OPTIONS}", f"--weight_file={FIXTURE_WEIGHTS}", "--top", "--average",
                  f"--input_file={tmp_path / 'in.txt'}", f"--output_file={tmp_path / 'x.hdf5'}")
   assert proc.returncode != 0 and "at most one of --all, --top, --average" in proc.stderr

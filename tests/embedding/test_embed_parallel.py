@@ -22,14 +22,15 @@ import pytest
 from elmo_jax.embedding import writer as embed
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.embedding.embedder import Embedder
-from launch_util import REPO, free_port
-from embed_util import OPTIONS, SENTENCES, WEIGHTS, error_lines, model_args, stop_at_launch, write_lines
+from launch_util import free_port
+from embed_util import SENTENCES, error_lines, model_args, stop_at_launch, write_lines
+from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT
 
 LINES = [s for group in SENTENCES for s in group]  # 30 fixture sentences, lengths 1-22
 
 
 def env(devices: int = 1) -> dict[str, str]:
-  return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
 
 
@@ -55,7 +56,7 @@ def assert_same_contents(a, b) -> None:
 
 @pytest.fixture(scope="module")
 def embedder() -> Embedder:
-  return Embedder.from_files(OPTIONS, WEIGHTS)
+  return Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS)
 
 
 # The 8-device side of every output mode; the 1-device side is computed the same way in the test process.
@@ -84,12 +85,12 @@ _EIGHT = textwrap.dedent("""
 @pytest.mark.slow  # a subprocess on 8 simulated devices
 def test_eight_devices_equal_one_in_every_mode(tmp_path, embedder):
   text = write_lines(tmp_path / "in.txt", LINES)
-  proc = subprocess.run([sys.executable, "-c", _EIGHT, OPTIONS, WEIGHTS, text, str(tmp_path)],
+  proc = subprocess.run([sys.executable, "-c", _EIGHT, FIXTURE_OPTIONS, FIXTURE_WEIGHTS, text, str(tmp_path)],
                         capture_output=True, text=True, env=env(devices=8), timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   sentences = [line.split() for line in LINES]
   for stateful in (False, True):
-    one = Embedder.from_files(OPTIONS, WEIGHTS, stateful=True) if stateful else embedder
+    one = Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS, stateful=True) if stateful else embedder
     with np.load(tmp_path / f"eight-{stateful}.npz") as eight:
       for i, layers in enumerate(one.embed_sentences(sentences, 5)):
         np.testing.assert_allclose(eight[f"arr_{i}"], layers, atol=1e-6, rtol=0)
@@ -111,13 +112,13 @@ def test_eight_devices_equal_one_in_every_mode(tmp_path, embedder):
 
 def test_devices_choice_is_checked():
   with pytest.raises(ValueError, match="devices=3: this process has 1 local device"):
-    Embedder.from_files(OPTIONS, WEIGHTS, devices=3)
+    Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS, devices=3)
 
 
 def corpus_lines(n: int) -> list[str]:
   """The first n lines of the shipped corpus: enough distinct tokens that where a token's char-CNN output
   is first computed shows in its last bits (see `Embedder.batches`' fresh_every)."""
-  with gzip.open(os.path.join(REPO, "data", "pd-small", "train.txt.gz"), "rt", encoding="utf-8") as f:
+  with gzip.open(os.path.join(REPO_ROOT, "data", "pd-small", "train.txt.gz"), "rt", encoding="utf-8") as f:
     return [next(f).strip() for _ in range(n)]
 
 
@@ -146,14 +147,14 @@ def test_parts_are_independent_of_where_a_run_stopped(tmp_path, embedder, monkey
 def test_stateful_resume_continues_the_state(tmp_path, monkeypatch):
   text = write_lines(tmp_path / "in.txt", LINES)
   kwargs = dict(batch_size=3, part_sentences=6, progress_every=None)
-  embed.embed_file(Embedder.from_files(OPTIONS, WEIGHTS, stateful=True), text, tmp_path / "whole.hdf5", **kwargs)
-  emb = Embedder.from_files(OPTIONS, WEIGHTS, stateful=True)
+  embed.embed_file(Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS, stateful=True), text, tmp_path / "whole.hdf5", **kwargs)
+  emb = Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS, stateful=True)
   stop_at_launch(monkeypatch, emb, 6)
   with pytest.raises(KeyboardInterrupt):
     embed.embed_file(emb, text, tmp_path / "out.hdf5", **kwargs)
   parts = sorted(os.listdir(tmp_path / "out.hdf5.partial" / "parts"))
   assert "000000-0000.npz" in parts and "000000-0001.json" in parts  # 4 batches fetched: 2 parts
-  fresh = Embedder.from_files(OPTIONS, WEIGHTS, stateful=True)  # a new process: no state in memory
+  fresh = Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS, stateful=True)  # a new process: no state in memory
   stats = embed.embed_file(fresh, text, tmp_path / "out.hdf5", **kwargs)
   assert stats["resumed"] == 12
   assert_same_contents(contents(tmp_path / "out.hdf5"), contents(tmp_path / "whole.hdf5"))
@@ -161,7 +162,7 @@ def test_stateful_resume_continues_the_state(tmp_path, monkeypatch):
 
 def test_stateful_over_processes_is_refused(tmp_path):
   text = write_lines(tmp_path / "in.txt", LINES)
-  emb = Embedder.from_files(OPTIONS, WEIGHTS, stateful=True)
+  emb = Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS, stateful=True)
   with pytest.raises(embed.EmbedInputError, match="runs in one process"):
     embed.embed_file(emb, text, tmp_path / "o.hdf5", process_index=0, process_count=2, progress_every=None)
   assert os.listdir(tmp_path) == ["in.txt"]

@@ -14,8 +14,6 @@ from elmo_jax.evaluation import early_stopping, features, plots, probes, readers
 from eval_util import FAST, FakeEmbedder, eval_cfg, fake_models, write, wsd_tsv
 from paths import REPO_ROOT
 
-REPO = REPO_ROOT
-
 
 # ---------------------------------------------------------------- readers
 
@@ -112,17 +110,15 @@ def test_early_stopping_patience_ties_and_epochs_run():
   assert kept == ([2, 0.7], 2)  # what `keep` made of the best record
 
 
-def test_majority_and_perplexity_bars_share_one_implementation(tmp_path):
+def test_majority_baseline_and_perplexity_bars(tmp_path):
   assert probes.majority_accuracy(np.array([0, 1, 1]), np.array([1, 0, 1, 1])) == 0.75
   assert probes.majority_accuracy(np.array([0, 1, 1]), np.array([], int)) == 0.0
   one = {"ppl_forward": 30.5, "ppl_backward": 33.1, "ppl": 31.8, "unigram_ppl": 200.0, "n_tokens": 1000}
   fig = plots.perplexity_bars(None, one)
   assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["forward", "backward", "mean", "unigram"]
-  fig = plots.perplexity_bars(None, {"a": one, "b": dict(one, unigram_ppl=None)})
+  fig = plots.perplexity_by_model(None, {"a": one, "b": dict(one, unigram_ppl=None)})
   assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["a", "b"]
   assert fig.axes[0].get_yscale() == "log"
-  from elmo_jax.downstream import plots as downstream_plots  # pylint: disable=g-import-not-at-top
-  assert downstream_plots.perplexity_bars is plots.perplexity_bars
 
 
 # ---------------------------------------------------------------- end to end
@@ -197,10 +193,10 @@ def test_main_with_injected_embedder(tmp_path, parsed_flags):
 def test_cli_bad_input_exits_with_one_line(tmp_path):
   bad = write(tmp_path / "bad.conll", "the\tDT\ncat\tNN\tX\n")
   proc = subprocess.run(
-      [sys.executable, os.path.join(REPO, "evaluate.py"), "--task=pos",
+      [sys.executable, os.path.join(REPO_ROOT, "evaluate.py"), "--task=pos",
        f"--output_dir={tmp_path}/out", f"--train_file={bad}", f"--test_file={bad}"],
-      capture_output=True, text=True, cwd=REPO, timeout=120,
-      env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"})
+      capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+      env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode != 0
   err = proc.stderr.strip().splitlines()
   assert len(err) == 1 and "bad.conll:2: expected 2 tab-separated" in err[0], proc.stderr

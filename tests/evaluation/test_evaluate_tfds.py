@@ -11,7 +11,7 @@ import pytest
 import evaluate
 from elmo_jax.evaluation import readers
 from eval_util import fake_models
-from paths import REPO_ROOT as REPO
+from paths import REPO_ROOT
 from tfds_util import TinySst2
 
 tfds = pytest.importorskip("tensorflow_datasets")
@@ -82,12 +82,12 @@ def test_bad_tfds_input_exits_with_one_line(tmp_path, data_dir, parsed_flags, ta
 def test_cli_missing_dataset_is_one_line_on_stderr(tmp_path):
   """No TFDS warning ("Variant folder ... has no dataset_info.json") joins the error line."""
   proc = subprocess.run(
-      [sys.executable, os.path.join(REPO, "evaluate.py"), "--task=sentiment",
+      [sys.executable, os.path.join(REPO_ROOT, "evaluate.py"), "--task=sentiment",
        f"--output_dir={tmp_path}/out", f"--tfds_data_dir={tmp_path}/tfds",
        "--sentiment_train_file=tfds:glue/sst2:train",
        "--sentiment_test_file=tfds:glue/sst2:validation"],
-      capture_output=True, text=True, cwd=REPO, timeout=120,
-      env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"})
+      capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+      env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode != 0
   err = proc.stderr.strip().splitlines()
   assert len(err) == 1 and "'glue/sst2' is not prepared" in err[0], proc.stderr

@@ -20,8 +20,6 @@ from elmo_jax.training import lm_eval
 from tiny import train_tiny
 from paths import REPO_ROOT
 
-REPO = REPO_ROOT
-
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
@@ -116,10 +114,10 @@ def test_bad_inputs_exit_with_one_line(tiny_run, tmp_path, parsed_flags):
     evaluate.main(["evaluate.py"])
   # The real CLI: non-zero exit and exactly one line on stderr.
   proc = subprocess.run(
-      [sys.executable, os.path.join(REPO, "evaluate.py"), "--task=perplexity", *common,
+      [sys.executable, os.path.join(REPO_ROOT, "evaluate.py"), "--task=perplexity", *common,
        f"--weight_file={bare}", f"--vocab_file={tiny_run}/vocab.txt"],
-      capture_output=True, text=True, cwd=REPO, timeout=300,
-      env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"})
+      capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+      env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode != 0
   err = [line for line in proc.stderr.splitlines() if line.strip() and "xla_bridge" not in line]
   assert len(err) == 1 and "has no softmax" in err[0], proc.stderr

@@ -17,14 +17,11 @@ from elmo_jax.interop import pretrained
 from elmo_jax.embedding import token_cache
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.model import Elmo, masked_mean, word_ids_for
-from paths import FIXTURE_DIR
+from paths import FIXTURE_DIR, FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 
-FIXTURE = FIXTURE_DIR
-OPTIONS = os.path.join(FIXTURE, "options.json")
-WEIGHTS = os.path.join(FIXTURE, "lm_weights.hdf5")
-with open(os.path.join(FIXTURE, "lm_embeddings_sentences.json")) as _f:
+with open(os.path.join(FIXTURE_DIR, "lm_embeddings_sentences.json")) as _f:
   SENTENCES = [s.split() for row in json.load(_f) for s in row]
-VOCAB_FILE = os.path.join(FIXTURE, "vocab_test.txt")
+VOCAB_FILE = os.path.join(FIXTURE_DIR, "vocab_test.txt")
 with open(VOCAB_FILE) as _f:
   VOCAB = [w.strip() for w in _f if w.strip()]
 
@@ -33,12 +30,12 @@ BATCH = [SENTENCES[0][:9], SENTENCES[1][:2], ["zzyzx", "and", "Qwertyuiop", "."]
 
 @pytest.fixture(scope="module")
 def embedder():
-  return Embedder.from_files(OPTIONS, WEIGHTS)
+  return Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS)
 
 
 @pytest.fixture(scope="module")
 def loaded():
-  return pretrained.load_elmo(FIXTURE, dropout=0.0)
+  return pretrained.load_elmo(FIXTURE_DIR, dropout=0.0)
 
 
 @pytest.mark.slow
@@ -111,7 +108,7 @@ def test_freeze_bilm_under_adamw_weight_decay(loaded):
 def test_vocab_to_cache_equals_char_path(loaded):
   elmo, variables = loaded
   vocab = sorted({w for s in BATCH for w in s} - {"zzyzx", "Qwertyuiop"}) + VOCAB[:50]
-  cached_elmo, cached_vars = pretrained.load_elmo(FIXTURE, dropout=0.0, vocab_to_cache=vocab)
+  cached_elmo, cached_vars = pretrained.load_elmo(FIXTURE_DIR, dropout=0.0, vocab_to_cache=vocab)
   assert cached_vars["token_cache"]["embedding"].shape == (len(vocab) + 1, 16)
   index = {w: k for k, w in enumerate(vocab)}
   ids = chars.batch_to_ids(BATCH)
@@ -163,7 +160,7 @@ def test_token_embedding_file_equals_char_path(tmp_path, embedder):
   embedder.dump_token_embeddings(VOCAB, path)
   table, tokens = token_cache.read(path, 16)
   assert tokens == VOCAB and table.shape == (len(VOCAB), 16)
-  cached = Embedder.from_files(OPTIONS, WEIGHTS, token_embedding_file=path)
+  cached = Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS, token_embedding_file=path)
   batch = SENTENCES[:12] + [["zzyzx", "Qwertyuiop"], ["the", "unseen-word", "."]]
   assert any(w not in set(VOCAB) for s in batch for w in s)  # both paths are exercised
   for got, want in zip(cached.embed_sentences(batch, batch_size=4), embedder.embed_sentences(batch, batch_size=4)):
@@ -172,8 +169,8 @@ def test_token_embedding_file_equals_char_path(tmp_path, embedder):
 
 def test_token_embedding_file_errors(tmp_path, embedder):
   with pytest.raises(token_cache.TokenCacheError, match="not found"):
-    Embedder.from_files(OPTIONS, WEIGHTS, token_embedding_file=tmp_path / "nope.hdf5")
+    Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS, token_embedding_file=tmp_path / "nope.hdf5")
   path = tmp_path / "t.hdf5"
   token_cache.write(path, np.zeros((2, 8), np.float32), ["a", "b"])
   with pytest.raises(token_cache.TokenCacheError, match=r"shape \(2, 8\), expected \(2, 16\)"):
-    Embedder.from_files(OPTIONS, WEIGHTS, token_embedding_file=path)
+    Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS, token_embedding_file=path)

@@ -14,12 +14,7 @@ from elmo_jax.runtime import files
 from elmo_jax.interop import pretrained
 from elmo_jax.embedding.embedder import Embedder
 from http_util import dead_url, mirror, serve_models
-from paths import FIXTURE_DIR, REPO_ROOT
-
-FIXTURE = FIXTURE_DIR
-OPTIONS = os.path.join(FIXTURE, "options.json")
-WEIGHTS = os.path.join(FIXTURE, "lm_weights.hdf5")
-
+from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT
 
 cache = http_util.cache
 
@@ -79,7 +74,7 @@ def test_offline_without_copy_is_one_actionable_line(cache):
   assert "\n" not in message and url in message and download.cache_file(url) in message
   # A file put there by hand is used (and its hash recorded).
   target = download.cache_file(url)
-  shutil.copy(WEIGHTS, target)
+  shutil.copy(FIXTURE_WEIGHTS, target)
   assert download.cached_path(url) == target
   assert json.loads((cache / "manifest.json").read_text())[url]["source"] == "found in cache"
 
@@ -99,9 +94,9 @@ def test_published_hash_mismatch_and_match(tmp_path, cache):
 
 
 def test_file_urls_and_paths_are_used_in_place(tmp_path):
-  assert download.cached_path("file://" + os.path.abspath(WEIGHTS)) == os.path.abspath(WEIGHTS)
-  assert download.cached_path(WEIGHTS) == WEIGHTS
-  assert not download.is_url(WEIGHTS) and download.is_url("https://x/y")
+  assert download.cached_path("file://" + os.path.abspath(FIXTURE_WEIGHTS)) == os.path.abspath(FIXTURE_WEIGHTS)
+  assert download.cached_path(FIXTURE_WEIGHTS) == FIXTURE_WEIGHTS
+  assert not download.is_url(FIXTURE_WEIGHTS) and download.is_url("https://x/y")
 
 
 def test_released_table():
@@ -120,7 +115,7 @@ def test_released_table():
 def test_from_pretrained_by_name_url_and_folder(tmp_path, cache, monkeypatch):
   mirror(tmp_path / "www")
   key = pretrained.MODELS["small"].key
-  fixture = (files.sha256_file(OPTIONS), files.sha256_file(WEIGHTS))
+  fixture = (files.sha256_file(FIXTURE_OPTIONS), files.sha256_file(FIXTURE_WEIGHTS))
   with serve_models(tmp_path / "www") as (server, base):
     monkeypatch.setenv("ELMO_JAX_MODELS_URL", base)
     emb = Embedder.from_pretrained("small")
@@ -131,7 +126,7 @@ def test_from_pretrained_by_name_url_and_folder(tmp_path, cache, monkeypatch):
                pretrained.resolve(str(tmp_path / "www" / key)),
                pretrained.resolve("file://" + str(tmp_path / "www" / key))):
     assert tuple(files.sha256_file(p) for p in pair) == fixture
-  want = Embedder.from_files(OPTIONS, WEIGHTS).embed_sentences([["The", "bank", "."], ["Hi"]])
+  want = Embedder.from_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS).embed_sentences([["The", "bank", "."], ["Hi"]])
   for got, ref in zip(emb.embed_sentences([["The", "bank", "."], ["Hi"]]), want):
     np.testing.assert_array_equal(got, ref)
 
@@ -155,8 +150,8 @@ def test_evaluate_model_flag(tmp_path, cache, monkeypatch, parsed_flags):
     _, cfg = evaluate.config_from_flags()
   m = pretrained.MODELS["small"]
   assert cfg.perplexity.options_file == download.cache_file(f"{base}/{m.key}/elmo_{m.key}_options.json")
-  assert files.sha256_file(cfg.perplexity.weight_file) == files.sha256_file(WEIGHTS)
-  parsed_flags("--task=pos", "--model=small", f"--options_file={OPTIONS}", f"--weight_file={WEIGHTS}",
+  assert files.sha256_file(cfg.perplexity.weight_file) == files.sha256_file(FIXTURE_WEIGHTS)
+  parsed_flags("--task=pos", "--model=small", f"--options_file={FIXTURE_OPTIONS}", f"--weight_file={FIXTURE_WEIGHTS}",
                f"--output_dir={tmp_path / 'out'}")
   with pytest.raises(Exception, match="give one of --model"):
     evaluate.config_from_flags()
@@ -167,14 +162,14 @@ def test_init_from_released_name(tmp_path, cache, monkeypatch):
   from elmo_jax.interop import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
   mirror(tmp_path / "www")
-  options = options_lib.load(OPTIONS)
+  options = options_lib.load(FIXTURE_OPTIONS)
   with serve_models(tmp_path / "www") as (_, base):
     monkeypatch.setenv("ELMO_JAX_MODELS_URL", base)
     params, softmax, description = init_from.load("small", options, "no-vocab")
-  want = weights_lib.load_hdf5(WEIGHTS, options)["params"]
+  want = weights_lib.load_hdf5(FIXTURE_WEIGHTS, options)["params"]
   np.testing.assert_array_equal(params["lstm"]["forward_layer_0"]["W_0"], want["lstm"]["forward_layer_0"]["W_0"])
   assert softmax is None and "ELMo weights" in description and str(cache) in description
-  other = options_lib.load(OPTIONS)
+  other = options_lib.load(FIXTURE_OPTIONS)
   other["lstm"]["dim"] = 8
   with pytest.raises(init_from.InitFromError, match="model shape differs"):
     init_from.load("small", other, "no-vocab")  # cached now: offline

@@ -22,7 +22,6 @@ from elmo_jax.plan import targets as targets_lib
 import tiny
 from paths import REPO_ROOT, TESTS_DIR
 
-REPO = REPO_ROOT
 PYTHON = sys.executable
 
 _SCRIPT = textwrap.dedent(r"""
@@ -45,7 +44,7 @@ def _plan_cpu(tmp_path, *specs):
   script.write_text(_SCRIPT)
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([PYTHON, str(script), os.pathsep.join((os.path.dirname(__file__), TESTS_DIR)), *specs], env=env,
-                        capture_output=True, text=True, timeout=300, cwd=REPO)
+                        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
   assert proc.returncode == 0, proc.stderr[-4000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -77,7 +76,7 @@ def test_step_work_per_device_does_not_grow_with_devices(tmp_path):
 def _run_plan(config, *args):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   env.pop("XLA_FLAGS", None)  # the command sets the CPU device count for a cpu:N target itself
-  return subprocess.run([PYTHON, "-m", "elmo_jax.plan", f"--config={config}", *args], env=env, cwd=REPO,
+  return subprocess.run([PYTHON, "-m", "elmo_jax.plan", f"--config={config}", *args], env=env, cwd=REPO_ROOT,
                         capture_output=True, text=True, timeout=300)
 
 
@@ -192,7 +191,7 @@ def test_plan_compiles_for_tpu_v5e_without_hardware(tmp_path):
                                    shard_softmax=True, **{"data.vocab_max_size": 300})
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
   proc = subprocess.run([PYTHON, "-m", "elmo_jax.plan", f"--config={config}", "--target=v5e:2x2",
-                         "--per_device_batch=8", "--json"], env=env, cwd=REPO, capture_output=True, text=True,
+                         "--per_device_batch=8", "--json"], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
                         timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(proc.stdout[proc.stdout.index("{"):])
@@ -226,7 +225,7 @@ def test_embed_step_plan_finds_the_largest_batch_that_fits():
 def test_embed_step_plan_for_tpu_v5e(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
   proc = subprocess.run([PYTHON, "-m", "elmo_jax.plan", "--step=embed", "--model=small", "--target=v5e:2x2",
-                         "--time_buckets=16", "--per_device_batch=8"], env=env, cwd=REPO, capture_output=True,
+                         "--time_buckets=16", "--per_device_batch=8"], env=env, cwd=REPO_ROOT, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "v5e:2x2: 4 x TPU v5e, embed step of lstm 1024 -> 128" in proc.stdout

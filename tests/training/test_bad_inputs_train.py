@@ -20,7 +20,6 @@ from elmo_jax.training import checkpoint, preflight
 from elmo_jax.training.config import config_file_error
 from paths import REPO_ROOT
 
-REPO = REPO_ROOT
 PYTHON = sys.executable
 
 
@@ -128,7 +127,7 @@ def _escape(text: str) -> str:
 def test_every_shipped_config_passes_the_value_checks():
   import glob
   import importlib.util
-  for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.py"))):
+  for path in sorted(glob.glob(os.path.join(REPO_ROOT, "configs", "*.py"))):
     spec = importlib.util.spec_from_file_location("_cfg", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -169,9 +168,9 @@ def test_a_training_file_edited_since_the_checkpoint_is_refused(tmp_path):
 
 
 def test_a_config_file_typo_is_one_line_with_a_suggestion():
-  default = os.path.join(REPO, "configs", "default.py")
-  message = config_file_error(["train.py", f"--config={REPO}/configs/defualt.py"], default)
-  assert message.startswith(f"--config={REPO}/configs/defualt.py: no such config file; did you mean ")
+  default = os.path.join(REPO_ROOT, "configs", "default.py")
+  message = config_file_error(["train.py", f"--config={REPO_ROOT}/configs/defualt.py"], default)
+  assert message.startswith(f"--config={REPO_ROOT}/configs/defualt.py: no such config file; did you mean ")
   assert message.endswith("configs/default.py?")
   assert config_file_error(["train.py", f"--config={default}"], default) is None
 
@@ -239,7 +238,7 @@ def test_init_from_of_another_model_shape_is_refused_before_the_run_writes(tmp_p
                      "there, 64 here"):
     preflight.check(wider, str(tmp_path / "new"))
   elmo_files = tiny.train_config(config.data.train_files, **{"init_from": os.path.join(
-      REPO, "tests", "fixtures", "bilm_tf", "lm_weights.hdf5")})  # bilm-tf's fixture model: another shape
+      REPO_ROOT, "tests", "fixtures", "bilm_tf", "lm_weights.hdf5")})  # bilm-tf's fixture model: another shape
   with pytest.raises(preflight.PreflightError, match="model shape differs"):
     preflight.check(elmo_files, str(tmp_path / "new"))
   assert not (tmp_path / "new").exists()
@@ -258,8 +257,8 @@ def test_newest_meta_skips_an_unreadable_step(tmp_path):
 # --- the command, end to end (subprocesses) ----------------------------------------------------------------
 
 def _train(cwd, *args, timeout=300):
-  return subprocess.run([PYTHON, os.path.join(REPO, "train.py"), *args], cwd=cwd, capture_output=True, text=True,
-                        timeout=timeout, env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO})
+  return subprocess.run([PYTHON, os.path.join(REPO_ROOT, "train.py"), *args], cwd=cwd, capture_output=True, text=True,
+                        timeout=timeout, env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO_ROOT})
 
 
 def _one_line_error(proc, words):
@@ -280,10 +279,10 @@ def test_train_py_refuses_mistakes_without_creating_the_workdir(tmp_path):
   ]:
     _one_line_error(_train(tmp_path, *base, *args), words)
     assert not (tmp_path / "run").exists(), args
-  proc = _train(tmp_path, "--workdir=run", f"--config={REPO}/configs/trail.py")
+  proc = _train(tmp_path, "--workdir=run", f"--config={REPO_ROOT}/configs/trail.py")
   assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
-  assert proc.stderr.strip().startswith(f"FATAL Flags parsing error: --config={REPO}/configs/trail.py: no such "
-                                       f"config file; did you mean {REPO}/configs/"), proc.stderr
+  assert proc.stderr.strip().startswith(f"FATAL Flags parsing error: --config={REPO_ROOT}/configs/trail.py: no such "
+                                       f"config file; did you mean {REPO_ROOT}/configs/"), proc.stderr
   assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
@@ -316,10 +315,10 @@ def test_ctrl_c_while_preparing_the_corpus_is_one_line(tmp_path):
   (tmp_path / "big.txt").write_text("".join(f"w{i % 997} w{i % 13} the cat sat on a mat {i} .\n"
                                             for i in range(400_000)))
   proc = launch_util.popen_interruptible(
-      [PYTHON, os.path.join(REPO, "train.py"), "--workdir=run", "--config.data.train_files=big.txt",
+      [PYTHON, os.path.join(REPO_ROOT, "train.py"), "--workdir=run", "--config.data.train_files=big.txt",
        "--config.data.eval_files=", "--config.data.pretokenized", "--config.num_train_steps=2"],
       cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO})
+      env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO_ROOT})
   seen = []
   while not (seen and seen[-1].startswith("preparing the training text")):  # past the preflight, tokenizing
     seen.append(proc.stdout.readline())
@@ -341,7 +340,7 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line():
           "assert stop.signal_name == 'SIGINT'\n"
           "print('saving', flush=True)\n"
           "os.kill(os.getpid(), signal.SIGINT)\n"
-          "time.sleep(30)\n" % REPO)
+          "time.sleep(30)\n" % REPO_ROOT)
   started = time.time()
   proc = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})

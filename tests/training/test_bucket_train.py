@@ -89,7 +89,7 @@ def test_second_trainer_on_a_bucket_workdir_is_refused_naming_the_holder(runs):
   held = WorkdirLock.acquire(runs["b"], process_index=0)
   try:
     out = subprocess.run([sys.executable, "train.py", f"--workdir={runs['b']}", f"--config={runs['config']}",
-                          "--config.num_train_steps=16"], cwd=launch_util.REPO, capture_output=True, text=True,
+                          "--config.num_train_steps=16"], cwd=launch_util.REPO_ROOT, capture_output=True, text=True,
                          env=launch_util.env(cache_dir=runs["jax_cache"]), timeout=300)
   finally:
     held.release()
@@ -137,7 +137,7 @@ def test_prepared_corpus_in_a_bucket_gives_the_local_batches_and_refuses_tamperi
   local = str(tmp_path / "prepared")
   prepare.prepare(local, [train], vocab_max_size=500, log_line=lambda _: None)
   made = subprocess.run([sys.executable, "-m", "elmo_jax.data.prepare", f"--input={train}", "--vocab_max_size=500",
-                         f"--output_dir={bucket}/corpus", "--num_workers=1", "--noprogress"], cwd=launch_util.REPO,
+                         f"--output_dir={bucket}/corpus", "--num_workers=1", "--noprogress"], cwd=launch_util.REPO_ROOT,
                         capture_output=True, text=True, env=launch_util.env(), timeout=120)
   assert made.returncode == 0 and f"uploaded to {bucket}/corpus" in made.stdout, made.stderr[-2000:]
   assert storage.listdir(bucket + "/corpus") == sorted(os.listdir(local))  # no .partial, no local record
@@ -172,7 +172,7 @@ def test_embed_and_evaluate_write_whole_objects_to_a_bucket(runs):
   storage.upload(runs["train"], text)
   embed = subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--workdir={runs['b']}",
                           f"--input_file={text}", f"--output_file={out}", "--noprogress"],
-                         cwd=launch_util.REPO, capture_output=True, text=True, env=env, timeout=300)
+                         cwd=launch_util.REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
   assert embed.returncode == 0, embed.stderr[-2000:]
   assert f"wrote {out}" in embed.stderr
   with h5py.File(storage.local(out), "r") as f:
@@ -183,14 +183,14 @@ def test_embed_and_evaluate_write_whole_objects_to_a_bucket(runs):
     f.write(b"\x00\x01" * 100)
   failed = subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--workdir={runs['b']}",
                            f"--input_file={binary}", f"--output_file={runs['url']}/embeddings/bad.hdf5"],
-                          cwd=launch_util.REPO, capture_output=True, text=True, env=env, timeout=300)
+                          cwd=launch_util.REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
   assert failed.returncode == 1 and failed.stderr.strip().splitlines()[-1].startswith("error: --input_file=")
   assert storage.listdir(runs["url"] + "/embeddings") == ["train.hdf5"]  # a failed run uploads nothing
   scores = {}
   for name, workdir, text in (("local", runs["a"], runs["train"]), ("bucket", runs["b"], text)):
     ev = subprocess.run([sys.executable, "evaluate.py", "--task=perplexity", f"--workdir={workdir}",
                          f"--text_file={text}", "--max_batches=3", "--noprogress"],
-                        cwd=launch_util.REPO, capture_output=True, text=True, env=env, timeout=300)
+                        cwd=launch_util.REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert ev.returncode == 0, ev.stderr[-2000:]
     read = storage.read_bytes if name == "bucket" else lambda p: open(p, "rb").read()
     scores[name] = json.loads(read(storage.join(workdir, "eval", "perplexity.json")))
@@ -254,7 +254,7 @@ def test_a_missing_bucket_is_one_line_before_anything_runs(bucket, tmp_path):
   train = launch_util.write_corpus(str(tmp_path / "train.txt"))
   config = launch_util.write_config(str(tmp_path / "tiny.py"), train)
   out = subprocess.run([sys.executable, "train.py", "--workdir=gs://no-such-bucket/run", f"--config={config}"],
-                       cwd=launch_util.REPO, capture_output=True, text=True, env=launch_util.env(), timeout=300)
+                       cwd=launch_util.REPO_ROOT, capture_output=True, text=True, env=launch_util.env(), timeout=300)
   assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
   assert out.stderr.strip().splitlines()[-1] == (
       "train: error: --workdir=gs://no-such-bucket/run: the bucket gs://no-such-bucket does not exist (or is not "

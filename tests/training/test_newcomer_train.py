@@ -13,7 +13,6 @@ from elmo_jax.training import preflight
 from elmo_jax.training.config import base_config
 from paths import REPO_ROOT
 
-REPO = REPO_ROOT
 PYTHON = sys.executable
 
 
@@ -89,7 +88,7 @@ def test_stale_lock_of_a_dead_trainer_is_taken_over(tmp_path):
   run = tmp_path / "run"
   code = ("import os, sys; sys.path.insert(0, %r)\n"
           "from elmo_jax.training.lock import WorkdirLock\n"
-          "WorkdirLock.acquire(%r, process_index=0); os._exit(0)" % (REPO, str(run)))
+          "WorkdirLock.acquire(%r, process_index=0); os._exit(0)" % (REPO_ROOT, str(run)))
   subprocess.run([PYTHON, "-c", code], check=True, timeout=60)  # dies holding it (no release)
   assert (run / lock_lib.LOCK_FILE).exists()
   lock = lock_lib.WorkdirLock.acquire(str(run), process_index=0)
@@ -98,8 +97,8 @@ def test_stale_lock_of_a_dead_trainer_is_taken_over(tmp_path):
 
 
 def _train(tmp_path, *args):
-  return subprocess.run([PYTHON, os.path.join(REPO, "train.py"), *args], cwd=tmp_path, capture_output=True,
-                        text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO})
+  return subprocess.run([PYTHON, os.path.join(REPO_ROOT, "train.py"), *args], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO_ROOT})
 
 
 @pytest.mark.slow
@@ -189,10 +188,10 @@ def test_package_declares_dependencies_extras_and_console_scripts(tmp_path, monk
   import ast
   import importlib.util
   import tomllib
-  project = tomllib.load(open(os.path.join(REPO, "pyproject.toml"), "rb"))["project"]
+  project = tomllib.load(open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb"))["project"]
   assert project["requires-python"] == ">=3.11"
   names = {d.split(">")[0].split("=")[0].split("<")[0].strip().lower() for d in project["dependencies"]}
-  pinned = {line.split("==")[0].lower() for line in open(os.path.join(REPO, "requirements.txt"))
+  pinned = {line.split("==")[0].lower() for line in open(os.path.join(REPO_ROOT, "requirements.txt"))
             if "==" in line}
   assert {"jax", "flax", "optax", "orbax-checkpoint", "grain", "h5py", "tensorboardx", "tqdm"} <= names <= pinned
   extras = project["optional-dependencies"]
@@ -209,7 +208,7 @@ def test_package_declares_dependencies_extras_and_console_scripts(tmp_path, monk
     assert any(isinstance(node, ast.FunctionDef) and node.name == func for node in ast.parse(source).body), target
   from elmo_jax import cli
   monkeypatch.chdir(tmp_path)  # a console script run elsewhere still finds the clone's configs
-  assert cli.default_config() == os.path.join(REPO, "configs", "default.py")
+  assert cli.default_config() == os.path.join(REPO_ROOT, "configs", "default.py")
 
 
 @pytest.mark.slow

@@ -26,7 +26,6 @@ from elmo_jax.training.config import base_config, unknown_override_error
 import tiny
 from paths import REPO_ROOT, TESTS_DIR
 
-REPO = REPO_ROOT
 PYTHON = sys.executable
 
 _SUBJ = ["the cat", "the dog", "a bird", "my friend", "the old man"]
@@ -152,7 +151,7 @@ def test_sharded_training_equals_single_device(tmp_path, dedupe, shard_softmax):
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([PYTHON, str(script), os.pathsep.join((os.path.dirname(__file__), TESTS_DIR)), str(tmp_path), str(int(dedupe)),
                          str(int(shard_softmax))], env=env,
-                        capture_output=True, text=True, timeout=600, cwd=REPO)
+                        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
   assert proc.returncode == 0, proc.stderr[-4000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   print("8 vs 1 device:", json.dumps(result, indent=1))
@@ -173,7 +172,7 @@ def test_sharded_training_equals_single_device(tmp_path, dedupe, shard_softmax):
 ])
 @pytest.mark.slow
 def test_train_py_refuses_bad_overrides_in_one_line(tmp_path, flag, key, words):
-  proc = subprocess.run([PYTHON, "train.py", f"--workdir={tmp_path / 'run'}", flag], cwd=REPO,
+  proc = subprocess.run([PYTHON, "train.py", f"--workdir={tmp_path / 'run'}", flag], cwd=REPO_ROOT,
                         capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   out = proc.stdout + proc.stderr
   assert proc.returncode != 0
@@ -183,14 +182,14 @@ def test_train_py_refuses_bad_overrides_in_one_line(tmp_path, flag, key, words):
 
 
 def test_unknown_override_error_helper():
-  default = os.path.join(REPO, "configs", "default.py")
+  default = os.path.join(REPO_ROOT, "configs", "default.py")
   assert unknown_override_error(["train.py", "--config.batch_size=3", "--noconfig.data.pretokenized"],
                                 default) is None
   assert unknown_override_error(["train.py", "--config.options.char_cnn.filters=[[1,2]]"], default) is None
   msg = unknown_override_error(["train.py", "--config.data.vocab_max_sise=3"], default)
   assert "config.data.vocab_max_sise" in msg and "vocab_max_size" in msg
   # The config file given on the command line is the one checked (also as `--config PATH`).
-  small = os.path.join(REPO, "configs", "small.py")
+  small = os.path.join(REPO_ROOT, "configs", "small.py")
   assert "options.lstm.x" in unknown_override_error(["t", "--config", small, "--config.options.lstm.x=1"], default)
   assert unknown_override_error(["t", f"--config={small}", "--config.options.lstm.dim=8"], default) is None
   # A config file that does not load is left to config_flags.
@@ -204,7 +203,7 @@ def _load_config_file(path):
   return module.get_config()
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "*.py"))),
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO_ROOT, "configs", "*.py"))),
                          ids=lambda p: os.path.basename(p))
 def test_config_files_load_and_validate(path):
   c = _load_config_file(path)
@@ -220,7 +219,7 @@ def test_config_files_load_and_validate(path):
 @pytest.mark.parametrize("name, dim, proj, highway", [("small", 1024, 128, 1), ("medium", 2048, 256, 1),
                                                       ("original", 4096, 512, 2)])
 def test_released_presets_have_released_sizes(name, dim, proj, highway):
-  c = _load_config_file(os.path.join(REPO, "configs", f"{name}.py"))
+  c = _load_config_file(os.path.join(REPO_ROOT, "configs", f"{name}.py"))
   o = options_lib.validate(c.options.to_dict())
   assert (o["lstm"]["dim"], o["lstm"]["projection_dim"], o["char_cnn"]["n_highway"]) == (dim, proj, highway)
   assert o["lstm"]["n_layers"] == 2 and o["lstm"]["use_skip_connections"]
@@ -354,7 +353,7 @@ def test_export_matches_trained_params_and_embeds(trained):
   with open(inp, "w") as f:
     f.write(" ".join(sentence) + "\n" + "a bird ran to the river .\n")
   proc = subprocess.run([PYTHON, "-m", "elmo_jax.embed", f"--workdir={workdir}", f"--input_file={inp}",
-                         f"--output_file={out}"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         f"--output_file={out}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode == 0, proc.stderr[-3000:]
   with h5py.File(out, "r") as f:
