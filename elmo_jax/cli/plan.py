@@ -22,6 +22,7 @@ from ml_collections import config_flags
 
 from elmo_jax import cli
 from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
 
 FLAGS = flags.FLAGS
 
@@ -119,7 +120,7 @@ def main(argv):
   from elmo_jax.plan import targets  # pylint: disable=g-import-not-at-top
   if FLAGS.dump_hlo and FLAGS.step == "train":  # before the compile: never over the config it reads
     try:
-      files.check_output(FLAGS.dump_hlo, "--dump_hlo", inputs=[config_flags.get_config_filename(FLAGS["config"])])
+      storage.check_output(FLAGS.dump_hlo, "--dump_hlo", inputs=[config_flags.get_config_filename(FLAGS["config"])])
     except files.UnsafeOutputError as e:
       sys.exit(f"plan: error: {e}")
   try:

@@ -25,6 +25,7 @@ import os
 import time
 from typing import Any, Callable
 
+from elmo_jax.runtime import cache
 from elmo_jax.runtime import files
 from elmo_jax.runtime import log
 from elmo_jax.runtime import storage
@@ -217,8 +218,7 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
 
 
 def _verify_cache_path(real: str) -> str:
-  from elmo_jax.interop.download import cache_dir  # pylint: disable=g-import-not-at-top
-  return os.path.join(cache_dir(), VERIFY_CACHE, hashlib.sha256(real.encode()).hexdigest()[:16] + ".json")
+  return os.path.join(cache.cache_dir(), VERIFY_CACHE, hashlib.sha256(real.encode()).hexdigest()[:16] + ".json")
 
 
 def _file_key(st: os.stat_result) -> dict[str, int]:

@@ -15,6 +15,7 @@ import numpy as np
 
 from elmo_jax.data import chars
 from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
 from elmo_jax.embedding.embedder import bucket
 from elmo_jax.evaluation import readers
 
@@ -86,16 +87,16 @@ def bilm_files(spec: str | None) -> list[str]:
 
 def check_outputs(workdir: str, paths: dict[str, str | None], bilm: str | None = None,
                   layer_cache_dir: str | None = None) -> None:
-  """`files.check_output` of the run's outputs before any work: `workdir` (a writable folder, not the biLM's
+  """`storage.check_output` of the run's outputs before any work: `workdir` (a writable folder, not the biLM's
   folder nor inside a trained run's checkpoints/export) and the results.json, dev_curve.png it gets, and
   `layer_cache_dir`, against the split files `paths` and the biLM's files. One-line UnsafeOutputError."""
   inputs = [p for p in paths.values() if p and not readers.is_tfds(p)] + bilm_files(bilm)
-  files.check_output(workdir, "--workdir", inputs=inputs, directory=True)
+  storage.check_output(workdir, "--workdir", inputs=inputs, directory=True)
   if os.path.isdir(workdir):
     for name in ("results.json", "dev_curve.png"):
-      files.check_output(os.path.join(workdir, name), "--workdir", inputs=inputs)
+      storage.check_output(os.path.join(workdir, name), "--workdir", inputs=inputs)
   if layer_cache_dir:
-    files.check_output(layer_cache_dir, "--layer_cache_dir", inputs=inputs, directory=True)
+    storage.check_output(layer_cache_dir, "--layer_cache_dir", inputs=inputs, directory=True)
 
 
 def read_split(task: str, name: str, path: str, tfds_data_dir: str | None = None) -> Split:

@@ -19,6 +19,7 @@ import numpy as np
 from absl import app, flags
 
 from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
 
 _OUTPUT = flags.DEFINE_string("output", None, "Directory for downstream.md and downstream.json.")
 _ORDER = {"none": 0, "frozen": 1, "finetune": 2}
@@ -101,10 +102,10 @@ def main(argv: Sequence[str]) -> None:
     sys.exit(f"elmo_jax.downstream.table: error: {e}")
   if _OUTPUT.value:  # before any work is shown: an output that would replace a results.json is refused
     try:
-      files.check_output(_OUTPUT.value, "--output", inputs=paths, directory=True)
+      storage.check_output(_OUTPUT.value, "--output", inputs=paths, directory=True)
       if os.path.isdir(_OUTPUT.value):
         for name in ("downstream.md", "downstream.json"):
-          files.check_output(os.path.join(_OUTPUT.value, name), "--output", inputs=paths)
+          storage.check_output(os.path.join(_OUTPUT.value, name), "--output", inputs=paths)
     except files.UnsafeOutputError as e:
       sys.exit(f"elmo_jax.downstream.table: error: {e}")
   summary = summarise(results, paths)

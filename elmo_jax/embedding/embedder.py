@@ -30,6 +30,7 @@ from elmo_jax.embedding import step as embed_step
 from elmo_jax.embedding.args import check_sentences, select_layers
 from elmo_jax.embedding.compile_cache import enable_compilation_cache
 from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
 from elmo_jax.runtime import memory
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
@@ -163,7 +164,7 @@ class Embedder:
   @property
   def input_files(self) -> list[str]:
     """The files this embedder was read from (options, weights, vocabulary, token embeddings): what an
-    output must never overwrite (`files.check_output`)."""
+    output must never overwrite (`storage.check_output`)."""
     return [p for p in (*self.model_files, self.vocab_file, self.token_embedding_file) if p]
 
   @property
@@ -377,7 +378,7 @@ class Embedder:
                             batch_size: int = 4096) -> None:
     """Writes the char-CNN output of every word (bilm-tf's `dump_token_embeddings` layout + the words);
     `files.UnsafeOutputError` first when `output_file` is one of the embedder's own files."""
-    files.check_output(output_file, "output_file", inputs=self.input_files)
+    storage.check_output(output_file, "output_file", inputs=self.input_files)
     vocab = list(vocab)
     bar = progress(desc="token embeddings", total=len(vocab), unit="word")
     try:

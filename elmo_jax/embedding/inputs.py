@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
 
 ACTIVE_TEMPS: set[str] = set()  # temp outputs and parts being written, for the CLI's signal handler
 _TEMPS_LOCK = threading.Lock()  # the writer thread creates part temps under it; remove_active_temps stops that
@@ -28,7 +29,7 @@ class EmbedInputError(ValueError):
 
 
 class EmbedOutputError(EmbedInputError, files.UnsafeOutputError):
-  """An output path that cannot be written or would destroy an input (`files.check_output`); one line."""
+  """An output path that cannot be written or would destroy an input (`storage.check_output`); one line."""
 
 
 def open_binary(path: str | os.PathLike):
@@ -160,11 +161,11 @@ def text_input_problem(path: str | os.PathLike) -> str | None:
 
 
 def check_output_path(output_file: str | os.PathLike, inputs: Any = (), what: str = "output_file") -> None:
-  """`files.check_output` of the output hdf5 against the run's `inputs` (input, options, weight, vocab and
+  """`storage.check_output` of the output hdf5 against the run's `inputs` (input, options, weight, vocab and
   token files), before any work; raises `EmbedOutputError` (an `EmbedInputError` and an
   `UnsafeOutputError`)."""
   try:
-    files.check_output(output_file, what, inputs=inputs)
+    storage.check_output(output_file, what, inputs=inputs)
   except files.UnsafeOutputError as e:
     raise EmbedOutputError(str(e)) from None
 

@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
-from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
 from elmo_jax.evaluation import readers
+from elmo_jax.evaluation.config import EvalConfig
 from elmo_jax.runtime.run_layout import CONFIG_FILE, METRICS_FILE, VOCAB_FILE, export_files
-
-if TYPE_CHECKING:
-  from elmo_jax.evaluation.tasks import EvalConfig
 
 # What each task writes into the output directory (besides cache/), and `all`'s report.
 WRITES = {"perplexity": ("perplexity.json", "perplexity_curves.png", "perplexity_bars.png"),
@@ -19,7 +16,7 @@ WRITES = {"perplexity": ("perplexity.json", "perplexity_curves.png", "perplexity
           "all": ("report.md",)}
 
 
-def input_files(cfg: "EvalConfig") -> list[str]:
+def input_files(cfg: EvalConfig) -> list[str]:
   """Every file the evaluation reads: data, text, the model's options, weights and vocabulary (a
   workdir's export/, config and metrics too); TFDS inputs are no files."""
   ppl = cfg.perplexity
@@ -35,12 +32,12 @@ def input_files(cfg: "EvalConfig") -> list[str]:
   return [p for p in paths if p and not readers.is_tfds(p)]
 
 
-def check_output_dir(cfg: "EvalConfig", names: list[str]) -> None:
-  """`files.check_output` of the output directory (a folder, writable, not an input, not in a trained
+def check_output_dir(cfg: EvalConfig, names: list[str]) -> None:
+  """`storage.check_output` of the output directory (a folder, writable, not an input, not in a trained
   run's checkpoints/ or export/) and of each file tasks `names` write there against the inputs, before
   any work. Raises `files.UnsafeOutputError` (one line)."""
   inputs = input_files(cfg)
-  files.check_output(cfg.output_dir, "--output_dir", inputs=inputs, directory=True)
+  storage.check_output(cfg.output_dir, "--output_dir", inputs=inputs, directory=True)
   if os.path.isdir(cfg.output_dir):
     for name in [n for task in names for n in WRITES.get(task, ())]:
-      files.check_output(os.path.join(cfg.output_dir, name), "--output_dir", inputs=inputs)
+      storage.check_output(os.path.join(cfg.output_dir, name), "--output_dir", inputs=inputs)

@@ -16,6 +16,7 @@ import numpy as np
 
 from elmo_jax.runtime import files
 from elmo_jax.evaluation import features, outputs, perplexity, plots, probes, readers, report, wsd
+from elmo_jax.evaluation.config import EvalConfig
 
 # Where each probe file sits under --probe_data_dir. Probe sets are research data: none ships here.
 PROBE_FILES = {
@@ -60,29 +61,6 @@ class Models:
   key: str            # identity of the trained weights (cache key part)
   untrained_key: str  # identity of the random twin (config + seed)
   description: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass
-class EvalConfig:
-  output_dir: str
-  workdir: str | None = None
-  wsd_file: str | None = None
-  wsd_train_file: str | None = None
-  wsd_lemma: str | None = None  # lemma for the PCA plot (default: most frequent)
-  pos_train_file: str | None = None
-  pos_test_file: str | None = None
-  sentiment_train_file: str | None = None
-  sentiment_test_file: str | None = None
-  # Sentiment files may be `tfds:NAME:SPLIT` (readers.read_tfds_labelled); None keys: auto.
-  tfds_data_dir: str | None = None
-  tfds_text_key: str | None = None
-  tfds_label_key: str | None = None
-  max_examples: int | None = None  # cap on sentences/rows per file (first N)
-  batch_size: int = 64
-  use_cache: bool = True
-  probe: probes.ProbeConfig = dataclasses.field(default_factory=probes.ProbeConfig)
-  perplexity: perplexity.PerplexityConfig = dataclasses.field(
-      default_factory=perplexity.PerplexityConfig)
 
 
 class _LazyModels:

@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterator
 
 from elmo_jax.interop import checks
 from elmo_jax.runtime import files
+from elmo_jax.runtime.cache import cache_dir, cache_label
 from elmo_jax.runtime import log
 from elmo_jax.runtime.progress import progress
 
@@ -66,22 +67,6 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 class DownloadError(OSError):
   """A file that cannot be fetched or fails verification; the message is one actionable line."""
-
-
-def cache_dir() -> str:
-  """`$ELMO_JAX_CACHE`, else `~/.cache/elmo_jax` (not created here: `make_dir`)."""
-  return os.path.abspath(os.path.expanduser(os.environ.get("ELMO_JAX_CACHE") or "~/.cache/elmo_jax"))
-
-
-def cache_label(path: str | os.PathLike) -> str:
-  """How a message names the cache folder `path`: `ELMO_JAX_CACHE=VALUE` when that is where it comes from."""
-  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-  env = os.environ.get("ELMO_JAX_CACHE")
-  if env and os.path.abspath(os.path.expanduser(env)) == path:
-    return f"ELMO_JAX_CACHE={env}"
-  if path == os.path.abspath(os.path.expanduser("~/.cache/elmo_jax")):
-    return f"the cache folder {path} (set ELMO_JAX_CACHE to use another)"
-  return f"the cache folder {path}"
 
 
 def make_dir(path: str | os.PathLike, what: str | None = None) -> str:

@@ -134,7 +134,8 @@ def _nearest_existing(path: str) -> str:
 
 def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), directory: bool = False,
                  replaces: bool = False) -> None:
-  """Refuses, in one line naming `what` (e.g. '--output_file'), an output path that
+  """A local output path's checks (`storage.check_output` takes bucket URLs too, and is what commands call).
+  Refuses, in one line naming `what` (e.g. '--output_file'), an output path that
   - is of the wrong kind (a directory for a file, a file for a directory) or cannot be created there
     (missing parent of a file, read-only folder);
   - is, or resolves to (links included), one of `inputs` (the run's input, options, weight, vocab files);
@@ -144,14 +145,6 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
   raw = os.fspath(path)
   if not raw.strip():
     raise UnsafeOutputError(f"{what} is empty; give a path")
-  from elmo_jax.runtime import storage  # pylint: disable=g-import-not-at-top  (it imports this module)
-  if storage.is_remote(raw):  # the same rules for a bucket URL, and a write probe
-    try:
-      storage.check_output(raw, what, inputs=[inputs] if isinstance(inputs, (str, os.PathLike)) else inputs,
-                           directory=directory, replaces=replaces, run_folders=RUN_FOLDERS)
-    except storage.StorageError as e:
-      raise UnsafeOutputError(str(e)) from None
-    return
   real = os.path.realpath(raw)
   if directory and os.path.exists(real) and not os.path.isdir(real):
     raise UnsafeOutputError(f"{what}={raw} is a file, not a directory")

@@ -32,8 +32,9 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
 
+from elmo_jax.runtime import cache
 from elmo_jax.runtime import files
-from elmo_jax.runtime.run_layout import CONFIG_FILE
+from elmo_jax.runtime.run_layout import CONFIG_FILE, RUN_FOLDERS
 
 SCHEME = "gs://"
 RECORD = ".bucket-copy.json"  # in a local copy: {relative path: [generation, size, mtime_ns]}
@@ -186,8 +187,7 @@ def _crc32c_file(path: str) -> str:
 
 
 def cache_root() -> str:
-  from elmo_jax.interop import download  # pylint: disable=g-import-not-at-top
-  return os.path.join(download.cache_dir(), "bucket")
+  return os.path.join(cache.cache_dir(), "bucket")
 
 
 def copy_path(url: str, area: str = "copies") -> str:
@@ -340,8 +340,24 @@ def _local_files(path: str) -> Iterator[str]:
         yield os.path.join(root, name)
 
 
-def check_output(url: str, what: str, *, inputs: Iterable[Any] = (), directory: bool = False,
-                 replaces: bool = False, run_folders: Iterable[str] = ()) -> None:
+def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), directory: bool = False,
+                 replaces: bool = False) -> None:
+  """Refuses an output path that is unsafe or cannot be written, before any work, in one line naming `what`
+  (raises files.UnsafeOutputError): `files.check_output`'s rules for a local path, `check_remote_output`'s
+  (the same rules, and a write probe) for a bucket URL."""
+  raw = os.fspath(path)
+  if not is_remote(raw):
+    files.check_output(raw, what, inputs=inputs, directory=directory, replaces=replaces)
+    return
+  try:
+    check_remote_output(raw, what, inputs=[inputs] if isinstance(inputs, (str, os.PathLike)) else inputs,
+                        directory=directory, replaces=replaces, run_folders=RUN_FOLDERS)
+  except StorageError as e:
+    raise files.UnsafeOutputError(str(e)) from None
+
+
+def check_remote_output(url: str, what: str, *, inputs: Iterable[Any] = (), directory: bool = False,
+                        replaces: bool = False, run_folders: Iterable[str] = ()) -> None:
   """`files.check_output`'s rules for a bucket URL, in one line naming `what` (raises StorageError): not one
   of the bucket `inputs` (nor, with `replaces`, a folder holding one), not inside a trained run's
   `run_folders` (a prefix with config.json beside them), and the bucket exists and takes a write (a probe
@@ -376,7 +392,7 @@ def check_output(url: str, what: str, *, inputs: Iterable[Any] = (), directory: 
 def staged_output(path: str | os.PathLike, what: str, *, directory: bool = False,
                   inputs: Iterable[Any] = ()) -> Iterator[str]:
   """Yields where to write the output `path`: itself when local (its caller checks it as before); for a
-  bucket URL, checked first (`files.check_output` against `inputs`), a fixed local staging path in
+  bucket URL, checked first (`check_output` against `inputs`), a fixed local staging path in
   `$ELMO_JAX_CACHE/bucket/staged/` (a rerun after an interruption finds its work there), uploaded (each
   file one object) and removed once the block finished without error: the bucket never holds a partial
   output. Raises files.UnsafeOutputError for a URL that is refused."""
@@ -384,7 +400,7 @@ def staged_output(path: str | os.PathLike, what: str, *, directory: bool = False
   if not is_remote(text):
     yield text
     return
-  files.check_output(text, what, inputs=inputs, directory=directory)
+  check_output(text, what, inputs=inputs, directory=directory)
   staging = copy_path(text, "staged")
   os.makedirs(staging if directory else os.path.dirname(staging), exist_ok=True)
   yield staging

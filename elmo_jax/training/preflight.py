@@ -19,6 +19,7 @@ import sys
 import ml_collections
 
 from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
 from elmo_jax.runtime import log
 from elmo_jax.data.sources import expand_paths
 from elmo_jax.training.workdir import Workdir
@@ -51,7 +52,7 @@ class PreflightError(ValueError):
 def check(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Raises PreflightError for anything that would fail later (or leave a workdir a rerun trusts)."""
   try:
-    files.check_output(workdir, "--workdir", directory=True)
+    storage.check_output(workdir, "--workdir", directory=True)
   except files.UnsafeOutputError as e:
     raise PreflightError(str(e)) from None
   run = Workdir(workdir)

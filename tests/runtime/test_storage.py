@@ -73,19 +73,19 @@ def test_missing_bucket_is_one_line(gcs_server, monkeypatch):
   for key, value in gcs_server.env.items():
     monkeypatch.setenv(key, value)
   with pytest.raises(storage.StorageError, match="gs://no-such-bucket does not exist"):
-    storage.check_output("gs://no-such-bucket/run", "--workdir", directory=True)
+    storage.check_remote_output("gs://no-such-bucket/run", "--workdir", directory=True)
 
 
 def test_bucket_outputs_follow_the_local_output_rules(bucket):
   from elmo_jax.runtime import files
   storage.write_bytes(bucket + "/run/config.json", b"{}")  # a trained run's folder
   with pytest.raises(files.UnsafeOutputError, match=r"is inside the trained run gs://\S+/run's export/ folder"):
-    files.check_output(bucket + "/run/export/e.hdf5", "--output_file")
+    storage.check_output(bucket + "/run/export/e.hdf5", "--output_file")
   with pytest.raises(files.UnsafeOutputError, match="is an input of this run"):
-    files.check_output(bucket + "/t.txt", "--output_file", inputs=[bucket + "/t.txt"])
+    storage.check_output(bucket + "/t.txt", "--output_file", inputs=[bucket + "/t.txt"])
   with pytest.raises(files.UnsafeOutputError, match="holds an input of this run"):
-    files.check_output(bucket + "/d", "--output_dir", inputs=[bucket + "/d/t.txt"], directory=True, replaces=True)
-  files.check_output(bucket + "/out/e.hdf5", "--output_file", inputs=[bucket + "/t.txt"])
+    storage.check_output(bucket + "/d", "--output_dir", inputs=[bucket + "/d/t.txt"], directory=True, replaces=True)
+  storage.check_output(bucket + "/out/e.hdf5", "--output_file", inputs=[bucket + "/t.txt"])
   assert storage.listdir(bucket) == ["run"]  # the write probe is gone, and was never under out/e.hdf5/
 
 

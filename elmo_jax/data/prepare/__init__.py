@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
 from elmo_jax.runtime import log
 from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, token_to_ids
 from elmo_jax.data.manifest import (PARTIAL, PrepareError, describe_source, read_manifest, settings_difference,
@@ -290,7 +291,7 @@ def prepare(output_dir: str, inputs: Sequence[str] = (), *, tfds_name: str = "",
 def _check_output(out: str, spec: dict[str, Any], vocab_file: str) -> None:
   """Raises PrepareError when the output directory `out` is unsafe to write (e.g. an input is inside it)."""
   try:
-    files.check_output(out, "output directory", directory=True,
+    storage.check_output(out, "output directory", directory=True,
                        inputs=[f["path"] for f in spec.get("files", [])] + ([vocab_file] if vocab_file else []))
   except files.UnsafeOutputError as e:  # "output directory=D ..." -> "output directory D ..."
     raise PrepareError(str(e).replace(f"output directory={out}", f"output directory {out}", 1)) from None
@@ -352,8 +353,3 @@ def _check_unfinished(out: str, work: str, settings_path: str, settings: dict[st
                          f"{json.dumps(saved.get('chunk_sentences'))[:20]} to resume it, or delete {work}")
   elif os.path.isdir(out) and set(os.listdir(out)) - {PARTIAL}:  # a .partial without settings holds nothing
     raise PrepareError(f"{out} is not empty and holds no prepared corpus; prepare into another directory")
-
-
-if __name__ == "__main__":
-  from elmo_jax.cli import prepare as _cli  # pylint: disable=g-import-not-at-top
-  _cli.run()
