@@ -18,6 +18,13 @@ from paths import FIXTURE_DIR, FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT
 # ~/.cache): a second run of the quick tier skips most compiling; CI's clean clone starts cold. Entries are
 # keyed by the compiled program, so a stale entry is never used for changed code.
 os.environ.setdefault("ELMO_JAX_CACHE", os.path.join(REPO_ROOT, ".cache", "tests"))
+# Every subprocess a test starts (train.py, embed, evaluate, scripts) inherits the same compilation cache
+# folder, warm from the first test or child that built a shape: JAX reads these variables at import, and a
+# test that points ELMO_JAX_CACHE elsewhere (an empty download cache) still shares the compiled programs.
+# A child given its own cache (launch_util.env(cache_dir=...)) overrides them.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["ELMO_JAX_CACHE"])
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 enable_compilation_cache()
 
 
@@ -57,3 +64,14 @@ def parsed_flags():
     flags.FLAGS(["evaluate.py", *args])
   yield parse
   flags.FLAGS.unparse_flags()
+
+
+def pytest_collection_modifyitems(config, items):
+  """Under pytest-xdist (`scripts/test.sh` runs `-n 2 --dist=loadgroup`): the tests that share a module- or
+  class-scoped fixture (one tiny trained run, one compiled model) go to one worker, so the fixture is paid for
+  once; every other test goes wherever a worker is free. Serial runs are unaffected."""
+  for item in items:
+    defs = getattr(item, "_fixtureinfo", None)
+    shared = defs and any(d.scope in ("module", "class") for ds in defs.name2fixturedefs.values() for d in ds)
+    if shared and not item.get_closest_marker("xdist_group"):
+      item.add_marker(pytest.mark.xdist_group(item.module.__name__))
