@@ -145,11 +145,15 @@ def main(argv) -> None:
   threading.Thread(target=proxy.serve_forever, daemon=True).start()
   endpoint = f"http://127.0.0.1:{proxy.server_address[1]}"
   try:
-    os.environ.update({**emulator.env, "ELMO_JAX_CACHE": os.path.join(root, "cache")})
+    os.environ.update({**emulator.env, "ELMO_JAX_CACHE": os.path.join(root, "cache"),
+                       # the runs share compiled steps (launch_util.env copies os.environ)
+                       "JAX_COMPILATION_CACHE_DIR": os.path.join(root, "jax_cache"),
+                       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                       "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
     train = launch_util.write_corpus(os.path.join(root, "train.txt"))
     config = launch_util.write_config(os.path.join(root, "tiny.py"), train, num_train_steps=FLAGS.steps,
                                       log_every_steps=FLAGS.log_every, checkpoint_every_steps=FLAGS.checkpoint_every)
-    env = launch_util.env(cache_dir=os.path.join(root, "jax_cache"))
+    env = launch_util.env()
     log = os.path.join(root, "train.log")
     bucket = emulator.new_bucket()
     _train(os.path.join(root, "warm"), config, env, log)  # compiles once for all

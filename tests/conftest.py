@@ -4,6 +4,14 @@ from __future__ import annotations
 import json
 import os
 
+# Compile the tiny test models at XLA's backend optimization level 0 (no LLVM optimization passes): most of the
+# suite's time is compiling programs that then run for milliseconds. The HLO passes (fusion, layout, sharding)
+# are the ones the product runs; every tolerance holds unchanged. Set before JAX creates its CPU client (the
+# flag is read then) and inherited by every subprocess (launch_util.xla_flags keeps it when it adds a device
+# count). ELMO_JAX_TEST_FULL_OPT=1 compiles as the product does.
+if os.environ.get("ELMO_JAX_TEST_FULL_OPT") != "1" and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = " ".join((os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0")).strip()
+
 import h5py
 import numpy as np
 import pytest
@@ -21,7 +29,6 @@ os.environ.setdefault("ELMO_JAX_CACHE", os.path.join(REPO_ROOT, ".cache", "tests
 # Every subprocess a test starts (train.py, embed, evaluate, scripts) inherits the same compilation cache
 # folder, warm from the first test or child that built a shape: JAX reads these variables at import, and a
 # test that points ELMO_JAX_CACHE elsewhere (an empty download cache) still shares the compiled programs.
-# A child given its own cache (launch_util.env(cache_dir=...)) overrides them.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["ELMO_JAX_CACHE"])
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

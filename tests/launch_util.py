@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -38,21 +39,25 @@ def write_config(path: str, train_file: str, **overrides) -> str:
   return tiny.write_train_config(path, train_file, **settings)
 
 
-def env(devices: int = 1, cache_dir: str | None = None,
-        signal_at: str | None = None) -> dict[str, str]:
-  """The child's environment; `signal_at="N:KILL"` / `"N:TERM"`: the run signals itself after step N."""
+def env(devices: int = 1, signal_at: str | None = None) -> dict[str, str]:
+  """The child's environment; `signal_at="N:KILL"` / `"N:TERM"`: the run signals itself after step N.
+
+  The child inherits the tests' compilation cache (tests/conftest.py sets JAX_COMPILATION_CACHE_DIR): every
+  launch of a shape after the first reuses the compiled steps, the same executables, so the same bits."""
   e = dict(os.environ)
   e.pop("ELMO_JAX_TEST_SIGNAL_AT_STEP", None)
   if signal_at:
     e["ELMO_JAX_TEST_SIGNAL_AT_STEP"] = signal_at
-  e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  e["XLA_FLAGS"] = xla_flags(devices)
   e["JAX_PLATFORMS"] = "cpu"
   e["PYTHONPATH"] = REPO_ROOT + os.pathsep + e.get("PYTHONPATH", "")
-  if cache_dir:  # later launches reuse the compiled steps: the same executables, so the same bits
-    e["JAX_COMPILATION_CACHE_DIR"] = cache_dir
-    e["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    e["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
   return e
+
+
+def xla_flags(devices: int) -> str:
+  """The tests' XLA_FLAGS (tests/conftest.py: the compile options) with `devices` simulated CPU devices."""
+  base = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
+  return " ".join((*base.split(), f"--xla_force_host_platform_device_count={devices}"))
 
 
 def launch(workdir: str, config: str, *flags: str, log: str, **env_kw) -> subprocess.Popen:

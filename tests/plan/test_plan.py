@@ -19,6 +19,7 @@ import pytest
 from elmo_jax.plan import hlo as hlo_lib
 from elmo_jax.plan import hlo_text
 from elmo_jax.plan import targets as targets_lib
+import launch_util
 import tiny
 from paths import REPO_ROOT, TESTS_DIR
 
@@ -42,7 +43,7 @@ _SCRIPT = textwrap.dedent(r"""
 def _plan_cpu(tmp_path, *specs):
   script = tmp_path / "plan.py"
   script.write_text(_SCRIPT)
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": launch_util.xla_flags(8), "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([PYTHON, str(script), os.pathsep.join((os.path.dirname(__file__), TESTS_DIR)), *specs], env=env,
                         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
   assert proc.returncode == 0, proc.stderr[-4000:]

@@ -24,7 +24,8 @@ import launch_util
 from elmo_jax.runtime import storage
 import gcs_util
 
-pytestmark = pytest.mark.slow
+# Tests that run several processes at once share one xdist worker, so two of them never oversubscribe the cores.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 gcs_server, bucket = gcs_util.gcs_server, gcs_util.bucket  # the fixtures
 
 STEPS, EVERY, LOG_EVERY = 12, 4, 3
@@ -39,21 +40,20 @@ def runs(gcs_server, tmp_path_factory):
     for key, value in {**gcs_server.env, "ELMO_JAX_CACHE": os.path.join(root, "cache")}.items():
       mp.setenv(key, value)
     url = gcs_server.new_bucket()
-    jax_cache = os.path.join(root, "jax_cache")
     train = launch_util.write_corpus(os.path.join(root, "train.txt"))
     config = launch_util.write_config(os.path.join(root, "tiny.py"), train, num_train_steps=STEPS,
                                       checkpoint_every_steps=EVERY, log_every_steps=LOG_EVERY, keep_checkpoints=2)
     a, b = os.path.join(root, "a"), url + "/run"
     log_a, log_b = os.path.join(root, "a.log"), os.path.join(root, "b.log")
-    run_a = launch_util.launch(a, config, log=log_a, cache_dir=jax_cache)
-    run_b = launch_util.launch(b, config, log=log_b, cache_dir=jax_cache, signal_at="9:KILL")
+    run_a = launch_util.launch(a, config, log=log_a)
+    run_b = launch_util.launch(b, config, log=log_b, signal_at="9:KILL")
     assert launch_util.wait([run_b], 300) == [-signal.SIGKILL], launch_util.read(log_b)[-3000:]
     killed = storage.read_bytes(b + "/metrics.jsonl").decode()
-    run_b = launch_util.launch(b, config, log=log_b, cache_dir=jax_cache)
+    run_b = launch_util.launch(b, config, log=log_b)
     codes = launch_util.wait([run_a, run_b], 300)
     assert codes == [0, 0], launch_util.read(log_a)[-3000:] + launch_util.read(log_b)[-3000:]
     yield {"a": a, "b": b, "url": url, "log_b": launch_util.read(log_b), "killed_metrics": killed,
-           "config": config, "train": train, "root": root, "jax_cache": jax_cache, "env": dict(os.environ)}
+           "config": config, "train": train, "root": root, "env": dict(os.environ)}
 
 
 def test_bucket_run_resumes_after_kill9_bit_identical_to_a_local_run(runs):
@@ -90,7 +90,7 @@ def test_second_trainer_on_a_bucket_workdir_is_refused_naming_the_holder(runs):
   try:
     out = subprocess.run([sys.executable, "train.py", f"--workdir={runs['b']}", f"--config={runs['config']}",
                           "--config.num_train_steps=16"], cwd=launch_util.REPO_ROOT, capture_output=True, text=True,
-                         env=launch_util.env(cache_dir=runs["jax_cache"]), timeout=300)
+                         env=launch_util.env(), timeout=300)
   finally:
     held.release()
   assert out.returncode == 1, out.stderr[-2000:]
@@ -166,7 +166,7 @@ def test_prepared_corpus_in_a_bucket_gives_the_local_batches_and_refuses_tamperi
 
 
 def test_embed_and_evaluate_write_whole_objects_to_a_bucket(runs):
-  env = launch_util.env(cache_dir=runs["jax_cache"])
+  env = launch_util.env()
   out = runs["url"] + "/embeddings/train.hdf5"
   text = runs["url"] + "/text/train.txt"
   storage.upload(runs["train"], text)
@@ -238,8 +238,7 @@ def test_two_processes_with_their_own_disks_train_in_one_bucket_workdir(runs, tm
     os.environ["ELMO_JAX_CACHE"] = env_cache  # launch_util.env copies os.environ
     procs.append(launch_util.launch(url, runs["config"], "--config.data.shard=rows", "--config.num_train_steps=8",
                                     f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                                    f"--process_id={i}", log=str(tmp_path / f"p{i}.log"), devices=2,
-                                    cache_dir=runs["jax_cache"]))
+                                    f"--process_id={i}", log=str(tmp_path / f"p{i}.log"), devices=2))
   os.environ["ELMO_JAX_CACHE"] = runs["env"]["ELMO_JAX_CACHE"]
   logs = [launch_util.read(str(tmp_path / f"p{i}.log")) for i in range(2)]
   assert launch_util.wait(procs, 300) == [0, 0], "\n".join(text[-2000:] for text in logs)

@@ -22,6 +22,9 @@ from elmo_jax.training import freeze, init_from, loop, optimizer as optimizer_li
 from elmo_jax.training.checkpoint import IncompatibleCheckpointError
 from elmo_jax.training.config import base_config
 
+# Tests that run several processes at once share one xdist worker, so two of them never oversubscribe the cores.
+pytestmark = pytest.mark.xdist_group("processes")
+
 
 # --- the optimizer ----------------------------------------------------------------------------------------
 def _params_and_grads(n: int):
@@ -107,8 +110,7 @@ def runs(tmp_path_factory):
   frozen for 3 of 6 steps, saving every step. G: F's workdir cut back to step 2 (inside the frozen phase)
   and resumed. R: fine-tuned from released-format files of S (options.json + hdf5, no softmax)."""
   root = str(tmp_path_factory.mktemp("dft"))
-  cache = os.path.join(root, "jax_cache")
-  kw = dict(devices=8, cache_dir=cache)
+  kw = dict(devices=8)
   a = lu.write_corpus(os.path.join(root, "a.txt"))
   b = lu.write_corpus(os.path.join(root, "b.txt"), 200, seed=1, words=lu.WORDS[:10] + ["zebra", "quilt"])
   config = lu.write_config(os.path.join(root, "tiny.py"), a, num_train_steps=4, checkpoint_every_steps=4,

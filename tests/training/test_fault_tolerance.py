@@ -16,6 +16,9 @@ import launch_util
 from elmo_jax.training import init_from, resume
 from elmo_jax.training.checkpoint import Checkpointer, IncompatibleCheckpointError
 
+# Tests that run several processes at once share one xdist worker, so two of them never oversubscribe the cores.
+pytestmark = pytest.mark.xdist_group("processes")
+
 STEPS, EVERY, LOG_EVERY = 20, 4, 3
 
 
@@ -23,26 +26,25 @@ STEPS, EVERY, LOG_EVERY = 20, 4, 3
 def runs(tmp_path_factory):
   """An uninterrupted run (A) and one killed with SIGKILL, resumed, stopped by SIGTERM, resumed (B)."""
   root = str(tmp_path_factory.mktemp("ft"))
-  cache = os.path.join(root, "jax_cache")
   train = launch_util.write_corpus(os.path.join(root, "train.txt"))
   config = launch_util.write_config(os.path.join(root, "tiny.py"), train, num_train_steps=STEPS,
                            checkpoint_every_steps=EVERY, log_every_steps=LOG_EVERY, keep_checkpoints=2)
   a, b = os.path.join(root, "a"), os.path.join(root, "b")
   log_a, log_b = os.path.join(root, "a.log"), os.path.join(root, "b.log")
-  run_a = launch_util.launch(a, config, log=log_a, cache_dir=cache)
+  run_a = launch_util.launch(a, config, log=log_a)
   # 1. SIGKILL right after step 9 (logged; checkpoint 8 saved and checksummed): the run kills itself there
   # (tests/signal_train.py), so the point is the same on a fast or a loaded machine.
-  run_b = launch_util.launch(b, config, log=log_b, cache_dir=cache, signal_at="9:KILL")
+  run_b = launch_util.launch(b, config, log=log_b, signal_at="9:KILL")
   assert launch_util.wait([run_b]) == [-signal.SIGKILL], launch_util.read(log_b)[-3000:]
   assert os.path.exists(f"{b}/checkpoints/checksums/8.json")
   killed_at = launch_util.max_step(b)
   # 2. Resume, then SIGTERM after step 13 (a step that is not a checkpoint step): the run finishes that
   # step, saves it and exits 0.
-  run_b = launch_util.launch(b, config, log=log_b, cache_dir=cache, signal_at="13:TERM")
+  run_b = launch_util.launch(b, config, log=log_b, signal_at="13:TERM")
   assert launch_util.wait([run_b]) == [0], launch_util.read(log_b)[-3000:]
   term_log = launch_util.read(log_b)
   # 3. Resume to the end.
-  run_b = launch_util.launch(b, config, log=log_b, cache_dir=cache)
+  run_b = launch_util.launch(b, config, log=log_b)
   codes = launch_util.wait([run_a, run_b])
   assert codes == [0, 0], launch_util.read(log_a)[-3000:] + launch_util.read(log_b)[-3000:]
   return {"a": a, "b": b, "log_b": launch_util.read(log_b), "term_log": term_log, "killed_at": killed_at,

@@ -14,7 +14,9 @@ import pytest
 
 import launch_util
 
-pytestmark = pytest.mark.slow  # subprocess runs of train.py / a notebook kernel
+# Tests that run several processes at once share one xdist worker, so two of them never oversubscribe the cores.
+pytestmark = [pytest.mark.slow,  # subprocess runs of train.py / a notebook kernel
+              pytest.mark.xdist_group("processes")]
 
 STEPS, EVERY = 12, 4
 
@@ -22,19 +24,18 @@ STEPS, EVERY = 12, 4
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   root = str(tmp_path_factory.mktemp("mh"))
-  cache = os.path.join(root, "jax_cache")
   train = launch_util.write_corpus(os.path.join(root, "train.txt"))
   config = launch_util.write_config(os.path.join(root, "tiny.py"), train, num_train_steps=STEPS,
                            checkpoint_every_steps=EVERY, log_every_steps=1)
   single, multi = os.path.join(root, "single"), os.path.join(root, "multi")
   flags = ("--config.data.shard=rows",)
-  one = launch_util.launch(single, config, *flags, log=os.path.join(root, "single.log"), devices=4, cache_dir=cache)
+  one = launch_util.launch(single, config, *flags, log=os.path.join(root, "single.log"), devices=4)
 
   def two(signal_at=None):
     port = launch_util.free_port()
     return [launch_util.launch(multi, config, *flags, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                                f"--process_id={i}", log=os.path.join(root, f"multi{i}.log"), devices=2,
-                               signal_at=signal_at, cache_dir=cache) for i in range(2)]
+                               signal_at=signal_at) for i in range(2)]
 
   # A preempted slice: process 0 SIGKILLs itself once step 5 is logged and checkpoint 4 is on disk
   # (tests/signal_train.py), and the test kills process 1, which cannot pass step 6 without it.

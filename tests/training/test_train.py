@@ -23,6 +23,7 @@ import pytest
 from elmo_jax.interop import options as options_lib
 from elmo_jax.training.config import base_config, unknown_override_error
 
+import launch_util
 import tiny
 from paths import REPO_ROOT, TESTS_DIR
 
@@ -75,7 +76,6 @@ def _read_metrics(workdir: str) -> list[dict]:
 # --- 1. sharded equivalence ---------------------------------------------------------------------------------
 _SHARDED_SCRIPT = textwrap.dedent(r"""
   import json, os, sys
-  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
   import jax, numpy as np
   from elmo_jax.interop import options as options_lib
   from elmo_jax.data import Tokenizer, Vocab, make_lm_iterator
@@ -93,9 +93,6 @@ _SHARDED_SCRIPT = textwrap.dedent(r"""
   assert 0 < num_sampled < len(vocab) - 1  # the sampled softmax is exercised, with dropout on
   model = make_model(options_lib.validate(c.options.to_dict()), dropout=c.dropout, dtype=c.dtype)
   optimizer = optimizer_lib.make_optimizer(c)
-
-  dedupe_8 = sys.argv[3] == "1"  # the 8-device run dedupes its tokens per shard; the 1-device run never does
-  shard_softmax_8 = sys.argv[4] == "1"  # the 8-device run splits the softmax over the devices
 
   def run(devices, dedupe, n_steps=5, shard_softmax=False):
     mesh = step_lib.make_mesh(devices)
@@ -119,41 +116,55 @@ _SHARDED_SCRIPT = textwrap.dedent(r"""
     n_shards = len(state.lstm_state[0].sharding.device_set)
     return out, jax.device_get(state.params), jax.device_get(state.lstm_state), n_shards
 
-  m8, p8, s8, shards8 = run(jax.devices(), dedupe_8, shard_softmax=shard_softmax_8)
-  m1, p1, s1, shards1 = run(jax.devices()[:1], False)
   diff = lambda a, b: max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
                           for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
-  print(json.dumps({
-      "shards": [shards8, shards1],
-      "losses_8": [m["loss"] for m in m8], "losses_1": [m["loss"] for m in m1],
-      "max_loss_diff": max(abs(a["loss"] - b["loss"]) for a, b in zip(m8, m1)),
-      "max_grad_norm_diff": max(abs(a["grad_norm"] - b["grad_norm"]) for a, b in zip(m8, m1)),
-      "max_param_diff": diff(p8, p1), "max_lstm_state_diff": diff(s8, s1),
-      "max_param_change": diff(p8, jax.device_get(jax.jit(lambda: step_lib.create_train_state(
-          model, optimizer, len(vocab), c.batch_size, c.seed))().params)),
-      "threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
-  }))
+  initial = jax.device_get(jax.jit(lambda: step_lib.create_train_state(
+      model, optimizer, len(vocab), c.batch_size, c.seed))().params)
+  # The 1-device reference never dedupes nor splits the softmax: one run serves every 8-device variant.
+  m1, p1, s1, shards1 = run(jax.devices()[:1], False)
+  results = {}
+  for name in sys.argv[3].split(","):
+    dedupe_8 = name != "plain"  # the 8-device run dedupes its tokens per shard; the 1-device run never does
+    shard_softmax_8 = name == "dedupe-sharded-softmax"  # the 8-device run splits the softmax over the devices
+    m8, p8, s8, shards8 = run(jax.devices(), dedupe_8, shard_softmax=shard_softmax_8)
+    results[name] = {
+        "shards": [shards8, shards1],
+        "losses_8": [m["loss"] for m in m8], "losses_1": [m["loss"] for m in m1],
+        "max_loss_diff": max(abs(a["loss"] - b["loss"]) for a, b in zip(m8, m1)),
+        "max_grad_norm_diff": max(abs(a["grad_norm"] - b["grad_norm"]) for a, b in zip(m8, m1)),
+        "max_param_diff": diff(p8, p1), "max_lstm_state_diff": diff(s8, s1),
+        "max_param_change": diff(p8, initial),
+        "threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
+    }
+  print(json.dumps(results))
 """)
+_SHARDED_VARIANTS = ("plain", "dedupe", "dedupe-sharded-softmax")
+
+
+@pytest.fixture(scope="module")
+def sharded_results(tmp_path_factory):
+  """One subprocess on 8 simulated devices runs every variant against one shared 1-device reference."""
+  tmp_path = tmp_path_factory.mktemp("sharded")
+  script = tmp_path / "sharded.py"
+  script.write_text(_SHARDED_SCRIPT)
+  env = {**os.environ, "XLA_FLAGS": launch_util.xla_flags(8), "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([PYTHON, str(script), os.pathsep.join((os.path.dirname(__file__), TESTS_DIR)), str(tmp_path),
+                         ",".join(_SHARDED_VARIANTS)], env=env, capture_output=True, text=True, timeout=900,
+                        cwd=REPO_ROOT)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dedupe,shard_softmax", [(False, False), (True, False), (True, True)],
-                         ids=["plain", "dedupe", "dedupe-sharded-softmax"])
-def test_sharded_training_equals_single_device(tmp_path, dedupe, shard_softmax):
+@pytest.mark.parametrize("variant", _SHARDED_VARIANTS)
+def test_sharded_training_equals_single_device(sharded_results, variant):
   """8 devices vs 1, same global batch and seed, dropout and sampled softmax on: same losses and params.
 
   With `dedupe`, the 8-device run embeds each shard's distinct tokens (data/dedupe.py) and the 1-device
   run every position: also the deduped path against the plain one. With `shard_softmax`, the 8-device run
   splits the softmax W and its optimizer state over the devices (config.shard_softmax).
   """
-  script = tmp_path / "sharded.py"
-  script.write_text(_SHARDED_SCRIPT)
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([PYTHON, str(script), os.pathsep.join((os.path.dirname(__file__), TESTS_DIR)), str(tmp_path), str(int(dedupe)),
-                         str(int(shard_softmax))], env=env,
-                        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result = sharded_results[variant]
   print("8 vs 1 device:", json.dumps(result, indent=1))
   assert result["shards"] == [8, 1]  # the LSTM state rows really were split over 8 devices
   assert all(math.isfinite(x) for x in result["losses_8"])
