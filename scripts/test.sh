@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Sets up .venv if needed, then runs the test suite (CPU, tiny configs). Extra arguments go to pytest.
-# Two pytest-xdist workers by default (tests sharing a module fixture stay on one worker: tests/conftest.py);
+# Two pytest-xdist workers by default, a test file on one worker (tests/conftest.py says which files share one);
 # ELMO_JAX_TEST_WORKERS=N for another count, 0 (or `-n 0` among the arguments) for one serial process.
 source "$(dirname "$0")/env.sh"
 WORKERS="${ELMO_JAX_TEST_WORKERS:-2}"
 if [ "$WORKERS" = "0" ]; then
   exec python -m pytest -q tests "$@"
 fi
-exec python -m pytest -q -n "$WORKERS" --dist=loadgroup tests "$@"
+exec python -m pytest -q -n "$WORKERS" --dist=loadscope tests "$@"

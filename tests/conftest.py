@@ -73,12 +73,26 @@ def parsed_flags():
   flags.FLAGS.unparse_flags()
 
 
-def pytest_collection_modifyitems(config, items):
-  """Under pytest-xdist (`scripts/test.sh` runs `-n 2 --dist=loadgroup`): the tests that share a module- or
-  class-scoped fixture (one tiny trained run, one compiled model) go to one worker, so the fixture is paid for
-  once; every other test goes wherever a worker is free. Serial runs are unaffected."""
-  for item in items:
-    defs = getattr(item, "_fixtureinfo", None)
-    shared = defs and any(d.scope in ("module", "class") for ds in defs.name2fixturedefs.values() for d in ds)
-    if shared and not item.get_closest_marker("xdist_group"):
-      item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+# Test files whose tests run several processes at once (train.py pods, kill -9 and resume, two-process embeds):
+# under xdist they share one worker, so two of them never run together and oversubscribe the cores.
+CONCURRENT_PROCESS_FILES = frozenset(f"tests/{name}.py" for name in (
+    "training/test_multihost", "training/test_bucket_train", "training/test_domain_finetune",
+    "training/test_fault_tolerance", "embedding/test_embed_parallel"))
+
+
+def pytest_xdist_make_scheduler(config, log):
+  """`scripts/test.sh` runs `-n 2 --dist=loadscope`: each test file on one worker (its module fixtures, a tiny
+  trained run or compiled model, are paid for once), the files of CONCURRENT_PROCESS_FILES all on one.
+  (xdist_group markers do not work with pytest 9: xdist 3.8 renames items through an attribute pytest 9 no
+  longer reads.)"""
+  if config.getvalue("dist") != "loadscope":
+    return None
+  from xdist.scheduler import LoadScopeScheduling  # pylint: disable=g-import-not-at-top
+
+  class FileScheduling(LoadScopeScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+      path = nodeid.split("::", 1)[0]
+      return "concurrent-processes" if path in CONCURRENT_PROCESS_FILES else path
+
+  return FileScheduling(config, log)

@@ -110,5 +110,7 @@ class TaskModel(nn.Module):
 
 def init_params(model: TaskModel, batch: dict[str, Any], seed: int) -> Any:
   """Fresh params for `batch` shapes (the fine-tuning biLM part is replaced by the caller)."""
-  return model.init({"params": jax.random.key(seed)}, batch["word_ids"], batch["char_ids"], batch["mask"],
-                    layers=batch.get("layers"), bilm_char_ids=batch.get("bilm_char_ids"))["params"]
+  # jitted: one compile instead of one per initializer and per op of the forward pass that init runs
+  init = jax.jit(lambda key, *args, **kw: model.init({"params": key}, *args, **kw)["params"])
+  return init(jax.random.key(seed), batch["word_ids"], batch["char_ids"], batch["mask"],
+              layers=batch.get("layers"), bilm_char_ids=batch.get("bilm_char_ids"))

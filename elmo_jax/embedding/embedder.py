@@ -153,7 +153,8 @@ class Embedder:
     options = options_lib.validate(options)
     model = BiLM(BiLMConfig.from_options(options))
     dummy = np.zeros((1, 1, options["char_cnn"]["max_characters_per_token"]), np.int32)
-    params = model.init(jax.random.key(seed), dummy)["params"]
+    # one compiled program: run eagerly, init compiles every initializer and op of the forward on its own
+    params = jax.jit(model.init)(jax.random.key(seed), dummy)["params"]
     return cls(options, params, **kwargs)
 
   def untrained_twin(self, seed: int = 0) -> "Embedder":

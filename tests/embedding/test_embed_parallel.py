@@ -26,9 +26,6 @@ from launch_util import free_port, xla_flags
 from embed_util import SENTENCES, error_lines, model_args, stop_at_launch, write_lines
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT
 
-# Tests that run several processes at once share one xdist worker, so two of them never oversubscribe the cores.
-pytestmark = pytest.mark.xdist_group("processes")
-
 LINES = [s for group in SENTENCES for s in group]  # 30 fixture sentences, lengths 1-22
 
 

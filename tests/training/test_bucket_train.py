@@ -24,8 +24,7 @@ import launch_util
 from elmo_jax.runtime import storage
 import gcs_util
 
-# Tests that run several processes at once share one xdist worker, so two of them never oversubscribe the cores.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
+pytestmark = pytest.mark.slow
 gcs_server, bucket = gcs_util.gcs_server, gcs_util.bucket  # the fixtures
 
 STEPS, EVERY, LOG_EVERY = 12, 4, 3

@@ -22,9 +22,6 @@ from elmo_jax.training import freeze, init_from, loop, optimizer as optimizer_li
 from elmo_jax.training.checkpoint import IncompatibleCheckpointError
 from elmo_jax.training.config import base_config
 
-# Tests that run several processes at once share one xdist worker, so two of them never oversubscribe the cores.
-pytestmark = pytest.mark.xdist_group("processes")
-
 
 # --- the optimizer ----------------------------------------------------------------------------------------
 def _params_and_grads(n: int):

@@ -16,9 +16,6 @@ import launch_util
 from elmo_jax.training import init_from, resume
 from elmo_jax.training.checkpoint import Checkpointer, IncompatibleCheckpointError
 
-# Tests that run several processes at once share one xdist worker, so two of them never oversubscribe the cores.
-pytestmark = pytest.mark.xdist_group("processes")
-
 STEPS, EVERY, LOG_EVERY = 20, 4, 3
 
 

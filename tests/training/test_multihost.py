@@ -14,9 +14,7 @@ import pytest
 
 import launch_util
 
-# Tests that run several processes at once share one xdist worker, so two of them never oversubscribe the cores.
-pytestmark = [pytest.mark.slow,  # subprocess runs of train.py / a notebook kernel
-              pytest.mark.xdist_group("processes")]
+pytestmark = pytest.mark.slow  # subprocess runs of train.py / a notebook kernel
 
 STEPS, EVERY = 12, 4
 
