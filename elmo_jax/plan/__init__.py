@@ -124,6 +124,18 @@ def analyse_hlo(text: str, target: targets_lib.Target, tokens_per_device: int, l
   }
 
 
+def rows_per_device(config, n_devices: int, per_device_batch: int = 0) -> int:
+  """`per_device_batch`, else the config's rows per device as the trainer takes them on `n_devices`
+  (`training.config.global_batch_size`); raises TargetError (one line) when the config's batch gives none."""
+  from elmo_jax.training.config import BatchSizeError, global_batch_size  # pylint: disable=g-import-not-at-top
+  if per_device_batch:
+    return per_device_batch
+  try:
+    return global_batch_size(config.batch_size, config.per_device_batch_size, n_devices) // n_devices
+  except BatchSizeError as e:
+    raise targets_lib.TargetError(f"{e}; or pass --per_device_batch") from None
+
+
 def plan(config, target_spec: str, per_device_batch: int = 0, vocab_size: int = 0,
          table_size: int = 0, launch_us: float = targets_lib.LAUNCH_US, with_eval: bool = True,
          dump_hlo: str = "") -> dict[str, Any]:
@@ -140,14 +152,7 @@ def plan(config, target_spec: str, per_device_batch: int = 0, vocab_size: int = 
 
   target = targets_lib.make_target(target_spec)
   n = target.n
-  from elmo_jax.training.config import BatchSizeError, global_batch_size  # pylint: disable=g-import-not-at-top
-  config_rows = None
-  try:
-    config_rows = global_batch_size(config.batch_size, config.per_device_batch_size, n) // n
-  except BatchSizeError as e:
-    if not per_device_batch:
-      raise targets_lib.TargetError(f"{e}; or pass --per_device_batch") from None
-  rows = per_device_batch or config_rows
+  rows = rows_per_device(config, n, per_device_batch)
   options = options_lib.validate(config.options.to_dict(), "config.options")
   report, table = _header(config, options, target_spec, target, rows, vocab_size, table_size, launch_us)
   model = make_model(options, dropout=config.dropout, dtype=config.dtype, unroll=config.scan_unroll)

@@ -75,6 +75,9 @@ class BatchSizeError(ValueError):
 def global_batch_size(batch_size: int, per_device_batch_size: int, n_devices: int) -> int:
   """The global batch in rows (over all devices of all processes): `batch_size`, or
   `per_device_batch_size * n_devices`; exactly one of the two is > 0, and the batch splits over the devices."""
+  for key, value in (("batch_size", batch_size), ("per_device_batch_size", per_device_batch_size)):
+    if value < 0:
+      raise BatchSizeError(f"config.{key}={value}: must be >= 0")
   if batch_size and per_device_batch_size:
     raise BatchSizeError(f"config.batch_size={batch_size} and config.per_device_batch_size="
                          f"{per_device_batch_size} are both set; set one of them and the other to 0 (e.g. "
@@ -85,10 +88,9 @@ def global_batch_size(batch_size: int, per_device_batch_size: int, n_devices: in
   if per_device_batch_size:
     return per_device_batch_size * n_devices
   if batch_size % n_devices:
-    raise BatchSizeError(f"config.batch_size={batch_size} does not divide over the {n_devices} devices (e.g. "
-                         f"--config.batch_size={-(-batch_size // n_devices) * n_devices}, or "
-                         f"--config.per_device_batch_size={max(batch_size // n_devices, 1)} with "
-                         "--config.batch_size=0)")
+    raise BatchSizeError(f"config.batch_size={batch_size} must be divisible by the {n_devices} devices (e.g. "
+                         f"--config.batch_size={-(-batch_size // n_devices) * n_devices}); or give rows per device: "
+                         f"--config.per_device_batch_size={max(batch_size // n_devices, 1)} --config.batch_size=0")
   return batch_size
 
 
