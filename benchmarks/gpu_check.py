@@ -120,8 +120,8 @@ def loop_check(config_name, steps, log_every, vocab_size=0, per_device_batch=0, 
   """The real trainer (`loop.train_and_evaluate`: prepared corpus, prefetch, device_put ahead) on the embedded
   corpus: step time, the share of wall time the loop waited for a batch (data_wait_share), the achieved
   per-device rates, MFU and HBM of the last log record, the roofline prediction the run states, and (with
-  `profile_dir`) a profile of two steps of the first log window. `vocab_size`: a synthetic vocabulary of that size (0: the
-  corpus's); `per_device_batch`: rows per device (0: the config's)."""
+  `profile_dir`) a profile of two steps of the first log window. `vocab_size`: a synthetic vocabulary of that
+  size (0: the corpus's); `per_device_batch`: rows per device (0: the config's)."""
   import shutil  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import loop  # pylint: disable=g-import-not-at-top

@@ -6,7 +6,8 @@ The one validation phase of `train.py`, in two calls:
   sentence; prepared directories that verify), `init_from`, and a saved `vocab.txt` against this run's
   vocabulary settings;
 - `check_run(config, workdir, n_devices, n_processes)` once JAX knows the devices: the batch splits over
-  them (`config.global_batch_size`), and a checkpoint in the workdir can be resumed by this config (the same test the restore applies).
+  them (`config.global_batch_size`), and a checkpoint in the workdir can be resumed by this config (the same
+  test the restore applies).
 Only then does the trainer lock the workdir and write `config.json`, `vocab.txt` or `prepared/`.
 """
 from __future__ import annotations

@@ -10,7 +10,8 @@ those of a run without it; only the tokens/s of the log windows it touches feel 
 Files (jax's layout): `<profile_dir>/plugins/profile/<time>/<host>.xplane.pb` (TensorBoard:
 `tensorboard --logdir <profile_dir>`, Profile tab) and `perfetto_trace.json.gz` beside it (ui.perfetto.dev).
 A gs:// profile_dir is written to a local staging folder and uploaded when the trace stops
-(`storage.staged_output`). With several processes each writes `<profile_dir>/process_<i>/`.
+(`storage.staged_output`). With `profile_all_processes` and several processes each writes
+`<profile_dir>/process_<i>/`.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ class Profiler:
       return
     self._range = (max(start, start_step + 1), min(end, last))
     self._dir = profile_dir(config, workdir)
-    if jax.process_count() > 1:  # processes on one host would write the same <host>.xplane.pb
+    if config.profile_all_processes and jax.process_count() > 1:  # processes on one host: one <host>.xplane.pb
       self._dir = storage.join(self._dir, f"process_{jax.process_index()}")
 
   def before(self, step: int, compile_step: Callable[[], Any], drain: Callable[[], None]) -> None:
