@@ -275,9 +275,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   started, record = time.time(), {}
   stop_every = 1 if n_proc == 1 else max(int(config.stop_check_every_steps), 1)
   ahead = max(int(config.prefetch_batches), 1)
+  profiler = Profiler(config, run.path, start_step, last)
   pacer = Pacer(make_feed(train_iter, steps.mesh, ahead, stop_every), ahead)
   stop = StopRequest()
-  profiler = Profiler(config, run.path, start_step, last)
   try:  # the handlers, the feed thread and the writers are put back however the loop ends (a raise included)
     for step in range(start_step, last):
       batch, data_state = pacer.next()
