@@ -83,11 +83,11 @@ class Profiler:
     if step == self._range[0]:
       compile_step()
       drain()
-      self._stack = contextlib.ExitStack()
-      local = self._stack.enter_context(storage.staged_output(self._dir, "config.profile_dir", directory=True))
-      os.makedirs(local, exist_ok=True)
-      self._local = local
-      jax.profiler.start_trace(local, create_perfetto_trace=True)
+      stack = contextlib.ExitStack()
+      self._local = stack.enter_context(storage.staged_output(self._dir, "config.profile_dir", directory=True))
+      os.makedirs(self._local, exist_ok=True)
+      jax.profiler.start_trace(self._local, create_perfetto_trace=True)
+      self._stack = stack  # a trace runs: close() stops it whatever happens next
     self._traced_to = step
     # Step boundaries for the profile plugin's step-time view.
     self._annotation = jax.profiler.StepTraceAnnotation("train", step_num=step)
