@@ -68,7 +68,7 @@ class Throughput:
     if self.chip is not None:
       return None
     return (f"no roofline prediction and no mfu for {self.n} x {self.kind}: elmo_jax/plan/targets.py has no bf16 "
-            f"peak for it (analytic {self.flops_per_token / 1e9:.3f} GFLOP per token; tflops_per_sec_per_device "
+            f"peak for it (analytic {self.flops_per_token / 1e9:.3g} GFLOP per token; tflops_per_sec_per_device "
             "is logged)")
 
   def prediction_line(self, compile_step: Callable[[], Any]) -> str | None:
@@ -86,4 +86,4 @@ class Throughput:
     return (f"roofline prediction for {self.n} x {self.chip.name} (the planner's bound for this step): "
             f"{rf['step_s'] * 1e3:.2f} ms per step, bound by {rf['bound_by']} ({terms}) -> "
             f"{rf['tokens_per_s_per_device']:,.0f} tokens/s per device, MFU bound {rf['mfu_bound']:.1%} "
-            f"(analytic {self.flops_per_token / 1e9:.3f} GFLOP per token)")
+            f"(analytic {self.flops_per_token / 1e9:.3g} GFLOP per token)")

@@ -92,15 +92,17 @@ def _run(tmp_path, capsys, **overrides):
   train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f if '"train_loss"' in line]
-  return config, records, capsys.readouterr().out
+  with open(os.path.join(workdir, "vocab.txt")) as f:
+    vocab = sum(1 for _ in f)  # the corpus's words, fewer than vocab_max_size
+  return config, records, capsys.readouterr().out, vocab
 
 
 @pytest.mark.slow
 def test_a_cpu_run_logs_the_rates_and_says_once_why_there_is_no_mfu(tmp_path, capsys):
-  config, records, out = _run(tmp_path, capsys)
+  config, records, out, vocab = _run(tmp_path, capsys)
   assert [r["step"] for r in records] == [2, 4]
   config = with_global_batch(config, 1)
-  flops = plan_lib.train_flops_per_token(config, _options(config), VOCAB, config.batch_size)["train"]
+  flops = plan_lib.train_flops_per_token(config, _options(config), vocab, config.batch_size)["train"]
   for r in records:
     assert "mfu" not in r and "hbm_in_use_gb" not in r  # no peak, no memory stats on the CPU
     assert r["tokens_per_sec_per_device"] == pytest.approx(r["tokens_per_sec"])  # one device
@@ -113,7 +115,7 @@ def test_a_cpu_run_logs_the_rates_and_says_once_why_there_is_no_mfu(tmp_path, ca
 def test_on_a_chip_with_a_peak_the_run_states_the_prediction_and_logs_mfu(tmp_path, capsys, monkeypatch):
   """The accelerator path on the CPU: the planner's nominal cpu chip stands in for a known one."""
   monkeypatch.setattr(targets_lib, "chip_of", lambda kind: "cpu")
-  _, records, out = _run(tmp_path, capsys)
+  _, records, out, _ = _run(tmp_path, capsys)
   lines = [line for line in out.splitlines() if line.startswith("roofline prediction for 1 x CPU")]
   assert len(lines) == 1 and "tokens/s per device" in lines[0] and "bound by" in lines[0], out
   assert out.index("training 4 steps") < out.index(lines[0]) < out.index("step 2/4")
