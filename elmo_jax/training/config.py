@@ -83,8 +83,8 @@ def global_batch_size(batch_size: int, per_device_batch_size: int, n_devices: in
                          f"{per_device_batch_size} are both set; set one of them and the other to 0 (e.g. "
                          "--config.batch_size=0)")
   if not batch_size and not per_device_batch_size:
-    raise BatchSizeError("config.batch_size and config.per_device_batch_size are both 0; set one of them (the "
-                         "global batch in rows, or rows per device)")
+    raise BatchSizeError("config.batch_size=0 and config.per_device_batch_size=0: set one of them (the global "
+                         "batch in rows, or rows per device)")
   if per_device_batch_size:
     return per_device_batch_size * n_devices
   if batch_size % n_devices:

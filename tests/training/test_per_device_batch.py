@@ -49,7 +49,7 @@ def test_lm1b_is_bilm_tf_128_rows_per_device_on_any_device_count():
 
 @pytest.mark.parametrize("batch, per_device, words", [
     (384, 128, "config.batch_size=384 and config.per_device_batch_size=128 are both set; set one of them"),
-    (0, 0, "config.batch_size and config.per_device_batch_size are both 0; set one of them"),
+    (0, 0, "config.batch_size=0 and config.per_device_batch_size=0: set one of them"),
     (-4, 0, "config.batch_size=-4: must be >= 0"),
 ])
 def test_both_or_neither_is_one_line_before_anything_is_written(tmp_path, batch, per_device, words):
