@@ -5,8 +5,14 @@
 Runs without flags or edits. On a GPU/TPU: the `original` config (configs/original.py: LSTM 4096/512,
 char CNN up to width 7 x 1024 filters, 8192 sampled negatives of a 793,471-word vocabulary as the released
 model, Adagrad), global batch 128 x 20 tokens on ONE device, float32 and bfloat16 compute; the real train
-loop (`loop.train_and_evaluate`, bfloat16, the embedded corpus prepared to ids) for its step time and
-`data_wait_share` (the share of wall time the loop waited for a batch); then
+loop (`loop.train_and_evaluate`) on an lm1b-shaped run (configs/lm1b.py: original size, bf16, 128 rows per
+device on every device, 8,192 sampled of a 793,471-word vocabulary, `shard_softmax`; the embedded corpus
+prepared to ids against a synthetic vocabulary of that size, so its targets are mostly <UNK>: the step's
+shapes are lm1b's, its loss is not) for its step time, `data_wait_share` (the share of wall time the loop
+waited for a batch), the achieved tokens/s, TFLOP/s, MFU and HBM per device of its last log record next to
+the planner's roofline prediction the run states at its start, and a jax.profiler trace of two of its
+steps (`$GPU_CHECK_PROFILE_DIR`, default <tmp>/elmo_jax_gpu_check_profile; open it with `tensorboard
+--logdir` or ui.perfetto.dev, see the README's "Profiling a run"); then
 `Embedder.embed_sentences` of random-weight `original`-size ELMo over synthetic sentences. Compile time is
 reported apart from the timed steps. Budgeted to finish well under 8 minutes on an H100/H200-class GPU.
 On a CPU-only machine it says so (a warning on stderr and `"degraded": true`) and runs tiny sizes, so the
@@ -14,10 +20,14 @@ script itself is still exercised.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 
@@ -91,14 +101,31 @@ def train_throughput(config_name, dtype, batch, vocab, steps):
           "loss": float(m["loss"]), "finite": bool(np.isfinite(float(m["loss"])))}
 
 
-def loop_check(config_name, dtype, steps, log_every):
+class _Tee(io.StringIO):
+  """stdout kept (to read the trainer's own lines back) and still shown."""
+
+  def write(self, text):
+    sys.__stdout__.write(text)
+    return super().write(text)
+
+
+def _synthetic_vocab(path, size):
+  """A bilm-tf vocabulary of `size` entries (<S>, </S>, <UNK>, then made-up words): lm1b's softmax shape."""
+  with open(path, "w") as f:
+    f.write("<S>\n</S>\n<UNK>\n" + "".join(f"w{i:07d}\n" for i in range(size - 3)))
+  return path
+
+
+def loop_check(config_name, steps, log_every, vocab_size=0, per_device_batch=0, profile_dir=""):
   """The real trainer (`loop.train_and_evaluate`: prepared corpus, prefetch, device_put ahead) on the embedded
-  corpus: step time and the share of wall time the loop waited for a batch (data_wait_share)."""
+  corpus: step time, the share of wall time the loop waited for a batch (data_wait_share), the achieved
+  per-device rates, MFU and HBM of the last log record, the roofline prediction the run states, and (with
+  `profile_dir`) a profile of two steps of the first log window. `vocab_size`: a synthetic vocabulary of that
+  size (0: the corpus's); `per_device_batch`: rows per device (0: the config's)."""
   import shutil  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import loop  # pylint: disable=g-import-not-at-top
   config = _load_config(config_name)
-  config.dtype = dtype
   config.num_train_steps = steps
   config.log_every_steps = log_every
   config.eval_every_steps = config.checkpoint_every_steps = 10 * steps
@@ -106,21 +133,54 @@ def loop_check(config_name, dtype, steps, log_every):
   config.data.eval_files = ""
   config.data.tfds_name = ""
   config.data.pretokenized = False
+  if per_device_batch:
+    config.batch_size, config.per_device_batch_size = 0, per_device_batch
   workdir = tempfile.mkdtemp(prefix="gpu_check_loop_")
+  if vocab_size:
+    config.data.vocab_file = _synthetic_vocab(os.path.join(workdir, "synthetic_vocab.txt"), vocab_size)
+    config.data.vocab_max_size = vocab_size
+  if profile_dir:  # two steps of the first window: the last one, whose rates are reported, stays untraced
+    config.profile_steps, config.profile_dir = f"{max(log_every // 2, 2)}:2", profile_dir
+  run = os.path.join(workdir, "run")
   try:
     t0 = time.perf_counter()
-    loop.train_and_evaluate(config, workdir)
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    out = _Tee()
+    with contextlib.redirect_stdout(out):
+      loop.train_and_evaluate(config, run)
+    with open(os.path.join(run, "metrics.jsonl")) as f:
       records = [json.loads(line) for line in f if '"train_loss"' in line]
+    with open(os.path.join(run, "config.json")) as f:
+      batch = json.load(f)["batch_size"]  # the global batch the run resolved
     last = records[-1]  # a window without compile or preparation
-    return {"config": config_name, "dtype": dtype, "batch": int(config.batch_size),
-            "unroll": int(config.unroll_steps), "steps": steps, "window_steps": log_every,
-            "tokens_per_s": round(last["tokens_per_sec"], 1),
-            "step_s": round(config.batch_size * config.unroll_steps / last["tokens_per_sec"], 5),
+    predicted = next((line for line in out.getvalue().splitlines()
+                      if line.startswith(("roofline prediction", "no roofline prediction"))), None)
+    rate = re.search(r"-> ([\d,]+) tokens/s per device, MFU bound ([\d.]+)%", predicted or "")
+    achieved = {k: round(last[k], 4) for k in ("tokens_per_sec_per_device", "tflops_per_sec_per_device", "mfu",
+                                               "hbm_in_use_gb", "hbm_peak_gb") if k in last}
+    return {"config": config_name, "dtype": config.dtype, "batch": batch, "devices": jax.device_count(),
+            "unroll": int(config.unroll_steps), "vocab": vocab_size or None, "steps": steps,
+            "window_steps": log_every, "tokens_per_s": round(last["tokens_per_sec"], 1),
+            "step_s": round(batch * config.unroll_steps / last["tokens_per_sec"], 5),
             "data_wait_share": round(last["data_wait_share"], 4), "loss": last["train_loss"],
-            "total_s": round(time.perf_counter() - t0, 1)}
+            "achieved": achieved,
+            "predicted": {"line": predicted,
+                          **({"tokens_per_s_per_device": int(rate.group(1).replace(",", "")),
+                              "mfu_bound": float(rate.group(2)) / 100} if rate else {})},
+            "profile": _profile_files(profile_dir), "total_s": round(time.perf_counter() - t0, 1)}
   finally:
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _profile_files(profile_dir):
+  """The trace files a profile_dir holds (relative paths and sizes), or None."""
+  if not profile_dir or not os.path.isdir(profile_dir):
+    return None
+  found = {}
+  for root, _, names in os.walk(profile_dir):
+    for name in names:
+      path = os.path.join(root, name)
+      found[os.path.relpath(path, profile_dir)] = os.path.getsize(path)
+  return {"dir": profile_dir, "files": found}
 
 
 def embed_throughput(preset, n_sentences, batch_size):
@@ -165,8 +225,12 @@ def main():
     result["train"].append(r)
   try:
     if time.perf_counter() - t_start < 300:
-      steps, every = (8, 4) if degraded else (120, 40)
-      result["loop"] = loop_check("default" if degraded else "original", "bfloat16", steps, every)
+      profile_dir = os.environ.get("GPU_CHECK_PROFILE_DIR") or os.path.join(tempfile.gettempdir(),
+                                                                             "elmo_jax_gpu_check_profile")
+      if degraded:  # the tiny CPU model, 4 rows per device, its corpus's vocabulary
+        result["loop"] = loop_check("default", 8, 4, per_device_batch=4, profile_dir=profile_dir)
+      else:
+        result["loop"] = loop_check("lm1b", 120, 40, vocab_size=ORIGINAL_VOCAB, profile_dir=profile_dir)
     else:
       result["loop"] = {"skipped": "time budget"}
   except Exception as e:  # pylint: disable=broad-except

@@ -3,6 +3,7 @@
 # (requirements.txt + libtpu + the CUDA plugin and ptxas of the pinned jax, ~2.5 GB in all; kept apart from .venv,
 # where an installed libtpu would make CPU training probe for a TPU), then runs `python -m elmo_jax.plan`:
 #   bash scripts/plan.sh --config=configs/lm1b.py --target=v5e:8x8 --per_device_batch=256
+#   bash scripts/plan.sh --config=configs/lm1b.py --target=v5e:16x16   # the config's per_device_batch_size (128)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

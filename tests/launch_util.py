@@ -16,8 +16,10 @@ import numpy as np
 
 import tiny
 
+from elmo_jax.training.throughput import FIELDS as THROUGHPUT_FIELDS
 from paths import REPO_ROOT, TESTS_DIR
-TIMING_FIELDS = ("tokens_per_sec", "elapsed_sec", "data_wait_share")
+# What differs between identical runs: timings, and the rates and device memory derived from them.
+TIMING_FIELDS = ("tokens_per_sec", "elapsed_sec", "data_wait_share", *THROUGHPUT_FIELDS)
 
 
 WORDS = ("the cat sat on a mat dog ran far away under big small red tree house river boat sun "

@@ -3,6 +3,7 @@
   python -m elmo_jax.plan --config=configs/lm1b.py --target=v5e:8x8 --per_device_batch=256
   elmo-jax-plan --config=configs/lm1b.py --target=h200:1x1x8 --per_device_batch=512 --json
   python -m elmo_jax.plan --config=configs/default.py --target=cpu:8      # no extra package needed
+  python -m elmo_jax.plan --config=configs/lm1b.py --target=v5e:16x16     # its per_device_batch_size: 128 rows
   python -m elmo_jax.plan --step=embed --model=original --target=h200:1x1x8   # the Embedder's step
 
 Targets: v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB (TPU chips per axis), h100:/h200:PxHxD (partitions x hosts
@@ -36,8 +37,9 @@ def define_flags() -> None:
   config_flags.DEFINE_config_file("config", default, "Training config (a configs/*.py file).", lock_config=True)
   flags.DEFINE_string("target", "v5e:4x4", "Chip and topology, e.g. v5e:16x16, v6e:8x8, v4:4x4x4, v5p:4x4x8, "
                       "h200:1x1x8, h100:1x2x8, cpu:8.")
-  flags.DEFINE_integer("per_device_batch", DEFAULT_ROWS, "Batch rows per device (the global batch is this x "
-                       "devices); 0 = the config's batch_size split over the devices.")
+  flags.DEFINE_integer("per_device_batch", 0, "Batch rows per device (the global batch is this x devices); 0 = "
+                       "the config's: config.per_device_batch_size, or config.batch_size split over the devices "
+                       f"(--step=embed: {DEFAULT_ROWS}).")
   flags.DEFINE_integer("vocab_size", 0, "Softmax vocabulary (0 = config.data.vocab_max_size).")
   flags.DEFINE_integer("table_size", 0, "Deduped char-CNN table per device (config.dedupe_tokens); 0 = half "
                        "the positions of one window, bucketed.")
@@ -101,7 +103,7 @@ def render(r: dict) -> str:
     tokens = r["config_train_tokens"]
     amount = f"{tokens / 1e9:.2f}B" if tokens >= 1e9 else f"{tokens / 1e6:.1f}M"
     hours = r["config_train_hours"]
-    lines.append(f"the config's {amount} training tokens (num_train_steps x batch_size x unroll_steps): "
+    lines.append(f"the config's {amount} training tokens (num_train_steps x global batch x unroll_steps): "
                  f"{f'{hours:.1f} h' if hours >= 1 else f'{hours * 60:.1f} min'} on {r['devices']} devices at that rate")
   return "\n".join(lines)
 
@@ -136,7 +138,7 @@ def main(argv):
         buckets = [int(t) for t in FLAGS.time_buckets]
       except (options_lib.OptionsError, ValueError) as e:
         sys.exit(f"plan: error: --model / --time_buckets: {e}")
-      report = embed_plan.plan_embed(options, FLAGS.target, buckets, FLAGS.per_device_batch,
+      report = embed_plan.plan_embed(options, FLAGS.target, buckets, FLAGS.per_device_batch or plan_lib.DEFAULT_ROWS,
                                      dtype=FLAGS.embed_dtype)
       print(json.dumps(report, indent=1) if FLAGS.json else embed_plan.render(report))
       return

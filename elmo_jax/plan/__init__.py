@@ -19,7 +19,7 @@ from typing import Any
 from elmo_jax.plan import hlo as hlo_lib
 from elmo_jax.plan import targets as targets_lib
 
-DEFAULT_ROWS = 128  # bilm-tf's batch per GPU
+DEFAULT_ROWS = 128  # bilm-tf's batch per GPU (the embed step's default)
 
 
 def forward_flops_per_token(options: dict[str, Any], vocab: int, num_sampled: int,
@@ -40,6 +40,23 @@ def forward_flops_per_token(options: dict[str, Any], vocab: int, num_sampled: in
   classes = (num_sampled + 1) if num_sampled and num_sampled < vocab else vocab
   soft = 2 * 2 * p * classes
   return {"char_cnn": float(char), "lstm": float(rnn), "softmax": float(soft), "total": float(char + rnn + soft)}
+
+
+def train_flops_per_token(config, options: dict[str, Any], vocab: int, rows: int,
+                          table_size: int = 0) -> dict[str, Any]:
+  """The analytic count of the report (and of the trainer's `tflops_per_sec_per_device` and `mfu`): the train
+  step's matmul/conv FLOPs per token position, 3 x the forward pass, at `rows` batch rows per device.
+
+  {"train": FLOPs, "forward": `forward_flops_per_token`, "num_sampled": the trainer's rule for the softmax,
+  "table_size": the deduped char-CNN rows per device (`table_size`, 0 = half the positions of one window,
+  bucketed as the trainer does; it is taken even without config.dedupe_tokens, which counts 2 rows a token)}.
+  """
+  from elmo_jax.data import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
+  num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < vocab - 1 else 0
+  tokens = rows * int(config.unroll_steps)
+  table = table_size or dedupe_lib.bucket_size(tokens // 2 + 1, cap=2 * tokens + 1)
+  forward = forward_flops_per_token(options, vocab, num_sampled, table / tokens if config.dedupe_tokens else 2.0)
+  return {"train": 3 * forward["total"], "forward": forward, "num_sampled": num_sampled, "table_size": table}
 
 
 def _out_of_memory(error: Exception) -> dict[str, Any] | None:
@@ -107,11 +124,25 @@ def analyse_hlo(text: str, target: targets_lib.Target, tokens_per_device: int, l
   }
 
 
-def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_size: int = 0,
+def rows_per_device(config, n_devices: int, per_device_batch: int = 0) -> int:
+  """`per_device_batch`, else the config's rows per device as the trainer takes them on `n_devices`
+  (`training.config.global_batch_size`); raises TargetError (one line) when the config's batch gives none."""
+  from elmo_jax.training.config import BatchSizeError, global_batch_size  # pylint: disable=g-import-not-at-top
+  if per_device_batch:
+    return per_device_batch
+  try:
+    return global_batch_size(config.batch_size, config.per_device_batch_size, n_devices) // n_devices
+  except BatchSizeError as e:
+    raise targets_lib.TargetError(f"{e}; or pass --per_device_batch") from None
+
+
+def plan(config, target_spec: str, per_device_batch: int = 0, vocab_size: int = 0,
          table_size: int = 0, launch_us: float = targets_lib.LAUNCH_US, with_eval: bool = True,
          dump_hlo: str = "") -> dict[str, Any]:
   """Compiles the train step of `config` for `target_spec` at `per_device_batch` rows per device; a report.
 
+  `per_device_batch`: 0 = the config's, as the trainer takes it on this many devices
+  (config.per_device_batch_size, or config.batch_size split over them).
   `vocab_size`: 0 = config.data.vocab_max_size. `table_size`: deduped char-CNN table per device
   (config.dedupe_tokens), 0 = half the positions of one window, bucketed as the trainer does.
   """
@@ -121,10 +152,7 @@ def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_s
 
   target = targets_lib.make_target(target_spec)
   n = target.n
-  rows = per_device_batch or config.batch_size // n
-  if rows <= 0 or (not per_device_batch and config.batch_size % n):
-    raise targets_lib.TargetError(f"config.batch_size={config.batch_size} does not split over {n} devices; "
-                                  "pass --per_device_batch")
+  rows = rows_per_device(config, n, per_device_batch)
   options = options_lib.validate(config.options.to_dict(), "config.options")
   report, table = _header(config, options, target_spec, target, rows, vocab_size, table_size, launch_us)
   model = make_model(options, dropout=config.dropout, dtype=config.dtype, unroll=config.scan_unroll)
@@ -146,7 +174,9 @@ def plan(config, target_spec: str, per_device_batch: int = DEFAULT_ROWS, vocab_s
   cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
   report["compiler_flops_loops_once"] = float(cost["flops"]) if cost and "flops" in cost else None
   # The config's token budget (lm1b: 10 epochs) at the roofline rate of this many devices.
-  config_tokens = int(config.num_train_steps) * config.batch_size * report["unroll_steps"]
+  # The config's token budget: its global batch on this target (per_device_batch_size x these devices).
+  config_batch = config.batch_size or config.per_device_batch_size * n
+  config_tokens = int(config.num_train_steps) * config_batch * report["unroll_steps"]
   rate = report["roofline"]["tokens_per_s_per_device"] * n
   report["config_train_tokens"] = config_tokens
   report["config_train_hours"] = config_tokens / rate / 3600 if rate else None
@@ -160,22 +190,19 @@ def _header(config, options: dict[str, Any], target_spec: str, target: targets_l
             vocab_size: int, table_size: int, launch_us: float) -> tuple[dict[str, Any], int]:
   """(the report's part known before compiling: batch, vocabulary, analytic FLOPs, the chip's peaks; the
   deduped char-CNN table rows per device, which the abstract inputs take even without dedupe)."""
-  from elmo_jax.data import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
   n = target.n
   vocab = int(vocab_size or config.data.vocab_max_size)
-  num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < vocab - 1 else 0
   unroll = int(config.unroll_steps)
   dedupe = bool(config.dedupe_tokens)
-  table = table_size or dedupe_lib.bucket_size(rows * unroll // 2 + 1, cap=2 * rows * unroll + 1)
+  counted = train_flops_per_token(config, options, vocab, rows, table_size)
+  table, num_sampled, analytic = counted["table_size"], counted["num_sampled"], counted["forward"]
   tokens = rows * unroll
-  cnn_rows = table / tokens if dedupe else 2.0
-  analytic = forward_flops_per_token(options, vocab, num_sampled, cnn_rows)
   report = {
       "target": target_spec, "chip": target.chip.name, "devices": n, "per_device_batch": rows,
       "global_batch": rows * n, "unroll_steps": unroll, "tokens_per_device_per_step": tokens,
       "vocab": vocab, "num_sampled": num_sampled, "dtype": config.dtype, "dedupe_table_size": table if dedupe else 0,
       "shard_softmax": bool(config.shard_softmax),
-      "analytic_train_flops_per_token": 3 * analytic["total"], "analytic_forward_flops_per_token": analytic,
+      "analytic_train_flops_per_token": counted["train"], "analytic_forward_flops_per_token": analytic,
       "peak": {"bf16_flops": target.chip.peak_flops, "hbm_bytes_per_s": target.chip.hbm_bandwidth,
                "collective_bytes_per_s": target.chip.collective_bandwidth,
                "cross_host_bytes_per_s": target.chip.cross_host_bandwidth,

@@ -63,6 +63,19 @@ CHIPS = {
 }
 
 
+# `device.device_kind` of the chips above as jax names them (lower case; the first match wins, so "v5 lite"
+# before "v5"). Variants with other peaks (H100 PCIe / NVL, H200 NVL, GH200) match none: no MFU for them.
+_DEVICE_KINDS = ((r"tpu v4", "v4"), (r"tpu v5 ?(lite|e)", "v5e"), (r"tpu v5p?\b", "v5p"),
+                 (r"tpu v6 ?(lite|e)", "v6e"), (r"^nvidia h200$", "h200"), (r"^nvidia h100 (80gb hbm3|sxm)", "h100"))
+
+
+def chip_of(device_kind: str) -> str | None:
+  """The CHIPS key of a device as jax reports it (`jax.devices()[0].device_kind`, e.g. "TPU v5 lite",
+  "NVIDIA H200"); None when this table has no peak for it (a CPU, another GPU)."""
+  kind = " ".join(device_kind.lower().split())
+  return next((name for pattern, name in _DEVICE_KINDS if re.search(pattern, kind)), None)
+
+
 class TargetError(ValueError):
   """A target the user can fix: bad spelling, a missing compiler package, too few CPU devices."""
 

@@ -9,6 +9,7 @@
     export/              options.json + weights.hdf5 (+ vocab.txt): the original ELMo format, at every save
     prepared/<key>/      the auto-prepared corpus (ids), `training/input.py`
     eval/                `evaluate.py --workdir`'s default output folder
+    profile/             jax.profiler traces (`config.profile_steps`; `training/profile.py`)
     train.lock           the workdir lock (`training/lock.py`)
 
 Names only: no I/O here, so every room (storage, files, training, embedding, evaluation) can ask.
@@ -23,6 +24,7 @@ CHECKPOINTS = "checkpoints"
 EXPORT_DIR = "export"
 PREPARED_DIR = "prepared"
 EVAL_DIR = "eval"
+PROFILE_DIR = "profile"
 LOCK_FILE = "train.lock"
 OPTIONS_FILE = "options.json"  # inside export/
 WEIGHTS_FILE = "weights.hdf5"  # inside export/

@@ -14,6 +14,9 @@ def base_config() -> ml_collections.ConfigDict:
   # --- keys scripts rely on -------------------------------------------------------------------------
   c.seed = 0
   c.batch_size = 128  # global, in sequences (batch rows), split over all devices of all processes
+  # The alternative to batch_size (MaxText's): rows per device, so one config runs on any device count;
+  # exactly one of the two is set (> 0), the other 0. `global_batch_size` is the one place that decides.
+  c.per_device_batch_size = 0
   c.unroll_steps = 20  # truncated-BPTT window in tokens
   c.num_train_steps = 1000
   c.eval_every_steps = 500
@@ -55,7 +58,50 @@ def base_config() -> ml_collections.ConfigDict:
   # trains. Use it when init_from brings no softmax (a new vocabulary, or released ELMo files, which have
   # none): a random softmax's first gradients would otherwise flow into the pretrained biLM. 0 = off.
   c.freeze_bilm_steps = 0
+  # --- profiling ----------------------------------------------------------------------------------------
+  # "START:COUNT" captures a jax.profiler trace of steps START..START+COUNT-1 (training/profile.py), after
+  # their compile; "" = off. Into profile_dir ("" = WORKDIR/profile; a gs:// path is uploaded when done),
+  # on process 0 only unless profile_all_processes.
+  c.profile_steps = ""
+  c.profile_dir = ""
+  c.profile_all_processes = False
   return c
+
+
+class BatchSizeError(ValueError):
+  """batch_size / per_device_batch_size that give no global batch for these devices; one line."""
+
+
+def global_batch_size(batch_size: int, per_device_batch_size: int, n_devices: int) -> int:
+  """The global batch in rows (over all devices of all processes): `batch_size`, or
+  `per_device_batch_size * n_devices`; exactly one of the two is > 0, and the batch splits over the devices."""
+  for key, value in (("batch_size", batch_size), ("per_device_batch_size", per_device_batch_size)):
+    if value < 0:
+      raise BatchSizeError(f"config.{key}={value}: must be >= 0")
+  if batch_size and per_device_batch_size:
+    raise BatchSizeError(f"config.batch_size={batch_size} and config.per_device_batch_size="
+                         f"{per_device_batch_size} are both set; set one of them and the other to 0 (e.g. "
+                         "--config.batch_size=0)")
+  if not batch_size and not per_device_batch_size:
+    raise BatchSizeError("config.batch_size=0 and config.per_device_batch_size=0: set one of them (the global "
+                         "batch in rows, or rows per device)")
+  if per_device_batch_size:
+    return per_device_batch_size * n_devices
+  if batch_size % n_devices:
+    raise BatchSizeError(f"config.batch_size={batch_size} must be divisible by the {n_devices} devices (e.g. "
+                         f"--config.batch_size={-(-batch_size // n_devices) * n_devices}); or give rows per device: "
+                         f"--config.per_device_batch_size={max(batch_size // n_devices, 1)} --config.batch_size=0")
+  return batch_size
+
+
+def with_global_batch(config: ml_collections.ConfigDict, n_devices: int) -> ml_collections.ConfigDict:
+  """A copy of `config` whose `batch_size` is the global batch on `n_devices` (`global_batch_size`), which is
+  what the trainer reads, config.json and checkpoints record and a resume compares; `per_device_batch_size`
+  stays as given (it says how the batch was asked for). Raises BatchSizeError."""
+  rows = global_batch_size(config.batch_size, config.per_device_batch_size, n_devices)
+  resolved = config.copy_and_resolve_references()
+  resolved.batch_size = rows
+  return resolved
 
 
 def _data_config() -> ml_collections.ConfigDict:

@@ -23,12 +23,15 @@ from elmo_jax.runtime import files, log, storage
 from elmo_jax.runtime.run_layout import CONFIG_FILE, EXPORT_DIR, METRICS_FILE, VOCAB_FILE
 from elmo_jax.training import init_from, lm_eval, optimizer as optimizer_lib, resume, step as step_lib
 from elmo_jax.training import input as input_lib
+from elmo_jax.training.config import with_global_batch
 from elmo_jax.training.checkpoint import (Checkpointer, IncompatibleCheckpointError, abstract_like,
                                           gather_process_states)
 from elmo_jax.training.distributed import StopRequest
 from elmo_jax.training.export import export_model
 from elmo_jax.training.feed import device_batch, make_feed
 from elmo_jax.training.metrics import LogWindow, MetricWriter, progress_line
+from elmo_jax.training.profile import Profiler
+from elmo_jax.training.throughput import Throughput
 from elmo_jax.training.workdir import Workdir
 
 # after_step(step, flush): called after every step's logs, eval and save; flush() waits until every save
@@ -54,14 +57,12 @@ class Steps:
 
 def open_run(config: ml_collections.ConfigDict, workdir: str) -> tuple[Workdir, dict[str, Any], input_lib.TrainInput]:
   """The workdir (a bucket's: its local copy, pulled), the checked model options and the run's input; process
-  0 writes config.json and vocab.txt."""
+  0 writes config.json and vocab.txt. `config` is resolved (`config.with_global_batch`)."""
   run = Workdir(workdir)
   if jax.process_index() == 0:  # a bucket workdir: the copy this process writes starts as the bucket's (again
     run.pull()  # since the preflight's pull: another trainer may have written before this one took the lock)
   os.makedirs(run.local, exist_ok=True)
   options = options_lib.validate(config.options.to_dict(), "config.options")
-  if config.batch_size % jax.device_count():
-    raise ValueError(f"config.batch_size={config.batch_size} must be divisible by the {jax.device_count()} devices")
   data = input_lib.make_input(config, run, config.batch_size // jax.process_count())
   if jax.process_index() == 0:
     files.write_json(os.path.join(run.local, CONFIG_FILE), config.to_dict())
@@ -144,11 +145,15 @@ def evaluate(config, data: input_lib.TrainInput, steps: Steps, params) -> dict[s
           "eval_ppl": result["ppl"], "eval_tokens": result["n_tokens"]}
 
 
-def _log_start(config, data: input_lib.TrainInput, steps: Steps, start_step: int) -> None:
+def _log_start(config, data: input_lib.TrainInput, steps: Steps, start_step: int, perf: Throughput) -> None:
   n = config.num_train_steps
-  log.info(f"training {n} steps of {config.batch_size} x {config.unroll_steps} tokens on {jax.device_count()} "
+  rows = (f"{config.batch_size} ({config.per_device_batch_size} per device)" if config.per_device_batch_size
+          else f"{config.batch_size}")
+  log.info(f"training {n} steps of {rows} x {config.unroll_steps} tokens on {jax.device_count()} "
            f"device(s) / {jax.process_count()} process(es) from {data.description}; vocab {len(data.vocab):,}; "
            f"{'sampled softmax ' + str(steps.num_sampled) if steps.num_sampled else 'full softmax'}")
+  if perf.unknown_chip_line():
+    log.info(perf.unknown_chip_line())
   if start_step < config.freeze_bilm_steps:
     log.info(f"biLM frozen for steps {start_step + 1}-{min(config.freeze_bilm_steps, n)}: only the softmax "
              f"trains (config.freeze_bilm_steps={config.freeze_bilm_steps})")
@@ -177,6 +182,11 @@ class Pacer:
     if len(self._in_flight) > self.ahead:
       jax.block_until_ready(self._in_flight.popleft())
 
+  def drain(self) -> None:
+    """Waits until every dispatched step has finished on the devices (before and after a profile)."""
+    while self._in_flight:
+      jax.block_until_ready(self._in_flight.popleft())
+
   def wait_share(self) -> float:
     """Share of the wall time since the last call that the devices waited for a batch."""
     now = time.time()
@@ -186,13 +196,16 @@ class Pacer:
 
 
 def _log_and_eval(config, done: int, started: float, start_step: int, log_window: LogWindow, pacer: Pacer,
-                  writer: MetricWriter, eval_now: Callable[[], dict[str, Any]] | None, record: dict) -> dict:
+                  writer: MetricWriter, eval_now: Callable[[], dict[str, Any]] | None, record: dict,
+                  perf: Throughput) -> dict:
   """The log line and record of step `done` and its eval, when due; returns the latest record."""
   last = config.num_train_steps
   if done == config.freeze_bilm_steps and done < last:
     log.info(f"step {done}: biLM unfrozen (config.freeze_bilm_steps={done}); everything trains from here")
   if _every(done, config.log_every_steps, last):
-    record = {**log_window.record(done), "learning_rate": optimizer_lib.learning_rate_at(config, done),
+    record = log_window.record(done)
+    record = {**record, **perf.fields(record["tokens_per_sec"]),
+              "learning_rate": optimizer_lib.learning_rate_at(config, done),
               "elapsed_sec": time.time() - started, "data_wait_share": pacer.wait_share()}
     writer.write(record)
     if jax.process_index() == 0:
@@ -224,6 +237,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   SIGTERM/SIGINT finish the current step, save and return normally.
   """
   # --- setup ---------------------------------------------------------------------------------------------
+  config = with_global_batch(config, jax.device_count())  # before anything is written; raises BatchSizeError
   run, options, data = open_run(config, workdir)
   is_main, n_proc, vocab = jax.process_index() == 0, jax.process_count(), data.vocab
   steps, state = make_steps(config, options, len(vocab))
@@ -252,7 +266,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                         uploaded=run.push_soon if run.remote else None)
   if is_main and data.eval is not None and start_step == 0:
     log_unigram_baseline(config, data, vocab, writer, n_proc)
-  _log_start(config, data, steps, start_step)
+  perf = Throughput(config, options, len(vocab))
+  _log_start(config, data, steps, start_step, perf)
   eval_now = None if data.eval is None else (lambda: evaluate(config, data, steps, state.params))
   flush = lambda: (checkpointer.wait(), run.flush())
 
@@ -260,19 +275,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   started, record = time.time(), {}
   stop_every = 1 if n_proc == 1 else max(int(config.stop_check_every_steps), 1)
   ahead = max(int(config.prefetch_batches), 1)
+  profiler = Profiler(config, run.path, start_step, last)
   pacer = Pacer(make_feed(train_iter, steps.mesh, ahead, stop_every), ahead)
   stop = StopRequest()
   try:  # the handlers, the feed thread and the writers are put back however the loop ends (a raise included)
     for step in range(start_step, last):
       batch, data_state = pacer.next()
-      state, metrics = steps.train_step(state, batch)
       done = step + 1
+      # Compiled ahead of its call (the call then finds it in jax's cache): for the prediction and the profile.
+      compile_step = lambda: steps.train_step.lower(state, batch).compile()  # noqa: E731
+      if step == start_step and is_main and (line := perf.prediction_line(compile_step)):
+        log.info(line)
+      profiler.before(done, compile_step, pacer.drain)
+      state, metrics = steps.train_step(state, batch)
       log_window.add(done, metrics)
       pacer.dispatched(metrics)
-      record = _log_and_eval(config, done, started, start_step, log_window, pacer, writer, eval_now, record)
+      record = _log_and_eval(config, done, started, start_step, log_window, pacer, writer, eval_now, record, perf)
       saved = _every(done, config.checkpoint_every_steps, last)
       if saved:
         save(done)
+      profiler.after(done, pacer.drain)
       if after_step is not None:
         after_step(done, flush)
       # Every process asks at the same steps, so all of them stop after the same one.
@@ -283,6 +305,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                  f"{checkpointer.directory}/{done}; run the same command again to resume")
         return record
   finally:
+    profiler.close()  # a trace the loop left running (a stop request, an error): written
     pacer.feed.close()
     stop.restore()
     checkpointer.close()  # waits for the last asynchronous save and its checksum; never half-written

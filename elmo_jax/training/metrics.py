@@ -145,5 +145,21 @@ def progress_line(step: int, total: int, record: dict[str, Any], started: float,
   eta = elapsed / done * (total - step)
   return (f"step {step}/{total}  loss {record['train_loss']:.3f}  "
           f"ppl fwd {record['train_ppl_forward']:.1f} bwd {record['train_ppl_backward']:.1f}  "
-          f"{record['tokens_per_sec']:,.0f} tok/s  elapsed {format_duration(elapsed)}  ETA {format_duration(eta)}")
+          f"{record['tokens_per_sec']:,.0f} tok/s{_rates(record)}  elapsed {format_duration(elapsed)}  "
+          f"ETA {format_duration(eta)}")
+
+
+def _rates(record: dict[str, Any]) -> str:
+  """' (52,744/device, 31.6 TFLOP/s, MFU 16.0%, HBM 2.6 GB, peak 2.9)' from the fields `training/throughput.py`
+  adds (those the record has)."""
+  parts = []
+  if "tokens_per_sec_per_device" in record:
+    parts.append(f"{record['tokens_per_sec_per_device']:,.0f}/device")
+  if "tflops_per_sec_per_device" in record:
+    parts.append(f"{record['tflops_per_sec_per_device']:.3g} TFLOP/s")
+  if "mfu" in record:
+    parts.append(f"MFU {record['mfu']:.1%}")
+  if "hbm_in_use_gb" in record:
+    parts.append(f"HBM {record['hbm_in_use_gb']:.1f} GB, peak {record['hbm_peak_gb']:.1f}")
+  return f" ({', '.join(parts)})" if parts else ""
 

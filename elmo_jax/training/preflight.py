@@ -6,7 +6,8 @@ The one validation phase of `train.py`, in two calls:
   sentence; prepared directories that verify), `init_from`, and a saved `vocab.txt` against this run's
   vocabulary settings;
 - `check_run(config, workdir, n_devices, n_processes)` once JAX knows the devices: the batch splits over
-  them, and a checkpoint in the workdir can be resumed by this config (the same test the restore applies).
+  them (`config.global_batch_size`), and a checkpoint in the workdir can be resumed by this config (the same
+  test the restore applies).
 Only then does the trainer lock the workdir and write `config.json`, `vocab.txt` or `prepared/`.
 """
 from __future__ import annotations
@@ -30,11 +31,12 @@ _BLOCK = 1 << 20
 # Numeric keys: (integers only?, lower bound, bound included?). The loop divides by, counts to or sleeps on
 # them; a clip of 0 or an accumulator <= 0 zeroes (or blows up) every update without an error.
 _NUMBERS = {**{k: (True, 1, True) for k in (
-               "batch_size", "unroll_steps", "num_train_steps", "log_every_steps", "eval_every_steps",
+               "unroll_steps", "num_train_steps", "log_every_steps", "eval_every_steps",
                "checkpoint_every_steps", "keep_checkpoints", "stop_check_every_steps", "scan_unroll",
                "data.vocab_min_count", "data.max_token_chars")},
             **{k: (True, 0, True) for k in ("prefetch_batches", "n_negative_samples", "warmup_steps",
-                                             "freeze_bilm_steps", "eval_max_batches")},
+                                             "freeze_bilm_steps", "eval_max_batches", "batch_size",
+                                             "per_device_batch_size")},
             "seed": (True, None, True),
             **{k: (False, 0, False) for k in ("learning_rate", "grad_clip", "adagrad_initial_accumulator")},
             **{k: (False, 0, True) for k in ("weight_decay", "dropout", "data.auto_prepare_max_mb")}}
@@ -58,6 +60,11 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
   run = Workdir(workdir)
   run.pull()  # a bucket workdir: its files (not the checkpoints) into the local copy that is checked here
   check_values(config)
+  if config.profile_steps and config.profile_dir:  # the default, WORKDIR/profile, is checked with the workdir
+    try:
+      storage.check_output(config.profile_dir, "config.profile_dir", directory=True)
+    except files.UnsafeOutputError as e:
+      raise PreflightError(str(e)) from None
   data = config.data
   if data.prepared_dir:
     check_prepared_dir("config.data.prepared_dir", data.prepared_dir, config)
@@ -94,6 +101,7 @@ def check_values(config: ml_collections.ConfigDict) -> None:
   for key, choices in _CHOICES.items():
     if key in flat and flat[key] not in choices:
       raise PreflightError(f"config.{key}={flat[key]!r}: must be one of {', '.join(map(repr, choices))}")
+  _check_batch_and_profile(flat)
   size = flat.get("data.vocab_max_size")
   if size is not None:
     _check_number("data.vocab_max_size", size, True, None, True)
@@ -103,6 +111,24 @@ def check_values(config: ml_collections.ConfigDict) -> None:
     options_lib.validate(config.options.to_dict(), "config.options")
   except options_lib.OptionsError as e:
     raise PreflightError(str(e)) from None
+
+
+def _check_batch_and_profile(flat: dict) -> None:
+  """Exactly one of batch_size / per_device_batch_size (their split over the devices: `check_run`), and
+  profile_steps naming steps of this run."""
+  from elmo_jax.training import profile  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training.config import BatchSizeError, global_batch_size  # pylint: disable=g-import-not-at-top
+  try:
+    global_batch_size(flat.get("batch_size", 0), flat.get("per_device_batch_size", 0), 1)
+    steps = profile.parse_steps(flat.get("profile_steps", ""))
+  except (BatchSizeError, profile.ProfileStepsError) as e:
+    raise PreflightError(str(e)) from None
+  if steps is not None and steps[0] > flat["num_train_steps"]:
+    raise PreflightError(f"config.profile_steps={flat['profile_steps']!r} starts after the last step "
+                         f"(config.num_train_steps={flat['num_train_steps']})")
+  for key, kind in (("profile_dir", str), ("profile_all_processes", bool)):
+    if key in flat and not isinstance(flat[key], kind):
+      raise PreflightError(f"config.{key}={flat[key]!r}: must be a {kind.__name__}, not {type(flat[key]).__name__}")
 
 
 def _check_known_keys(flat: dict) -> None:
@@ -131,9 +157,11 @@ def _check_number(key: str, value, integer: bool, low, inclusive: bool) -> None:
 
 def check_run(config: ml_collections.ConfigDict, workdir: str, n_devices: int, n_processes: int) -> None:
   """The batch splits over the devices, and the workdir's checkpoint (if any) is one this run resumes."""
-  if config.batch_size % n_devices:
-    raise PreflightError(f"config.batch_size={config.batch_size} must be divisible by the {n_devices} devices "
-                         f"(e.g. --config.batch_size={-(-config.batch_size // n_devices) * n_devices})")
+  from elmo_jax.training.config import BatchSizeError, with_global_batch  # pylint: disable=g-import-not-at-top
+  try:
+    config = with_global_batch(config, n_devices)  # what the run records and a resume compares
+  except BatchSizeError as e:
+    raise PreflightError(str(e)) from None
   from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import checkpoint, resume  # pylint: disable=g-import-not-at-top
   run = Workdir(workdir)

@@ -13,7 +13,9 @@ from elmo_jax.training.checkpoint import IncompatibleCheckpointError
 from elmo_jax.runtime.run_layout import METRICS_FILE
 
 # Config keys that change the shape of the saved state or the meaning of the saved data position.
-# The training data's identity too: a data position means nothing in another corpus.
+# The training data's identity too: a data position means nothing in another corpus. `batch_size` is the
+# global batch of a config resolved by `config.with_global_batch` (so a per-device batch on other devices
+# is refused, and the same rows asked for either way resume).
 _SHAPE_KEYS = ("batch_size", "unroll_steps", "optimizer", "data.vocab_file", "data.vocab_max_size",
                "data.vocab_min_count", "data.pretokenized", "data.shard", "freeze_bilm_steps",
                "data.train_files", "data.tfds_name", "data.tfds_train_split", "data.prepared_dir")
@@ -50,8 +52,11 @@ def check_compatible(meta: dict[str, Any], config: ml_collections.ConfigDict, op
   flat_saved, flat_now = flatten(normalise(saved)), flatten(normalise(config.to_dict()))
   for key in _SHAPE_KEYS:
     if key in flat_saved and flat_saved.get(key) != flat_now.get(key):
+      per_device = flat_now.get("per_device_batch_size") if key == "batch_size" else 0
+      how = (f" ({per_device} per device x {flat_now[key] // per_device} devices: config.per_device_batch_size)"
+             if per_device else "")
       raise IncompatibleCheckpointError(
-          f"{where}: config.{key} is {flat_now.get(key)!r} but the checkpoint was trained with "
+          f"{where}: config.{key} is {flat_now.get(key)!r}{how} but the checkpoint was trained with "
           f"{flat_saved.get(key)!r}; set it back or use another --workdir")
   if meta.get("vocab_sha256") != vocab_sha256:
     raise IncompatibleCheckpointError(

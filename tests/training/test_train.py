@@ -222,7 +222,8 @@ def test_config_files_load_and_validate(path):
   base = base_config()
   assert set(c.keys()) == set(base.keys()), path  # no typos: every config has exactly the base keys
   assert set(c.data.keys()) == set(base.data.keys()), path
-  assert c.batch_size > 0 and c.unroll_steps > 0 and c.num_train_steps > 0
+  assert (c.batch_size > 0) != (c.per_device_batch_size > 0)  # exactly one of the two (lm1b: per device)
+  assert c.unroll_steps > 0 and c.num_train_steps > 0
   assert c.dtype in ("float32", "bfloat16") and c.optimizer in ("adagrad", "adam", "adamw")
   assert options["lstm"]["projection_dim"] > 0
 
