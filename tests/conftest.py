@@ -81,6 +81,7 @@ CONCURRENT_PROCESS_FILES = frozenset(f"tests/{name}.py" for name in (
     "training/test_fault_tolerance", "embedding/test_embed_parallel"))
 
 
+@pytest.hookimpl(optionalhook=True)  # without pytest-xdist (or with -p no:xdist) the suite runs serially
 def pytest_xdist_make_scheduler(config, log):
   """`scripts/test.sh` runs `-n 2 --dist=loadscope`: each test file on one worker (its module fixtures, a tiny
   trained run or compiled model, are paid for once), the files of CONCURRENT_PROCESS_FILES all on one.
