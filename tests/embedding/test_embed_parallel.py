@@ -22,16 +22,11 @@ import pytest
 from elmo_jax.embedding import writer as embed
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.embedding.embedder import Embedder
-from launch_util import free_port, xla_flags
+from launch_util import env, free_port
 from embed_util import SENTENCES, error_lines, model_args, stop_at_launch, write_lines
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT
 
 LINES = [s for group in SENTENCES for s in group]  # 30 fixture sentences, lengths 1-22
-
-
-def env(devices: int = 1) -> dict[str, str]:
-  return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-          "XLA_FLAGS": xla_flags(devices)}
 
 
 def contents(path) -> dict:
