@@ -211,7 +211,9 @@ def test_cli_refusal_and_resume_after_kill9(tmp_path):
     time.sleep(0.05)
   run.send_signal(signal.SIGKILL)
   run.wait()
-  kept = sorted(n for n in os.listdir(partial) if n.startswith("chunk-") and n.endswith(".npz"))
+  # finished chunks only: a worker killed while writing leaves its `chunk-*.tmp.npz`, which the rerun deletes
+  kept = sorted(n for n in os.listdir(partial)
+                if n.startswith("chunk-") and n.endswith(".npz") and not n.endswith(".tmp.npz"))
   assert 3 <= len(kept) < 60, kept
   mtimes = {n: os.stat(partial / n).st_mtime_ns for n in kept}
   proc = subprocess.run(cli + args + [f"--output_dir={tmp_path}/killed"], env=env, capture_output=True, text=True)
