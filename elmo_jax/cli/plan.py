@@ -28,31 +28,82 @@ from elmo_jax.runtime import storage
 FLAGS = flags.FLAGS
 
 
-def define_flags() -> None:
+# Flags that only one --step reads: given for the other, they are refused (not silently ignored).
+_STEP_FLAGS = {"train": ("config", "vocab_size", "table_size", "launch_us", "eval", "dump_hlo"),
+               "embed": ("model", "embed_dtype", "time_buckets")}
+
+
+def define_flags(argv: list[str] | None = None, flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines the flags (at run time) in `flag_values`; a missing or broken --config file, or an unknown
+  --config.key, is one line (train.py's checks), not config_flags' traceback."""
   from elmo_jax.plan import DEFAULT_ROWS, targets  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training.config import unknown_override_error  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training.config import config_file_error, unknown_override_error  # pylint: disable=g-import-not-at-top
+  argv = sys.argv if argv is None else argv
   default = cli.default_config("lm1b")
-  if (error := unknown_override_error(sys.argv, default)) is not None:
+  if (error := config_file_error(argv, default) or unknown_override_error(argv, default)) is not None:
     sys.exit(f"FATAL Flags parsing error: {error}")
-  config_flags.DEFINE_config_file("config", default, "Training config (a configs/*.py file).", lock_config=True)
+  define = dict(flag_values=flag_values)
+  config_flags.DEFINE_config_file("config", default, "Training config (a configs/*.py file).", lock_config=True,
+                                  sys_argv=argv,
+                                  **define)
   flags.DEFINE_string("target", "v5e:4x4", "Chip and topology, e.g. v5e:16x16, v6e:8x8, v4:4x4x4, v5p:4x4x8, "
-                      "h200:1x1x8, h100:1x2x8, cpu:8.")
+                      "h200:1x1x8, h100:1x2x8, cpu:8.", **define)
   flags.DEFINE_integer("per_device_batch", 0, "Batch rows per device (the global batch is this x devices); 0 = "
                        "the config's: config.per_device_batch_size, or config.batch_size split over the devices "
-                       f"(--step=embed: {DEFAULT_ROWS}).")
-  flags.DEFINE_integer("vocab_size", 0, "Softmax vocabulary (0 = config.data.vocab_max_size).")
+                       f"(--step=embed: {DEFAULT_ROWS}).", **define)
+  flags.DEFINE_integer("vocab_size", 0, "Softmax vocabulary (0 = config.data.vocab_max_size).", **define)
   flags.DEFINE_integer("table_size", 0, "Deduped char-CNN table per device (config.dedupe_tokens); 0 = half "
-                       "the positions of one window, bucketed.")
-  flags.DEFINE_float("launch_us", targets.LAUNCH_US, "GPU targets: microseconds charged per kernel launch.")
-  flags.DEFINE_bool("eval", True, "Also compile the eval step (full softmax) and say whether it fits.")
-  flags.DEFINE_bool("json", False, "Print one JSON object instead of the report.")
+                       "the positions of one window, bucketed.", **define)
+  flags.DEFINE_float("launch_us", targets.LAUNCH_US, "GPU targets: microseconds charged per kernel launch.",
+                     **define)
+  flags.DEFINE_bool("eval", True, "Also compile the eval step (full softmax) and say whether it fits.", **define)
+  flags.DEFINE_bool("json", False, "Print one JSON object instead of the report.", **define)
   flags.DEFINE_enum("step", "train", ["train", "embed"], "What to plan: the config's train step, or the "
-                    "Embedder's step of --model (HBM per device, the largest batch per --time_buckets).")
-  flags.DEFINE_string("model", "original", "--step=embed: an options preset (small, medium, original).")
+                    "Embedder's step of --model (HBM per device, the largest batch per --time_buckets).", **define)
+  flags.DEFINE_string("model", "original", "--step=embed: an options preset (small, medium, original).", **define)
   flags.DEFINE_enum("embed_dtype", "float32", ["float32", "bfloat16"], "--step=embed: the Embedder's matmul "
-                    "dtype (its default: float32).")
-  flags.DEFINE_list("time_buckets", ["64", "512"], "--step=embed: time buckets to find the largest batch of.")
-  flags.DEFINE_string("dump_hlo", "", "Write the optimized HLO text of the train step to this file.")
+                    "dtype (its default: float32).", **define)
+  flags.DEFINE_list("time_buckets", ["64", "512"], "--step=embed: time buckets to find the largest batch of.",
+                    **define)
+  flags.DEFINE_string("dump_hlo", "", "Write the optimized HLO text of the train step to this file.", **define)
+
+
+def check_flags(f: flags.FlagValues) -> None:
+  """Every flag, before JAX starts or anything compiles: one line naming the flag (targets.TargetError).
+
+  The target's shape, counts in range, flags of the other --step, --time_buckets, the --model preset, the
+  config (`preflight.check_values`, train.py's checks) and --dump_hlo (never over the config it reads)."""
+  from elmo_jax.plan import targets  # pylint: disable=g-import-not-at-top
+  targets.parse(f.target)
+  other = next(s for s in _STEP_FLAGS if s != f.step)
+  for given in (n for n in f if n.split(".")[0] in _STEP_FLAGS[other] and f[n].present):  # --config.x too
+    raise targets.TargetError(f"--{given} is a flag of --step={other}; --step={f.step} does not read it")
+  cli.check_flag_numbers(targets.TargetError,
+                         at_least=((f["per_device_batch"], 0), (f["vocab_size"], 0), (f["table_size"], 0)),
+                         within=((f["launch_us"], "a number >= 0", lambda x: x >= 0),))
+  if 0 < f.vocab_size < 4:
+    raise targets.TargetError(f"--vocab_size must hold <S>, </S>, <UNK> and a word (>= 4; 0 = "
+                              f"config.data.vocab_max_size), got {f.vocab_size}")
+  if f.step == "embed":
+    from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+    if not f.time_buckets or not all(t.strip().isdigit() and int(t) >= 1 for t in f.time_buckets):
+      raise targets.TargetError(f"--time_buckets={','.join(f.time_buckets)}: give token counts >= 1, comma-"
+                                "separated, e.g. --time_buckets=64,512")
+    try:
+      options_lib.validate(options_lib.preset(f.model))
+    except options_lib.OptionsError as e:
+      raise targets.TargetError(f"--model={f.model}: {e}") from None
+    return
+  from elmo_jax.training import preflight  # pylint: disable=g-import-not-at-top
+  try:
+    preflight.check_values(f.config)
+  except preflight.PreflightError as e:
+    raise targets.TargetError(str(e)) from None
+  if f.dump_hlo:  # never over the config it reads
+    try:
+      storage.check_output(f.dump_hlo, "--dump_hlo", inputs=[config_flags.get_config_filename(f["config"])])
+    except files.UnsafeOutputError as e:
+      raise targets.TargetError(str(e)) from None
 
 
 def _gb(x) -> str:
@@ -108,9 +159,15 @@ def render(r: dict) -> str:
   return "\n".join(lines)
 
 
-def main(argv):
+def main(argv, flag_values: flags.FlagValues = FLAGS):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  f = flag_values
+  from elmo_jax.plan import targets  # pylint: disable=g-import-not-at-top
+  try:
+    check_flags(f)
+  except targets.TargetError as e:
+    sys.exit(f"plan: error: {e}")
   logging.set_verbosity(logging.ERROR)
   # Deviceless: compile for the target, run nothing; the host backend is the CPU (on a TPU VM too), and no
   # TPU is opened, so two planners may run at once (libtpu's lockfile otherwise refuses the second).
@@ -119,34 +176,24 @@ def main(argv):
     jax.config.update("jax_platforms", "cpu")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from elmo_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax.plan import targets  # pylint: disable=g-import-not-at-top
-  if FLAGS.dump_hlo and FLAGS.step == "train":  # before the compile: never over the config it reads
-    try:
-      storage.check_output(FLAGS.dump_hlo, "--dump_hlo", inputs=[config_flags.get_config_filename(FLAGS["config"])])
-    except files.UnsafeOutputError as e:
-      sys.exit(f"plan: error: {e}")
+  chip, topo = targets.parse(f.target)
+  if chip == "cpu" and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={int(topo)}").strip()
   try:
-    chip, topo = targets.parse(FLAGS.target)
-    if chip == "cpu" and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-      os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                 f" --xla_force_host_platform_device_count={int(topo)}").strip()
-    if FLAGS.step == "embed":
+    if f.step == "embed":
       from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
       from elmo_jax.plan import embed as embed_plan  # pylint: disable=g-import-not-at-top
-      try:
-        options = options_lib.validate(options_lib.preset(FLAGS.model))
-        buckets = [int(t) for t in FLAGS.time_buckets]
-      except (options_lib.OptionsError, ValueError) as e:
-        sys.exit(f"plan: error: --model / --time_buckets: {e}")
-      report = embed_plan.plan_embed(options, FLAGS.target, buckets, FLAGS.per_device_batch or plan_lib.DEFAULT_ROWS,
-                                     dtype=FLAGS.embed_dtype)
-      print(json.dumps(report, indent=1) if FLAGS.json else embed_plan.render(report))
+      options = options_lib.validate(options_lib.preset(f.model))
+      report = embed_plan.plan_embed(options, f.target, [int(t) for t in f.time_buckets],
+                                     f.per_device_batch or plan_lib.DEFAULT_ROWS, dtype=f.embed_dtype)
+      print(json.dumps(report, indent=1) if f.json else embed_plan.render(report))
       return
-    report = plan_lib.plan(FLAGS.config, FLAGS.target, FLAGS.per_device_batch, FLAGS.vocab_size,
-                           FLAGS.table_size, FLAGS.launch_us, FLAGS.eval, FLAGS.dump_hlo)
+    report = plan_lib.plan(f.config, f.target, f.per_device_batch, f.vocab_size, f.table_size, f.launch_us,
+                           f.eval, f.dump_hlo)
   except targets.TargetError as e:
     sys.exit(f"plan: error: {e}")
-  print(json.dumps(report, indent=1) if FLAGS.json else render(report))
+  print(json.dumps(report, indent=1) if f.json else render(report))
 
 
 def run() -> None:

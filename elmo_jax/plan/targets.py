@@ -94,11 +94,23 @@ class Target:
 
 
 def parse(spec: str) -> tuple[str, str]:
+  """(chip, topology) of `spec`, its shape checked before any compiler is touched: every axis a count >= 1,
+  GPUs three axes (partitions x hosts x GPUs per host), CPUs one (a device count). Raises TargetError."""
   m = re.fullmatch(r"(\w+):([0-9x]+)", spec.strip())
   if not m or m.group(1) not in CHIPS:
     raise TargetError(f"--target={spec!r}: expected <chip>:<topology> with chip one of {', '.join(CHIPS)}, e.g. "
                       "v5e:16x16, v4:4x4x4, h200:1x1x8, cpu:8")
-  return m.group(1), m.group(2)
+  name, topo = m.groups()
+  axes = topo.split("x")
+  platform = CHIPS[name].platform
+  if platform == "cpu" and len(axes) != 1:
+    raise TargetError(f"--target={spec}: a cpu target is one device count, e.g. cpu:8")
+  if platform == "cuda" and len(axes) != 3:
+    raise TargetError(f"--target={spec}: GPU topologies are partitions x hosts x GPUs per host, e.g. {name}:1x1x8")
+  if not all(a.isdigit() and int(a) >= 1 for a in axes):
+    raise TargetError(f"--target={spec}: every axis of the topology must be a count >= 1, e.g. "
+                      + {"cpu": "cpu:8", "cuda": f"{name}:1x1x8"}.get(platform, f"{name}:4x4"))
+  return name, topo
 
 
 def _gpu_memory(config_text: str) -> float:
@@ -129,8 +141,6 @@ def make_target(spec: str) -> Target:
     per_host = sum(1 for d in devices if d.process_index == devices[0].process_index)
     return Target(spec, chip, devices, per_host, chip.hbm_bytes)
   parts = topo.split("x")
-  if len(parts) != 3:
-    raise TargetError(f"--target={spec}: GPU topologies are partitions x hosts x GPUs per host, e.g. {name}:1x1x8")
   try:
     import jax_plugins.xla_cuda12  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   except ImportError:

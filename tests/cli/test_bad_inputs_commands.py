@@ -171,20 +171,6 @@ def test_downstream_refuses_a_workdir_that_is_the_bilm_or_holds_an_input(tmp_pat
   data_lib.check_outputs(str(tmp_path / "new"), paths, str(bilm), str(tmp_path / "layers"))  # fine
 
 
-@pytest.mark.slow
-def test_plan_refuses_to_dump_hlo_over_its_config(tmp_path):
-  config = tmp_path / "config.py"
-  shutil.copy(os.path.join(REPO_ROOT, "configs", "default.py"), config)
-  before = config.read_text()
-  proc = subprocess.run([sys.executable, "-m", "elmo_jax.plan", f"--config={config}", "--target=cpu:1",
-                         f"--dump_hlo={config}"], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO_ROOT})
-  lines = proc.stderr.strip().splitlines()
-  assert proc.returncode == 1 and lines == [f"plan: error: --dump_hlo={config} is an input of this run ({config}); "
-                                            "writing it would destroy it"], proc.stderr
-  assert config.read_text() == before
-
-
 # --- 2. messages that blame the wrong thing ---------------------------------------------------------------
 def test_perplexity_of_a_model_without_softmax_says_so_and_all_skips_it(tmp_path, model_dir, parsed_flags,
                                                                           capsys):

@@ -231,3 +231,59 @@ def test_embed_step_plan_for_tpu_v5e(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "v5e:2x2: 4 x TPU v5e, embed step of lstm 1024 -> 128" in proc.stdout
   assert "time bucket   16: 8 rows per device FIT" in proc.stdout and "largest power of two" in proc.stdout
+
+
+# Issue 34: each bad flag of the planner is one line, before JAX starts or anything compiles (in process:
+# the planning functions are replaced by ones that fail the test if reached).
+@pytest.mark.parametrize("args, line", [
+    (["--target=cpu:2x2"], "plan: error: --target=cpu:2x2: a cpu target is one device count, e.g. cpu:8"),
+    (["--target=cpu:0"], "plan: error: --target=cpu:0: every axis of the topology must be a count >= 1, e.g. cpu:8"),
+    (["--target=v5e:4x0"], "plan: error: --target=v5e:4x0: every axis of the topology must be a count >= 1"),
+    (["--target=h200:1x8"], "plan: error: --target=h200:1x8: GPU topologies are partitions x hosts x GPUs per host"),
+    (["--step=embed", "--time_buckets=64,-3"], "plan: error: --time_buckets=64,-3: give token counts >= 1"),
+    (["--step=embed", "--time_buckets="], "plan: error: --time_buckets=: give token counts >= 1"),
+    (["--step=embed", "--per_device_batch=-1"], "plan: error: --per_device_batch must be >= 0, got -1"),
+    (["--step=embed", "--model=huge"], "plan: error: --model=huge: unknown preset 'huge'"),
+    (["--step=embed", "--dump_hlo=hlo.txt"], "plan: error: --dump_hlo is a flag of --step=train; --step=embed "
+                                             "does not read it"),
+    (["--step=embed", "--config.dropout=0.5"], "plan: error: --config.dropout is a flag of --step=train"),
+    (["--model=small"], "plan: error: --model is a flag of --step=embed; --step=train does not read it"),
+    (["--vocab_size=-5"], "plan: error: --vocab_size must be >= 0, got -5"),
+    (["--vocab_size=3"], "plan: error: --vocab_size must hold <S>, </S>, <UNK> and a word (>= 4"),
+    (["--per_device_batch=-2"], "plan: error: --per_device_batch must be >= 0, got -2"),
+    (["--table_size=-1"], "plan: error: --table_size must be >= 0, got -1"),
+    (["--launch_us=nan"], "plan: error: --launch_us must be a number >= 0, got nan"),
+    (["--config.options.lstm.projection_dim=0"], "plan: error: config.options: lstm.projection_dim must be an "
+                                                 "integer >= 1, got 0"),
+    (["--config.dropout=1.0"], "plan: error: config.dropout=1.0: must be in [0, 1)"),
+    (["--dump_hlo=CONFIG"], "plan: error: --dump_hlo=CONFIG is an input of this run (CONFIG); writing it would "
+                            "destroy it"),
+    (["--config=TMP/no_such.py"], "FATAL Flags parsing error: --config=TMP/no_such.py: no such config file"),
+    (["--config.dropot=0.5"], "FATAL Flags parsing error: unknown config key 'config.dropot'"),
+])
+def test_planner_flags_are_checked_before_any_compile(tmp_path, monkeypatch, args, line):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from elmo_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.cli import plan as plan_cli  # pylint: disable=g-import-not-at-top
+  from elmo_jax.plan import embed as embed_plan  # pylint: disable=g-import-not-at-top
+
+  def compiled(*_, **__):
+    raise AssertionError("compiled before the flags were checked")
+  monkeypatch.setattr(plan_lib, "plan", compiled)
+  monkeypatch.setattr(embed_plan, "plan_embed", compiled)
+  config = tmp_path / "config.py"
+  config.write_text(open(os.path.join(REPO_ROOT, "configs", "default.py")).read())
+  before = config.read_text()
+  fill = lambda s: s.replace("CONFIG", str(config)).replace("TMP", str(tmp_path))  # noqa: E731
+  args = [fill(a) for a in args]
+  argv = ["plan", f"--config={config}", *args] if not any(a.startswith("--config=") for a in args) else ["plan", *args]
+  if "--step=embed" in args:
+    argv.remove(f"--config={config}")
+  fv = flags.FlagValues()
+  with pytest.raises(SystemExit) as e:
+    plan_cli.define_flags(argv, fv)
+    fv(argv)
+    plan_cli.main(["plan"], fv)
+  assert e.value.code.startswith(fill(line)), e.value.code
+  assert "\n" not in e.value.code
+  assert sorted(os.listdir(tmp_path)) == ["config.py"] and config.read_text() == before
