@@ -10,9 +10,8 @@ import numpy as np
 
 from elmo_jax.runtime import files
 from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN
+from elmo_jax.runtime.run_layout import VOCAB_COUNTS_FILE as COUNTS_FILE, VOCAB_FILE  # noqa: F401  (their names)
 
-VOCAB_FILE = "vocab.txt"
-COUNTS_FILE = "vocab_counts.tsv"
 _SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 
 

@@ -61,11 +61,9 @@ def _get(tree: dict, path: tuple[str, ...]) -> np.ndarray:
   return np.asarray(tree)
 
 
-def load_hdf5(weight_file: str | os.PathLike, options: dict[str, Any]) -> dict[str, Any]:
-  """Reads an original ELMo hdf5 into `BiLM` params (float32 numpy). Also returns `softmax` if stored.
-
-  Returns {"params": bilm params, "softmax": {"W": [V, P], "b": [V]} or None}.
-  """
+def _open(weight_file: str | os.PathLike) -> h5py.File:
+  """The weight file opened read-only; WeightFileError for a missing file, another kind of file (options
+  and weight files swapped) or an unreadable HDF5 file."""
   if not os.path.exists(weight_file):
     raise WeightFileError(f"{weight_file}: weight file not found")
   kind = files.looks_like(weight_file)
@@ -73,23 +71,47 @@ def load_hdf5(weight_file: str | os.PathLike, options: dict[str, Any]) -> dict[s
     swapped = " (options and weight files swapped?)" if kind == "a JSON file" else ""
     raise WeightFileError(f"{weight_file}: is {kind}, not an HDF5 weight file{swapped}")
   try:
-    f = h5py.File(weight_file, "r")
+    return h5py.File(weight_file, "r")
   except OSError as e:
     raise WeightFileError(f"{weight_file}: not a readable HDF5 file ({e})") from None
+
+
+def _dataset(f: h5py.File, weight_file, name: str, file_shape: tuple[int, ...]) -> h5py.Dataset:
+  """The dataset `name`, present and of `file_shape` by its metadata (nothing read); `char_embed` may also
+  hold the padding id's zero row (262 rows, as some converters store it)."""
+  if name not in f or not isinstance(f[name], h5py.Dataset):
+    raise WeightFileError(f"{weight_file}: dataset '{name}' is missing (options expect shape {file_shape})")
+  shape = f[name].shape
+  if name == "char_embed" and shape[:1] == (262,):
+    shape = (261, *shape[1:])
+  if shape != file_shape:
+    raise WeightFileError(f"{weight_file}: dataset '{name}' has shape {shape}, options expect {file_shape}")
+  return f[name]
+
+
+def check_hdf5(weight_file: str | os.PathLike, options: dict[str, Any]) -> None:
+  """What `load_hdf5` refuses that a file's metadata shows (no weight is read): every dataset of `options`
+  present, of its shape. For checks before a run writes anything (the trainer's preflight)."""
+  with _open(weight_file) as f:
+    for name, _, file_shape, _ in _layout(options):
+      _dataset(f, weight_file, name, file_shape)
+
+
+def load_hdf5(weight_file: str | os.PathLike, options: dict[str, Any]) -> dict[str, Any]:
+  """Reads an original ELMo hdf5 into `BiLM` params (float32 numpy). Also returns `softmax` if stored.
+
+  Returns {"params": bilm params, "softmax": {"W": [V, P], "b": [V]} or None}.
+  """
   params: dict[str, Any] = {}
-  with f:
+  with _open(weight_file) as f:
     for name, path, file_shape, param_shape in _layout(options):
-      if name not in f:
-        raise WeightFileError(f"{weight_file}: dataset '{name}' is missing (options expect shape {file_shape})")
+      dataset = _dataset(f, weight_file, name, file_shape)
       try:
-        value = np.asarray(f[name][...], dtype=np.float32)
+        value = np.asarray(dataset[...], dtype=np.float32)
       except (OSError, TypeError, ValueError) as e:
         raise WeightFileError(f"{weight_file}: dataset '{name}' cannot be read ({e})") from None
       if name == "char_embed" and value.shape[:1] == (262,):
         value = value[1:]  # some converters also store the zero row of the padding id
-      if value.shape != file_shape:
-        raise WeightFileError(
-            f"{weight_file}: dataset '{name}' has shape {value.shape}, options expect {file_shape}")
       if not np.all(np.isfinite(value)):
         raise WeightFileError(f"{weight_file}: dataset '{name}' holds non-finite values")
       _set(params, path, value.reshape(param_shape))

@@ -3,6 +3,7 @@
   <workdir>/
     config.json          the training config (config.to_dict())
     vocab.txt            the softmax vocabulary
+    vocab_counts.tsv     its training counts (the unigram baseline; `data/vocab.py`)
     metrics.jsonl        one JSON record per log / eval step
     tensorboard/         the same metrics for TensorBoard
     checkpoints/<step>/  Orbax checkpoints (train state, data position, log window)
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.txt"
+VOCAB_COUNTS_FILE = "vocab_counts.tsv"
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS = "checkpoints"
@@ -29,6 +31,11 @@ LOCK_FILE = "train.lock"
 OPTIONS_FILE = "options.json"  # inside export/
 WEIGHTS_FILE = "weights.hdf5"  # inside export/
 
+# Every name a run writes at the top of its workdir, by kind (a new name goes in one of them:
+# tests/training/test_bad_inputs_train.py reads this module): preflight refuses an entry of the other kind (a
+# folder named metrics.jsonl, a file named checkpoints) before anything is written.
+TOP_FILES = (CONFIG_FILE, VOCAB_FILE, VOCAB_COUNTS_FILE, METRICS_FILE, LOCK_FILE)
+TOP_FOLDERS = (TENSORBOARD_DIR, CHECKPOINTS, EXPORT_DIR, PREPARED_DIR, EVAL_DIR, PROFILE_DIR)
 # What a reader of a finished run needs (embedding, evaluation): a bucket run copies just these.
 RUN_FILES = (EXPORT_DIR, VOCAB_FILE, CONFIG_FILE)
 # Folders a trained run owns: nothing else may be written into them.

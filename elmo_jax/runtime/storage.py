@@ -109,6 +109,21 @@ def listdir(path: str) -> list[str]:
   return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != _key(path)})
 
 
+def top_level_kinds(path: str) -> dict[str, set[str]]:
+  """{name: {"file"} / {"folder"}} of what is directly under the folder `path` ({} when it does not exist). In
+  a bucket a name may be both (an object `x` and objects under `x/`): {"file", "folder"}."""
+  if not is_remote(path):
+    if not os.path.isdir(path):
+      return {}
+    return {e.name: {"folder" if e.is_dir() else "file"} for e in os.scandir(path)}
+  kinds: dict[str, set[str]] = {}
+  for rel in _objects(path):
+    top, _, rest = rel.partition("/")
+    if top:  # "": `path` itself is an object (refused as a workdir before this is asked)
+      kinds.setdefault(top, set()).add("folder" if rest else "file")
+  return kinds
+
+
 def read_bytes(path: str) -> bytes:
   if is_remote(path):
     return _call(path, _filesystem().cat_file, _key(path))

@@ -37,9 +37,10 @@ def _resolve(path: str) -> pretrained.ResolvedModel:
 
 
 def check(path: str, options: dict[str, Any]) -> None:
-  """What `load` would refuse, found from the files' names and JSON alone (no weights read, nothing
-  downloaded), for the trainer's preflight: a missing path, a checkpoint or ELMo files of another model
-  shape. Released names and URLs are checked when they are loaded. Raises InitFromError."""
+  """What `load` would refuse, found from the files' names, JSON and HDF5 metadata alone (no weights read,
+  nothing downloaded), for the trainer's preflight: a missing path, a checkpoint or ELMo files of another
+  model shape, a weight file lacking a dataset or holding one of another shape. Released names and URLs are
+  checked when they are loaded. Raises InitFromError."""
   if pretrained.is_model_spec(path):
     return
   source = _resolve(path)
@@ -66,6 +67,11 @@ def check(path: str, options: dict[str, Any]) -> None:
   diff = options_difference(saved, options)
   if diff is not None:
     raise InitFromError(f"config.init_from={path}: model shape differs from config.options: {diff}")
+  if found is None:  # the weight file's datasets and shapes, from its metadata (what load_hdf5 would refuse)
+    try:
+      weights_lib.check_hdf5(weight_file, saved)
+    except weights_lib.WeightFileError as e:
+      raise InitFromError(f"config.init_from={path}: {e}") from None
 
 
 def _restore_params(ckpt_dir: str, step: int | None) -> tuple[dict[str, Any], dict[str, Any], int]:

@@ -24,7 +24,7 @@ from elmo_jax.runtime import storage
 from elmo_jax.runtime import log
 from elmo_jax.data.sources import expand_paths
 from elmo_jax.training.workdir import Workdir
-from elmo_jax.runtime.run_layout import CONFIG_FILE, VOCAB_FILE
+from elmo_jax.runtime.run_layout import CONFIG_FILE, TOP_FILES, TOP_FOLDERS, VOCAB_FILE
 
 _BLOCK = 1 << 20
 
@@ -53,12 +53,14 @@ class PreflightError(ValueError):
 
 def check(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Raises PreflightError for anything that would fail later (or leave a workdir a rerun trusts)."""
+  _check_utf8_name("--workdir", workdir)
   try:
     storage.check_output(workdir, "--workdir", directory=True)
   except files.UnsafeOutputError as e:
     raise PreflightError(str(e)) from None
   run = Workdir(workdir)
   run.pull()  # a bucket workdir: its files (not the checkpoints) into the local copy that is checked here
+  check_run_entries(run)
   check_values(config)
   if config.profile_steps and config.profile_dir:  # the default, WORKDIR/profile, is checked with the workdir
     try:
@@ -85,6 +87,30 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
   if config.init_from:
     _check_init_from(config)
   _check_saved_vocab(config, run)
+
+
+def _check_utf8_name(what: str, path: str) -> None:
+  """A path whose name holds bytes that are not UTF-8 (os.fsdecode's surrogates) cannot be written into
+  config.json, a checkpoint or a bucket URL: refused in one line before anything is made."""
+  try:
+    os.fspath(path).encode("utf-8")
+  except UnicodeEncodeError:
+    shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+    raise PreflightError(f"{what}={shown}: the name holds bytes that are not UTF-8; rename it (or give "
+                         "another path)") from None
+
+
+def check_run_entries(run: Workdir) -> None:
+  """Every name the run layout owns (`run_layout.TOP_FILES`, `TOP_FOLDERS`) is absent or of its kind, in the
+  workdir (a bucket's objects too) and its local copy: a folder named train.lock or metrics.jsonl, a file
+  named checkpoints, would otherwise fail after config.json, vocab.txt and prepared/ were written."""
+  wanted = {**{name: "file" for name in TOP_FILES}, **{name: "folder" for name in TOP_FOLDERS}}
+  for where in dict.fromkeys((run.local, run.path)):  # one folder when local
+    for name, kinds in storage.top_level_kinds(where).items():
+      other = kinds - {wanted.get(name)} if name in wanted else set()
+      if other:
+        raise PreflightError(f"{storage.join(where, name)} is a {' and a '.join(sorted(other))}, where a run keeps "
+                             f"its {name} {wanted[name]}; move it away, or use another --workdir")
 
 
 def check_values(config: ml_collections.ConfigDict) -> None:
