@@ -23,7 +23,8 @@ def main(argv: Sequence[str]) -> None:
   from elmo_jax.runtime import progress as progress_lib  # pylint: disable=g-import-not-at-top
   if not f.progress:
     progress_lib.set_enabled(False)
-  inputs = [p.strip() for p in (f.input or "").split(",") if p.strip()]
+  from elmo_jax.data.sources import split_paths  # pylint: disable=g-import-not-at-top
+  inputs = split_paths(f.input or "")
   output_dir = f.output_dir
   try:  # a bucket --output_dir: prepared in a local staging folder (resumable there), uploaded when done
     with storage.staged_output(f.output_dir, "--output_dir", directory=True, inputs=inputs) as output_dir:

@@ -14,7 +14,37 @@ from elmo_jax.runtime import storage
 log = logging.getLogger(__name__)
 
 
+LIST_HINT = ("a list of files is comma-separated paths or globs; a path whose name holds a comma or glob "
+             "characters is taken as it is when that file exists")
+
+
+def split_paths(value: str) -> list[str]:
+  """The items of a comma-separated list of paths or globs (`config.data.train_files`, `--input`): split at
+  commas, except that an existing file wins: the whole value when it names one, else the longest run of items
+  that, joined by their commas, names one (`a,b.txt` that exists is one file). Items are stripped; empty ones
+  dropped."""
+  value = value.strip()
+  if not value:
+    return []
+  if os.path.lexists(value):
+    return [value]
+  parts = value.split(",")
+  items, i = [], 0
+  while i < len(parts):
+    j = i + 1
+    if not os.path.lexists(parts[i].strip()):  # only a missing item may be the start of a name with a comma
+      j = next((k for k in range(len(parts), i + 1, -1) if os.path.lexists(",".join(parts[i:k]).strip())), j)
+    item = ",".join(parts[i:j]).strip()
+    if item:
+      items.append(item)
+    i = j
+  return items
+
+
 def expand_paths(paths_or_globs: str | Sequence[str]) -> list[str]:
+  """The files of paths and globs, in order (a glob's matches sorted); a literal path that exists wins over
+  glob syntax (`train[1].txt`). FileNotFoundError naming a pattern that matches nothing, a missing file, a
+  directory or a broken link."""
   patterns = [paths_or_globs] if isinstance(paths_or_globs, (str, os.PathLike)) else list(paths_or_globs)
   paths: list[str] = []
   for pattern in patterns:
@@ -23,7 +53,8 @@ def expand_paths(paths_or_globs: str | Sequence[str]) -> list[str]:
       if glob.has_magic(pattern):
         raise FileNotFoundError(f"{pattern}: patterns are not expanded in a bucket; list the objects")
       pattern = storage.local(pattern)
-    matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    literal = not glob.has_magic(pattern) or os.path.lexists(pattern)
+    matches = [pattern] if literal else sorted(glob.glob(pattern))
     if not matches:
       raise FileNotFoundError(f"text source pattern {pattern!r} matches no file")
     for path in matches:

@@ -22,7 +22,8 @@ def input_files(cfg: EvalConfig) -> list[str]:
   ppl = cfg.perplexity
   paths = [cfg.wsd_file, cfg.wsd_train_file, cfg.pos_train_file, cfg.pos_test_file, cfg.sentiment_train_file,
            cfg.sentiment_test_file, ppl.options_file, ppl.weight_file, ppl.vocab_file]
-  paths += (ppl.text_file or "").split(",")
+  from elmo_jax.data.sources import split_paths  # pylint: disable=g-import-not-at-top
+  paths += split_paths(ppl.text_file or "")
   if ppl.weight_file:
     paths.append(os.path.join(os.path.dirname(ppl.weight_file), VOCAB_FILE))
   if cfg.workdir:

@@ -141,7 +141,8 @@ def default_text(workdir: str | None, train_config: dict[str, Any]) -> tuple[str
     return data["prepared_eval_dir"], None, "test"
   if data.get("tfds_name") and data.get("tfds_eval_split"):
     return None, data["tfds_name"], data["tfds_eval_split"]
-  paths = [p.strip() for p in str(data.get("eval_files") or "").split(",") if p.strip()]
+  from elmo_jax.data.sources import split_paths  # pylint: disable=g-import-not-at-top
+  paths = split_paths(str(data.get("eval_files") or ""))
   if not paths:
     return None, None, "test"
   return ",".join(p if os.path.isabs(p) else os.path.join(REPO, p) for p in paths), None, "test"
@@ -150,6 +151,7 @@ def default_text(workdir: str | None, train_config: dict[str, Any]) -> tuple[str
 def open_source(text_file: str | None, tfds_name: str | None, tfds_split: str, tfds_data_dir: str = ""):
   """A TextSource / TfdsSource, with one-line errors."""
   from elmo_jax.data import TextSource, TfdsSource  # pylint: disable=g-import-not-at-top
+  from elmo_jax.data.sources import split_paths  # pylint: disable=g-import-not-at-top
 
   if tfds_name:
     try:
@@ -171,7 +173,7 @@ def open_source(text_file: str | None, tfds_name: str | None, tfds_split: str, t
     except FileNotFoundError as e:
       raise InputError(str(e)) from None
   try:
-    return TextSource([p for p in text_file.split(",") if p])
+    return TextSource(split_paths(text_file))
   except FileNotFoundError as e:
     raise InputError(str(e)) from None
   except ValueError as e:
@@ -261,7 +263,8 @@ def check(task_config: PerplexityConfig, workdir: str | None) -> None:
     raise InputError(f"{paths['weight_file']}: not a readable HDF5 file ({e})") from None
   if not has_softmax:
     raise _no_softmax(paths["weight_file"])
-  for path in (text_file or "").split(","):
+  from elmo_jax.data.sources import split_paths  # pylint: disable=g-import-not-at-top
+  for path in split_paths(text_file or ""):
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
       raise InputError(f"{path}: a directory but not a prepared corpus (python -m elmo_jax.data.prepare)")
     if path and not glob.has_magic(path) and not os.path.exists(path) and not storage.is_remote(path):

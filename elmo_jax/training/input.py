@@ -24,14 +24,11 @@ from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iter
 from elmo_jax.data import manifest
 from elmo_jax.data import prepare as prepare_lib
 from elmo_jax.data.prepare_inputs import source_spec
+from elmo_jax.data.sources import split_paths
 from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
 from elmo_jax.runtime.progress import progress
 from elmo_jax.runtime.run_layout import PREPARED_DIR, VOCAB_FILE
 from elmo_jax.training.workdir import Workdir
-
-
-def _split(s: str) -> list[str]:
-  return [p.strip() for p in s.split(",") if p.strip()]
 
 
 def make_sources(data: ml_collections.ConfigDict):
@@ -43,8 +40,8 @@ def make_sources(data: ml_collections.ConfigDict):
     return train, evals
   if not data.train_files:
     raise ValueError("config.data.train_files is empty and config.data.tfds_name is not set: no training data")
-  train = TextSource(_split(data.train_files))
-  evals = TextSource(_split(data.eval_files)) if data.eval_files else None
+  train = TextSource(split_paths(data.train_files))
+  evals = TextSource(split_paths(data.eval_files)) if data.eval_files else None
   return train, evals
 
 
@@ -53,7 +50,7 @@ def train_source(data: ml_collections.ConfigDict) -> dict[str, Any] | None:
   checkpoint so a resume notices a corpus edited in place; None for TFDS or a prepared corpus."""
   if data.prepared_dir or data.tfds_name or not data.train_files:
     return None
-  return source_spec(_split(data.train_files))
+  return source_spec(split_paths(data.train_files))
 
 
 def _auto_prepare(config, workdir: str | Workdir) -> tuple[str, str]:
@@ -66,7 +63,7 @@ def _auto_prepare(config, workdir: str | Workdir) -> tuple[str, str]:
   limit = float(data.auto_prepare_max_mb or 0)
   if data.tfds_name or not data.train_files or limit <= 0:
     return "", ""
-  spec = source_spec(_split(data.train_files))
+  spec = source_spec(split_paths(data.train_files))
   size_mb = sum(f["size"] for f in spec["files"]) / 2**20
   if size_mb > limit:
     log.info(f"training text is {size_mb:,.0f} MB (> config.data.auto_prepare_max_mb={limit:g}): tokenizing on the "
@@ -90,9 +87,10 @@ def _auto_prepare(config, workdir: str | Workdir) -> tuple[str, str]:
       where = (f"{storage.join(run.path, os.path.relpath(root, run.local))} (written in {root}, then uploaded)"
                if run.remote else root)
       log.info(f"preparing the training text ({size_mb:,.1f} MB) into {where} once; later runs read its ids")
-    prepare_lib.prepare(train_dir, _split(data.train_files), chunk_sentences=50_000, log_line=log.info, **vocab, **kw)
+    prepare_lib.prepare(train_dir, split_paths(data.train_files), chunk_sentences=50_000, log_line=log.info, **vocab,
+                        **kw)
     if eval_dir:
-      prepare_lib.prepare(eval_dir, _split(data.eval_files), vocab_max_size=None, log_line=log.info, **kw)
+      prepare_lib.prepare(eval_dir, split_paths(data.eval_files), vocab_max_size=None, log_line=log.info, **kw)
     run.push(PREPARED_DIR)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top

@@ -22,7 +22,7 @@ import ml_collections
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.runtime import log
-from elmo_jax.data.sources import expand_paths
+from elmo_jax.data.sources import LIST_HINT, expand_paths, split_paths
 from elmo_jax.training.workdir import Workdir
 from elmo_jax.runtime.run_layout import CONFIG_FILE, TOP_FILES, TOP_FOLDERS, VOCAB_FILE
 
@@ -226,11 +226,12 @@ def _changed_train_file(saved, config: ml_collections.ConfigDict) -> str:
 
 
 def check_text_files(key: str, value: str) -> list[str]:
-  """Every comma-separated path/glob of `value` names text files holding at least one non-blank line."""
+  """Every comma-separated path/glob of `value` (`sources.split_paths`) names text files holding at least one
+  non-blank line."""
   try:
-    paths = expand_paths([p.strip() for p in value.split(",") if p.strip()])
+    paths = expand_paths(split_paths(value))
   except (FileNotFoundError, ValueError) as e:
-    raise PreflightError(f"{key}: {e}") from None
+    raise PreflightError(f"{key}: {e} ({LIST_HINT})") from None
   for path in paths:
     problem = files.text_problem(path)
     if problem:

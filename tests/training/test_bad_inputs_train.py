@@ -345,6 +345,29 @@ def test_init_from_a_weight_file_lacking_a_dataset_is_refused_by_the_preflight(t
   assert not (tmp_path / "run").exists()
 
 
+def test_train_files_with_a_comma_or_glob_characters_in_a_name(tmp_path, monkeypatch):
+  """Issue 34: a file whose name holds a comma could not be given (the message did not say commas split), and
+  an existing `train[1].txt` lost to glob syntax (it matched train1.txt). An existing literal path wins."""
+  from elmo_jax.data.sources import LIST_HINT, expand_paths, split_paths
+  from elmo_jax.training import input as input_lib
+  comma, bracket, one = (_corpus(tmp_path, name, n) for name, n in (("a,b.txt", 30), ("train[1].txt", 20),
+                                                                      ("train1.txt", 10)))
+  assert split_paths(comma) == [comma] and expand_paths(split_paths(f"{bracket}, {comma}")) == [bracket, comma]
+  assert split_paths(f"{one},{comma},") == [one, comma] and split_paths(" , ") == []
+  assert expand_paths([str(tmp_path / "train*.txt")]) == [one, bracket]  # a glob still expands
+  monkeypatch.chdir(tmp_path)  # relative names as a config file gives them
+  assert split_paths("a,b.txt,train1.txt") == ["a,b.txt", "train1.txt"]
+  config = tiny.train_config(f"{comma},{bracket}")
+  preflight.check(config, str(tmp_path / "run"))
+  assert [f["path"] for f in input_lib.train_source(config.data)["files"]] == [comma, bracket]
+  train, _ = input_lib.make_sources(config.data)
+  assert len(train) == 50  # 30 + 20 sentences: train[1].txt, not train1.txt
+  with pytest.raises(preflight.PreflightError) as e:
+    preflight.check(tiny.train_config(f"{one},nope,c.txt"), str(tmp_path / "run"))
+  assert str(e.value) == f"config.data.train_files: nope: file not found ({LIST_HINT})"
+  assert not (tmp_path / "run").exists()
+
+
 def test_newest_meta_skips_an_unreadable_step(tmp_path):
   config, workdir = _saved_run(tmp_path)
   _fake_checkpoint(workdir, config, step=20)
