@@ -6,7 +6,7 @@ import os
 from elmo_jax.runtime import storage
 from elmo_jax.evaluation import readers
 from elmo_jax.evaluation.config import EvalConfig
-from elmo_jax.runtime.run_layout import CONFIG_FILE, METRICS_FILE, VOCAB_FILE, export_files
+from elmo_jax.runtime.run_layout import CONFIG_FILE, METRICS_FILE, VOCAB_COUNTS_FILE, VOCAB_FILE, export_files
 
 # What each task writes into the output directory (besides cache/), and `all`'s report.
 WRITES = {"perplexity": ("perplexity.json", "perplexity_curves.png", "perplexity_bars.png"),
@@ -29,7 +29,7 @@ def input_files(cfg: EvalConfig) -> list[str]:
   if cfg.workdir:
     paths += [os.path.join(cfg.workdir, rel) for rel in (*export_files(), VOCAB_FILE, CONFIG_FILE, METRICS_FILE)]
   for vocab in [p for p in paths if p and os.path.basename(p) == VOCAB_FILE]:
-    paths.append(os.path.join(os.path.dirname(vocab), "vocab_counts.tsv"))
+    paths.append(os.path.join(os.path.dirname(vocab), VOCAB_COUNTS_FILE))
   return [p for p in paths if p and not readers.is_tfds(p)]
 
 
