@@ -95,8 +95,12 @@ def check_flags(f: flags.FlagValues) -> None:
       raise targets.TargetError(f"--model={f.model}: {e}") from None
     return
   from elmo_jax.training import preflight  # pylint: disable=g-import-not-at-top
+  config = f.config
+  if f.per_device_batch:  # the flag replaces the config's batch (`plan.rows_per_device`)
+    config = config.copy_and_resolve_references()
+    config.batch_size, config.per_device_batch_size = 0, f.per_device_batch
   try:
-    preflight.check_values(f.config)
+    preflight.check_values(config)
   except preflight.PreflightError as e:
     raise targets.TargetError(str(e)) from None
   if f.dump_hlo:  # never over the config it reads

@@ -256,6 +256,9 @@ def test_embed_step_plan_for_tpu_v5e(tmp_path):
     (["--config.options.lstm.projection_dim=0"], "plan: error: config.options: lstm.projection_dim must be an "
                                                  "integer >= 1, got 0"),
     (["--config.dropout=1.0"], "plan: error: config.dropout=1.0: must be in [0, 1)"),
+    (["--config.batch_size=0", "--config.dropout=2.0", "--per_device_batch=4"],  # the flag gives the batch
+     "plan: error: config.dropout=2.0: must be in [0, 1)"),
+    (["--config.batch_size=0"], "plan: error: config.batch_size=0 and config.per_device_batch_size=0: set one"),
     (["--dump_hlo=CONFIG"], "plan: error: --dump_hlo=CONFIG is an input of this run (CONFIG); writing it would "
                             "destroy it"),
     (["--config=TMP/no_such.py"], "FATAL Flags parsing error: --config=TMP/no_such.py: no such config file"),
