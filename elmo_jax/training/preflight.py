@@ -91,7 +91,8 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 def _check_utf8_name(what: str, path: str) -> None:
   """A path whose name holds bytes that are not UTF-8 (os.fsdecode's surrogates) cannot be written into
-  config.json, a checkpoint or a bucket URL: refused in one line before anything is made."""
+  config.json, TensorBoard's hparams, a checkpoint or a bucket URL: refused in one line before anything is
+  made."""
   try:
     os.fspath(path).encode("utf-8")
   except UnicodeEncodeError:
@@ -119,6 +120,9 @@ def check_values(config: ml_collections.ConfigDict) -> None:
   from elmo_jax.training.resume import flatten  # pylint: disable=g-import-not-at-top
   flat = flatten(config.to_dict())
   _check_known_keys(flat)
+  for key, value in flat.items():  # file names above all: config.json, TensorBoard and checkpoints hold them
+    if isinstance(value, str):
+      _check_utf8_name(f"config.{key}", value)
   for key, (integer, low, inclusive) in _NUMBERS.items():
     if key in flat:
       _check_number(key, flat[key], integer, low, inclusive)

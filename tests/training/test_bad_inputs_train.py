@@ -66,6 +66,7 @@ def _read_only_dir(tmp_path) -> str:
     ("typo_key", "config.learning_rat is not a setting of the trainer (a typo in the config file?); did you "
                  "mean config.learning_rate?"),
     ("non_utf8_workdir", "--workdir=TMP/run\\xff: the name holds bytes that are not UTF-8; rename it"),
+    ("non_utf8_train_file", "config.data.train_files=TMP/tr\\xff.txt: the name holds bytes that are not UTF-8"),
 ])
 def test_refused_in_one_line_before_anything_is_written(tmp_path, case, words):
   overrides = {"dtype": {"dtype": "bf16"}, "shard": {"data.shard": "rowz"}, "optimizer": {"optimizer": "sgd"},
@@ -108,6 +109,8 @@ def test_refused_in_one_line_before_anything_is_written(tmp_path, case, words):
     workdir = str(tmp_path / ("x" * 300) / "run")
   elif case == "non_utf8_workdir":  # issue 34: a UnicodeEncodeError traceback once the workdir and prepared/ existed
     workdir = os.path.join(str(tmp_path), os.fsdecode(b"run\xff"))
+  elif case == "non_utf8_train_file":  # the same, from TensorBoard's hparams, once the whole run folder existed
+    train = _corpus(tmp_path, os.fsdecode(b"tr\xff.txt"))
   config = tiny.train_config(train, **overrides)
   if case == "dropout_none":  # a config file may set any type: `c.dropout = None`
     config.dropout = None
