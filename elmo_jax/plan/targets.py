@@ -93,9 +93,13 @@ class Target:
     return len(self.devices)
 
 
+_TPU_AXES = {"v4": 3, "v5p": 3, "v5e": 2, "v6e": 2}  # 3-D and 2-D tori
+
+
 def parse(spec: str) -> tuple[str, str]:
   """(chip, topology) of `spec`, its shape checked before any compiler is touched: every axis a count >= 1,
-  GPUs three axes (partitions x hosts x GPUs per host), CPUs one (a device count). Raises TargetError."""
+  TPU v4 / v5p three axes, v5e / v6e two, GPUs three (partitions x hosts x GPUs per host), CPUs one (a device
+  count). Raises TargetError."""
   m = re.fullmatch(r"(\w+):([0-9x]+)", spec.strip())
   if not m or m.group(1) not in CHIPS:
     raise TargetError(f"--target={spec!r}: expected <chip>:<topology> with chip one of {', '.join(CHIPS)}, e.g. "
@@ -107,6 +111,10 @@ def parse(spec: str) -> tuple[str, str]:
     raise TargetError(f"--target={spec}: a cpu target is one device count, e.g. cpu:8")
   if platform == "cuda" and len(axes) != 3:
     raise TargetError(f"--target={spec}: GPU topologies are partitions x hosts x GPUs per host, e.g. {name}:1x1x8")
+  if platform == "tpu" and len(axes) != _TPU_AXES[name]:
+    example = "x".join(["4"] * _TPU_AXES[name])
+    raise TargetError(f"--target={spec}: a {CHIPS[name].name} slice has {_TPU_AXES[name]} axes of chips, e.g. "
+                      f"{name}:{example}")
   if not all(a.isdigit() and int(a) >= 1 for a in axes):
     raise TargetError(f"--target={spec}: every axis of the topology must be a count >= 1, e.g. "
                       + {"cpu": "cpu:8", "cuda": f"{name}:1x1x8"}.get(platform, f"{name}:4x4"))

@@ -239,6 +239,8 @@ def test_embed_step_plan_for_tpu_v5e(tmp_path):
     (["--target=cpu:2x2"], "plan: error: --target=cpu:2x2: a cpu target is one device count, e.g. cpu:8"),
     (["--target=cpu:0"], "plan: error: --target=cpu:0: every axis of the topology must be a count >= 1, e.g. cpu:8"),
     (["--target=v5e:4x0"], "plan: error: --target=v5e:4x0: every axis of the topology must be a count >= 1"),
+    (["--target=v4:4x4"], "plan: error: --target=v4:4x4: a TPU v4 slice has 3 axes of chips, e.g. v4:4x4x4"),
+    (["--target=v5e:2x2x2"], "plan: error: --target=v5e:2x2x2: a TPU v5e slice has 2 axes of chips, e.g. v5e:4x4"),
     (["--target=h200:1x8"], "plan: error: --target=h200:1x8: GPU topologies are partitions x hosts x GPUs per host"),
     (["--step=embed", "--time_buckets=64,-3"], "plan: error: --time_buckets=64,-3: give token counts >= 1"),
     (["--step=embed", "--time_buckets="], "plan: error: --time_buckets=: give token counts >= 1"),
