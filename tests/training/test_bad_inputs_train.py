@@ -300,6 +300,7 @@ def test_a_run_folder_entry_of_the_wrong_kind_is_refused_before_anything_is_writ
   assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.slow  # the bucket emulator, as every bucket test
 def test_a_bucket_run_folder_entry_of_the_wrong_kind_is_refused(bucket, tmp_path):
   """The same in a bucket workdir: an object named checkpoints, objects under train.lock/ (both stay in the
   bucket only, never in the local copy) or under metrics.jsonl/ (copied down)."""
