@@ -1,10 +1,11 @@
 """Checks a training run before anything is written: one line per mistake, nothing half-made.
 
 The one validation phase of `train.py`, in two calls:
-- `check(config, workdir)` before JAX starts: the workdir (a directory, writable), every config value with
-  a range or a set of choices, the model options, the data (files that exist, are text and hold a
-  sentence; prepared directories that verify), `init_from`, and a saved `vocab.txt` against this run's
-  vocabulary settings;
+- `check(config, workdir)` before JAX starts: the workdir (a directory, writable, its name UTF-8, every name
+  of the run layout in it of its kind), every config value with a range or a set of choices, the model
+  options, the data (files that exist, are text and hold a sentence; prepared directories that verify),
+  `init_from` (its weight file's datasets too), and a saved `vocab.txt` against this run's vocabulary
+  settings;
 - `check_run(config, workdir, n_devices, n_processes)` once JAX knows the devices: the batch splits over
   them (`config.global_batch_size`), and a checkpoint in the workdir can be resumed by this config (the same
   test the restore applies).
@@ -60,7 +61,7 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
     raise PreflightError(str(e)) from None
   run = Workdir(workdir)
   run.pull()  # a bucket workdir: its files (not the checkpoints) into the local copy that is checked here
-  check_run_entries(run)
+  _check_run_entries(run)
   check_values(config)
   if config.profile_steps and config.profile_dir:  # the default, WORKDIR/profile, is checked with the workdir
     try:
@@ -101,7 +102,7 @@ def _check_utf8_name(what: str, path: str) -> None:
                          "another path)") from None
 
 
-def check_run_entries(run: Workdir) -> None:
+def _check_run_entries(run: Workdir) -> None:
   """Every name the run layout owns (`run_layout.TOP_FILES`, `TOP_FOLDERS`) is absent or of its kind, in the
   workdir (a bucket's objects too) and its local copy: a folder named train.lock or metrics.jsonl, a file
   named checkpoints, would otherwise fail after config.json, vocab.txt and prepared/ were written."""
