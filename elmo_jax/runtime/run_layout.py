@@ -32,7 +32,7 @@ OPTIONS_FILE = "options.json"  # inside export/
 WEIGHTS_FILE = "weights.hdf5"  # inside export/
 
 # Every name a run writes at the top of its workdir, by kind (a new name goes in one of them:
-# tests/training/test_bad_inputs_train.py reads this module): preflight refuses an entry of the other kind (a
+# tests/training/test_bad_inputs_run_folder.py reads this module): preflight refuses an entry of the other kind (a
 # folder named metrics.jsonl, a file named checkpoints) before anything is written.
 TOP_FILES = (CONFIG_FILE, VOCAB_FILE, VOCAB_COUNTS_FILE, METRICS_FILE, LOCK_FILE)
 TOP_FOLDERS = (TENSORBOARD_DIR, CHECKPOINTS, EXPORT_DIR, PREPARED_DIR, EVAL_DIR, PROFILE_DIR)
