@@ -292,3 +292,29 @@ def test_planner_flags_are_checked_before_any_compile(tmp_path, monkeypatch, arg
   assert e.value.code.startswith(fill(line)), e.value.code
   assert "\n" not in e.value.code
   assert sorted(os.listdir(tmp_path)) == ["config.py"] and config.read_text() == before
+
+
+def test_planner_embed_step_with_per_device_batch_zero_takes_the_default_rows(monkeypatch, capsys):
+  """Issue 34 named `--per_device_batch=0 --step=embed` among the tracebacks: 0 is the default, the Embedder's
+  128 rows per device (checked here up to the planning call, which is replaced: nothing compiles)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from elmo_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.cli import plan as plan_cli  # pylint: disable=g-import-not-at-top
+  from elmo_jax.plan import embed as embed_plan  # pylint: disable=g-import-not-at-top
+  calls = []
+  monkeypatch.setattr(embed_plan, "plan_embed", lambda *a, **kw: calls.append((a, kw)) or {"rows": a[3]})
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # main may add a device count: undone after
+  argv = ["plan", "--step=embed", "--per_device_batch=0", "--model=small", "--target=cpu:1", "--json"]
+  fv = flags.FlagValues()
+  plan_cli.define_flags(argv, fv)
+  fv(argv)
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  verbosity = logging.get_verbosity()
+  try:
+    plan_cli.main(["plan"], fv)
+  finally:
+    logging.set_verbosity(verbosity)  # main quiets absl for the command
+  (args, kw), = calls
+  assert args[1:] == ("cpu:1", [64, 512], plan_lib.DEFAULT_ROWS) and kw == {"dtype": "float32"}
+  assert json.loads(capsys.readouterr().out) == {"rows": 128}
