@@ -6,19 +6,26 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
+
+import h5py
 
 import jax
 import numpy as np
 import pytest
 
+from elmo_jax.embedding import writer
 from elmo_jax.embedding.embedder import Embedder
+from elmo_jax.embedding.inputs import EmbedInputError
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
 from elmo_jax.interop import tf_bundle
 from elmo_jax.interop import tfhub
 from elmo_jax.interop import weights as weights_lib
 
-from paths import TFHUB_BILM, TFHUB_DIR, TFHUB_MODULE
+import launch_util
+from paths import REPO_ROOT, TFHUB_BILM, TFHUB_DIR, TFHUB_MODULE
 
 PREFIX = os.path.join(TFHUB_MODULE, tfhub.VARIABLES)
 
@@ -70,11 +77,20 @@ def test_module_params_equal_the_hdf5_bit_for_bit():
   assert pretrained.load(TFHUB_MODULE)[0] == options
 
 
-def test_embedder_outputs_agree_exactly(capsys):
+@pytest.fixture(scope="module")
+def hub():
+  return Embedder.from_pretrained(TFHUB_MODULE, devices=1)
+
+
+@pytest.fixture(scope="module")
+def ref():
+  return Embedder.from_pretrained(TFHUB_BILM, devices=1)
+
+
+def test_embedder_outputs_agree_exactly(hub, ref, capsys):
+  tfhub.load(TFHUB_MODULE)
+  assert capsys.readouterr().err == f"{TFHUB_MODULE}: {tfhub.ASSUMED}\n"  # what is assumed, in one line
   sentences = [["The", "bank", "flooded", "."], ["a", "über-long-token-" * 5], []]
-  hub = Embedder.from_pretrained(TFHUB_MODULE, devices=1)
-  assert capsys.readouterr().err.strip() == f"{TFHUB_MODULE}: {tfhub.ASSUMED}"
-  ref = Embedder.from_pretrained(TFHUB_BILM, devices=1)
   assert hub.input_files == list(tfhub.load(TFHUB_MODULE, quiet=True).files)
   layers, ref_layers = hub.embed_sentences(sentences), ref.embed_sentences(sentences)
   for a, b in zip(layers, ref_layers):
@@ -117,3 +133,25 @@ def test_missing_variable_is_named():
   assert str(e.value) == (f"{os.path.join(TFHUB_DIR, 'module_missing', tfhub.VARIABLES)}.index: variable "
                           "'bilm/RNN_1/RNN/MultiRNNCell/Cell1/rnn/lstm_cell/projection/kernel' is missing "
                           "(options expect shape (8, 4))")
+
+
+def test_embed_command_writes_the_module_outputs(hub, ref, tmp_path):
+  lines = ["The bank flooded .", "a river bank", "bank"]
+  text = tmp_path / "in.txt"
+  text.write_text("\n".join(lines) + "\n")
+  want = hub.module_outputs([line.split() for line in lines])
+  out = tmp_path / "elmo.hdf5"  # the command itself, on the module folder
+  proc = subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--model={TFHUB_MODULE}", "--module_output=elmo",
+                         f"--input_file={text}", f"--output_file={out}", "--noprogress"], cwd=REPO_ROOT,
+                        env=launch_util.env(1), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert f"{TFHUB_MODULE}: {tfhub.ASSUMED}" in proc.stderr
+  for name in ("word_emb", "default"):  # the others in process: the same writer
+    writer.embed_file(hub, text, tmp_path / f"{name}.hdf5", output=name, progress_every=None)
+  for name in ("elmo", "word_emb", "default"):
+    with h5py.File(tmp_path / f"{name}.hdf5", "r") as f:
+      for i in range(len(lines)):
+        assert f[str(i)].shape == want[i][name].shape and f[str(i)][...].tobytes() == want[i][name].tobytes()
+  with pytest.raises(EmbedInputError, match=r"^'elmo' is a TF-Hub module's learned mix of the layers; this "
+                     r"model has none \(give the module's folder as the model\)$"):
+    writer.embed_file(ref, text, tmp_path / "no.hdf5", output="elmo")
