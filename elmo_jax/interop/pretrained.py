@@ -166,7 +166,11 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
 
 def resolve(name_or_path: str) -> tuple[str, str]:
   """Local (options.json, weights.hdf5) of `resolve_model(name_or_path)`: a released name, a folder, a URL."""
-  return resolve_model(name_or_path).checked().files
+  model = resolve_model(name_or_path)
+  if model.tfhub_dir is not None:
+    raise download.DownloadError(f"{name_or_path}: a TF-Hub module has no options.json + weights.hdf5; convert it "
+                                 f"first: python -m elmo_jax.convert --from={name_or_path} --to=DIR")
+  return model.checked().files
 
 
 def _released(m: Released, fetch: bool) -> ResolvedModel:

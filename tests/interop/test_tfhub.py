@@ -18,6 +18,7 @@ import pytest
 from elmo_jax.embedding import writer
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.embedding.inputs import EmbedInputError
+from elmo_jax.interop import download
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
 from elmo_jax.interop import tf_bundle
@@ -75,6 +76,9 @@ def test_module_params_equal_the_hdf5_bit_for_bit():
   found = pretrained.resolve_model(TFHUB_MODULE)
   assert found.tfhub_dir == TFHUB_MODULE and found.options_file is None
   assert pretrained.load(TFHUB_MODULE)[0] == options
+  with pytest.raises(download.DownloadError, match=r"a TF-Hub module has no options.json \+ weights.hdf5; convert "
+                     r"it first: python -m elmo_jax.convert --from=.*module --to=DIR$"):
+    pretrained.resolve(TFHUB_MODULE)  # evaluate.py --model reads the two files
 
 
 @pytest.fixture(scope="module")
