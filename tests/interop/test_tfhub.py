@@ -41,6 +41,9 @@ def test_crc32c_masked_as_tensorflow(monkeypatch):
   monkeypatch.setattr(tf_bundle, "_fast", None)  # the pure-Python table, where google-crc32c is missing
   assert tf_bundle.crc32c(b"123456789") == 0xE3069283  # RFC 3720's check value
   assert tf_bundle.crc32c(data) == fast == tf_bundle.crc32c(data[100:], tf_bundle.crc32c(data[:100]))
+  # the numpy lanes (large inputs) agree with the byte-by-byte register, remainder and all
+  big = np.random.default_rng(0).integers(0, 256, 64 * 97 + 13, dtype=np.uint8).tobytes()
+  assert tf_bundle._update_lanes(0x1234567, big, lanes=64) == tf_bundle._update(0x1234567, big)
   # TF's Mask (crc32c.h): rotate right by 15, add 0xa282ead8; undone, it gives the crc back
   rot = (tf_bundle.mask(0xE3069283) - 0xa282ead8) & 0xFFFFFFFF
   assert ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF == 0xE3069283
