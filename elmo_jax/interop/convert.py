@@ -5,7 +5,8 @@
 
 The one writable format is bilm-tf's (`FORMATS`): options.json + weights.hdf5 (`weights.save_hdf5`, the exact
 writer; the softmax too where the source has one) + vocab.txt where the source has one (a run's, or one beside
-the weights). Read back, every tensor has the bits it was read with. An ELMoForManyLangs model is refused: its word embedding has no place there.
+the weights). Read back, every tensor has the bits it was read with. An ELMoForManyLangs model is refused: its
+word embedding has no place there.
 The output folder is built beside `to` and renamed onto it (`files.atomic_dir`); a `to` that holds files, or
 holds or is one of the source's files, is refused first (`storage.check_output`), so a refusal writes nothing.
 """
@@ -83,10 +84,14 @@ def check_target(to: str, inputs: tuple[str, ...] = ()) -> None:
     raise files.UnsafeOutputError(f"--to={to} already holds {', '.join(taken[:3])}; give a new or empty folder")
 
 
-def write(model: Model, folder: str, fmt: str = "bilm-hdf5") -> None:
-  """Writes `model` into `folder` (replaced whole, atomically) in format `fmt`."""
+def _check_format(fmt: str) -> None:
   if fmt not in FORMATS:
     raise ConvertError(f"--format={fmt}: the formats written are {', '.join(FORMATS)}")
+
+
+def write(model: Model, folder: str, fmt: str = "bilm-hdf5") -> None:
+  """Writes `model` into `folder` (replaced whole, atomically) in format `fmt`."""
+  _check_format(fmt)
   with files.atomic_dir(folder) as tmp:
     options_lib.save(model.options, os.path.join(tmp, OPTIONS_FILE))
     weights_lib.save_hdf5(os.path.join(tmp, WEIGHTS_FILE), model.params, model.options, softmax=model.softmax)
@@ -97,8 +102,7 @@ def write(model: Model, folder: str, fmt: str = "bilm-hdf5") -> None:
 def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> Model:
   """Reads `spec`, checks `to`, writes it there (a bucket `to`: staged locally, uploaded once written).
   Returns what was read. Raises ConvertError, files.UnsafeOutputError and the loaders' one-line errors."""
-  if fmt not in FORMATS:
-    raise ConvertError(f"--format={fmt}: the formats written are {', '.join(FORMATS)}")
+  _check_format(fmt)
   check_target(to)  # before loading (a download): a taken folder costs nothing
   model = load(spec)
   check_target(to, model.files)

@@ -1,6 +1,6 @@
 """TensorFlow's checkpoint tensor bundle (`PREFIX.index` + `PREFIX.data-*-of-*`), read without TensorFlow.
 
-    names = tf_bundle.read_index("module/variables/variables")      # {name: Entry}
+    n_shards, entries = tf_bundle.read_index("module/variables/variables")  # {name: Entry}
     tensors = tf_bundle.read_tensors("module/variables/variables")  # {name: numpy array}, crc32c checked
 
 The index is a LevelDB-style sorted table (tensorflow/core/lib/io/table_format.txt): data blocks of
