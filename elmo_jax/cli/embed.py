@@ -119,8 +119,10 @@ def _check_flags(argv: list[str]) -> None:
     raise app.UsageError("give one of --model, --workdir or --options_file/--weight_file")
   if not FLAGS.workdir and not FLAGS.model and not (FLAGS.options_file and FLAGS.weight_file):
     raise app.UsageError("give --model, or --options_file and --weight_file (or --workdir)")
-  if FLAGS.top + FLAGS.average + FLAGS.all + bool(FLAGS.module_output) > 1:
-    raise app.UsageError("give at most one of --all, --top, --average, --module_output")
+  if FLAGS.top + FLAGS.average + FLAGS.all > 1:
+    raise app.UsageError("give at most one of --all, --top, --average")
+  if FLAGS.module_output and FLAGS.top + FLAGS.average + FLAGS.all:
+    raise app.UsageError(f"--module_output={FLAGS.module_output} is the output; drop --all/--top/--average")
 
 
 def _run_inputs() -> list[str]:

@@ -147,10 +147,16 @@ def test_embed_command_writes_the_module_outputs(hub, ref, tmp_path):
   text = tmp_path / "in.txt"
   text.write_text("\n".join(lines) + "\n")
   want = hub.module_outputs([line.split() for line in lines])
-  out = tmp_path / "elmo.hdf5"  # the command itself, on the module folder
-  proc = subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--model={TFHUB_MODULE}", "--module_output=elmo",
-                         f"--input_file={text}", f"--output_file={out}", "--noprogress"], cwd=REPO_ROOT,
-                        env=launch_util.env(1), capture_output=True, text=True, timeout=300)
+  out = tmp_path / "elmo.hdf5"
+
+  def embed(*args):  # the command itself, on the module folder
+    return subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--model={TFHUB_MODULE}", f"--input_file={text}",
+                           f"--output_file={out}", "--noprogress", *args], cwd=REPO_ROOT, env=launch_util.env(1),
+                          capture_output=True, text=True, timeout=300)
+  proc = embed("--module_output=elmo", "--top")
+  assert proc.returncode == 1 and proc.stderr.splitlines() == [
+      "elmo_jax.embed: error: --module_output=elmo is the output; drop --all/--top/--average (--help for usage)"]
+  proc = embed("--module_output=elmo")
   assert proc.returncode == 0, proc.stderr
   assert f"{TFHUB_MODULE}: {tfhub.ASSUMED}" in proc.stderr
   for name in ("word_emb", "default"):  # the others in process: the same writer
