@@ -9,8 +9,8 @@ The variables are bilm-tf's inference graph's (`bilm/...`), under the names that
 `_pretrained_initializer` maps to its hdf5 datasets (`weights.py`'s names): `bilm/char_embed` [262, dim] (the
 padding row first), `bilm/CNN/{W,b}_cnn_i`, `bilm/CNN_high_i/*`, `bilm/CNN_proj/*`,
 `bilm/RNN_{0,1}/RNN/MultiRNNCell/Cell{k}/rnn/lstm_cell/{kernel,bias,projection/kernel}` (= `W_0`, `B`,
-`W_P_0`; RNN_0 forward), and the mix `aggregation/weights` [n_layers + 1] and `aggregation/scaling` [].
-(the names TF-Hub's loader logs for elmo/2, tensorflow/hub#88). The shapes give the sizes; what the checkpoint
+`W_P_0`; RNN_0 forward), and the mix `aggregation/weights` [n_layers + 1] and `aggregation/scaling` [] (the
+names TF-Hub's loader logs for elmo/2, tensorflow/hub#88). The shapes give the sizes; what the checkpoint
 does not hold is elmo/3's (`ELMO3`), said in one line.
 """
 from __future__ import annotations
