@@ -1,6 +1,7 @@
-"""Every command: train, evaluate, embed, prepare, plan, downstream (console scripts `elmo-jax-train`,
-`elmo-jax-evaluate`, `elmo-jax-embed`, `elmo-jax-plan`, `elmo-jax-downstream`). `train.py`, `evaluate.py` and
-`python -m elmo_jax.{embed,plan,downstream,data.prepare}` are thin aliases of these modules."""
+"""Every command: train, evaluate, embed, prepare, plan, downstream, convert (console scripts `elmo-jax-train`,
+`elmo-jax-evaluate`, `elmo-jax-embed`, `elmo-jax-plan`, `elmo-jax-downstream`, `elmo-jax-convert`). `train.py`,
+`evaluate.py` and `python -m elmo_jax.{embed,plan,downstream,convert,data.prepare}` are thin aliases of these
+modules."""
 import functools
 import math
 import os

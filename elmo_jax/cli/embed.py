@@ -9,15 +9,18 @@ ELMo layers, the layout of AllenNLP's `elmo` command (the work: `elmo_jax.embedd
     python -m elmo_jax.embed --model=small --input_file=raw.txt --tokenize --sentence_vectors \
         --average --output_file=V.hdf5
     python -m elmo_jax.embed --model=small --dump_token_embeddings --vocab_file=V.txt --output_file=T.hdf5
+    python -m elmo_jax.embed --model=elmo_3/ --module_output=elmo --input_file=S.txt --output_file=E.hdf5
 
 Input: one whitespace-tokenized sentence per line (UTF-8, gzip if it is gzipped), or raw text with
 `--tokenize` (the trainer's Moses tokenizer). Output: dataset `str(i)` for input line i (0-based) of shape
 `(n_layers + 1, n_tokens, 2P)` (`--all`, the default), `(n_tokens, 2P)` (`--top`: the top layer;
 `--average`: the mean of the layers), with `--sentence_vectors` the mean over the tokens instead
-(`(n_layers + 1, 2P)` or `(2P,)`); float32 or `--output_dtype=float16`. `sentence_to_index`: a (1,)
-variable-length string dataset holding `json.dumps({stripped line text: "i"})` (later duplicates win, as
-in AllenNLP). With `--use_sentence_keys` the datasets are named by the line text instead and there is no
-`sentence_to_index` (AllenNLP's layout; a repeated line is then an error); `--forget_sentences` omits it.
+(`(n_layers + 1, 2P)` or `(2P,)`); of a TF-Hub module folder (`--model=MODULE_DIR`), `--module_output=` one of
+its outputs (`word_emb`, `lstm_outputs1`, `lstm_outputs2`, `elmo`, `default`); float32 or
+`--output_dtype=float16`. `sentence_to_index`: a (1,) variable-length string dataset holding
+`json.dumps({stripped line text: "i"})` (later duplicates win, as in AllenNLP). With `--use_sentence_keys` the
+datasets are named by the line text instead and there is no `sentence_to_index` (AllenNLP's layout; a repeated
+line is then an error); `--forget_sentences` omits it.
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ from elmo_jax.embedding import job as embed_job
 from elmo_jax.embedding import step as embed_step
 from elmo_jax.runtime import files
 from elmo_jax.interop import options as options_lib
+from elmo_jax.interop import tf_bundle
+from elmo_jax.interop import tfhub
 from elmo_jax.runtime import progress as progress_lib
 from elmo_jax.runtime import storage
 from elmo_jax.embedding import token_cache
@@ -61,6 +66,10 @@ def define_flags() -> None:
   flags.DEFINE_bool("all", False, "Write all layers, (n_layers + 1, n_tokens, 2P) per line (the default).")
   flags.DEFINE_bool("top", False, "Write the top layer only, (n_tokens, 2P) per line.")
   flags.DEFINE_bool("average", False, "Write the mean of the layers, (n_tokens, 2P) per line.")
+  flags.DEFINE_enum("module_output", None, list(tfhub.OUTPUTS),
+                    "A TF-Hub module's output (--model=MODULE_DIR): word_emb (n_tokens, P), lstm_outputs1/2 "
+                    "and elmo, its learned mix of the layers x scaling, (n_tokens, 2P); default: elmo "
+                    "mean-pooled over the tokens, (2P,).")
   flags.DEFINE_bool("sentence_vectors", False, "Write one vector per line: the mean over its tokens of "
                     "the chosen output ((n_layers + 1, 2P) with --all, (2P,) with --top/--average).")
   flags.DEFINE_enum("output_dtype", "float32", ["float32", "float16"], "Dtype of the written arrays.")
@@ -112,6 +121,8 @@ def _check_flags(argv: list[str]) -> None:
     raise app.UsageError("give --model, or --options_file and --weight_file (or --workdir)")
   if FLAGS.top + FLAGS.average + FLAGS.all > 1:
     raise app.UsageError("give at most one of --all, --top, --average")
+  if FLAGS.module_output and FLAGS.top + FLAGS.average + FLAGS.all:
+    raise app.UsageError(f"--module_output={FLAGS.module_output} is the output; drop --all/--top/--average")
 
 
 def _run_inputs() -> list[str]:
@@ -156,7 +167,7 @@ def main(argv: list[str]) -> int:
       done = _embed(output_file)
   except (embed_files.EmbedInputError, files.UnsafeOutputError, weights_lib.WeightFileError,
           options_lib.OptionsError, OSError, token_cache.TokenCacheError, embed_job.JobError,
-          embed_step.DeviceError) as e:
+          embed_step.DeviceError, tf_bundle.BundleError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   print(done, file=sys.stderr)
@@ -203,7 +214,8 @@ def _embed(output_file: str) -> str:
   stats = embed.embed_file(embedder, source, output_file, FLAGS.batch_size,
                            chunk_size=FLAGS.chunk_size,
                            progress_every=FLAGS.progress_every if FLAGS.progress else None,
-                           output="top" if FLAGS.top else "average" if FLAGS.average else "all",
+                           output=FLAGS.module_output or ("top" if FLAGS.top else "average" if FLAGS.average
+                                                          else "all"),
                            sentence_vectors=FLAGS.sentence_vectors, output_dtype=FLAGS.output_dtype,
                            use_sentence_keys=FLAGS.use_sentence_keys,
                            forget_sentences=FLAGS.forget_sentences, tokenize=tokenize,

@@ -34,6 +34,7 @@ from elmo_jax.runtime import storage
 from elmo_jax.runtime import memory
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
+from elmo_jax.interop import tfhub
 from elmo_jax.embedding import token_cache as token_cache_lib
 from elmo_jax.interop import weights as weights_lib
 from elmo_jax.embedding.step import width_chunks
@@ -114,6 +115,7 @@ class Embedder:
     self._token_rows = [token_cache_lib.TokenRows(cnn_cache_tokens, tokens) for _ in range(self.mesh.size)]
     self.token_embedding_file = None if token_embedding_file is None else os.fspath(token_embedding_file)
     self.model_files: tuple[str, ...] = ()  # the local options and weight files it was read from (from_files)
+    self.module_mix: dict[str, np.ndarray] | None = None  # a TF-Hub module's `elmo` mix (from_model)
     self._table = jax.device_put(np.repeat(np.asarray(pinned, np.float32)[None], self.mesh.size, axis=0),
                                  self._steps.by_rows)
 
@@ -132,7 +134,8 @@ class Embedder:
   @classmethod
   def from_pretrained(cls, name_or_path: str, **kwargs) -> "Embedder":
     """A training run, a released model by name (`small`, `medium`, `original`, `original_5.5B`), a URL or a
-    folder (`pretrained.resolve_model`)."""
+    folder: options.json + weights.hdf5, or a TF-Hub `elmo/3`-layout module (`module_outputs` then gives its
+    outputs) (`pretrained.resolve_model`)."""
     return cls.from_model(pretrained.resolve_model(name_or_path), **kwargs)
 
   @classmethod
@@ -145,6 +148,11 @@ class Embedder:
   def from_model(cls, model: pretrained.ResolvedModel, **kwargs) -> "Embedder":
     """What `pretrained.resolve_model` found; a run's vocabulary becomes one of its `input_files`."""
     kwargs.setdefault("vocab_file", model.vocab_file)
+    if model.tfhub_dir is not None:
+      module = tfhub.load(model.tfhub_dir)
+      emb = cls(module.options, module.params, **kwargs)
+      emb.model_files, emb.module_mix = module.files, module.mix
+      return emb
     return cls.from_files(*model.checked().files, **kwargs)
 
   @classmethod
@@ -337,6 +345,13 @@ class Embedder:
     return self.embed_sentences(sentences, batch_size)
 
   # --- sentence vectors and token caches ----------------------------------------------------------------
+  def module_outputs(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None
+                     ) -> list[dict[str, np.ndarray]]:
+    """A TF-Hub module's outputs of each sentence (`tfhub.output`): `word_emb` [n_tokens, P],
+    `lstm_outputs1`/`lstm_outputs2` [n_tokens, 2P], and with a module's mix `elmo` [n_tokens, 2P] and
+    `default` [2P]."""
+    return [tfhub.outputs(layers, self.module_mix) for layers in self.embed_sentences(sentences, batch_size)]
+
   def sentence_vectors(self, sentences: Sequence[Sequence[str]], layer: str | int | Sequence[float] = "all",
                        batch_size: int | None = None) -> np.ndarray:
     """One vector per sentence: the mean over its tokens (padding never enters; no tokens: zeros).

@@ -32,6 +32,7 @@ from elmo_jax.embedding.inputs import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputErro
                                       count_lines, read_lines, remove_stale_temps, text_input_problem)
 from elmo_jax.embedding.args import select_layers
 from elmo_jax.embedding.embedder import Embedder
+from elmo_jax.interop import tfhub
 
 @dataclasses.dataclass
 class _Format:
@@ -40,6 +41,7 @@ class _Format:
   sentence_vectors: bool = False
   dtype: str = "float32"
   use_sentence_keys: bool = False
+  mix: dict[str, Any] | None = None  # a TF-Hub module's (weights, scaling) for its outputs `elmo`/`default`
 
 
 class _Writer:
@@ -132,8 +134,12 @@ class _Writer:
       self.fout = None
 
   def _write(self, i: int, text: str, layers: np.ndarray) -> None:
-    data = select_layers(layers, self.fmt.output)
-    if self.fmt.sentence_vectors:
+    if self.fmt.output in tfhub.OUTPUTS:
+      mix = None if self.fmt.mix is None else {k: np.asarray(v, np.float32) for k, v in self.fmt.mix.items()}
+      data = tfhub.output(layers, self.fmt.output, mix)
+    else:
+      data = select_layers(layers, self.fmt.output)
+    if self.fmt.sentence_vectors and self.fmt.output != "default":
       n = layers.shape[1]
       data = data.mean(axis=-2) if n else np.zeros(data.shape[:-2] + data.shape[-1:], np.float32)
     if not self.fmt.use_sentence_keys:
@@ -177,7 +183,9 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     progress_every: seconds between progress lines (None: none).
     progress_stream: where progress goes (default stderr).
     warn: called with a message for empty lines.
-    output: "all" `(n_layers + 1, n_tokens, 2P)`, "top" or "average" `(n_tokens, 2P)` (`allennlp elmo`).
+    output: "all" `(n_layers + 1, n_tokens, 2P)`, "top" or "average" `(n_tokens, 2P)` (`allennlp elmo`), or
+      a TF-Hub module's output (`tfhub.OUTPUTS`: "word_emb" `(n_tokens, P)`, "lstm_outputs1"/"lstm_outputs2",
+      "elmo" `(n_tokens, 2P)`, "default" `(2P,)`; "elmo" and "default" need the module's mix).
     sentence_vectors: write the mean over each line's tokens instead (`(n_layers + 1, 2P)` or `(2P,)`).
     output_dtype: "float32" or "float16".
     use_sentence_keys: name each dataset by the line's text (AllenNLP); no `sentence_to_index`.
@@ -198,7 +206,9 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   input_file, output_file = os.fspath(input_file), os.fspath(output_file)
   batch_size, process_index, process_count = _checked_args(embedder, input_file, output_file, batch_size, output,
                                                            output_dtype, process_index, process_count)
-  fmt = _Format(output, sentence_vectors, output_dtype, use_sentence_keys)
+  mix = embedder.module_mix if output in tfhub.OUTPUTS[3:] else None
+  fmt = _Format(output, sentence_vectors, output_dtype, use_sentence_keys,
+                None if mix is None else {k: np.asarray(v).tolist() for k, v in mix.items()})
   index_from = None if use_sentence_keys or forget_sentences else input_file  # the lines of sentence_to_index
   job = _open_job(embedder, input_file, output_file, fmt, tokenize, index_from is not None,
                   (batch_size, chunk_size, part_sentences), process_index)
@@ -223,9 +233,12 @@ def _checked_args(embedder: Embedder, input_file: str, output_file: str, batch_s
   batch_size = embedder.default_batch_size if batch_size is None else batch_size
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-  if output not in ("all", "top", "average") or output_dtype not in ("float32", "float16"):
-    raise ValueError(f"output must be all/top/average and output_dtype float32/float16, got {output!r}, "
-                     f"{output_dtype!r}")
+  if output not in ("all", "top", "average", *tfhub.OUTPUTS) or output_dtype not in ("float32", "float16"):
+    raise ValueError(f"output must be all/top/average (or a TF-Hub module's {'/'.join(tfhub.OUTPUTS)}) and "
+                     f"output_dtype float32/float16, got {output!r}, {output_dtype!r}")
+  if output in tfhub.OUTPUTS[3:] and embedder.module_mix is None:
+    raise EmbedInputError(f"'{output}' is a TF-Hub module's learned mix of the layers; this model has none "
+                          "(give the module's folder as the model)")
   # the text, the model's files: an output path that is one of them would destroy it
   check_output_path(output_file, [input_file, *embedder.input_files])
   if process_index is None or process_count is None:

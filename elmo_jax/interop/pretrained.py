@@ -23,6 +23,7 @@ from typing import Any, Sequence
 from elmo_jax.interop import download
 from elmo_jax.runtime import files
 from elmo_jax.interop import options as options_lib
+from elmo_jax.interop import tfhub
 from elmo_jax.runtime import storage
 from elmo_jax.interop import weights as weights_lib
 from elmo_jax.runtime.run_layout import (CHECKPOINTS, EXPORT_DIR, OPTIONS_FILE, RUN_FILES, VOCAB_FILE, WEIGHTS_FILE,
@@ -83,6 +84,7 @@ class ResolvedModel:
       bucket run's stay in the bucket (Orbax reads them there).
     path: the spec as a path: a name or URL as given, a local path user-expanded (`init_from`: absolute), a
       bucket one as given (`init_from` ELMo files there: their local copy).
+    tfhub_dir: a TF-Hub `elmo/3`-layout module folder (`interop/tfhub.py`; no options or weight file then).
   """
   options_file: str | None = None
   weight_file: str | None = None
@@ -90,6 +92,7 @@ class ResolvedModel:
   workdir: str | None = None
   checkpoints: tuple[str, int | None] | None = None
   path: str | None = None
+  tfhub_dir: str | None = None
 
   @property
   def files(self) -> tuple[str, str]:
@@ -118,7 +121,8 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
 
   `spec` is, by `use`:
     "model": a local training run (a folder with export/), a released name (`MODELS`), a URL (`_url_pair`;
-      a `file://` folder as a folder) or a folder of options.json + weights.hdf5 (`_pair_in_folder`);
+      a `file://` folder as a folder), a TF-Hub module folder (`tfhub.is_module`) or a folder of
+      options.json + weights.hdf5 (`_pair_in_folder`);
     "bilm": as "model", and a local run with checkpoints but no export yet gives its checkpoints;
     "run": a training run's workdir, local or `gs://` (its `run_layout.RUN_FILES` then copied here);
     "init_from": a released name, a URL, then a run, its checkpoints/ or one step (local or `gs://`), else
@@ -144,6 +148,8 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
     found = _from_url(text) if fetch else ResolvedModel()
   elif use == "init_from":
     found = _init_source(text)
+  elif os.path.isdir(path) and tfhub.is_module(path):
+    found = ResolvedModel(path=path, tfhub_dir=path)
   elif os.path.isdir(path):
     try:
       found = ResolvedModel(*_pair_in_folder(path), path=path)
@@ -160,7 +166,11 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
 
 def resolve(name_or_path: str) -> tuple[str, str]:
   """Local (options.json, weights.hdf5) of `resolve_model(name_or_path)`: a released name, a folder, a URL."""
-  return resolve_model(name_or_path).checked().files
+  model = resolve_model(name_or_path)
+  if model.tfhub_dir is not None:
+    raise download.DownloadError(f"{name_or_path}: a TF-Hub module has no options.json + weights.hdf5; convert it "
+                                 f"first: python -m elmo_jax.convert --from={name_or_path} --to=DIR")
+  return model.checked().files
 
 
 def _released(m: Released, fetch: bool) -> ResolvedModel:
@@ -285,8 +295,12 @@ def is_model_spec(text: str) -> bool:
 
 
 def load(name_or_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """(options, biLM params as numpy) of a released name, folder or URL."""
-  options_file, weight_file = resolve(name_or_path)
+  """(options, biLM params as numpy) of a released name, folder (a TF-Hub module's too) or URL."""
+  model = resolve_model(name_or_path)
+  if model.tfhub_dir is not None:
+    module = tfhub.load(model.tfhub_dir)
+    return module.options, module.params
+  options_file, weight_file = model.checked().files
   options = options_lib.load(options_file)
   return options, weights_lib.load_hdf5(weight_file, options)["params"]
 

@@ -8,7 +8,7 @@ bilm-tf ignore datasets they do not read, so the file stays loadable there.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
@@ -61,6 +61,27 @@ def _get(tree: dict, path: tuple[str, ...]) -> np.ndarray:
   return np.asarray(tree)
 
 
+def params_from(lookup: Callable[[str], np.ndarray | None], options: dict[str, Any], source: str,
+                label: Callable[[str], str] = lambda name: f"dataset '{name}'") -> dict[str, Any]:
+  """`BiLM` params (float32 numpy) from `lookup(hdf5 dataset name)` (None: not there), checked against the
+  options: every tensor there, of its shape, finite. `label` names a tensor in the one-line errors as the
+  source calls it (a TF-Hub module: its variable name)."""
+  params: dict[str, Any] = {}
+  for name, path, file_shape, param_shape in _layout(options):
+    value = lookup(name)
+    if value is None:
+      raise WeightFileError(f"{source}: {label(name)} is missing (options expect shape {file_shape})")
+    value = np.asarray(value, dtype=np.float32)
+    if name == "char_embed" and value.shape[:1] == (262,):
+      value = value[1:]  # some converters (and bilm-tf's inference graph) also store the padding id's zero row
+    if value.shape != file_shape:
+      raise WeightFileError(f"{source}: {label(name)} has shape {value.shape}, options expect {file_shape}")
+    if not np.all(np.isfinite(value)):
+      raise WeightFileError(f"{source}: {label(name)} holds non-finite values")
+    _set(params, path, value.reshape(param_shape))
+  return params
+
+
 def _open(weight_file: str | os.PathLike) -> h5py.File:
   """The weight file opened read-only; WeightFileError for a missing file, another kind of file (options
   and weight files swapped) or an unreadable HDF5 file."""
@@ -102,19 +123,16 @@ def load_hdf5(weight_file: str | os.PathLike, options: dict[str, Any]) -> dict[s
 
   Returns {"params": bilm params, "softmax": {"W": [V, P], "b": [V]} or None}.
   """
-  params: dict[str, Any] = {}
   with _open(weight_file) as f:
-    for name, path, file_shape, param_shape in _layout(options):
-      dataset = _dataset(f, weight_file, name, file_shape)
+    def lookup(name: str) -> np.ndarray | None:
+      if name not in f or not isinstance(f[name], h5py.Dataset):
+        return None
       try:
-        value = np.asarray(dataset[...], dtype=np.float32)
+        return np.asarray(f[name][...], dtype=np.float32)
       except (OSError, TypeError, ValueError) as e:
         raise WeightFileError(f"{weight_file}: dataset '{name}' cannot be read ({e})") from None
-      if name == "char_embed" and value.shape[:1] == (262,):
-        value = value[1:]  # some converters also store the zero row of the padding id
-      if not np.all(np.isfinite(value)):
-        raise WeightFileError(f"{weight_file}: dataset '{name}' holds non-finite values")
-      _set(params, path, value.reshape(param_shape))
+
+    params = params_from(lookup, options, str(weight_file))
     softmax = None
     if "softmax/W" in f and "softmax/b" in f:
       softmax = {"W": np.asarray(f["softmax/W"][...], np.float32), "b": np.asarray(f["softmax/b"][...], np.float32)}

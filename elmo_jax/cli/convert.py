@@ -1,0 +1,65 @@
+"""The conversion command (`python -m elmo_jax.convert`, `elmo-jax-convert`): a model in bilm-tf's layout.
+
+    python -m elmo_jax.convert --from=elmo_3/ --to=elmo_3_bilm/             # a TF-Hub module, exact
+    python -m elmo_jax.convert --from=runs/default --to=gs://bucket/model/   # a run's export, uploaded
+    python -m elmo_jax.convert --from=https://host/m/options.json --to=model/ --format=bilm-hdf5
+
+`--from` is anything `--model=` takes (a released name, a run, a folder of options.json + weights.hdf5, a
+TF-Hub `elmo/3`-layout module folder, a URL); `--to` a new or empty folder, written whole or not at all:
+options.json + weights.hdf5 (+ the softmax, and vocab.txt, where the source has them), every tensor with the
+bits it was read with (the work: `elmo_jax.interop.convert`). An ELMoForManyLangs model is refused in one line:
+bilm-tf's layout has no place for its word embedding.
+"""
+from __future__ import annotations
+
+import sys
+
+from absl import app
+from absl import flags
+
+from elmo_jax import cli
+from elmo_jax.interop import convert as convert_lib
+from elmo_jax.interop import download
+from elmo_jax.interop import options as options_lib
+from elmo_jax.interop import tf_bundle
+from elmo_jax.interop import weights as weights_lib
+from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("from", None, "The model: a released name, a run, a folder (options.json + weights.hdf5, "
+                      "or a TF-Hub elmo/3-layout module), or a URL.")
+  flags.DEFINE_string("to", None, "A new or empty folder (local or gs://) to write the model into.")
+  flags.DEFINE_enum("format", "bilm-hdf5", list(convert_lib.FORMATS),
+                    "bilm-hdf5: bilm-tf's / AllenNLP's options.json + weights.hdf5.")
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  for name in ("from", "to"):
+    if not FLAGS[name].value:
+      raise app.UsageError(f"--{name} is required")
+  source, to = FLAGS["from"].value, FLAGS.to
+  try:
+    model = convert_lib.convert(source, to, FLAGS.format)
+  except (convert_lib.ConvertError, files.UnsafeOutputError, weights_lib.WeightFileError,
+          options_lib.OptionsError, tf_bundle.BundleError, download.DownloadError, storage.StorageError,
+          OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  if model.note:
+    print(f"note: {model.note}", file=sys.stderr)
+  print(f"wrote {to}: {FLAGS.format} of {source}", file=sys.stderr)
+  return 0
+
+
+def run() -> None:
+  cli.run_main(main, define_flags)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,111 @@
+"""Conversion: any model `resolve_model` finds, written in bilm-tf's layout where that layout can hold it.
+
+    convert.convert("elmo_3/", "elmo_3_bilm/")        # a TF-Hub module -> options.json + weights.hdf5, exact
+    convert.convert("runs/default", "shared/model/")   # a run's export (+ its vocab.txt and softmax), same bits
+
+The one writable format is bilm-tf's (`FORMATS`): options.json + weights.hdf5 (`weights.save_hdf5`, the exact
+writer; the softmax too where the source has one) + vocab.txt where the source has one (a run's, or one beside
+the weights). Read back, every tensor has the bits it was read with. An ELMoForManyLangs model is refused: its
+word embedding has no place there.
+The output folder is built beside `to` and renamed onto it (`files.atomic_dir`); a `to` that holds files, or
+holds or is one of the source's files, is refused first (`storage.check_output`), so a refusal writes nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from typing import Any
+
+from elmo_jax.interop import options as options_lib
+from elmo_jax.interop import pretrained
+from elmo_jax.interop import tfhub
+from elmo_jax.interop import weights as weights_lib
+from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
+from elmo_jax.runtime.run_layout import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
+
+FORMATS = ("bilm-hdf5",)
+# An ELMoForManyLangs folder's files (HIT-SCIR's release layout).
+_EFML_FILES = ("config.json", "char.dic", "word.dic")
+
+
+class ConvertError(ValueError):
+  """A conversion that cannot be done; one line, nothing written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """What a conversion reads: options, `BiLM` params, the softmax and vocabulary where there are, its files."""
+  options: dict[str, Any]
+  params: dict[str, Any]
+  softmax: dict[str, Any] | None
+  vocab_file: str | None
+  files: tuple[str, ...]
+  note: str | None = None  # what the output cannot hold (a module's mix)
+
+
+def is_efml(path: str) -> bool:
+  return os.path.isdir(path) and all(os.path.isfile(os.path.join(path, name)) for name in _EFML_FILES)
+
+
+def load(spec: str) -> Model:
+  """A model spec (`resolve_model`: a released name, a run, a folder, a TF-Hub module, a URL) as a `Model`."""
+  path = os.path.expanduser(spec)
+  if is_efml(path):
+    raise ConvertError(
+        f"{spec}: an ELMoForManyLangs model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "
+        "no place for its word embedding, word.dic's vectors beside the char CNN); use the folder as it is "
+        f"(--model={spec}), or a biLM trained here: a run's export/ (training/export) is bilm-tf's layout")
+  found = pretrained.resolve_model(spec)
+  if found.tfhub_dir is not None:
+    module = tfhub.load(found.tfhub_dir)
+    mix = ", ".join(f"{v:.9g}" for v in module.mix["weights"].tolist())
+    return Model(module.options, module.params, None, None, module.files,
+                 note=f"the module's learned mix has no place in bilm-tf's layout and is not written: "
+                      f"aggregation/weights=[{mix}], aggregation/scaling={float(module.mix['scaling']):.9g}")
+  options_file, weight_file = found.checked().files
+  options = options_lib.load(options_file)
+  loaded = weights_lib.load_hdf5(weight_file, options)
+  beside = os.path.join(os.path.dirname(weight_file), VOCAB_FILE)  # the softmax's words, as a run exports them
+  vocab = found.vocab_file or (beside if os.path.isfile(beside) else None)
+  return Model(options, loaded["params"], loaded["softmax"], vocab,
+               tuple(p for p in (options_file, weight_file, vocab) if p))
+
+
+def check_target(to: str, inputs: tuple[str, ...] = ()) -> None:
+  """Refuses (one line) an output folder that holds files already, or holds or is one of `inputs`."""
+  storage.check_output(to, "--to", inputs=inputs, directory=True, replaces=True)
+  if storage.is_remote(to):
+    taken = [name for name in (OPTIONS_FILE, WEIGHTS_FILE) if storage.exists(storage.join(to, name))]
+  else:
+    taken = sorted(os.listdir(to)) if os.path.isdir(to) else []
+  if taken:
+    raise files.UnsafeOutputError(f"--to={to} already holds {', '.join(taken[:3])}; give a new or empty folder")
+
+
+def _check_format(fmt: str) -> None:
+  if fmt not in FORMATS:
+    raise ConvertError(f"--format={fmt}: the formats written are {', '.join(FORMATS)}")
+
+
+def write(model: Model, folder: str, fmt: str = "bilm-hdf5") -> None:
+  """Writes `model` into `folder` (replaced whole, atomically) in format `fmt`."""
+  _check_format(fmt)
+  with files.atomic_dir(folder) as tmp:
+    options_lib.save(model.options, os.path.join(tmp, OPTIONS_FILE))
+    weights_lib.save_hdf5(os.path.join(tmp, WEIGHTS_FILE), model.params, model.options, softmax=model.softmax)
+    if model.vocab_file is not None:
+      shutil.copyfile(model.vocab_file, os.path.join(tmp, VOCAB_FILE))
+
+
+def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> Model:
+  """Reads `spec`, checks `to`, writes it there (a bucket `to`: staged locally, uploaded once written).
+  Returns what was read. Raises ConvertError, files.UnsafeOutputError and the loaders' one-line errors."""
+  _check_format(fmt)
+  check_target(to)  # before loading (a download): a taken folder costs nothing
+  model = load(spec)
+  check_target(to, model.files)
+  with storage.staged_output(to, "--to", directory=True, inputs=model.files) as local:
+    write(model, local, fmt)
+  return model
