@@ -6,6 +6,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import gzip
+import hashlib
 import os
 import socket
 import tempfile
@@ -62,6 +63,20 @@ def count_lines(path: str | os.PathLike, validate: bool = False, digest: Any = N
       for _ in read_lines(path):  # raises at the line
         pass
   return n + (last != b"\n")
+
+
+class CountedDigest:
+  """A sha256 (`count_lines`' digest) that also counts the bytes it is given."""
+
+  def __init__(self):
+    self._sha, self.bytes = hashlib.sha256(), 0
+
+  def update(self, block: bytes) -> None:
+    self._sha.update(block)
+    self.bytes += len(block)
+
+  def hexdigest(self) -> str:
+    return self._sha.hexdigest()
 
 
 def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:

@@ -26,17 +26,15 @@ skip (process 0 checks the other processes' parts before the merge), and one tha
 copied from another part) is named, moved to `OUTPUT.bad-parts/` and embedded again; names that clash across
 parts (the same dataset twice, or `x` beside `x/y`, which HDF5 makes a group) stop the job before the merge.
 A disk that fills up (or a file-size limit) is one line naming the folder and the space the job needs
-(`no_space_message`); the committed parts stay for the rerun.
+(`embedding/space.py`); the committed parts stay for the rerun.
 """
 from __future__ import annotations
 
 import dataclasses
-import errno
 import glob
+import hashlib
 import json
 import os
-import re
-import resource
 import shutil
 import time
 from typing import Any, Callable, TextIO
@@ -45,14 +43,11 @@ import h5py
 import numpy as np
 
 from elmo_jax.runtime import files
-from elmo_jax.runtime.files import human_bytes
 from elmo_jax.runtime import lock as file_lock
 from elmo_jax.runtime import progress as progress_lib
 
 SUFFIX = ".partial"
 BAD_PARTS = ".bad-parts"  # OUTPUT.bad-parts/: parts set aside
-_NO_SPACE = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up",
-             errno.EFBIG: "a file reached this process's file-size limit (ulimit -f)"}
 # Batches per part: what a kill -9 can cost, one file each, and how long the token table lives (it starts
 # fresh at every part, see `Embedder.batches`): 512 sentences at one device's default batch.
 DEFAULT_PART_BATCHES = 8
@@ -60,10 +55,6 @@ DEFAULT_PART_BATCHES = 8
 
 class JobError(ValueError):
   """A job folder that does not belong to this run; the message names the folder and what differs."""
-
-
-class NoSpaceError(JobError):
-  """The disk (or a file-size limit) stopped the job; the message names the folder and the space needed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +100,8 @@ class Job:
     self._records: dict[str, dict[str, Any]] = {}
     self._verified: set[str] = set()  # parts checked against their records (or written) by this run
     self._lock: file_lock.FileLock | None = None
-    self.attempted: tuple[int, int] = (0, 0)  # (bytes, sentences) of the last part this run tried to commit
+    self.input_bytes = 0  # of the whole input text (`space.estimate`)
+    self.attempted = (0, 0)  # (bytes, bytes of its text) of the last part this run tried to commit
 
   @staticmethod
   def check_folder(output_file: str) -> None:
@@ -240,12 +232,16 @@ class Job:
     self._records.pop(name, None)
     return self.bad_dir
 
-  def commit(self, part: tuple[int, int], tmp_hdf5: str, record: dict[str, Any], state=None) -> None:
-    """Makes a written part final: the data file, the state (stateful jobs), then the record (`record`:
-    sentences, tokens, the data's bytes and sha256, its dataset names `keys`; the part's name and the state's
-    sha256 are added)."""
-    self.attempted = (record["bytes"], record["sentences"])
-    record = {**record, "part": part_name(part)}
+  def commit(self, part: tuple[int, int], tmp_hdf5: str, image: bytes, counts: tuple[int, int, int],
+             keys: list[str], state=None) -> None:
+    """Makes a part final: its data (`image`, the HDF5 file's bytes) written to `tmp_hdf5` and renamed into
+    place, the state (stateful jobs), then the record: `counts` (sentences, tokens, bytes of their text), the
+    part's name, the data's size and sha256 (and the state's), the names of its datasets (`keys`)."""
+    self.attempted = (len(image), counts[2])
+    with open(tmp_hdf5, "wb") as f:
+      f.write(image)
+    record = {"part": part_name(part), "sentences": counts[0], "tokens": counts[1], "input_bytes": counts[2],
+              "bytes": len(image), "sha256": hashlib.sha256(image).hexdigest(), "keys": keys}
     if state is not None:
       with files.atomic_path(self.path(part, "npz"), suffix=".npz") as tmp:
         np.savez(tmp, c=state[0], h=state[1])
@@ -326,58 +322,8 @@ class Job:
         n += len(names)
     return n
 
-  def check_room(self, extra: int = 0) -> None:
-    """Process 0, before the merge: refuses (`NoSpaceError`, one line) a merged file (about the parts' bytes
-    and `extra`, e.g. sentence_to_index) that the output's folder has no room for, or that the file-size
-    limit would stop: the merge then never starts (HDF5 does not recover from a failed write)."""
-    output = self._estimate()[1] + extra
-    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    if limit != resource.RLIM_INFINITY and output > limit:
-      raise NoSpaceError(self.no_space_message(OSError(errno.EFBIG, "File too large"), True, extra))
-    if shutil.disk_usage(os.path.dirname(os.path.abspath(self.output_file))).free < output:
-      raise NoSpaceError(self.no_space_message(OSError(errno.ENOSPC, "No space left on device"), True, extra))
-
-  def _estimate(self) -> tuple[int, int]:
-    """(bytes of the parts still to write, bytes of all parts), from the sizes per sentence of the committed
-    parts (or of the part this run tried to commit)."""
-    records = list(self.committed().values())
-    done_bytes = sum(int(r.get("bytes", 0)) for r in records)
-    done_sentences = sum(int(r["sentences"]) for r in records)
-    size, sentences = (done_bytes, done_sentences) if done_sentences else self.attempted
-    left = max(self.layout.lines - done_sentences, 0) * size / max(sentences, 1)
-    return int(left), int(done_bytes + left)
-
-  def no_space_message(self, error: OSError, merging: bool = False, extra: int = 0) -> str:
-    """One line for a write that `no_space` stopped: the folder, why, the space the job needs there."""
-    folder = os.path.dirname(os.path.abspath(self.output_file))
-    left, output = self._estimate()
-    output += extra
-    why = _NO_SPACE[no_space(error)]
-    if no_space(error) == errno.EFBIG:
-      limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-      need = (f"the merged file will be about {human_bytes(output)} and the limit is "
-              f"{human_bytes(limit) if limit != resource.RLIM_INFINITY else 'unlimited'}")
-    else:
-      need = (f"the job needs about {human_bytes(output if merging else left + output)} free there "
-              + ("for the merged file" if merging else
-                 f"({human_bytes(left)} of parts still to write, then {human_bytes(output)} for the merged file)")
-              + f"; {human_bytes(shutil.disk_usage(folder).free)} are free")
-    return (f"{folder}: {why} while {'merging the parts' if merging else 'writing the parts'}; {need}; the "
-            f"finished parts are kept in {self.folder}: make room and rerun the same command to resume")
-
   def remove(self) -> None:
     shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def no_space(error: BaseException) -> int | None:
-  """The errno (ENOSPC, EDQUOT, EFBIG) of a write the disk or a file-size limit stopped, else None; also
-  for h5py's errors, which give it only in the message ('errno = 28')."""
-  if not isinstance(error, OSError):
-    return None
-  if error.errno in _NO_SPACE:
-    return error.errno
-  found = re.search(r"errno = (\d+)", str(error))
-  return int(found.group(1)) if found and int(found.group(1)) in _NO_SPACE else None
 
 
 class Progress(progress_lib.Lines):

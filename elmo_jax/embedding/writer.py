@@ -13,7 +13,6 @@ failure and SIGTERM, and one left by a writer killed outright is removed by the 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import queue
@@ -27,6 +26,7 @@ from absl import logging
 
 from elmo_jax.embedding import inputs as embed_files
 from elmo_jax.embedding import job as embed_job
+from elmo_jax.embedding import space
 from elmo_jax.runtime import files
 from elmo_jax.embedding.inputs import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, InputLines, check_output_path,
                                       count_lines, read_lines, remove_stale_temps, text_input_problem)
@@ -56,7 +56,7 @@ class _Writer:
     self.job, self.fmt, self.where, self.warn = job, fmt, where, warn
     self.error: BaseException | None = None
     self.fout: h5py.File | None = None  # the part being built (in memory)
-    self._counts = [0, 0]
+    self._counts = [0, 0, 0]  # its sentences, tokens and bytes of their text
     self._keys: list[str] = []  # its datasets' names, for its record
     self._slash_warned = False
     self._queue: queue.Queue = queue.Queue(maxsize=depth)
@@ -115,6 +115,7 @@ class _Writer:
       self._write(i, text, layers[row, :, :n])
       self._counts[0] += 1
       self._counts[1] += n
+      self._counts[2] += len(text.encode()) + 1
 
   def _commit(self, part: tuple[int, int], state) -> None:
     """The part's file written whole from its in-memory image (a full disk is a plain OSError here), then
@@ -124,15 +125,12 @@ class _Writer:
     self._drop_part()
     tmp = embed_files.new_part_temp(self.job.parts_dir)
     try:
-      with open(tmp, "wb") as f:
-        f.write(image)
-      self.job.commit(part, tmp, {"sentences": self._counts[0], "tokens": self._counts[1], "bytes": len(image),
-                                  "sha256": hashlib.sha256(image).hexdigest(), "keys": self._keys}, state=state)
+      self.job.commit(part, tmp, image, tuple(self._counts), self._keys, state=state)
     finally:
       if os.path.exists(tmp):
         os.remove(tmp)
       ACTIVE_TEMPS.discard(tmp)
-    self._counts, self._keys = [0, 0], []
+    self._counts, self._keys = [0, 0, 0], []
 
   def _drop_part(self) -> None:
     """The part being built is dropped (committed, or a failed run: committed parts stay for the rerun)."""
@@ -224,9 +222,9 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     return _run_job(embedder, job, fmt, lines, progress, tokenize, (process_index, process_count), output_file,
                     index_from)
   except OSError as e:
-    if embed_job.no_space(e) is None:
+    if space.no_space(e) is None:
       raise
-    raise embed_job.NoSpaceError(job.no_space_message(e)) from None
+    raise space.NoSpaceError(space.message(job, e)) from None
   finally:
     job.release()
 
@@ -267,7 +265,7 @@ def _open_job(embedder: Embedder, input_file: str, output_file: str, fmt: _Forma
   clears what an earlier run of this process left (its failure report, dead temp files). `sizes`: batch_size,
   chunk_size, part_sentences."""
   batch_size, chunk_size, part_sentences = sizes
-  digest = hashlib.sha256()  # of the (decompressed) text: the job's identity, read in the same pass
+  digest = embed_files.CountedDigest()  # of the (decompressed) text: the job's identity, read in the same pass
   n_lines = count_lines(input_file, validate=True, digest=digest)
   if fmt.use_sentence_keys:
     embed_files.check_sentence_keys(input_file)
@@ -279,6 +277,7 @@ def _open_job(embedder: Embedder, input_file: str, output_file: str, fmt: _Forma
               "tokenize": None if tokenize is None else type(tokenize).__name__,
               "sentence_to_index": sentence_to_index}
   job = embed_job.Job.open(output_file, settings, layout, process_index)  # locked: one command per job
+  job.input_bytes = digest.bytes
   try:
     job.clear_failure(process_index)  # an earlier run's report of this process
     remove_stale_temps(output_file)
@@ -376,11 +375,11 @@ def _unfinished(job: embed_job.Job, embedder: Embedder, share: range) -> dict[in
 
 def _write_output(job: embed_job.Job, output_file: str, index_from: str | None) -> None:
   """Process 0, once every part is committed: the parts checked (`Job.check_parts`) and merged into the
-  output (atomically, if it has room: `Job.check_room`), then the job folder removed. `index_from`: the
+  output (atomically, if it has room: `space.check_room`), then the job folder removed. `index_from`: the
   input, whose lines make `sentence_to_index`."""
   job.check_parts()
   index = None if index_from is None else json.dumps({text: str(i) for i, text in read_lines(index_from)})
-  job.check_room(0 if index is None else len(index.encode()))
+  space.check_room(job, 0 if index is None else len(index.encode()))
   try:
     with files.atomic_path(output_file, prefix=embed_files.temp_prefix(output_file)) as tmp:
       ACTIVE_TEMPS.add(tmp)
@@ -392,9 +391,9 @@ def _write_output(job: embed_job.Job, output_file: str, index_from: str | None) 
       finally:
         ACTIVE_TEMPS.discard(tmp)
   except OSError as e:
-    if embed_job.no_space(e) is None:
+    if space.no_space(e) is None:
       raise
-    raise embed_job.NoSpaceError(job.no_space_message(e, merging=True)) from None
+    raise space.NoSpaceError(space.message(job, e, merging=True)) from None
   job.remove()
 
 
