@@ -133,8 +133,11 @@ class Job:
       job._check_settings(settings)
     except BaseException:
       job.release()
-      if not existed:
-        shutil.rmtree(job.folder, ignore_errors=True)
+      for folder in ([] if existed else [job.parts_dir, job.folder]):  # made here, and still empty
+        try:
+          os.rmdir(folder)
+        except OSError:
+          pass
       raise
     return job
 

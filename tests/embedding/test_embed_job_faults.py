@@ -130,8 +130,9 @@ def test_no_space_is_one_line_with_the_space_needed_and_resumes(tmp_path, embedd
   assert parts == ["000000-0000.hdf5", "000000-0000.json", "000000-0001.hdf5", "000000-0001.json"]
   Usage = namedtuple("Usage", "total used free")
   monkeypatch.setattr(space.shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 1000, 1000))
-  with pytest.raises(space.NoSpaceError, match=r"no space left on the device while merging the parts; the job "
-                                               r"needs about \d+\.\d kB free there for the merged file, 1\.0 kB are free"):
+  with pytest.raises(space.NoSpaceError, match=r"no space left on the device while merging the parts; the "
+                                               r"job needs about \d+\.\d kB free there for the merged file, "
+                                               r"1\.0 kB are free"):
     embed.embed_file(embedder, text, out, **KW)
   monkeypatch.undo()
   assert not out.exists() and not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
