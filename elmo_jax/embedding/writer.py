@@ -206,8 +206,7 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
       links to, the input or one of the embedder's files, or lies in a trained run's checkpoints/export.
   """
   input_file, output_file = os.fspath(input_file), os.fspath(output_file)
-  batch_size, process_index, process_count = _checked_args(embedder, input_file, output_file,
-                                                           (batch_size, chunk_size, part_sentences), output,
+  batch_size, process_index, process_count = _checked_args(embedder, input_file, output_file, batch_size, output,
                                                            output_dtype, process_index, process_count)
   fmt = _Format(output, sentence_vectors, output_dtype, use_sentence_keys)
   index_from = None if use_sentence_keys or forget_sentences else input_file  # the lines of sentence_to_index
@@ -230,20 +229,19 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
     job.release()
 
 
-def _checked_args(embedder: Embedder, input_file: str, output_file: str, sizes: tuple[int | None, int, int | None],
-                  output: str, output_dtype: str, process_index: int | None,
+def _checked_args(embedder: Embedder, input_file: str, output_file: str, batch_size: int | None, output: str,
+                  output_dtype: str, process_index: int | None,
                   process_count: int | None) -> tuple[int, int, int]:
   """`embed_file`'s checks before any work, in order; returns the batch size and this process's index and
-  count (None: JAX's). `sizes`: batch_size, chunk_size, part_sentences."""
+  count (None: JAX's)."""
   if not os.path.exists(input_file):
     raise EmbedInputError(f"{input_file}: input file not found")
   problem = text_input_problem(input_file)
   if problem is not None:
     raise EmbedInputError(f"{input_file}: {problem}")
-  batch_size = embedder.default_batch_size if sizes[0] is None else sizes[0]
-  for name, value in zip(("batch_size", "chunk_size", "part_sentences"), (batch_size, *sizes[1:])):
-    if value is not None and value < 1:
-      raise ValueError(f"{name} must be >= 1, got {value}")
+  batch_size = embedder.default_batch_size if batch_size is None else batch_size
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   if output not in ("all", "top", "average") or output_dtype not in ("float32", "float16"):
     raise ValueError(f"output must be all/top/average and output_dtype float32/float16, got {output!r}, "
                      f"{output_dtype!r}")
@@ -266,6 +264,9 @@ def _open_job(embedder: Embedder, input_file: str, output_file: str, fmt: _Forma
   clears what an earlier run of this process left (its failure report, dead temp files). `sizes`: batch_size,
   chunk_size, part_sentences."""
   batch_size, chunk_size, part_sentences = sizes
+  for name, value in (("chunk_size", chunk_size), ("part_sentences", part_sentences)):  # before any read
+    if value is not None and value < 1:
+      raise ValueError(f"{name} must be >= 1, got {value}")
   digest = embed_files.CountedDigest()  # of the (decompressed) text: the job's identity, read in the same pass
   n_lines = count_lines(input_file, validate=True, digest=digest)
   if fmt.use_sentence_keys:
