@@ -140,15 +140,16 @@ def test_no_space_is_one_line_with_the_space_needed_and_resumes(tmp_path, embedd
   assert_same_contents(contents(out), contents(tmp_path / "whole.hdf5"))
 
 
-def _limited(limit: int):
-  """A child's file-size limit (ulimit -f); the command itself ignores SIGXFSZ, so a write fails (EFBIG)."""
-  return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+def _limited(limit: int, args: list[str]) -> list[str]:
+  """`args` under a file-size limit of `limit` bytes (the shell's `ulimit -f`, in KiB; no preexec_fn, which
+  forks this multithreaded process); the command itself ignores SIGXFSZ, so a write fails (EFBIG)."""
+  return ["bash", "-c", f'ulimit -f {limit // 1024} && exec "$@"', "embed", *args]
 
 
 @pytest.mark.slow
 def test_file_size_limit_while_writing_parts_and_merging_is_one_line_and_resumable(tmp_path):
-  if not hasattr(resource, "RLIMIT_FSIZE"):
-    pytest.skip("no file-size limit (RLIMIT_FSIZE) on this platform, and no small filesystem to fill")
+  if not hasattr(resource, "RLIMIT_FSIZE") or shutil.which("bash") is None:
+    pytest.skip("no file-size limit (RLIMIT_FSIZE, bash's ulimit -f) here, and no small filesystem to fill")
   text = write_lines(tmp_path / "in.txt", LINES * 20)  # 600 lines: parts of 128 lines up to ~2 MB, 6 MB in all
   args = [sys.executable, "-m", "elmo_jax.embed", *model_args(), f"--input_file={text}", "--part_sentences=128",
           "--noprogress"]
@@ -156,8 +157,8 @@ def test_file_size_limit_while_writing_parts_and_merging_is_one_line_and_resumab
   assert subprocess.run(args + [f"--output_file={whole}"], env=env(), capture_output=True, timeout=600).returncode == 0
   size = os.path.getsize(whole)
   for limit, phase in ((256_000, "writing the parts"), (size * 2 // 3, "merging the parts")):
-    proc = subprocess.run(args + [f"--output_file={out}"], env=env(), capture_output=True, text=True, timeout=600,
-                          preexec_fn=_limited(limit))
+    proc = subprocess.run(_limited(limit, args + [f"--output_file={out}"]), env=env(), capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     [line] = error_lines(proc.stderr)
     assert line.startswith(f"error: {tmp_path}: a file reached this process's file-size limit (ulimit -f) while "
