@@ -14,9 +14,8 @@ import os
 import re
 import resource
 import shutil
-from typing import Any
 
-from elmo_jax.embedding.job import JobError
+from elmo_jax.embedding.job import Job, JobError
 from elmo_jax.runtime.files import human_bytes
 
 _WHY = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up",
@@ -38,7 +37,7 @@ def no_space(error: BaseException) -> int | None:
   return int(found.group(1)) if found and int(found.group(1)) in _WHY else None
 
 
-def estimate(job: Any) -> tuple[int, int]:
+def estimate(job: Job) -> tuple[int, int]:
   """(bytes of `job`'s parts still to write, bytes of all its parts): the committed parts' bytes per byte of
   their text (or those of the part this run tried to commit) times the text still to embed."""
   records = list(job.committed().values())
@@ -49,7 +48,7 @@ def estimate(job: Any) -> tuple[int, int]:
   return int(left), int(done_bytes + left)
 
 
-def check_room(job: Any, extra: int = 0) -> None:
+def check_room(job: Job, extra: int = 0) -> None:
   """Process 0, before the merge: raises `NoSpaceError` (one line) when the merged file (about the parts'
   bytes and `extra`, e.g. sentence_to_index) would not fit in the output's folder or under the file-size
   limit, so the merge never starts then."""
@@ -61,7 +60,7 @@ def check_room(job: Any, extra: int = 0) -> None:
     raise NoSpaceError(message(job, OSError(errno.ENOSPC, "No space left on device"), True, extra))
 
 
-def message(job: Any, error: OSError, merging: bool = False, extra: int = 0) -> str:
+def message(job: Job, error: OSError, merging: bool = False, extra: int = 0) -> str:
   """One line for a write of `job` that `no_space` stopped: the folder, why, the space the job needs there."""
   left, output = estimate(job)
   output += extra
@@ -79,6 +78,6 @@ def message(job: Any, error: OSError, merging: bool = False, extra: int = 0) -> 
           f"{need}; the finished parts are kept in {job.folder}: make room and rerun the same command to resume")
 
 
-def _folder(job: Any) -> str:
+def _folder(job: Job) -> str:
   """Where the job writes: its parts beside the output, and the output."""
   return os.path.dirname(os.path.abspath(job.output_file))
