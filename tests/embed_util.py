@@ -1,8 +1,12 @@
-"""Shared helpers of the embedding tests: bilm-tf's fixture model and sentences, input files, interruptions."""
+"""Shared helpers of the embedding tests: bilm-tf's fixture model and sentences, input files, interruptions, and
+output files compared."""
 from __future__ import annotations
 
 import json
 import os
+
+import h5py
+import numpy as np
 
 from elmo_jax.embedding.embedder import Embedder
 from paths import FIXTURE_DIR, FIXTURE_OPTIONS, FIXTURE_WEIGHTS
@@ -36,3 +40,23 @@ def stop_at_launch(monkeypatch, embedder: Embedder, k: int) -> None:
     return real(prepared)
 
   monkeypatch.setattr(embedder, "_launch", stopping)
+
+
+def contents(path) -> dict:
+  """Every dataset of an HDF5 file by path (sentence_to_index decoded)."""
+  out = {}
+  with h5py.File(path, "r") as f:
+    f.visititems(lambda name, obj: out.__setitem__(name, obj[...]) if isinstance(obj, h5py.Dataset) else None)
+  if "sentence_to_index" in out:
+    out["sentence_to_index"] = json.loads(out["sentence_to_index"][0])
+  return out
+
+
+def assert_same_contents(a, b) -> None:
+  assert sorted(a) == sorted(b)
+  for key in a:
+    if key == "sentence_to_index":
+      assert a[key] == b[key]
+    else:
+      assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+      np.testing.assert_array_equal(a[key], b[key], err_msg=key)

@@ -150,10 +150,22 @@ def _load_embedder() -> Embedder:
   return Embedder.from_files(FLAGS.options_file, FLAGS.weight_file, **kwargs)
 
 
+def _check_numbers() -> None:
+  """Counts and rates of the flags, before any work: one line naming the flag (`cli.check_flag_numbers`, as
+  evaluate and downstream do)."""
+  cli.check_flag_numbers(
+      embed_files.EmbedInputError,
+      at_least=[(FLAGS[name], low) for name, low in (("batch_size", 1), ("chunk_size", 1), ("part_sentences", 1),
+                                                     ("devices", 1), ("num_processes", 1), ("process_id", 0))],
+      within=[(FLAGS["progress_every"], ">= 0 (seconds)", lambda x: x >= 0)])
+
+
 def main(argv: list[str]) -> int:
   _check_flags(argv)
-  if FLAGS.batch_size is not None and FLAGS.batch_size < 1:  # the message alone, not absl's usage text
-    print(f"error: --batch_size must be >= 1, got {FLAGS.batch_size}", file=sys.stderr)
+  try:
+    _check_numbers()
+  except embed_files.EmbedInputError as e:  # the message alone, not absl's usage text
+    print(f"error: {e}", file=sys.stderr)
     return 1
   if not FLAGS.progress:
     progress_lib.set_enabled(False)
@@ -161,6 +173,9 @@ def main(argv: list[str]) -> int:
     logging.set_verbosity(logging.WARNING)  # keeps JAX's backend INFO lines out of the one-line errors
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, _on_signal)
+  # A file-size limit (ulimit -f) then fails the write (EFBIG: one line and the space needed) instead of
+  # killing the process.
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
   try:
     # A bucket --output_file is written to a local staging file and uploaded whole once the work is done.
     with storage.staged_output(FLAGS.output_file, "--output_file", inputs=_run_inputs()) as output_file:

@@ -279,13 +279,6 @@ def write_manifest(out: str, fields: dict[str, Any], log_line: Callable[[str], N
   return manifest
 
 
-def _human(n: int) -> str:
-  for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-    if n >= size:
-      return f"{n / size:.1f} {unit}"
-  return f"{n} bytes"
-
-
 def _hash(path: str, bar) -> str:
   digest = hashlib.sha256()
   with open(path, "rb") as f:
@@ -346,7 +339,7 @@ def verify_files(directory: str, manifest: dict[str, Any], *, checksums: bool = 
     bar.close()
     if use_cache:
       _save_verified(cache_path, real, cached, manifest_key, log_line)
-  log_line(f"verified {directory}: sha256 of {len(todo)} of {len(stats)} files, {_human(total)}, in "
+  log_line(f"verified {directory}: sha256 of {len(todo)} of {len(stats)} files, {files.human_bytes(total)}, in "
            f"{time.time() - started:.1f}s" + (f" (not hashed again while their size, mtime and ctime stay as "
                                                f"recorded in {cache_path})" if use_cache else ""))
 

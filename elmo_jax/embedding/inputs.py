@@ -6,6 +6,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import gzip
+import hashlib
 import os
 import socket
 import tempfile
@@ -62,6 +63,20 @@ def count_lines(path: str | os.PathLike, validate: bool = False, digest: Any = N
       for _ in read_lines(path):  # raises at the line
         pass
   return n + (last != b"\n")
+
+
+class CountedDigest:
+  """A sha256 (`count_lines`' digest) that also counts the bytes it is given."""
+
+  def __init__(self):
+    self._sha, self.bytes = hashlib.sha256(), 0
+
+  def update(self, block: bytes) -> None:
+    self._sha.update(block)
+    self.bytes += len(block)
+
+  def hexdigest(self) -> str:
+    return self._sha.hexdigest()
 
 
 def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
@@ -182,16 +197,26 @@ def chunks(lines: Iterator[tuple[int, str]], size: int) -> Iterator[list[tuple[i
 
 
 def check_sentence_keys(input_file: str) -> None:
-  """Every line's text as an HDF5 dataset name: unique, non-empty (before any device work)."""
-  seen: dict[str, int] = {}
+  """Every line's text as an HDF5 dataset name: unique, non-empty, and not the group of another line's name
+  (h5py nests a name holding '/' in groups: `x` and `x/y z` cannot both be datasets); before any device work."""
+  seen: dict[tuple[str, ...], tuple[int, str]] = {}  # a name's path as HDF5 reads it ('//' is '/') -> line, text
   for i, text in read_lines(input_file):
-    where = f"{input_file}:{i + 1}"
-    if text in seen:
-      raise EmbedInputError(f"{where}: repeats line {seen[text] + 1}; sentence keys must be unique "
-                            "(drop --use_sentence_keys to embed repeated lines)")
+    where, path = f"{input_file}:{i + 1}", tuple(c for c in text.split("/") if c)
     if not text:
       raise EmbedInputError(f"{where}: an empty line cannot name an HDF5 dataset; drop --use_sentence_keys")
-    seen[text] = i
+    if path in seen:
+      raise EmbedInputError(f"{where}: repeats line {seen[path][0] + 1}; sentence keys must be unique (drop "
+                            "--use_sentence_keys to embed repeated lines)")
+    if not path or text.endswith("/") or "." in path:
+      raise EmbedInputError(f"{where}: {text!r} cannot name an HDF5 dataset (an empty or '.' part between "
+                            "'/'s); drop --use_sentence_keys")
+    seen[path] = (i, text)
+  for path, (i, text) in seen.items():
+    group = next((path[:k] for k in range(1, len(path)) if path[:k] in seen), None)
+    if group is not None:
+      (first, a), (second, b) = sorted([(i, text), seen[group]])
+      raise EmbedInputError(f"{input_file}:{second + 1}: {b!r} cannot name an HDF5 dataset beside line {first + 1}'s "
+                            f"{a!r} ('/' makes one a group of the other); drop --use_sentence_keys")
 
 
 @dataclasses.dataclass

@@ -2,8 +2,11 @@
 
     OUTPUT.partial/settings.json          what the job is (input sha256, model fingerprint, flags)
     OUTPUT.partial/parts/CCCCCC-GGGG.hdf5 the datasets of part GGGG of chunk CCCCCC
-    OUTPUT.partial/parts/CCCCCC-GGGG.json its commit record (sentences, tokens), written last
+    OUTPUT.partial/parts/CCCCCC-GGGG.json its commit record, written last: sentences, tokens, the part's name,
+                                          size and sha256 (and its state's), the names of its datasets
     OUTPUT.partial/parts/CCCCCC-GGGG.npz  stateful jobs: the LSTM state after the part
+    OUTPUT.partial/process-P.lock         held by process P of the running command (`runtime/lock.FileLock`)
+    OUTPUT.bad-parts/                     parts whose files differ from their records, set aside (not deleted)
 
 The input is cut into chunks of `chunk_size` lines (the unit of length sorting, as before) and each chunk
 into parts of `part_batches` batches (the unit of resumption). The layout depends only on the input and
@@ -17,11 +20,19 @@ self-contained HDF5 file in the `allennlp elmo` layout that every reader (AllenN
 any language) opens and that can be moved or copied alone; links break when the parts move, and virtual
 datasets cannot map one variable-shape dataset per sentence. Parts are committed with a rename and a
 record written after it, so a `kill -9` loses at most the part being written, never a finished one.
+
+A part is trusted only as its record describes it: a rerun checks the size and sha256 of each part it would
+skip (process 0 checks the other processes' parts before the merge), and one that differs (changed, truncated,
+copied from another part) is named, moved to `OUTPUT.bad-parts/` and embedded again; names that clash across
+parts (the same dataset twice, or `x` beside `x/y`, which HDF5 makes a group) stop the job before the merge.
+A disk that fills up (or a file-size limit) is one line naming the folder and the space the job needs
+(`embedding/space.py`); the committed parts stay for the rerun.
 """
 from __future__ import annotations
 
 import dataclasses
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -32,9 +43,11 @@ import h5py
 import numpy as np
 
 from elmo_jax.runtime import files
+from elmo_jax.runtime import lock as file_lock
 from elmo_jax.runtime import progress as progress_lib
 
 SUFFIX = ".partial"
+BAD_PARTS = ".bad-parts"  # OUTPUT.bad-parts/: parts set aside
 # Batches per part: what a kill -9 can cost, one file each, and how long the token table lives (it starts
 # fresh at every part, see `Embedder.batches`): 512 sentences at one device's default batch.
 DEFAULT_PART_BATCHES = 8
@@ -76,13 +89,19 @@ def part_name(part: tuple[int, int]) -> str:
 
 
 class Job:
-  """The folder of one embedding job; `open` creates it or checks that it is this job's."""
+  """The folder of one embedding job; `open` creates it or checks that it is this job's, and locks it."""
 
   def __init__(self, output_file: str, layout: Layout | None = None):
+    self.output_file = output_file
     self.folder = output_file + SUFFIX
     self.parts_dir = os.path.join(self.folder, "parts")
+    self.bad_dir = output_file + BAD_PARTS
     self.layout = layout
-    self._counted: dict[str, tuple[int, int]] = {}
+    self._records: dict[str, dict[str, Any]] = {}
+    self._verified: set[str] = set()  # parts checked against their records (or written) by this run
+    self._lock: file_lock.FileLock | None = None
+    self.input_bytes = 0  # of the whole input text (`space.estimate`)
+    self.attempted = (0, 0)  # (bytes, bytes of its text) of the last part this run tried to commit
 
   @staticmethod
   def check_folder(output_file: str) -> None:
@@ -94,54 +113,146 @@ class Job:
         raise JobError(f"{path} is a file, not an embedding job folder; delete it")
 
   @classmethod
-  def open(cls, output_file: str, settings: dict[str, Any], layout: Layout) -> "Job":
+  def open(cls, output_file: str, settings: dict[str, Any], layout: Layout, process_index: int = 0) -> "Job":
+    """The job of `settings`, locked for process `process_index` of this command (`release` it).
+
+    Raises:
+      JobError: the folder is another job's, or another live command holds it (the folder is left as it was).
+    """
     cls.check_folder(output_file)
     job = cls(output_file, layout)
-    path = os.path.join(job.folder, "settings.json")
+    existed = os.path.isdir(job.folder)
+    os.makedirs(job.folder, exist_ok=True)
+    try:
+      job._lock = file_lock.FileLock.acquire(os.path.join(job.folder, f"process-{process_index}.lock"))
+    except file_lock.Held as e:
+      which = f" (its process {process_index})" if process_index else ""
+      raise JobError(f"{job.folder} is in use by another embed command{which}: {e.holder}; wait for it to finish "
+                     "or stop it, or give another --output_file") from None
+    try:
+      job._check_settings(settings)
+    except BaseException:
+      job.release()
+      for folder in ([] if existed else [job.parts_dir, job.folder]):  # made here, and still empty
+        try:
+          os.rmdir(folder)
+        except OSError:
+          pass
+      raise
+    return job
+
+  def _check_settings(self, settings: dict[str, Any]) -> None:
+    path = os.path.join(self.folder, "settings.json")
     if not os.path.exists(path):  # every process writes the same content; a rename is atomic
-      os.makedirs(job.parts_dir, exist_ok=True)
+      os.makedirs(self.parts_dir, exist_ok=True)
       files.write_json(path, settings)
     try:
       with open(path, encoding="utf-8") as f:
         saved = json.load(f)
     except (OSError, ValueError) as e:
-      raise JobError(f"{job.folder}: unreadable settings.json ({e}); delete the folder to start over") from None
+      raise JobError(f"{self.folder}: unreadable settings.json ({e}); delete the folder to start over") from None
     if saved != settings:
       diff = files.first_difference(saved, settings)
-      raise JobError(f"{job.folder}: an unfinished job of another run ({diff}); rerun with the same input "
-                     f"and flags to finish it, or delete {job.folder} to start over")
-    os.makedirs(job.parts_dir, exist_ok=True)
-    return job
+      raise JobError(f"{self.folder}: an unfinished job of another run ({diff}); rerun with the same input "
+                     f"and flags to finish it, or delete {self.folder} to start over")
+    os.makedirs(self.parts_dir, exist_ok=True)
+
+  def release(self) -> None:
+    """Lets another command take the job (idempotent)."""
+    if self._lock is not None:
+      self._lock.release()
+      self._lock = None
 
   def path(self, part: tuple[int, int], ext: str) -> str:
     return os.path.join(self.parts_dir, f"{part_name(part)}.{ext}")
 
-  def committed(self) -> dict[str, tuple[int, int]]:
-    """{part name: (sentences, tokens)} of every committed part (any process's): one directory listing,
-    and each record read once."""
+  def committed(self) -> dict[str, dict[str, Any]]:
+    """{part name: its record} of every committed part (any process's): one directory listing, and each
+    record read once."""
     for record in glob.glob(os.path.join(self.parts_dir, "*.json")):
       name = os.path.basename(record)[:-5]
-      if name not in self._counted:
+      if name not in self._records:
         try:
           with open(record, encoding="utf-8") as f:
             meta = json.load(f)
-          self._counted[name] = (int(meta["sentences"]), int(meta["tokens"]))
-        except (OSError, ValueError, KeyError):
+          if isinstance(meta, dict) and isinstance(meta.get("sentences"), int) and isinstance(meta.get("tokens"), int):
+            self._records[name] = meta
+        except (OSError, ValueError):
           continue  # being written by another process (it is renamed into place, so: a stale read)
-    return self._counted
+    return self._records
 
   def done_parts(self, parts: list[tuple[int, int]]) -> set[tuple[int, int]]:
     """Those of `parts` that are committed (one listing of the folder)."""
     committed = self.committed()
     return {p for p in parts if part_name(p) in committed and os.path.exists(self.path(p, "hdf5"))}
 
-  def commit(self, part: tuple[int, int], tmp_hdf5: str, sentences: int, tokens: int, state=None) -> None:
-    """Makes a written part final: the data file, the state (stateful jobs), then the record."""
-    os.replace(tmp_hdf5, self.path(part, "hdf5"))
+  def verified_parts(self, parts: list[tuple[int, int]], warn: Callable[[str], Any]) -> set[tuple[int, int]]:
+    """Those of `parts` that are committed and whose files are the ones their records describe; any other
+    committed part is set aside (`set_aside`, `warn`ed about in one line naming it), to be embedded again."""
+    done = set()
+    for part in sorted(self.done_parts(parts)):
+      problem = self.problem(part)
+      if problem is None:
+        done.add(part)
+      else:
+        warn(f"{self.path(part, 'hdf5')}: {problem}; set aside in {self.set_aside(part)}, embedding it again")
+    return done
+
+  def problem(self, part: tuple[int, int]) -> str | None:
+    """Why committed `part` cannot be merged (its files are not the ones its record describes), or None;
+    checked once per run."""
+    name = part_name(part)
+    if name in self._verified:
+      return None
+    meta, path = self._records[name], self.path(part, "hdf5")
+    if "sha256" not in meta or "part" not in meta:
+      return "its record has no checksum (written by an older version)"
+    if meta["part"] != name:
+      return f"its record is part {meta['part']}'s (copied from another part?)"
+    size = os.path.getsize(path)
+    if size != meta["bytes"]:
+      return f"{size} bytes where its record says {meta['bytes']} (truncated or changed since it was written)"
+    if files.sha256_file(path) != meta["sha256"]:
+      return "its sha256 differs from its record (changed since it was written)"
+    state = self.path(part, "npz")
+    if meta.get("state_sha256") and (not os.path.exists(state) or files.sha256_file(state) != meta["state_sha256"]):
+      return f"its state {os.path.basename(state)} is missing or differs from its record"
+    self._verified.add(name)
+    return None
+
+  def set_aside(self, part: tuple[int, int]) -> str:
+    """Moves `part`'s files (data, state, record) into OUTPUT.bad-parts/ (a name taken there gets a number);
+    returns that folder. The part is then not committed."""
+    name = part_name(part)
+    os.makedirs(self.bad_dir, exist_ok=True)
+    n = 0
+    while any(os.path.exists(os.path.join(self.bad_dir, f"{name}{f'.{n}' if n else ''}.{ext}"))
+              for ext in ("hdf5", "json", "npz")):
+      n += 1
+    for ext in ("json", "hdf5", "npz"):  # the record first: the part is no longer committed
+      if os.path.exists(self.path(part, ext)):
+        os.replace(self.path(part, ext), os.path.join(self.bad_dir, f"{name}{f'.{n}' if n else ''}.{ext}"))
+    self._records.pop(name, None)
+    return self.bad_dir
+
+  def commit(self, part: tuple[int, int], tmp_hdf5: str, image: bytes, counts: tuple[int, int, int],
+             keys: list[str], state=None) -> None:
+    """Makes a part final: its data (`image`, the HDF5 file's bytes) written to `tmp_hdf5` and renamed into
+    place, the state (stateful jobs), then the record: `counts` (sentences, tokens, bytes of their text), the
+    part's name, the data's size and sha256 (and the state's), the names of its datasets (`keys`)."""
+    self.attempted = (len(image), counts[2])
+    with open(tmp_hdf5, "wb") as f:
+      f.write(image)
+    record = {"part": part_name(part), "sentences": counts[0], "tokens": counts[1], "input_bytes": counts[2],
+              "bytes": len(image), "sha256": hashlib.sha256(image).hexdigest(), "keys": keys}
     if state is not None:
       with files.atomic_path(self.path(part, "npz"), suffix=".npz") as tmp:
         np.savez(tmp, c=state[0], h=state[1])
-    files.write_json(self.path(part, "json"), {"sentences": sentences, "tokens": tokens})
+      record["state_sha256"] = files.sha256_file(self.path(part, "npz"))
+    os.replace(tmp_hdf5, self.path(part, "hdf5"))
+    files.write_json(self.path(part, "json"), record, indent=None)
+    self._records[record["part"]] = record
+    self._verified.add(record["part"])
 
   def state_after(self, part: tuple[int, int]):
     with np.load(self.path(part, "npz")) as z:
@@ -149,7 +260,7 @@ class Job:
 
   def done_counts(self) -> tuple[int, int]:
     committed = self.committed().values()
-    return sum(s for s, _ in committed), sum(t for _, t in committed)
+    return sum(int(r["sentences"]) for r in committed), sum(int(r["tokens"]) for r in committed)
 
   def wait_for_all(self, every: float = 2.0, on_poll: Callable[[], Any] | None = None) -> None:
     """Process 0: waits until every part of the job is committed (by whichever process); a failure another
@@ -167,16 +278,43 @@ class Job:
   def record_failure(self, process: int, error: BaseException) -> None:
     """A process other than 0 failed: tells process 0 (waiting in `wait_for_all`) instead of leaving it
     waiting for parts that will not come."""
-    files.write_text(os.path.join(self.folder, f"failed-{process}.txt"), f"{type(error).__name__}: {error}\n")
+    try:
+      files.write_text(os.path.join(self.folder, f"failed-{process}.txt"), f"{type(error).__name__}: {error}\n")
+    except OSError:  # e.g. the disk is full: this process's own error is the one to report
+      pass
 
   def clear_failure(self, process: int) -> None:
     path = os.path.join(self.folder, f"failed-{process}.txt")
     if os.path.exists(path):
       os.remove(path)
 
+  def check_parts(self) -> None:
+    """Process 0, before the merge: every part is the one its record describes (a bad one is set aside and
+    named: the rerun embeds it again), and no two parts' dataset names clash."""
+    for part in self.layout.all_parts():
+      problem = self.problem(part)
+      if problem is not None:
+        raise JobError(f"{self.path(part, 'hdf5')}: {problem}; set aside in {self.set_aside(part)}: rerun the "
+                       "same command (every process) to embed it again")
+    owner: dict[tuple[str, ...], tuple[str, str]] = {}  # a dataset's path ('/' nests; '//' is '/') -> part, name
+    for part in self.layout.all_parts():
+      name = part_name(part)
+      for key in self._records[name]["keys"]:
+        path = tuple(c for c in key.split("/") if c)
+        if path in owner:
+          raise JobError(f"{self.folder}: parts {owner[path][0]} and {name} both hold dataset {key!r}; the merge "
+                         f"cannot write both: move the wrong part's files out of {self.parts_dir} and rerun")
+        owner[path] = (name, key)
+    for path, (name, key) in owner.items():
+      group = next((path[:k] for k in range(1, len(path)) if path[:k] in owner), None)
+      if group is not None:
+        raise JobError(f"{self.folder}: part {owner[group][0]}'s dataset {owner[group][1]!r} and part {name}'s "
+                       f"{key!r} clash ('/' makes the first a group): the merge cannot write both; rerun without "
+                       "--use_sentence_keys")
+
   def merge(self, dest: h5py.File) -> int:
     """Copies every part's datasets, part by part in order, into `dest` (HDF5's own object copy: layout and
-    dtype kept; names holding '/' get their groups); returns the number of datasets."""
+    dtype kept; names holding '/' get their groups); returns the number of datasets. `check_parts` first."""
     n = 0
     for part in self.layout.all_parts():
       with h5py.File(self.path(part, "hdf5"), "r") as src:

@@ -13,7 +13,6 @@ failure and SIGTERM, and one left by a writer killed outright is removed by the 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import queue
@@ -27,6 +26,7 @@ from absl import logging
 
 from elmo_jax.embedding import inputs as embed_files
 from elmo_jax.embedding import job as embed_job
+from elmo_jax.embedding import space
 from elmo_jax.runtime import files
 from elmo_jax.embedding.inputs import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, InputLines, check_output_path,
                                       count_lines, read_lines, remove_stale_temps, text_input_problem)
@@ -49,17 +49,17 @@ class _Writer:
 
   The device computes batch k+1 (and the main thread reads and prepares the next ones) while batch k is cut
   to its lengths, converted and written. The queue holds at most `depth` batches, so memory stays bounded
-  when the disk is slower than the device. A part is written to a temp file and committed
-  (`Job.commit`) once its last batch is written. An error in the thread is raised by the next `put` or
-  `close`.
+  when the disk is slower than the device. A part is built in memory (at most `part_sentences` sentences'
+  datasets) and, once its last batch is in, written whole to a temp file and committed (`Job.commit`). An
+  error in the thread is raised by the next `put` or `close`.
   """
 
   def __init__(self, job: embed_job.Job, fmt: _Format, where: str, warn: Callable[[str], Any], depth: int = 2):
     self.job, self.fmt, self.where, self.warn = job, fmt, where, warn
     self.error: BaseException | None = None
-    self.fout: h5py.File | None = None
-    self._tmp: str | None = None
-    self._counts = [0, 0]
+    self.fout: h5py.File | None = None  # the part being built (in memory)
+    self._counts = [0, 0, 0]  # its sentences, tokens and bytes of their text
+    self._keys: list[str] = []  # its datasets' names, for its record
     self._slash_warned = False
     self._queue: queue.Queue = queue.Queue(maxsize=depth)
     self._thread = threading.Thread(target=self._run, name="embed-hdf5-writer", daemon=True)
@@ -111,26 +111,34 @@ class _Writer:
         self.error = e
 
   def _write_batch(self, layers: np.ndarray, lines: list[tuple[int, str, int]]) -> None:
-    if self.fout is None:
-      self._tmp = embed_files.new_part_temp(self.job.parts_dir)
-      self.fout = h5py.File(self._tmp, "w")
+    if self.fout is None:  # built in memory: HDF5 never meets a full disk (it cannot recover from that);
+      # grown 16 MiB at a time (HDF5's default 64 KiB copies a large part over and over)
+      self.fout = h5py.File(f"part-{id(self)}", "w", driver="core", backing_store=False, block_size=1 << 24)
     for row, (i, text, n) in enumerate(lines):
       self._write(i, text, layers[row, :, :n])
       self._counts[0] += 1
       self._counts[1] += n
+      self._counts[2] += len(text.encode()) + 1
 
   def _commit(self, part: tuple[int, int], state) -> None:
-    self.fout.close()
-    self.job.commit(part, self._tmp, *self._counts, state=state)
-    ACTIVE_TEMPS.discard(self._tmp)
-    self.fout, self._tmp, self._counts = None, None, [0, 0]
+    """The part's file written whole from its in-memory image (a full disk is a plain OSError here), then
+    committed with its record."""
+    self.fout.flush()
+    image = self.fout.id.get_file_image()
+    self._drop_part()
+    tmp = embed_files.new_part_temp(self.job.parts_dir)
+    try:
+      self.job.commit(part, tmp, image, tuple(self._counts), self._keys, state=state)
+    finally:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+      ACTIVE_TEMPS.discard(tmp)
+    self._counts, self._keys = [0, 0, 0], []
 
   def _drop_part(self) -> None:
-    """An unfinished part (a failed run) is removed; committed parts stay for the rerun."""
+    """The part being built is dropped (committed, or a failed run: committed parts stay for the rerun)."""
     if self.fout is not None:
       self.fout.close()
-      os.remove(self._tmp)
-      ACTIVE_TEMPS.discard(self._tmp)
       self.fout = None
 
   def _write(self, i: int, text: str, layers: np.ndarray) -> None:
@@ -144,6 +152,7 @@ class _Writer:
       data = data.mean(axis=-2) if n else np.zeros(data.shape[:-2] + data.shape[-1:], np.float32)
     if not self.fmt.use_sentence_keys:
       self.fout.create_dataset(str(i), data=data, dtype=self.fmt.dtype)
+      self._keys.append(str(i))
       return
     if "/" in text and not self._slash_warned:  # h5py nests such names in groups, as AllenNLP's files do
       self._slash_warned = True
@@ -151,6 +160,7 @@ class _Writer:
                 "listing the file's keys")
     try:
       self.fout.create_dataset(text, data=data, dtype=self.fmt.dtype)
+      self._keys.append(text)
     except (ValueError, KeyError, TypeError) as e:
       raise EmbedInputError(f"{self.where}:{i + 1}: {text!r} cannot name an HDF5 dataset ({e}); "
                             "drop --use_sentence_keys") from None
@@ -212,12 +222,21 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
   index_from = None if use_sentence_keys or forget_sentences else input_file  # the lines of sentence_to_index
   job = _open_job(embedder, input_file, output_file, fmt, tokenize, index_from is not None,
                   (batch_size, chunk_size, part_sentences), process_index)
-  progress = _progress(job, output_file, warn, progress_every if process_index == 0 else None, progress_stream,
-                       process_count > 1)
-  # bilm-tf's ids leave room for the begin/end-of-word marks
-  lines = InputLines(input_file, embedder.config.max_characters_per_token - 2, warn)
-  return _run_job(embedder, job, fmt, lines, progress, tokenize, (process_index, process_count), output_file,
-                  index_from)
+  try:
+    share = job.layout.share(process_index, process_count)
+    job.verified_parts([(c, g) for c in share for g in range(job.layout.parts(c))], warn)
+    progress = _progress(job, output_file, warn, progress_every if process_index == 0 else None, progress_stream,
+                         process_count > 1)
+    # bilm-tf's ids leave room for the begin/end-of-word marks
+    lines = InputLines(input_file, embedder.config.max_characters_per_token - 2, warn)
+    return _run_job(embedder, job, fmt, lines, progress, tokenize, (process_index, process_count), output_file,
+                    index_from)
+  except OSError as e:
+    if space.no_space(e) is None:
+      raise
+    raise space.NoSpaceError(space.message(job, e)) from None
+  finally:
+    job.release()
 
 
 def _checked_args(embedder: Embedder, input_file: str, output_file: str, batch_size: int | None, output: str,
@@ -253,25 +272,33 @@ def _checked_args(embedder: Embedder, input_file: str, output_file: str, batch_s
 def _open_job(embedder: Embedder, input_file: str, output_file: str, fmt: _Format,
               tokenize: Callable[[str], list[str]] | None, sentence_to_index: bool,
               sizes: tuple[int, int, int | None], process_index: int) -> embed_job.Job:
-  """The job folder of this run (created, or an earlier run's to resume: `embed_job.Job.open` checks that its
-  settings are these), the input read once for its line count and sha256; clears what an earlier run of this
-  process left (its failure report, dead temp files). `sizes`: batch_size, chunk_size, part_sentences."""
+  """The job folder of this run, locked for this process (created, or an earlier run's to resume:
+  `embed_job.Job.open` checks that its settings are these), the input read once for its line count and sha256;
+  clears what an earlier run of this process left (its failure report, dead temp files). `sizes`: batch_size,
+  chunk_size, part_sentences."""
   batch_size, chunk_size, part_sentences = sizes
-  digest = hashlib.sha256()  # of the (decompressed) text: the job's identity, read in the same pass
+  for name, value in (("chunk_size", chunk_size), ("part_sentences", part_sentences)):  # before any read
+    if value is not None and value < 1:
+      raise ValueError(f"{name} must be >= 1, got {value}")
+  digest = embed_files.CountedDigest()  # of the (decompressed) text: the job's identity, read in the same pass
   n_lines = count_lines(input_file, validate=True, digest=digest)
   if fmt.use_sentence_keys:
     embed_files.check_sentence_keys(input_file)
-  layout = embed_job.Layout(n_lines, -(-max(chunk_size, 1) // batch_size) * batch_size, batch_size,
-                            max(1, -(-part_sentences // batch_size)) if part_sentences
-                            else embed_job.DEFAULT_PART_BATCHES)
+  layout = embed_job.Layout(n_lines, -(-chunk_size // batch_size) * batch_size, batch_size,
+                            -(-part_sentences // batch_size) if part_sentences else embed_job.DEFAULT_PART_BATCHES)
   settings = {"input": {"lines": n_lines, "sha256": digest.hexdigest()},
               "model": embedder.fingerprint(), "devices": len(embedder.devices),
               "layout": dataclasses.asdict(layout), "format": dataclasses.asdict(fmt),
               "tokenize": None if tokenize is None else type(tokenize).__name__,
               "sentence_to_index": sentence_to_index}
-  job = embed_job.Job.open(output_file, settings, layout)
-  job.clear_failure(process_index)  # an earlier run's report of this process
-  remove_stale_temps(output_file)
+  job = embed_job.Job.open(output_file, settings, layout, process_index)  # locked: one command per job
+  job.input_bytes = digest.bytes
+  try:
+    job.clear_failure(process_index)  # an earlier run's report of this process
+    remove_stale_temps(output_file)
+  except BaseException:
+    job.release()
+    raise
   return job
 
 
@@ -362,18 +389,26 @@ def _unfinished(job: embed_job.Job, embedder: Embedder, share: range) -> dict[in
 
 
 def _write_output(job: embed_job.Job, output_file: str, index_from: str | None) -> None:
-  """Process 0, once every part is committed: the parts merged into the output (atomically), then the
-  job folder removed. `index_from`: the input, whose lines make `sentence_to_index`."""
-  with files.atomic_path(output_file, prefix=embed_files.temp_prefix(output_file)) as tmp:
-    ACTIVE_TEMPS.add(tmp)
-    try:
-      with h5py.File(tmp, "w") as fout:
-        job.merge(fout)
-        if index_from is not None:  # later duplicates win, as in AllenNLP
-          index = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
-          index[0] = json.dumps({text: str(i) for i, text in read_lines(index_from)})
-    finally:
-      ACTIVE_TEMPS.discard(tmp)
+  """Process 0, once every part is committed: the parts checked (`Job.check_parts`) and merged into the
+  output (atomically, if it has room: `space.check_room`), then the job folder removed. `index_from`: the
+  input, whose lines make `sentence_to_index`."""
+  job.check_parts()
+  index = None if index_from is None else json.dumps({text: str(i) for i, text in read_lines(index_from)})
+  space.check_room(job, 0 if index is None else len(index.encode()))
+  try:
+    with files.atomic_path(output_file, prefix=embed_files.temp_prefix(output_file)) as tmp:
+      ACTIVE_TEMPS.add(tmp)
+      try:
+        with h5py.File(tmp, "w") as fout:
+          job.merge(fout)
+          if index is not None:  # later duplicates win, as in AllenNLP
+            fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))[0] = index
+      finally:
+        ACTIVE_TEMPS.discard(tmp)
+  except OSError as e:
+    if space.no_space(e) is None:
+      raise
+    raise space.NoSpaceError(space.message(job, e, merging=True)) from None
   job.remove()
 
 

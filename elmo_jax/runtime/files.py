@@ -204,6 +204,14 @@ def sha256_arrays(*arrays: Any, extra: Any = None) -> str:
   return digest.hexdigest()
 
 
+def human_bytes(n: float) -> str:
+  """A size for a message: '1.5 GB', '12.0 MB', '3.2 kB', '512 bytes'."""
+  for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    if n >= size:
+      return f"{n / size:.1f} {unit}"
+  return f"{int(n)} bytes"
+
+
 def sha256_file(path: str | os.PathLike) -> str:
   """sha256 hex digest of a file's bytes, read in 4 MiB blocks."""
   digest = hashlib.sha256()

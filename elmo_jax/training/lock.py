@@ -3,20 +3,20 @@ workdir an object `train.lock` created only if absent (a generation precondition
 heartbeat.
 
 The kernel drops a flock when its holder exits, however it exits (kill -9 included), so a lock file left by a
-dead trainer is stale and simply taken over; the file only records who holds it, for the message. A bucket
+dead trainer is stale and simply taken over (`runtime/lock.FileLock`); the file only records who holds it. A bucket
 cannot tell that its writer died: the lock object is rewritten every `lease/4` seconds, and one not rewritten
 for `lease` seconds ($ELMO_JAX_LOCK_LEASE_S, default 120) is taken over, as is at once one whose holder was a
 process of this machine that no longer runs (a rerun after kill -9 or a preemption of the same VM).
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import socket
 import threading
 import time
 
+from elmo_jax.runtime import lock as file_lock
 from elmo_jax.runtime import log
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import LOCK_FILE
@@ -29,8 +29,8 @@ class WorkdirLocked(RuntimeError):
 class WorkdirLock:
   """Use `WorkdirLock.acquire(workdir)`; `release()` (idempotent) when the run ends."""
 
-  def __init__(self, path: str | None, fd: int | None):
-    self.path, self._fd = path, fd
+  def __init__(self, held: file_lock.FileLock | None):
+    self.path, self._held = (held.path if held else None), held
 
   @classmethod
   def acquire(cls, workdir: str, process_index: int | None = None) -> "WorkdirLock":
@@ -43,46 +43,27 @@ class WorkdirLock:
       import jax  # pylint: disable=g-import-not-at-top
       process_index = jax.process_index()
     if process_index != 0:
-      return cls(None, None)
+      return cls(None)
     if storage.is_remote(workdir):
       return BucketLock.acquire(workdir)
     os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-      holder = _describe(os.read(fd, 4096))
-      os.close(fd)
-      raise WorkdirLocked(f"{os.path.abspath(workdir)} is in use by another trainer ({holder}); wait for it to "
+      return cls(file_lock.FileLock.acquire(os.path.join(workdir, LOCK_FILE)))
+    except file_lock.Held as e:
+      raise WorkdirLocked(f"{os.path.abspath(workdir)} is in use by another trainer ({e.holder}); wait for it to "
                           f"finish or stop it, or give another --workdir") from None
-    os.ftruncate(fd, 0)  # a stale record of a dead holder
-    os.write(fd, _record())
-    os.fsync(fd)
-    return cls(path, fd)
 
   def release(self) -> None:
-    if self._fd is None:
-      return
-    try:
-      os.remove(self.path)  # while still locked, so no other trainer's fresh lock file is removed
-    except OSError:
-      pass
-    os.close(self._fd)
-    self._fd = None
+    if self._held is not None:
+      self._held.release()
 
 
 def _record() -> bytes:
-  return json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                     "started": time.strftime("%Y-%m-%d %H:%M:%S")}).encode()
+  return file_lock.record()
 
 
 def _describe(record: bytes) -> str:
-  try:
-    info = json.loads(record.decode())
-    return f"pid {info['pid']} on {info['host']}, started {info['started']}"
-  except (ValueError, KeyError, UnicodeDecodeError):
-    return "lock file " + LOCK_FILE
+  return file_lock.describe(record, LOCK_FILE)
 
 
 def lease_seconds() -> float:

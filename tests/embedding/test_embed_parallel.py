@@ -7,7 +7,6 @@ resumed run: equal bit for bit, since both go through the same parts).
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,6 @@ import sys
 import textwrap
 import time
 
-import h5py
 import numpy as np
 import pytest
 
@@ -23,30 +21,11 @@ from elmo_jax.embedding import writer as embed
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.embedding.embedder import Embedder
 from launch_util import env, free_port
-from embed_util import SENTENCES, error_lines, model_args, stop_at_launch, write_lines
+from embed_util import (SENTENCES, assert_same_contents, contents, error_lines, model_args, stop_at_launch,
+                        write_lines)
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT
 
 LINES = [s for group in SENTENCES for s in group]  # 30 fixture sentences, lengths 1-22
-
-
-def contents(path) -> dict:
-  """Every dataset of an HDF5 file by path (sentence_to_index decoded)."""
-  out = {}
-  with h5py.File(path, "r") as f:
-    f.visititems(lambda name, obj: out.__setitem__(name, obj[...]) if isinstance(obj, h5py.Dataset) else None)
-  if "sentence_to_index" in out:
-    out["sentence_to_index"] = json.loads(out["sentence_to_index"][0])
-  return out
-
-
-def assert_same_contents(a, b) -> None:
-  assert sorted(a) == sorted(b)
-  for key in a:
-    if key == "sentence_to_index":
-      assert a[key] == b[key]
-    else:
-      assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
-      np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 @pytest.fixture(scope="module")
