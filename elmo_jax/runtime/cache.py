@@ -2,8 +2,7 @@
 
 Downloads (`interop/download`), unpacked model archives (`ARCHIVES`, `interop/archive`), bucket copies
 (`runtime/storage`), prepared-corpus verification stamps (`data/manifest`) and the compilation cache live
-under it; this module only names it, so `runtime` needs
-nothing above it to find it.
+under it; this module only names it, so `runtime` needs nothing above it to find it.
 """
 from __future__ import annotations
 
