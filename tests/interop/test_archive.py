@@ -167,3 +167,28 @@ def test_not_an_archive_is_not_cached(tmp_path, cache):
   assert not [n for n in os.listdir(cache) if n.endswith("m.zip")] and _archives(cache) == []
   with pytest.raises(archive.ArchiveError, match=r"m\.zip: not a zip or tar archive \(a text file\)"):
     pretrained.resolve_model(str(tmp_path / "www" / "m.zip"))
+
+
+def test_concurrent_unpacks_write_once(tmp_path, cache, monkeypatch):
+  """Two users of one archive at once (threads here; `flock` locks between open files as between processes):
+  one unpacks, the other waits for the lock and reuses the folder."""
+  import threading  # pylint: disable=g-import-not-at-top
+  path = str(_zip(tmp_path / "m.zip", {"options.json": FIXTURE_OPTIONS, "model.hdf5": FIXTURE_WEIGHTS}))
+  unpack, calls, barrier = archive._unpack, [], threading.Barrier(2)
+
+  def counting_unpack(*args):
+    calls.append(args)
+    unpack(*args)
+  monkeypatch.setattr(archive, "_unpack", counting_unpack)
+  got = []
+
+  def use():
+    barrier.wait()
+    got.append(archive.unpacked(path))
+  threads = [threading.Thread(target=use) for _ in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert len(calls) == 1 and len(got) == 2 and got[0] == got[1]
+  assert sorted(os.listdir(got[0])) == ["model.hdf5", "options.json"]
