@@ -45,12 +45,12 @@ def test_turkish_bilm_beats_unigram(tmp_path):
     text = f.read()
   assert len(text.splitlines()) == 400 and all(c in text for c in "çğıöşü")  # Turkish, not ASCII
   c = train_config(os.path.join(SLICE, "train.txt.gz"), os.path.join(SLICE, "valid.txt.gz"), **{
-      "num_train_steps": 150, "eval_every_steps": 150, "checkpoint_every_steps": 150, "log_every_steps": 50,
+      "num_train_steps": 300, "eval_every_steps": 300, "checkpoint_every_steps": 300, "log_every_steps": 50,
       "batch_size": 16, "learning_rate": 1e-2, "optimizer": "adam", "n_negative_samples": 0,
       "data.pretokenized": False, "data.vocab_min_count": 2, "unroll_steps": 20})
   train_and_evaluate(c, str(tmp_path))
   rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   (base,) = [r for r in rows if "unigram_ppl" in r]
   last = [r for r in rows if "eval_ppl" in r][-1]
-  assert last["step"] == 150 and 0.5 < base["oov_rate"] < 0.7  # Turkish: many words seen once
+  assert last["step"] == 300 and 0.5 < base["oov_rate"] < 0.7  # Turkish: many words seen once
   assert last["eval_ppl"] < 0.9 * base["unigram_ppl"], (last, base)
