@@ -167,8 +167,8 @@ def main(argv):
   with open(os.path.join(ev, "pos.json")) as f:
     pos = json.load(f)
   result = {"corpus": f"PyPI {PACKAGE} (Turkish Web Treebank, Apache-2.0)", "sentences": counts,
-            "config": "configs/default.py", "num_train_steps": _STEPS.value, "byte_limit": stats, "byte_limit_other": other,
-            "perplexity": ppl, "pos": pos}
+            "config": "configs/default.py", "num_train_steps": _STEPS.value, "byte_limit": stats,
+            "byte_limit_other": other, "perplexity": ppl, "pos": pos}
   with open(os.path.join(_OUT.value, "results.json"), "w") as f:
     json.dump(result, f, indent=2)
     f.write("\n")

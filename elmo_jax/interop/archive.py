@@ -30,6 +30,7 @@ import urllib.parse
 import zipfile
 from typing import IO, Iterator
 
+from elmo_jax.interop import checks
 from elmo_jax.interop import download
 from elmo_jax.runtime import files
 from elmo_jax.runtime.cache import ARCHIVES, cache_dir
@@ -79,8 +80,8 @@ def _member_path(archive: str, name: str) -> list[str]:
   return [p for p in parts if p not in ("", ".")]
 
 
-def _members(archive: str) -> Iterator[tuple[str, list[str], bool, contextlib.AbstractContextManager[IO[bytes]]]]:
-  """(name, path parts, is a folder, opener of its bytes) of every member, in archive order; links,
+def _members(archive: str) -> Iterator[tuple[list[str], bool, contextlib.AbstractContextManager[IO[bytes]]]]:
+  """(path parts, is a folder, opener of its bytes) of every member, in archive order; links,
   devices and other special members are refused (ArchiveError) before the first is yielded."""
   if zipfile.is_zipfile(archive):
     with zipfile.ZipFile(archive) as z:
@@ -91,9 +92,9 @@ def _members(archive: str) -> Iterator[tuple[str, list[str], bool, contextlib.Ab
         if info.create_system == 3 and kind not in (0, stat.S_IFREG, stat.S_IFDIR):
           what = "a symbolic link" if kind == stat.S_IFLNK else "a device or other special file"
           raise ArchiveError(f"{archive}: member {info.filename!r} is {what}; refusing to unpack the archive")
-      checked = [(info.filename, _member_path(archive, info.filename), info.is_dir()) for info in infos]
-      for (name, parts, is_dir), info in zip(checked, infos):
-        yield name, parts, is_dir, (contextlib.nullcontext() if is_dir else z.open(info))
+      checked = [(_member_path(archive, info.filename), info.is_dir()) for info in infos]
+      for (parts, is_dir), info in zip(checked, infos):
+        yield parts, is_dir, (contextlib.nullcontext() if is_dir else z.open(info))
     return
   with tarfile.open(archive, "r:*") as t:
     members = t.getmembers()
@@ -102,15 +103,15 @@ def _members(archive: str) -> Iterator[tuple[str, list[str], bool, contextlib.Ab
         what = ("a symbolic link" if m.issym() else "a hard link" if m.islnk()
                 else "a device" if m.isdev() and not m.isfifo() else "a FIFO" if m.isfifo() else "a special file")
         raise ArchiveError(f"{archive}: member {m.name!r} is {what}; refusing to unpack the archive")
-    checked = [(m.name, _member_path(archive, m.name), m.isdir()) for m in members]
-    for (name, parts, is_dir), m in zip(checked, members):
-      yield name, parts, is_dir, (contextlib.nullcontext() if is_dir else t.extractfile(m))
+    checked = [(_member_path(archive, m.name), m.isdir()) for m in members]
+    for (parts, is_dir), m in zip(checked, members):
+      yield parts, is_dir, (contextlib.nullcontext() if is_dir else t.extractfile(m))
 
 
 def _unpack(archive: str, into: str) -> None:
   """Every member of `archive` below the (existing, empty) folder `into`. Raises ArchiveError."""
   try:
-    for _, parts, is_dir, opener in _members(archive):
+    for parts, is_dir, opener in _members(archive):
       if not parts:
         continue
       dest = os.path.join(into, *parts)
@@ -123,8 +124,7 @@ def _unpack(archive: str, into: str) -> None:
   except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as e:
     if isinstance(e, ArchiveError):
       raise
-    raise ArchiveError(f"{archive}: cannot unpack it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-                       ) from None
+    raise ArchiveError(f"{archive}: cannot unpack it ({type(e).__name__}: {checks.one_line(e)})") from None
 
 
 def unpacked(spec: str | os.PathLike, *, cache: str | None = None) -> str:

@@ -192,3 +192,12 @@ def test_concurrent_unpacks_write_once(tmp_path, cache, monkeypatch):
     t.join()
   assert len(calls) == 1 and len(got) == 2 and got[0] == got[1]
   assert sorted(os.listdir(got[0])) == ["model.hdf5", "options.json"]
+
+
+def test_cut_archive_is_one_line_and_leaves_nothing(tmp_path, cache):
+  whole = _tar(tmp_path / "w.tar.gz", {"m/options.json": FIXTURE_OPTIONS, "m/weights.hdf5": FIXTURE_WEIGHTS}, "w:gz")
+  cut = tmp_path / "cut.tar.gz"
+  cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+  with pytest.raises(archive.ArchiveError, match=r"cut\.tar\.gz: cannot unpack it \(") as e:
+    pretrained.resolve_model(str(cut))
+  assert "\n" not in str(e.value) and [n for n in _archives(cache) if not n.endswith(".lock")] == []
