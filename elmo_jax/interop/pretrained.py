@@ -183,8 +183,8 @@ def _url_pair(url: str) -> tuple[str, str]:
   if urllib.parse.urlparse(url).path.endswith(OPTIONS_FILE):
     at = url.rindex(OPTIONS_FILE)
     return url, url[:at] + WEIGHTS_FILE + url[at + len(OPTIONS_FILE):]
-  raise download.DownloadError(f"{url}: give the URL of an options.json or of a folder "
-                               "(ending in /) holding options.json and weights.hdf5")
+  raise download.DownloadError(f"{url}: give the URL of an options.json, of a folder (ending in /) holding "
+                               "options.json and weights.hdf5, or of an archive (.zip, .tar.gz, .tar.bz2)")
 
 
 def _from_url(url: str) -> ResolvedModel:
