@@ -20,6 +20,7 @@ import urllib.parse
 from typing import Any, Sequence
 
 
+from elmo_jax.interop import archive
 from elmo_jax.interop import download
 from elmo_jax.runtime import files
 from elmo_jax.interop import options as options_lib
@@ -121,8 +122,9 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
 
   `spec` is, by `use`:
     "model": a local training run (a folder with export/), a released name (`MODELS`), a URL (`_url_pair`;
-      a `file://` folder as a folder), a TF-Hub module folder (`tfhub.is_module`) or a folder of
-      options.json + weights.hdf5 (`_pair_in_folder`);
+      a `file://` folder as a folder), a TF-Hub module folder (`tfhub.is_module`), a folder of
+      options.json + weights.hdf5 (`_pair_in_folder`), or an archive's URL or path (`.zip`, `.tar.gz`, ...:
+      `_from_archive`);
     "bilm": as "model", and a local run with checkpoints but no export yet gives its checkpoints;
     "run": a training run's workdir, local or `gs://` (its `run_layout.RUN_FILES` then copied here);
     "init_from": a released name, a URL, then a run, its checkpoints/ or one step (local or `gs://`), else
@@ -144,6 +146,8 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
     return ResolvedModel(workdir=path, checkpoints=(os.path.join(path, CHECKPOINTS), None), path=path)
   if text in MODELS:
     found = _released(MODELS[text], fetch)
+  elif archive.is_archive(text):
+    found = _from_archive(text, use) if fetch else ResolvedModel()
   elif download.is_url(text):
     found = _from_url(text) if fetch else ResolvedModel()
   elif use == "init_from":
@@ -189,8 +193,8 @@ def _url_pair(url: str) -> tuple[str, str]:
   if urllib.parse.urlparse(url).path.endswith(OPTIONS_FILE):
     at = url.rindex(OPTIONS_FILE)
     return url, url[:at] + WEIGHTS_FILE + url[at + len(OPTIONS_FILE):]
-  raise download.DownloadError(f"{url}: give the URL of an options.json or of a folder "
-                               "(ending in /) holding options.json and weights.hdf5")
+  raise download.DownloadError(f"{url}: give the URL of an options.json, of a folder (ending in /) holding "
+                               "options.json and weights.hdf5, or of an archive (.zip, .tar.gz, .tar.bz2)")
 
 
 def _from_url(url: str) -> ResolvedModel:
@@ -199,6 +203,17 @@ def _from_url(url: str) -> ResolvedModel:
   options_url, weight_url = _url_pair(url)
   return ResolvedModel(download.cached_path(options_url, kind="options"),
                        download.cached_path(weight_url, kind="hdf5"), path=url)
+
+
+def _from_archive(spec: str, use: str) -> ResolvedModel:
+  """An archive, unpacked once into the cache (`archive.model_folder`), read as the local folder it holds."""
+  folder = archive.model_folder(spec)
+  try:
+    found = resolve_model(folder, use=use)
+  except (download.DownloadError, SourceError) as e:
+    raise archive.ArchiveError(f"{spec}: unpacked into {folder}, which holds no model it can read: "
+                               f"{str(e).removeprefix(folder + ': ')}") from None
+  return found if use == "init_from" else dataclasses.replace(found, path=spec)
 
 
 def _run(workdir: str, fetch: bool) -> ResolvedModel:

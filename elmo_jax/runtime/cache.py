@@ -1,14 +1,15 @@
 """The project's cache folder: `$ELMO_JAX_CACHE`, else `~/.cache/elmo_jax`.
 
-Downloads (`interop/download`), bucket copies (`runtime/storage`), prepared-corpus verification stamps
-(`data/manifest`) and the compilation cache live under it; this module only names it, so `runtime` needs
-nothing above it to find it.
+Downloads (`interop/download`), unpacked model archives (`ARCHIVES`, `interop/archive`), bucket copies
+(`runtime/storage`), prepared-corpus verification stamps (`data/manifest`) and the compilation cache live
+under it; this module only names it, so `runtime` needs nothing above it to find it.
 """
 from __future__ import annotations
 
 import os
 
 DEFAULT = "~/.cache/elmo_jax"
+ARCHIVES = "archives"  # CACHE/archives/<sha256[:16]>-<name>/: one unpacked archive each
 
 
 def cache_dir() -> str:

@@ -138,6 +138,8 @@ def test_resolve_errors(tmp_path, cache):
   with pytest.raises(download.DownloadError, match=r"expected one \*options\*.json"):
     pretrained.resolve(str(tmp_path / "empty"))
   with pytest.raises(download.DownloadError, match="URL of an options.json"):
+    pretrained.resolve("http://127.0.0.1:1/model.bin")
+  with pytest.raises(download.DownloadError, match=r"model\.tar\.gz: cannot download"):  # an archive: fetched
     pretrained.resolve("http://127.0.0.1:1/model.tar.gz")
 
 
