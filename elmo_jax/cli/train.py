@@ -51,7 +51,11 @@ def main(argv, after_step=None):
   except (preflight.PreflightError, StorageError) as e:
     sys.exit(f"train: error: {e}")
   # Before anything touches a JAX backend: initialize() must come first in every process.
-  distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  try:
+    distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                           FLAGS.distributed_timeout_s)
+  except ValueError as e:  # e.g. --coordinator_address without --num_processes
+    sys.exit(f"train: error: {e}")
   from elmo_jax.runtime import devices  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.lock import WorkdirLock, WorkdirLocked  # pylint: disable=g-import-not-at-top
