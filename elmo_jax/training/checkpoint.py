@@ -106,8 +106,9 @@ class Checkpointer:
     return sorted(self.manager.all_steps())
 
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-    """Starts saving `step`; raises CheckpointSaveError if an earlier save failed or this one is refused."""
-    self.check()
+    """Starts saving `step`; raises CheckpointSaveError if an earlier save failed (on any process: every
+    process saves at the same steps) or this one is refused."""
+    self.check(all_processes=True)
     cancel = self.deadline(f"checkpoint step {step}")
     with self._lock:
       self._unhashed.add(step)
@@ -136,11 +137,12 @@ class Checkpointer:
       return "No checkpoint was finished: rerunning the same command starts the run again"
     return f"Rerunning the same command resumes from step {self.last_good}, the last finished checkpoint"
 
-  def _fail(self, step: int, error: BaseException | str) -> None:
+  def _fail(self, step: int | None, error: BaseException | str) -> None:
     with self._lock:
       if self._failed is None:
         why = error if isinstance(error, str) else _first_line(error)
-        self._failed = (f"checkpoint step {step} could not be saved to {self.directory} ({why}); stopped. "
+        what = "a checkpoint" if step is None else f"checkpoint step {step}"
+        self._failed = (f"{what} could not be saved to {self.directory} ({why}); stopped. "
                         f"{self._resume_hint()}")
 
   def check(self, all_processes: bool = False) -> None:
@@ -203,12 +205,13 @@ class Checkpointer:
     """Blocks until the last save is on disk and checksummed; raises CheckpointSaveError if a save failed."""
     for thread in self._finishing:
       thread.join()  # each ends with its save, or its deadline ends the process
-    self._finishing = [t for t in self._finishing if t.is_alive()]
+    self._finishing = []
     self.check()
     try:
       self.manager.wait_until_finished()
-    except Exception as e:  # noqa: BLE001
-      self._fail(max(self._unhashed, default=-1), e)
+      self._write_checksums()  # and drops those of steps garbage-collected since
+    except Exception as e:  # noqa: BLE001 - as in _finish
+      self._fail(max(self._unhashed, default=None), e)
       self.check()
 
   def close(self, raise_error: bool = True) -> None:

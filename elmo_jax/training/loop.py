@@ -260,9 +260,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                     "train_source": train_source})
     if is_main:
       cancel = checkpointer.deadline(f"the export of step {step}")  # an upload that hangs ends the run too
-      export_model(run.local, state.params, options)
-      run.push(EXPORT_DIR)
-      cancel()
+      try:
+        export_model(run.local, state.params, options)
+        run.push(EXPORT_DIR)
+      finally:
+        cancel()
 
   writer = MetricWriter(run.local, enabled=is_main, purge_step=start_step + 1, config=config.to_dict(),
                         uploaded=run.push_soon if run.remote else None)
