@@ -155,3 +155,13 @@ def test_a_process_whose_partner_never_starts_says_what_it_waits_for_and_gives_u
   assert runs["ended"]["alone"] - runs["noticed"] >= DIST_TIMEOUT_S - 3 - 2
   assert runs["ended"]["alone"] - runs["started"] < DIST_TIMEOUT_S + 90
   assert not os.path.exists(os.path.join(os.path.dirname(runs["local"]), "alone", "config.json"))
+
+
+def test_the_deadlines_are_checked_before_anything_runs(tmp_path):
+  from elmo_jax.training import distributed, preflight  # pylint: disable=g-import-not-at-top
+  import tiny  # pylint: disable=g-import-not-at-top
+  config = tiny.train_config(launch_util.write_corpus(str(tmp_path / "train.txt")), checkpoint_timeout_s=0.0)
+  with pytest.raises(preflight.PreflightError, match=r"^config\.checkpoint_timeout_s=0\.0: must be > 0$"):
+    preflight.check_values(config)
+  with pytest.raises(ValueError, match=r"^--distributed_timeout_s must be > 0, got -1$"):
+    distributed.initialize("on", "127.0.0.1:1", 2, 0, timeout_s=-1)
