@@ -90,6 +90,7 @@ class Checkpointer:
     self._unhashed: set[int] = set()  # steps this process saved whose checksum is not written yet
     self._finishing: list[threading.Thread] = []  # one per save: waits for its commit, writes its checksum
     self._failed: str | None = None  # the first failed save, as its one line
+    self._deadlines: list[Callable[[], bool]] = []  # the saves' deadlines, cancelled at the latest by close()
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
@@ -110,14 +111,14 @@ class Checkpointer:
     process saves at the same steps) or this one is refused."""
     self.check(all_processes=True)
     cancel = self.deadline(f"checkpoint step {step}")
+    self._deadlines.append(cancel)
     with self._lock:
       self._unhashed.add(step)
     try:
       self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                       meta=ocp.args.JsonSave(meta)), force=True)
     except Exception as e:  # noqa: BLE001 - Orbax re-raises the previous save's error here, or its own
-      cancel()
-      self._fail(step, e)
+      self._fail(step, e)  # the deadline stays: the run must be gone by then, however its cleanup goes
       self.check()
     # Wait for the commit and hash from a background thread, so a checksum never stalls a train step.
     # (Orbax's post_finalization_callback runs before the tmp folder is renamed.)
@@ -156,7 +157,7 @@ class Checkpointer:
 
   def _finish(self, step: int, cancel: Callable[[], bool], poll_s: float = 0.05) -> None:
     """Waits until Orbax is done with `step`, then (process 0) writes its checksum; a failure is recorded
-    for `check()`. A save that hangs is ended by its deadline."""
+    for `check()`. A save that hangs, or a run that does not stop after a failure, is ended by the deadline."""
     step_dir = storage.join(self.directory, str(step))
     if storage.is_remote(self.directory):
       poll_s = max(poll_s, 0.5)  # each poll of a bucket is a request
@@ -177,10 +178,9 @@ class Checkpointer:
       with self._lock:
         self._unhashed.discard(step)
         self.last_good = step if self.last_good is None else max(self.last_good, step)
+      cancel()  # only now: after a failure the deadline still bounds the stop (a cleanup that hangs)
     except Exception as e:  # noqa: BLE001 - a disk or bucket error: the run stops at its next step
       self._fail(step, e)
-    finally:
-      cancel()
 
   def _write_checksums(self) -> None:
     """Writes checksums/<step>.json for finalized steps saved by this run; drops those of collected steps."""
@@ -216,14 +216,21 @@ class Checkpointer:
 
   def close(self, raise_error: bool = True) -> None:
     """`wait()`, then closes Orbax; with `raise_error=False` (while another exception unwinds the loop) a
-    failed save is left for `check()` and Orbax, which would raise it again, is not waited for."""
+    failed save is left for `check()` and Orbax, which would raise it again, is not waited for. The last
+    thing a run does with its checkpoints: a failed save's deadline, which bounded the run's cleanup until
+    here, is cancelled (a notebook that trained in-process lives on)."""
     try:
       self.wait()
     except CheckpointSaveError:
       if raise_error:
         raise
       return
-    self.manager.close()
+    else:
+      self.manager.close()
+    finally:
+      for cancel in self._deadlines:
+        cancel()
+      self._deadlines = []
 
   # --- restoring --------------------------------------------------------------------------------------
   def verify(self, step: int) -> str | None:

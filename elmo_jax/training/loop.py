@@ -303,21 +303,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         after_step(done, flush)
       # Every process asks at the same steps, so all of them stop after the same one (a failed save too).
       if done % stop_every == 0 or done == last:
-        checkpointer.check(all_processes=True)
-      if (done % stop_every == 0 or done == last) and stop.requested():
-        if not saved:
-          save(done)
-        checkpointer.wait()  # raises if the save failed
-        log.info(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
-                 f"{checkpointer.directory}/{done}; run the same command again to resume")
-        return record
+        checkpointer.check(all_processes=True)  # raises CheckpointSaveError if a save failed
+        if stop.requested():
+          if not saved:
+            save(done)
+          checkpointer.wait()  # raises if that save failed
+          log.info(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
+                   f"{checkpointer.directory}/{done}; run the same command again to resume")
+          return record
   finally:
     profiler.close()  # a trace the loop left running (a stop request, an error): written
     pacer.feed.close()
     stop.restore()
-    checkpointer.close(raise_error=False)  # waits for the last asynchronous save and its checksum
     writer.close()
     run.flush(raise_error=False, timeout_s=config.checkpoint_timeout_s)  # a bucket workdir: the last metrics
+    checkpointer.close(raise_error=False)  # waits for the last asynchronous save and its checksum
   checkpointer.check()  # a failed last save, or a failed last upload, is an error of a run that otherwise
   run.flush()  # finished
   _log_done(state, data_state, checkpointer, run)
