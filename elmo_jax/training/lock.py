@@ -170,8 +170,7 @@ class BucketLock:
       return
     self._stop.set()
     self._thread.join(timeout=5)  # a beat stuck on an unanswering bucket is left behind (a daemon thread)
-    try:  # bounded: a run stopping because the bucket does not answer must not wait for it here
-      # not a lock someone took over
+    try:  # not a lock someone took over; bounded: a run stopping because the bucket does not answer ends
       self._blob.delete(if_generation_match=self._blob.generation, timeout=10, retry=None)
     except Exception:  # noqa: BLE001 - already gone, or taken over: nothing of ours to remove
       pass
