@@ -128,10 +128,12 @@ class Checkpointer:
 
   def deadline(self, what: str) -> Callable[[], bool]:
     """Ends the process with one line unless the returned `cancel()` is called within `timeout_s`."""
+    # Several processes: Orbax's saves meet at barriers, so one process's failed save is a hang for all.
+    others = ", or a save failed on another process" if jax.process_count() > 1 else ""
     return watchdog.exit_after(
         self.timeout_s, lambda: f"train: error: {what} was not saved to {self.directory} within "
-        f"{self.timeout_s:g}s (config.checkpoint_timeout_s): the disk or bucket does not answer; stopped. "
-        f"{self._resume_hint()}", name=f"deadline {what}")
+        f"{self.timeout_s:g}s (config.checkpoint_timeout_s): the disk or bucket does not answer{others}; "
+        f"stopped. {self._resume_hint()}", name=f"deadline {what}")
 
   def _resume_hint(self) -> str:
     if self.last_good is None:

@@ -1,10 +1,10 @@
 """Runs that must stop in one line, within a stated time, instead of hanging (issue 34, faults 4 and 8).
 
-Three train.py processes at once (one launch each): a local run whose `checkpoints/` folder is replaced by a
+The module's runs: three train.py processes at once (one launch each): a local run whose `checkpoints/` folder is replaced by a
 file after its first save, a bucket run whose bucket stops answering after its first save (its
 fake-gcs-server paused with SIGSTOP, as a network partition does), and process 0 of a two-process run whose
 partner is never started. The first two pause themselves after step 2 is saved (tests/signal_train.py,
-`2:STOP`), so the fault lands at a known point.
+`2:STOP`), so the fault lands at a known point. Then a two-process run whose save fails on process 0.
 """
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ WAITING = "train: process 0 of 2 hosts the coordinator at 127.0.0.1:{port} and w
 class Clock:
   """Polls until a condition holds, noting meanwhile when the lone process printed its waiting line."""
 
-  def __init__(self, alone_log: str):
+  def __init__(self, alone_log: str | None = None):
     self.alone_log, self.noticed_at = alone_log, None
 
   def until(self, condition, timeout: float, what: str) -> float:
     deadline = time.time() + timeout
     while True:
-      if self.noticed_at is None and "waits for process 1" in launch_util.read(self.alone_log):
+      if self.alone_log and self.noticed_at is None and "waits for process 1" in launch_util.read(self.alone_log):
         self.noticed_at = time.time()
       if condition():
         return time.time()
@@ -165,3 +165,37 @@ def test_the_deadlines_are_checked_before_anything_runs(tmp_path):
     preflight.check_values(config)
   with pytest.raises(ValueError, match=r"^--distributed_timeout_s must be > 0, got -1$"):
     distributed.initialize("on", "127.0.0.1:1", 2, 0, timeout_s=-1)
+
+
+def test_a_save_that_fails_on_a_pod_ends_every_process_at_the_deadline(tmp_path):
+  """Two processes: Orbax's saves meet at barriers, so process 0's failed save leaves both waiting; the
+  deadline ends both, each with one line, and the last good checkpoint stays."""
+  train = launch_util.write_corpus(str(tmp_path / "train.txt"))
+  config = launch_util.write_config(str(tmp_path / "tiny.py"), train, num_train_steps=STEPS,
+                                    checkpoint_every_steps=EVERY, log_every_steps=1,
+                                    checkpoint_timeout_s=float(SAVE_TIMEOUT_S))
+  workdir, port = str(tmp_path / "run"), launch_util.free_port()
+  procs = [launch_util.launch(workdir, config, "--config.data.shard=rows", f"--coordinator_address=127.0.0.1:{port}",
+                              "--num_processes=2", f"--process_id={i}", log=str(tmp_path / f"p{i}.log"),
+                              signal_at="2:STOP" if i == 0 else None) for i in range(2)]
+  try:
+    Clock().until(lambda: _paused(procs[0]), 300, "process 0 to pause after step 2")
+    os.rename(f"{workdir}/checkpoints", f"{workdir}/checkpoints.kept")
+    open(f"{workdir}/checkpoints", "w").close()
+    faulted = time.time()
+    procs[0].send_signal(signal.SIGCONT)
+    codes = launch_util.wait(procs, SAVE_TIMEOUT_S + 120)
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+  took = time.time() - faulted
+  logs = [launch_util.read(str(tmp_path / f"p{i}.log")) for i in range(2)]
+  assert codes == [1, 1], "\n".join(log[-2000:] for log in logs)
+  assert SAVE_TIMEOUT_S <= took < SAVE_TIMEOUT_S + 30, took
+  for log in logs:
+    assert _error_lines(log) == [
+        f"train: error: checkpoint step 4 was not saved to {workdir}/checkpoints within {SAVE_TIMEOUT_S}s "
+        "(config.checkpoint_timeout_s): the disk or bucket does not answer, or a save failed on another "
+        "process; stopped. Rerunning the same command resumes from step 2, the last finished checkpoint"], log
+  assert _newest_good_step(f"{workdir}/checkpoints.kept") == 2
