@@ -1,7 +1,7 @@
 """Runs that must stop in one line, within a stated time, instead of hanging (issue 34, faults 4 and 8).
 
-The module's runs: three train.py processes at once (one launch each): a local run whose `checkpoints/` folder is replaced by a
-file after its first save, a bucket run whose bucket stops answering after its first save (its
+The module's runs: three train.py processes at once (one launch each): a local run whose `checkpoints/`
+folder is replaced by a file after its first save, a bucket run whose bucket stops answering after its first save (its
 fake-gcs-server paused with SIGSTOP, as a network partition does), and process 0 of a two-process run whose
 partner is never started. The first two pause themselves after step 2 is saved (tests/signal_train.py,
 `2:STOP`), so the fault lands at a known point. Then a two-process run whose save fails on process 0.
