@@ -75,7 +75,7 @@ def main(argv, after_step=None):
     error = str(e)
   if not _all_agree(lock is not None):  # every process stops when process 0 is refused
     sys.exit(f"train: error: {error}")
-  error = None
+  failure = None
   try:
     train_and_evaluate(FLAGS.config, FLAGS.workdir, after_step=after_step)
   except KeyboardInterrupt:  # before the step loop (which saves on Ctrl-C), e.g. while preparing the corpus
@@ -83,11 +83,11 @@ def main(argv, after_step=None):
     sys.stderr.write("train: interrupted; rerunning the same command resumes\n")
     os._exit(130)  # skips finalization, as a finished run does (see _exit_without_finalization)
   except _user_errors() as e:
-    error = f"train: error: {str(e).splitlines()[0]}"
+    failure = f"train: error: {str(e).splitlines()[0]}"
   finally:
     if lock is not None:
       lock.release()
-  _exit_without_finalization(error)
+  _exit_without_finalization(failure)
 
 
 def _no_orbax_tracebacks(record: std_logging.LogRecord) -> bool:
