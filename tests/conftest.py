@@ -78,7 +78,8 @@ def parsed_flags():
 # under xdist they share one worker, so two of them never run together and oversubscribe the cores.
 CONCURRENT_PROCESS_FILES = frozenset(f"tests/{name}.py" for name in (
     "training/test_multihost", "training/test_bucket_train", "training/test_domain_finetune",
-    "training/test_fault_tolerance", "embedding/test_embed_parallel", "embedding/test_embed_job_faults"))
+    "training/test_fault_tolerance", "training/test_stuck_runs", "embedding/test_embed_parallel",
+    "embedding/test_embed_job_faults"))
 
 
 @pytest.hookimpl(optionalhook=True)  # without pytest-xdist (or with -p no:xdist) the suite runs serially

@@ -69,6 +69,9 @@ def define_distributed_flags() -> None:
   flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0's coordinator (multi-process runs).")
   flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
   flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
+  flags.DEFINE_float("distributed_timeout_s", 300, "Seconds to wait for every process to connect to the "
+                     "coordinator; then one line naming the coordinator and the process ids waited for, exit 1 "
+                     "(a line says what is awaited after 3 s).")
 
 
 def check_flag_numbers(error: type[Exception], at_least=(), within=()) -> None:

@@ -208,7 +208,7 @@ def _embed(output_file: str) -> str:
   # Before anything touches a JAX backend: initialize() must come first in every process.
   try:
     distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
-                           FLAGS.process_id)
+                           FLAGS.process_id, FLAGS.distributed_timeout_s, command=cli.command_name())
   except ValueError as e:  # e.g. --coordinator_address without --num_processes
     raise embed_files.EmbedInputError(str(e)) from None
   devices.announce()

@@ -9,6 +9,7 @@ every process runs the same command; on TPU pods and SLURM `--distributed=auto` 
 elsewhere pass --coordinator_address=HOST:PORT --num_processes=N --process_id=I.
 """
 import functools
+import logging as std_logging
 import os
 import sys
 
@@ -40,6 +41,8 @@ def define_flags() -> None:
 def main(argv, after_step=None):
   """`train.py`; `after_step(step, flush)` is `train_and_evaluate`'s hook (the fault tests' `tests/signal_train.py`)."""
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
+  # and a failed save as tracebacks from its threads; the run says it in one line (CheckpointSaveError)
+  std_logging.getLogger("absl").addFilter(_no_orbax_tracebacks)
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not FLAGS.progress:
@@ -51,7 +54,11 @@ def main(argv, after_step=None):
   except (preflight.PreflightError, StorageError) as e:
     sys.exit(f"train: error: {e}")
   # Before anything touches a JAX backend: initialize() must come first in every process.
-  distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  try:
+    distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                           FLAGS.distributed_timeout_s)
+  except ValueError as e:  # e.g. --coordinator_address without --num_processes
+    sys.exit(f"train: error: {e}")
   from elmo_jax.runtime import devices  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.lock import WorkdirLock, WorkdirLocked  # pylint: disable=g-import-not-at-top
@@ -68,6 +75,7 @@ def main(argv, after_step=None):
     error = str(e)
   if not _all_agree(lock is not None):  # every process stops when process 0 is refused
     sys.exit(f"train: error: {error}")
+  failure = None
   try:
     train_and_evaluate(FLAGS.config, FLAGS.workdir, after_step=after_step)
   except KeyboardInterrupt:  # before the step loop (which saves on Ctrl-C), e.g. while preparing the corpus
@@ -75,11 +83,16 @@ def main(argv, after_step=None):
     sys.stderr.write("train: interrupted; rerunning the same command resumes\n")
     os._exit(130)  # skips finalization, as a finished run does (see _exit_without_finalization)
   except _user_errors() as e:
-    sys.exit(f"train: error: {str(e).splitlines()[0]}")
+    failure = f"train: error: {str(e).splitlines()[0]}"
   finally:
     if lock is not None:
       lock.release()
-  _exit_without_finalization()
+  _exit_without_finalization(failure)
+
+
+def _no_orbax_tracebacks(record: std_logging.LogRecord) -> bool:
+  return not ((record.exc_info or record.levelno >= std_logging.ERROR)
+              and f"{os.sep}orbax{os.sep}" in (record.pathname or ""))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -89,9 +102,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
   from elmo_jax.interop.download import DownloadError
   from elmo_jax.interop.options import OptionsError
   from elmo_jax.runtime.storage import StorageError
-  from elmo_jax.training.checkpoint import IncompatibleCheckpointError
+  from elmo_jax.training.checkpoint import CheckpointSaveError, IncompatibleCheckpointError
   from elmo_jax.training.init_from import InitFromError
-  return IncompatibleCheckpointError, PrepareError, InitFromError, OptionsError, DownloadError, StorageError
+  return (IncompatibleCheckpointError, CheckpointSaveError, PrepareError, InitFromError, OptionsError,
+          DownloadError, StorageError)
 
 
 def _all_agree(ok: bool) -> bool:
@@ -104,18 +118,21 @@ def _all_agree(ok: bool) -> bool:
   return bool(multihost_utils.broadcast_one_to_all(np.array(ok)))
 
 
-def _exit_without_finalization() -> None:
-  """Exits 0 once everything is saved and closed, skipping interpreter finalization.
+def _exit_without_finalization(error: str | None = None) -> None:
+  """Exits 0 once everything is saved and closed, or 1 after writing `error`, skipping interpreter finalization.
 
   Finalization can race native threads of tensorstore/Orbax calling back into Python, which aborts the
-  process ("terminate called after throwing an instance of ''", exit -6) after a successful run.
+  process ("terminate called after throwing an instance of ''", exit -6) after a successful run; after a
+  failed save it waits forever for Orbax's threads.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  if jax.process_count() > 1:
+  if jax.process_count() > 1 and error is None:
     jax.distributed.shutdown()  # the atexit hook that would do it is skipped too
+  if error is not None:
+    print(error, file=sys.stderr)
   sys.stdout.flush()
   sys.stderr.flush()
-  os._exit(0)
+  os._exit(0 if error is None else 1)
 
 
 def run(after_step=None) -> None:

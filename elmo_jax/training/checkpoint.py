@@ -32,6 +32,8 @@ import orbax.checkpoint as ocp
 
 from elmo_jax.runtime import log
 from elmo_jax.runtime import storage
+from elmo_jax.runtime import watchdog
+from elmo_jax.training import distributed
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -58,22 +60,44 @@ def _first_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {text[0][:200] if text else ''}"
 
 
-class Checkpointer:
-  """Saves asynchronously (the step loop does not wait for the disk) and keeps the last `keep` steps."""
+def _committed(step_dir: str) -> bool:
+  """Orbax has finalized the step: a local step folder exists only once renamed from its temporary name (its
+  metadata inside); in a bucket, where the folder is written in place, the marker Orbax writes last."""
+  return storage.exists(storage.join(step_dir, "commit_success.txt" if storage.is_remote(step_dir)
+                                     else "_CHECKPOINT_METADATA"))
 
-  def __init__(self, directory: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
+
+class CheckpointSaveError(RuntimeError):
+  """A save failed (a disk or bucket refused it); one line naming the step, the folder and the last good step."""
+
+
+class Checkpointer:
+  """Saves asynchronously (the step loop does not wait for the disk) and keeps the last `keep` steps.
+
+  Every save has a deadline, `timeout_s` after it began: a save that failed raises CheckpointSaveError at
+  the next `check()` (the loop asks after every step) or `wait()`; one that does not finish in time (a disk
+  or bucket that stops answering, stuck in native code) ends the process with one line (`watchdog`). Either
+  way the newest committed step stays the one a rerun resumes from.
+  """
+
+  def __init__(self, directory: str, keep: int = 3, async_save: bool = True, read_only: bool = False,
+               timeout_s: float = 600.0):
     self.directory = directory if storage.is_remote(directory) else os.path.abspath(directory)
     self.checksum_dir = storage.join(self.directory, "checksums")
     self.bad_dir = storage.join(self.directory, "bad")
-    self.read_only = read_only
+    self.read_only, self.timeout_s = read_only, timeout_s
     self._lock = threading.Lock()
     self._unhashed: set[int] = set()  # steps this process saved whose checksum is not written yet
+    self._finishing: list[threading.Thread] = []  # one per save: waits for its commit, writes its checksum
+    self._failed: str | None = None  # the first failed save, as its one line
+    self._deadlines: list[Callable[[], bool]] = []  # the saves' deadlines, cancelled at the latest by close()
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=async_save, create=not read_only,
             read_only=read_only),
     )
+    self.last_good = self.latest_step()  # the newest step this run knows to be committed
 
   # --- saving -----------------------------------------------------------------------------------------
   def latest_step(self) -> int | None:
@@ -83,21 +107,82 @@ class Checkpointer:
     return sorted(self.manager.all_steps())
 
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    """Starts saving `step`; raises CheckpointSaveError if an earlier save failed (on any process: every
+    process saves at the same steps) or this one is refused."""
+    self.check(all_processes=True)
+    cancel = self.deadline(f"checkpoint step {step}")
+    self._deadlines.append(cancel)
     with self._lock:
       self._unhashed.add(step)
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    meta=ocp.args.JsonSave(meta)), force=True)
-    if _is_main():
-      # Hash from a background thread as soon as Orbax has committed the step, so a checksum never
-      # stalls a train step. (Orbax's post_finalization_callback runs before the tmp folder is renamed.)
-      threading.Thread(target=self._checksum_when_committed, args=(step,), daemon=True).start()
+    try:
+      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                      meta=ocp.args.JsonSave(meta)), force=True)
+    except Exception as e:  # noqa: BLE001 - Orbax re-raises the previous save's error here, or its own
+      self._fail(step, e)  # the deadline stays: the run must be gone by then, however its cleanup goes
+      self.check()
+    # Wait for the commit and hash from a background thread, so a checksum never stalls a train step.
+    # (Orbax's post_finalization_callback runs before the tmp folder is renamed.)
+    thread = threading.Thread(target=self._finish, args=(step, cancel), daemon=True, name=f"ckpt-finish-{step}")
+    self._finishing.append(thread)
+    thread.start()
 
-  def _checksum_when_committed(self, step: int, poll_s: float = 0.05, give_up_s: float = 600.0) -> None:
-    deadline = time.time() + give_up_s
-    while step in self._unhashed and time.time() < deadline:
-      if not self.manager.is_saving_in_progress():
+  def deadline(self, what: str) -> Callable[[], bool]:
+    """Ends the process with one line unless the returned `cancel()` is called within `timeout_s`."""
+    # Several processes: Orbax's saves meet at barriers, so one process's failed save is a hang for all.
+    others = ", or a save failed on another process" if jax.process_count() > 1 else ""
+    return watchdog.exit_after(
+        self.timeout_s, lambda: f"train: error: {what} was not saved to {self.directory} within "
+        f"{self.timeout_s:g}s (config.checkpoint_timeout_s): the disk or bucket does not answer{others}; "
+        f"stopped. {self._resume_hint()}", name=f"deadline {what}")
+
+  def _resume_hint(self) -> str:
+    if self.last_good is None:
+      return "No checkpoint was finished: rerunning the same command starts the run again"
+    return f"Rerunning the same command resumes from step {self.last_good}, the last finished checkpoint"
+
+  def _fail(self, step: int | None, error: BaseException | str) -> None:
+    with self._lock:
+      if self._failed is None:
+        why = error if isinstance(error, str) else _first_line(error)
+        what = "a checkpoint" if step is None else f"checkpoint step {step}"
+        self._failed = (f"{what} could not be saved to {self.directory} ({why}); stopped. "
+                        f"{self._resume_hint()}")
+
+  def check(self, all_processes: bool = False) -> None:
+    """Raises CheckpointSaveError if a save failed (with `all_processes`: on any process; every process must
+    call it at the same step)."""
+    failed = self._failed
+    if all_processes and jax.process_count() > 1 and distributed.any_process(failed is not None):
+      failed = failed or "a checkpoint save failed on another process; stopped (its log says why)"
+    if failed is not None:
+      raise CheckpointSaveError(failed)
+
+  def _finish(self, step: int, cancel: Callable[[], bool], poll_s: float = 0.05) -> None:
+    """Waits until Orbax is done with `step`, then (process 0) writes its checksum; a failure is recorded
+    for `check()`. A save that hangs, or a run that does not stop after a failure, is ended by the deadline."""
+    step_dir = storage.join(self.directory, str(step))
+    if storage.is_remote(self.directory):
+      poll_s = max(poll_s, 0.5)  # each poll of a bucket is a request
+    try:
+      # Done when Orbax's save has ended, or (the next save may have begun meanwhile) the step is committed.
+      while self.manager.is_saving_in_progress() and not _committed(step_dir):
+        time.sleep(poll_s)
+      if _is_main() and not self.read_only:
         self._write_checksums()
-      time.sleep(poll_s)  # not committed yet; `wait()` writes it at the latest
+        if step in self._unhashed:  # Orbax finished without committing it: its error was logged, not raised
+          try:
+            self.manager.check_for_errors()
+            why = "Orbax did not commit it"
+          except Exception as e:  # noqa: BLE001
+            why = _first_line(e)
+          self._fail(step, why)
+          return
+      with self._lock:
+        self._unhashed.discard(step)
+        self.last_good = step if self.last_good is None else max(self.last_good, step)
+      cancel()  # only now: after a failure the deadline still bounds the stop (a cleanup that hangs)
+    except Exception as e:  # noqa: BLE001 - a disk or bucket error: the run stops at its next step
+      self._fail(step, e)
 
   def _write_checksums(self) -> None:
     """Writes checksums/<step>.json for finalized steps saved by this run; drops those of collected steps."""
@@ -108,7 +193,7 @@ class Checkpointer:
       kind = _digest_kind(self.directory)
       for step in sorted(self._unhashed):
         step_dir = storage.join(self.directory, str(step))
-        if not storage.exists(storage.join(step_dir, "_CHECKPOINT_METADATA")):
+        if not _committed(step_dir):
           continue  # not finalized yet (or already garbage-collected); a later callback handles it
         storage.write_json(storage.join(self.checksum_dir, f"{step}.json"),
                            {"step": step, kind: storage.tree_digests(step_dir, kind)})
@@ -119,13 +204,35 @@ class Checkpointer:
           storage.remove(storage.join(self.checksum_dir, name))  # step removed by max_to_keep
 
   def wait(self) -> None:
-    """Blocks until the last save is on disk and checksummed."""
-    self.manager.wait_until_finished()
-    self._write_checksums()
+    """Blocks until the last save is on disk and checksummed; raises CheckpointSaveError if a save failed."""
+    for thread in self._finishing:
+      thread.join()  # each ends with its save, or its deadline ends the process
+    self._finishing = []
+    self.check()
+    try:
+      self.manager.wait_until_finished()
+      self._write_checksums()  # and drops those of steps garbage-collected since
+    except Exception as e:  # noqa: BLE001 - as in _finish
+      self._fail(max(self._unhashed, default=None), e)
+      self.check()
 
-  def close(self) -> None:
-    self.wait()
-    self.manager.close()
+  def close(self, raise_error: bool = True) -> None:
+    """`wait()`, then closes Orbax; with `raise_error=False` (while another exception unwinds the loop) a
+    failed save is left for `check()` and Orbax, which would raise it again, is not waited for. The last
+    thing a run does with its checkpoints: a failed save's deadline, which bounded the run's cleanup until
+    here, is cancelled (a notebook that trained in-process lives on)."""
+    try:
+      self.wait()
+    except CheckpointSaveError:
+      if raise_error:
+        raise
+      return
+    else:
+      self.manager.close()
+    finally:
+      for cancel in self._deadlines:
+        cancel()
+      self._deadlines = []
 
   # --- restoring --------------------------------------------------------------------------------------
   def verify(self, step: int) -> str | None:

@@ -51,6 +51,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.stop_check_every_steps = 10  # several processes: how often they agree on a SIGTERM (a collective)
   # --- checkpoints ------------------------------------------------------------------------------------
   c.keep_checkpoints = 3
+  # A save (Orbax step, its checksums, the export) must be on disk or in the bucket this many seconds after it
+  # began, else the run stops with one line (exit 1) and keeps the last finished checkpoint: a disk or bucket
+  # that stops answering otherwise hangs the run in retries. Saves overlap the steps that follow them.
+  c.checkpoint_timeout_s = 600.0
   c.init_from = ""  # another run's workdir/checkpoint, an original ELMo options.json (weights beside),
   # or a released ELMo by name (small, medium, original, original_5.5B) or URL, downloaded once
   # Domain fine-tuning: for the first N steps of the run only the softmax trains; the biLM's weights and its

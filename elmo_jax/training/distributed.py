@@ -4,18 +4,23 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import jax
 import numpy as np
 
+from elmo_jax.runtime import log, watchdog
+
 # Environment variables whose presence means a cluster launcher that `jax.distributed.initialize()` can read
 # without arguments (SLURM, Open MPI, TPU VMs / pods, Kubernetes JobSet via the coordinator variable).
 _AUTO_ENV = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES", "JAX_COORDINATOR_ADDRESS")
+DEFAULT_TIMEOUT_S = 300  # JAX's own: the VMs of a pod slice may start minutes apart
+NOTICE_AFTER_S = 3.0  # processes started together connect within a second; later than this, say who is missing
 
 
 def initialize(mode: str = "auto", coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> bool:
+               process_id: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, command: str = "train") -> bool:
   """Calls `jax.distributed.initialize` when this is a multi-process run; True if it did.
 
   Args:
@@ -23,9 +28,14 @@ def initialize(mode: str = "auto", coordinator_address: str | None = None, num_p
       rest); "auto" does when `coordinator_address` is given or a cluster environment is detected.
     coordinator_address, num_processes, process_id: explicit cluster description (all three, e.g. for
       processes started by hand on one or several machines).
+    timeout_s: how long to wait for every process to connect (`--distributed_timeout_s`). After
+      NOTICE_AFTER_S seconds a line says what this process waits for; at the timeout the process ends with
+      one line `COMMAND: error: ...` and exit code 1 (JAX's own timeout aborts with a C++ stack trace).
   """
   if mode not in ("auto", "on", "off"):
     raise ValueError(f"--distributed must be 'auto', 'on' or 'off', got {mode!r}")
+  if not timeout_s > 0:
+    raise ValueError(f"--distributed_timeout_s must be > 0, got {timeout_s}")
   explicit = coordinator_address is not None
   if explicit and (num_processes is None or process_id is None):
     raise ValueError("--coordinator_address needs --num_processes and --process_id too")
@@ -40,8 +50,34 @@ def initialize(mode: str = "auto", coordinator_address: str | None = None, num_p
   kwargs: dict[str, Any] = {}
   if explicit:
     kwargs = dict(coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id)
-  jax.distributed.initialize(**kwargs)
+  waiting = _waiting_for(coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS"), num_processes,
+                        process_id)
+  started = time.monotonic()
+  cancel = watchdog.exit_after(
+      timeout_s, f"{command}: error: gave up after {timeout_s:g}s (--distributed_timeout_s): {waiting}; start "
+      "every process with the same --coordinator_address and --num_processes, each with its own --process_id",
+      notice_after_s=NOTICE_AFTER_S, notice=f"{command}: {waiting} (gives up after {timeout_s:g}s: "
+      "--distributed_timeout_s)", name="distributed-initialize")
+  # JAX's own deadline comes later, so that ours is the one that ends a wait.
+  jax.distributed.initialize(**kwargs, initialization_timeout=int(timeout_s) + 60)
+  if cancel():
+    log.info(f"{command}: all {jax.process_count()} processes connected after {time.monotonic() - started:.0f}s",
+             all_processes=True)
   return True
+
+
+def _waiting_for(address: str | None, num_processes: int | None, process_id: int | None) -> str:
+  """What `jax.distributed.initialize` waits for, from this process's side: its coordinator (process 0 hosts
+  it), and the other process ids (the coordinator does not tell which of them have connected)."""
+  where = f"the coordinator at {address}" if address else "the cluster's coordinator (found by JAX)"
+  if num_processes is None or process_id is None:
+    return f"this process waits at {where} for every process of the cluster to connect"
+  others = [i for i in range(num_processes) if i != process_id]
+  ids = ", ".join(map(str, others)) if len(others) <= 8 else f"{', '.join(map(str, others[:4]))}, ..., {others[-1]}"
+  missing = f"process {ids}" if len(others) == 1 else f"processes {ids} (whichever have not started)"
+  if process_id == 0:
+    return f"process 0 of {num_processes} hosts {where} and waits for {missing} to connect"
+  return f"process {process_id} of {num_processes} waits at {where} (hosted by process 0) for {missing} to connect"
 
 
 def any_process(flag: bool) -> bool:

@@ -150,8 +150,8 @@ class BucketLock:
     if self._stop.is_set():
       return
     self._stop.set()
-    self._thread.join(timeout=30)
-    try:
-      self._blob.delete(if_generation_match=self._blob.generation)  # not a lock someone took over
+    self._thread.join(timeout=5)  # a beat stuck on an unanswering bucket is left behind (a daemon thread)
+    try:  # not a lock someone took over; bounded: a run stopping because the bucket does not answer ends
+      self._blob.delete(if_generation_match=self._blob.generation, timeout=10, retry=None)
     except Exception:  # noqa: BLE001 - already gone, or taken over: nothing of ours to remove
       pass

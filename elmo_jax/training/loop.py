@@ -244,7 +244,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   train_iter = data.train(dedupe_shards=_dedupe_shards(config, steps))
 
   # --- restore or init -----------------------------------------------------------------------------------
-  checkpointer = Checkpointer(run.checkpoints, keep=config.keep_checkpoints)
+  checkpointer = Checkpointer(run.checkpoints, keep=config.keep_checkpoints, timeout_s=config.checkpoint_timeout_s)
   compatible = lambda meta: resume.check_compatible(meta, config, options, vocab.sha256(), n_proc, run.path)
   state, window_sums = restore_or_init(config, run, checkpointer, state, train_iter, compatible,
                                        steps.optimizer, options, vocab, steps.shardings)
@@ -259,8 +259,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                     "config": config.to_dict(), "log_window": log_window.sums,
                                     "train_source": train_source})
     if is_main:
-      export_model(run.local, state.params, options)
-      run.push(EXPORT_DIR)
+      cancel = checkpointer.deadline(f"the export of step {step}")  # an upload that hangs ends the run too
+      try:
+        export_model(run.local, state.params, options)
+        run.push(EXPORT_DIR)
+      finally:
+        cancel()
 
   writer = MetricWriter(run.local, enabled=is_main, purge_step=start_step + 1, config=config.to_dict(),
                         uploaded=run.push_soon if run.remote else None)
@@ -297,20 +301,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       profiler.after(done, pacer.drain)
       if after_step is not None:
         after_step(done, flush)
-      # Every process asks at the same steps, so all of them stop after the same one.
-      if (done % stop_every == 0 or done == last) and stop.requested():
-        if not saved:
-          save(done)
-        log.info(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
-                 f"{checkpointer.directory}/{done}; run the same command again to resume")
-        return record
+      # Every process asks at the same steps, so all of them stop after the same one (a failed save too).
+      if done % stop_every == 0 or done == last:
+        checkpointer.check(all_processes=True)  # raises CheckpointSaveError if a save failed
+        if stop.requested():
+          if not saved:
+            save(done)
+          checkpointer.wait()  # raises if that save failed
+          log.info(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
+                   f"{checkpointer.directory}/{done}; run the same command again to resume")
+          return record
   finally:
     profiler.close()  # a trace the loop left running (a stop request, an error): written
     pacer.feed.close()
     stop.restore()
-    checkpointer.close()  # waits for the last asynchronous save and its checksum; never half-written
     writer.close()
-    run.flush(raise_error=False)  # a bucket workdir: the last metrics uploaded before the run returns
-  run.flush()  # and a failed last upload is an error of a run that otherwise finished
+    run.flush(raise_error=False, timeout_s=config.checkpoint_timeout_s)  # a bucket workdir: the last metrics
+    checkpointer.close(raise_error=False)  # waits for the last asynchronous save and its checksum
+  checkpointer.check()  # a failed last save, or a failed last upload, is an error of a run that otherwise
+  run.flush()  # finished
   _log_done(state, data_state, checkpointer, run)
   return record

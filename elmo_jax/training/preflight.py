@@ -39,7 +39,8 @@ _NUMBERS = {**{k: (True, 1, True) for k in (
                                              "freeze_bilm_steps", "eval_max_batches", "batch_size",
                                              "per_device_batch_size")},
             "seed": (True, None, True),
-            **{k: (False, 0, False) for k in ("learning_rate", "grad_clip", "adagrad_initial_accumulator")},
+            **{k: (False, 0, False) for k in ("learning_rate", "grad_clip", "adagrad_initial_accumulator",
+                                              "checkpoint_timeout_s")},
             **{k: (False, 0, True) for k in ("weight_decay", "dropout", "data.auto_prepare_max_mb")}}
 _CHOICES = {"optimizer": ("adagrad", "adam", "adamw"), "dtype": ("float32", "bfloat16"),
             "data.shard": ("sentences", "rows")}

@@ -32,6 +32,7 @@ class Workdir:
     self._wake = threading.Condition()
     self._pending: set[str] = set()
     self._busy, self._error, self._uploader = False, None, None
+    self._stuck = False  # a flush timed out: the upload thread hangs; nothing waits for it again
 
   @classmethod
   def of(cls, workdir: "str | os.PathLike | Workdir") -> "Workdir":
@@ -77,13 +78,16 @@ class Workdir:
         self._error = e
         log.info(f"warning: uploading {', '.join(names)} to {self.path} failed ({e}); retrying at the next one")
 
-  def flush(self, raise_error: bool = True) -> None:
-    """Waits for the background uploads (`push_soon`); raises the StorageError of the last one, if it
-    failed and `raise_error` (not while another exception unwinds the loop)."""
+  def flush(self, raise_error: bool = True, timeout_s: float | None = None) -> None:
+    """Waits for the background uploads (`push_soon`), at most `timeout_s` seconds (a bucket that stopped
+    answering; then a StorageError, and later calls do not wait again); raises the StorageError of the last
+    one, if it failed and `raise_error` (not while another exception unwinds the loop)."""
     if self._uploader is None:
       return
     with self._wake:
-      while self._pending or self._busy:
-        self._wake.wait()
+      if not self._wake.wait_for(lambda: self._stuck or not (self._pending or self._busy), timeout_s):
+        self._stuck = True
+        self._error = storage.StorageError(f"uploading to {self.path} did not finish within {timeout_s:g}s "
+                                           "(config.checkpoint_timeout_s): the bucket does not answer")
     if self._error is not None and raise_error:
       raise self._error
