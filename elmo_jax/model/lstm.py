@@ -182,9 +182,7 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
   w_h_c, w_p_c = w_h.astype(dtype), w_p.astype(dtype)
 
   def step(carry, inputs):
-    # h_after: the projected output after this step (clipped), for the clip's gradient; d_bias: with a
-    # separate bias, its gradient so far ([D, 4H] float32), else None
-    dc, dh, h_after, d_bias = carry
+    dc, dh, h_after = carry  # h_after: the projected output after this step (clipped), for the clip's gradient
     r, dy, m = inputs
     si, tj, sf, so = jnp.split(r.gates.astype(jnp.float32), 4, axis=-1)
     tc = r.tc.astype(jnp.float32)
@@ -202,14 +200,15 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
     dh_prev = jnp.einsum("dbg,dpg->dbp", dg.astype(dtype), w_h_c, preferred_element_type=jnp.float32)
     dh_prev = dh_prev + jnp.where(keep, 0.0, dh)
     dc_prev = dc_new * sf + jnp.where(keep, 0.0, dc)
-    if bias is not None:  # the bias gradient from the float32 gate gradients; these leave the loop rounded
-      d_bias = d_bias + jnp.sum(dg, axis=1)  # (gx's consumers, dW_x, dx and dW_h, read them in bfloat16)
+    d_bias = None
+    if bias is not None:  # this step's bias gradient [D, 4H] from the float32 gate gradients, which then leave
+      d_bias = jnp.sum(dg, axis=1)  # the loop rounded (their consumers dW_x, dx, dW_h read them in bfloat16)
       dg = dg.astype(dtype)
-    return (dc_prev, dh_prev, r.h_prev, d_bias), (dg, dh_new)
+    return (dc_prev, dh_prev, r.h_prev), (dg, dh_new, d_bias)
 
-  d_bias0 = None if bias is None else jnp.zeros(bias.shape, jnp.float32)
-  (dc0, dh0, _, d_bias), (dgx, dh_raw) = jax.lax.scan(step, (d_c, d_h, h_last, d_bias0), (saved, d_out, mask),
-                                                      reverse=True, unroll=unroll)
+  (dc0, dh0, _), (dgx, dh_raw, d_bias) = jax.lax.scan(step, (d_c, d_h, h_last), (saved, d_out, mask), reverse=True,
+                                                      unroll=unroll)
+  d_bias = None if bias is None else jnp.sum(d_bias, axis=0)
   dw_h = jnp.einsum("tdbp,tdbg->dpg", saved.h_prev.astype(dtype), dgx.astype(dtype),
                     preferred_element_type=jnp.float32)
   # The projection's inputs of every step, sigmoid(o) * tanh(c), recomputed at once (one elementwise pass).
