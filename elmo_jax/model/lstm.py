@@ -315,8 +315,9 @@ class BiLSTMStack(nn.Module):
         # projection in that dtype and the bias added in float32 in the step (lstm_scan's `bias`)
         wide = jnp.dtype(self.dtype) == jnp.float32
         gx = input_gates(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype), b + forget if wide else None)
+        extra = {} if wide else {"bias": b + forget}  # float32 calls lstm_scan as it always has
         out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], cfg.cell_clip, cfg.proj_clip,
-                                self.dtype, self.unroll, bias=None if wide else b + forget)
+                                self.dtype, self.unroll, **extra)
       else:
         out, (c, h) = lstm_steps(jnp.transpose(inp, (2, 0, 1, 3)), w, b + forget, w_p, mask_t, c0[k], h0[k],
                                  n_steps, cfg.cell_clip, cfg.proj_clip, self.dtype)
