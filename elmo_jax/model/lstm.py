@@ -10,6 +10,12 @@ einsum. Both have hand-written backward passes (custom_vjp): the weight gradient
 after the loop instead of per-step accumulations, and no 4H-wide array is transposed
 (`benchmarks/train_throughput.py` compares them with autodiff through `lax.scan`; unrolling the scan did
 not help on CPU, hence config.scan_unroll = 1).
+
+With a bfloat16 matmul dtype the two [T, D, B, 4H] arrays the scans trade with the hoisted projection are
+bf16 too: x @ W_x leaves `input_gates` rounded (the bias is added in float32 inside the step instead) and the
+backward scan emits its gate gradients rounded (their consumers, the dW_x, dx and dW_h matmuls, read bf16
+anyway; the bias gradient is summed from the float32 values in the loop, and the clip masks come from the
+float32 state as before). The float32 path is the same program as before, bit for bit.
 """
 from __future__ import annotations
 
