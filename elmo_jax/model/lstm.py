@@ -89,7 +89,7 @@ def lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip=None, proj_clip=None, dtype=
     c0: [D, B, H]; h0: [D, B, P] initial state.
     bias: None, or [D, 4H] float32 (B + forget bias), added to the gates in float32 inside the step; its
       gradient is summed in float32 in the backward scan, whose gate gradients (the cotangent of gx) are
-      then emitted in gx's dtype: with bfloat16, half the bytes of both [T, D, B, 4H] arrays.
+      then emitted in `dtype`: with bfloat16, half the bytes of both [T, D, B, 4H] arrays.
   Returns:
     outputs [T, D, B, P] (0 on padded steps) and the final (c, h).
   """

@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.model import BiLMConfig, BiLSTMStack
+from elmo_jax.model import lstm as lstm_mod
+from plain_lstm import plain_lstm_scan
 import tiny
 
 B, T = 3, 7
@@ -76,3 +78,33 @@ def test_bfloat16_gradients_match_float32():
   assert set(g16) == set(g32) and all(g16[k].dtype == np.float32 for k in g16)
   assert max(errors.values()) < 0.05, errors
   assert min(errors.values()) > 0, errors  # the bf16 path really ran in bf16
+
+
+def test_separate_bias_path_matches_autodiff_in_float32():
+  """`lstm_scan(..., bias=)` (the bias added in the step, its gradient summed in the backward scan), run in
+  float32 so that only the arithmetic can differ: value and every gradient equal autodiff of the plain scan
+  of gx + bias (1e-5 of each gradient's scale), with both clips binding."""
+  r = np.random.default_rng(3)
+  t, d, b, h, p = 6, 2, 3, 5, 4
+  n = lambda *s, scale=1.0: jnp.asarray(r.normal(0, scale, s).astype(np.float32))
+  gx, bias, w_h, w_p = n(t, d, b, 4 * h, scale=2.0), n(d, 4 * h), n(d, p, 4 * h), n(d, h, p, scale=1.5)
+  c0, h0, cot = n(d, b, h, scale=0.5), n(d, b, p, scale=0.5), n(t, d, b, p)
+  mask = np.ones((t, d, b), bool)
+  mask[4:, 0, 1] = False
+  mask = jnp.asarray(mask)
+  clips = (0.7, 0.3)
+
+  def ours(gx, bias, w_h, w_p, c0, h0):
+    y, (c, hh) = lstm_mod.lstm_scan(gx, w_h, w_p, mask, c0, h0, *clips, bias=bias)
+    return jnp.sum(y * cot) + jnp.sum(c) - jnp.sum(hh)
+
+  def ref(gx, bias, w_h, w_p, c0, h0):
+    y, (c, hh) = plain_lstm_scan(gx + bias[:, None], w_h, w_p, mask, c0, h0, *clips)
+    return jnp.sum(y * cot) + jnp.sum(c) - jnp.sum(hh)
+
+  args = (gx, bias, w_h, w_p, c0, h0)
+  np.testing.assert_allclose(jax.jit(ours)(*args), jax.jit(ref)(*args), rtol=1e-5)
+  for name, a, e in zip(("gx", "bias", "w_h", "w_p", "c0", "h0"), jax.jit(jax.grad(ours, argnums=range(6)))(*args),
+                        jax.jit(jax.grad(ref, argnums=range(6)))(*args)):
+    scale = float(jnp.max(jnp.abs(e)))
+    assert scale > 0 and float(jnp.max(jnp.abs(a - e))) <= 1e-5 * scale, name
