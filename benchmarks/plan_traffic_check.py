@@ -27,6 +27,7 @@ def main() -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from configs import lm1b  # pylint: disable=g-import-not-at-top
+  from elmo_jax.data import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.model import BiLMConfig, BiLSTMStack, CharCNN  # pylint: disable=g-import-not-at-top
   from elmo_jax.plan import hlo as hlo_lib, targets as targets_lib  # pylint: disable=g-import-not-at-top
@@ -51,7 +52,7 @@ def main() -> None:
     return {"program": name, "loops": len(m.loops()), "estimate_bytes": est, "xla_bytes_accessed": xla,
             "ratio": est / xla, "largest_kernels": m.kernel_traffic(5)}
 
-  from elmo_jax.data import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
+  # the deduped token table per chip, bucketed as the trainer (and the planner) do
   table = dedupe_lib.bucket_size(b * t // 2 + 1, cap=2 * b * t + 1)
   chars = jnp.zeros((table, cfg.max_characters_per_token), jnp.int32)
   out = [compare(f"char CNN, {table} tokens", CharCNN(cfg, dtype=dtype), (chars,),
