@@ -104,8 +104,10 @@ class CharCNN(nn.Module):
       b = self.param(f"b_cnn_{i}", nn.initializers.zeros, (num,))
       y = jax.lax.conv_general_dilated(
           x, w.astype(self.dtype), window_strides=(1,), padding="VALID",
-          dimension_numbers=("NWC", "WIO", "NWC"), preferred_element_type=jnp.float32)
-      # max-pool before the activation, as bilm-tf; identical for monotone activations.
+          dimension_numbers=("NWC", "WIO", "NWC"), preferred_element_type=self.dtype)
+      # max-pool before the activation, as bilm-tf; identical for monotone activations. y [n, positions,
+      # filters] is the char CNN's largest array: in the matmul dtype (accumulated in float32, then rounded;
+      # its only consumer is the max, and rounding is monotone), half its bytes and its gradient's with bf16.
       pooled.append(act(jnp.max(y, axis=1) + b))
     h = jnp.concatenate(pooled, axis=-1)  # [n, n_filters]
 

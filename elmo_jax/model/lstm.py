@@ -10,6 +10,12 @@ einsum. Both have hand-written backward passes (custom_vjp): the weight gradient
 after the loop instead of per-step accumulations, and no 4H-wide array is transposed
 (`benchmarks/train_throughput.py` compares them with autodiff through `lax.scan`; unrolling the scan did
 not help on CPU, hence config.scan_unroll = 1).
+
+With a bfloat16 matmul dtype the two [T, D, B, 4H] arrays the scans trade with the hoisted projection are
+bf16 too: x @ W_x leaves `input_gates` rounded (the bias is added in float32 inside the step instead) and the
+backward scan emits its gate gradients rounded (their consumers, the dW_x, dx and dW_h matmuls, read bf16
+anyway; the bias gradient is summed from the float32 values in the loop, and the clip masks come from the
+float32 state as before). The float32 path is the same program as before, bit for bit.
 """
 from __future__ import annotations
 
@@ -72,18 +78,22 @@ class LSTMWeights(nn.Module):
     return w, b, w_p
 
 
-def lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip=None, proj_clip=None, dtype=jnp.float32, unroll=1):
+def lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip=None, proj_clip=None, dtype=jnp.float32, unroll=1, bias=None):
   """Runs the recurrence for D directions at once.
 
   Args:
-    gx: [T, D, B, 4H] input contribution x @ W_x + B + forget bias, float32.
+    gx: [T, D, B, 4H] input contribution x @ W_x + B + forget bias, float32; with `bias`, x @ W_x alone in
+      the matmul dtype (`input_gates(..., bias=None)`).
     w_h: [D, P, 4H] recurrent weights; w_p: [D, H, P] projection.
     mask: [T, D, B] bool, False on padded steps.
     c0: [D, B, H]; h0: [D, B, P] initial state.
+    bias: None, or [D, 4H] float32 (B + forget bias), added to the gates in float32 inside the step; its
+      gradient is summed in float32 in the backward scan, whose gate gradients (the cotangent of gx) are
+      then emitted in `dtype`: with bfloat16, half the bytes of both [T, D, B, 4H] arrays.
   Returns:
     outputs [T, D, B, P] (0 on padded steps) and the final (c, h).
   """
-  return _lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip or None, proj_clip or None, dtype, int(unroll))
+  return _lstm_scan(gx, w_h, w_p, mask, c0, h0, bias, cell_clip or None, proj_clip or None, dtype, int(unroll))
 
 
 def lstm_steps(x, w, bias, w_p, mask, c0, h0, n_steps, cell_clip=None, proj_clip=None, dtype=jnp.float32):
@@ -113,21 +123,24 @@ def lstm_steps(x, w, bias, w_p, mask, c0, h0, n_steps, cell_clip=None, proj_clip
   return out, final
 
 
-def _forward(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll, save):
+def _forward(gx, w_h, w_p, mask, c0, h0, bias, cell_clip, proj_clip, dtype, unroll, save):
   """The recurrence; with `save`, also the per-step values the hand-written backward pass needs."""
-  step = _step_fn(w_h.astype(dtype), w_p.astype(dtype), cell_clip, proj_clip, dtype, save)
+  step = _step_fn(w_h.astype(dtype), w_p.astype(dtype), cell_clip, proj_clip, dtype, save, gx_bias=bias)
   return jax.lax.scan(step, (c0, h0), (gx, mask), unroll=unroll)
 
 
-def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None):
+def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None, gx_bias=None):
   """One time step of all directions: ((c, h), (gx_t, mask_t)) -> ((c, h), y_t [, saved values]).
 
   With `bias`, the inputs are (x_t, mask_t) and w_h is all of W_0: gates = [x_t; h] @ W_0 + bias.
+  With `gx_bias` [D, 4H], gx_t is x_t @ W_x in the matmul dtype: gates = gx_t + gx_bias + h @ W_h in float32.
   """
 
   def step(carry, inputs):
     c, h = carry
     g, m = inputs
+    if gx_bias is not None:
+      g = g.astype(jnp.float32) + gx_bias[:, None]
     if bias is None:
       g = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, preferred_element_type=jnp.float32)
     else:
@@ -157,19 +170,20 @@ def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None):
 # two small matmuls per step ([P, B] x [B, 4H] and [H, B] x [B, P]) plus the carry traffic; here the reverse
 # scan only propagates (dc, dh) and emits the per-step gate/projection gradients, and dW_h, dW_P are each one
 # large matmul over all T * B rows after the loop (what cuDNN does too).
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll):
-  final, outputs = _forward(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll, save=False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
+def _lstm_scan(gx, w_h, w_p, mask, c0, h0, bias, cell_clip, proj_clip, dtype, unroll):
+  final, outputs = _forward(gx, w_h, w_p, mask, c0, h0, bias, cell_clip, proj_clip, dtype, unroll, save=False)
   return outputs, final
 
 
-def _lstm_scan_fwd(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll):
-  final, (outputs, saved) = _forward(gx, w_h, w_p, mask, c0, h0, cell_clip, proj_clip, dtype, unroll, save=True)
-  return (outputs, final), (w_h, w_p, mask, saved, final[1])
+def _lstm_scan_fwd(gx, w_h, w_p, mask, c0, h0, bias, cell_clip, proj_clip, dtype, unroll):
+  final, (outputs, saved) = _forward(gx, w_h, w_p, mask, c0, h0, bias, cell_clip, proj_clip, dtype, unroll,
+                                     save=True)
+  return (outputs, final), (w_h, w_p, mask, saved, final[1], bias)
 
 
 def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
-  w_h, w_p, mask, saved, h_last = res
+  w_h, w_p, mask, saved, h_last, bias = res
   d_out, (d_c, d_h) = cts
   w_h_c, w_p_c = w_h.astype(dtype), w_p.astype(dtype)
 
@@ -192,25 +206,33 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
     dh_prev = jnp.einsum("dbg,dpg->dbp", dg.astype(dtype), w_h_c, preferred_element_type=jnp.float32)
     dh_prev = dh_prev + jnp.where(keep, 0.0, dh)
     dc_prev = dc_new * sf + jnp.where(keep, 0.0, dc)
-    return (dc_prev, dh_prev, r.h_prev), (dg, dh_new)
+    d_bias = None
+    if bias is not None:  # this step's bias gradient [D, 4H] from the float32 gate gradients, which then leave
+      d_bias = jnp.sum(dg, axis=1)  # the loop rounded (their consumers dW_x, dx, dW_h read them in bfloat16)
+      dg = dg.astype(dtype)
+    return (dc_prev, dh_prev, r.h_prev), (dg, dh_new, d_bias)
 
-  (dc0, dh0, _), (dgx, dh_raw) = jax.lax.scan(step, (d_c, d_h, h_last), (saved, d_out, mask), reverse=True,
-                                              unroll=unroll)
+  (dc0, dh0, _), (dgx, dh_raw, d_bias) = jax.lax.scan(step, (d_c, d_h, h_last), (saved, d_out, mask), reverse=True,
+                                                      unroll=unroll)
+  d_bias = None if bias is None else jnp.sum(d_bias, axis=0)
   dw_h = jnp.einsum("tdbp,tdbg->dpg", saved.h_prev.astype(dtype), dgx.astype(dtype),
                     preferred_element_type=jnp.float32)
   # The projection's inputs of every step, sigmoid(o) * tanh(c), recomputed at once (one elementwise pass).
   m_new = saved.gates[..., 3 * saved.tc.shape[-1]:].astype(jnp.float32) * saved.tc.astype(jnp.float32)
   dw_p = jnp.einsum("tdbh,tdbp->dhp", m_new.astype(dtype), dh_raw.astype(dtype),
                     preferred_element_type=jnp.float32)
-  return dgx, dw_h.astype(w_h.dtype), dw_p.astype(w_p.dtype), None, dc0, dh0
+  return dgx, dw_h.astype(w_h.dtype), dw_p.astype(w_p.dtype), None, dc0, dh0, d_bias
 
 
 _lstm_scan.defvjp(_lstm_scan_fwd, _lstm_scan_bwd)
 
 
 @jax.custom_vjp
-def input_gates(x: jax.Array, w_x: jax.Array, bias: jax.Array) -> jax.Array:
+def input_gates(x: jax.Array, w_x: jax.Array, bias: jax.Array | None) -> jax.Array:
   """Input half of the gates for all steps: x [D, B, T, I] @ w_x [D, I, 4H] + bias [D, 4H] -> [T, D, B, 4H] f32.
+
+  With bias None: x @ w_x alone, rounded to x's dtype (the bfloat16 path: `lstm_scan(..., bias=)` adds the
+  bias in float32 inside the step, so this [T, D, B, 4H] array and its gradient are half the bytes).
 
   One 2-D dot per direction over the time-major rows of a transposed x (only I wide), written into
   lstm_scan's layout; the backward pass is written out the same way (dW = x^T dG with the small x^T
@@ -219,17 +241,20 @@ def input_gates(x: jax.Array, w_x: jax.Array, bias: jax.Array) -> jax.Array:
   """
   xt = jnp.transpose(x, (0, 2, 1, 3))  # [D, T, B, I]
   d, t, b, i = xt.shape
+  if bias is None:
+    return jnp.stack([jnp.dot(xt[k].reshape(t * b, i), w_x[k], preferred_element_type=jnp.float32)
+                      .astype(x.dtype).reshape(t, b, -1) for k in range(d)], axis=1)
   return jnp.stack([(jnp.dot(xt[k].reshape(t * b, i), w_x[k], preferred_element_type=jnp.float32) + bias[k])
                     .reshape(t, b, -1) for k in range(d)], axis=1)
 
 
 def _input_gates_fwd(x, w_x, bias):
-  return input_gates(x, w_x, bias), (x, w_x)
+  return input_gates(x, w_x, bias), (x, w_x, bias)
 
 
 def _input_gates_bwd(res, dg):
-  x, w_x = res
-  dbias = jnp.sum(dg, axis=(0, 2))
+  x, w_x, bias = res
+  dbias = None if bias is None else jnp.sum(dg, axis=(0, 2))
   d, b, t, i = x.shape
   dg = dg.astype(x.dtype)
   xt = jnp.transpose(x, (0, 3, 2, 1)).reshape(d, i, t * b)  # [D, I, T*B]: rows in (t, b) order
@@ -292,9 +317,13 @@ class BiLSTMStack(nn.Module):
       if self.dropout_rate > 0.0:
         inp = Dropout(self.dropout_rate)(inp, deterministic, rows, batch_axis=1)
       if n_steps is None:
-        gx = input_gates(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype), b + forget)
+        # float32: the bias in the hoisted projection (float32 gates, as always); a narrower matmul dtype: the
+        # projection in that dtype and the bias added in float32 in the step (lstm_scan's `bias`)
+        wide = jnp.dtype(self.dtype) == jnp.float32
+        gx = input_gates(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype), b + forget if wide else None)
+        extra = {} if wide else {"bias": b + forget}  # float32 calls lstm_scan as it always has
         out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], cfg.cell_clip, cfg.proj_clip,
-                                self.dtype, self.unroll)
+                                self.dtype, self.unroll, **extra)
       else:
         out, (c, h) = lstm_steps(jnp.transpose(inp, (2, 0, 1, 3)), w, b + forget, w_p, mask_t, c0[k], h0[k],
                                  n_steps, cfg.cell_clip, cfg.proj_clip, self.dtype)

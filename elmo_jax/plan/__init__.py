@@ -114,7 +114,7 @@ def analyse_hlo(text: str, target: targets_lib.Target, tokens_per_device: int, l
   step_s = max(terms.values())
   return {
       "flops_per_device_per_step": flops, "flops_per_token": flops / max(tokens_per_device, 1),
-      "hbm_traffic_bytes_per_step": traffic,
+      "hbm_traffic_bytes_per_step": traffic, "hbm_traffic_by_kernel": module.kernel_traffic(),
       "collective_bytes_per_device": by_kind,
       "largest_collectives": [{k: c[k] for k in ("op", "dtype", "shape", "bytes", "count")} for c in largest],
       "loops": loops, "kernel_launches_per_step": launches,

@@ -10,7 +10,8 @@ same on every backend: computations, their instructions with shapes, and how the
     convention).
   * `hbm_bytes`: bytes each kernel reads and writes (operands + results of every top-level instruction of
     the entry, loop bodies and calls; a fusion's operand that it only slices counts the slice, an in-place
-    dynamic-update-slice counts the update), times trip counts. An estimate of HBM traffic, not a measurement.
+    dynamic-update-slice counts the update), times trip counts. An estimate of HBM traffic, not a measurement;
+    `kernel_traffic` lists its largest terms.
   * `collectives`: every all-reduce / all-gather / reduce-scatter / all-to-all / collective-permute with its
     per-device result bytes, times trip counts.
   * `loops`: each while loop's trip count and the kernels (top-level instructions that launch work) in its
@@ -217,6 +218,19 @@ class Module:
 
   def hbm_bytes(self) -> float:
     return float(sum(self.instr_bytes(c, i) * n for c, i, n, fused in self.walk() if not fused))
+
+  def kernel_traffic(self, top: int = 15) -> list[dict]:
+    """The `top` kernels by HBM bytes per step (the terms of `hbm_bytes`, largest first): name, op, the
+    computation it runs in (a loop body runs trip-count times), result type, bytes per execution,
+    executions per step, bytes per step and the JAX op that made it (metadata op_name)."""
+    rows = []
+    for comp, instr, n, fused in self.walk():
+      b = 0 if fused else self.instr_bytes(comp, instr)
+      if b:
+        meta = re.search(r'op_name="([^"]+)"', instr.attrs)
+        rows.append({"name": instr.name, "op": instr.op, "computation": comp.name, "shape": instr.shape[:120],
+                     "bytes": b, "count": n, "bytes_per_step": b * n, "op_name": meta.group(1) if meta else ""})
+    return sorted(rows, key=lambda r: -r["bytes_per_step"])[:top]
 
   # --- collectives --------------------------------------------------------------------------------------
   def collectives(self) -> list[dict]:
