@@ -10,9 +10,7 @@ import numpy as np
 
 from elmo_jax.runtime import files
 from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN
-
-VOCAB_FILE = "vocab.txt"
-COUNTS_FILE = "vocab_counts.tsv"
+from elmo_jax.runtime.run_layout import VOCAB_COUNTS_FILE as COUNTS_FILE, VOCAB_FILE
 _SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 
 
