@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -167,6 +168,37 @@ def test_a_training_file_edited_since_the_checkpoint_is_refused(tmp_path):
     preflight.check_run(config, str(workdir), 1, 1)
 
 
+def test_a_same_size_edit_of_a_training_file_is_refused_by_its_content(tmp_path, monkeypatch):
+  from elmo_jax.runtime import files
+  from elmo_jax.training import input as input_lib
+  monkeypatch.setenv("ELMO_JAX_CACHE", str(tmp_path / "cache"))
+  config, workdir = _saved_run(tmp_path)
+  meta_dir = workdir / "checkpoints" / "40" / "meta"
+  meta_dir.mkdir(parents=True)
+  (meta_dir / "metadata").write_text(json.dumps({
+      "config": config.to_dict(), "vocab_sha256": Vocab.load(str(workdir / "vocab.txt")).sha256(), "data": [{}],
+      "train_source": input_lib.train_source(config.data)}))
+  hashed = []
+  monkeypatch.setattr(files, "sha256_file", lambda p, real=files.sha256_file: hashed.append(p) or real(p))
+  preflight.check_run(config, str(workdir), 1, 1)
+  assert hashed == []  # hashed once, when the checkpoint's record was made: size, mtime and ctime unchanged
+  path = config.data.train_files
+  st = os.stat(path)
+  text = open(path).read()
+  with open(path, "w") as f:  # a word's case swapped in place: the same size; the mtime set back as well
+    f.write(text.replace("the cat", "The cat", 1))
+  os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+  assert os.path.getsize(path) == st.st_size
+  with pytest.raises(preflight.PreflightError, match=rf"config.data.train_files: {re.escape(path)} changed since "
+                     rf"\(the same {st.st_size:,} bytes, other content: sha256 \w{{12}} then, \w{{12}} now\) "
+                     r"\(checkpoint step 40"):
+    preflight.check_run(config, str(workdir), 1, 1)
+  assert hashed == [os.path.realpath(path)]
+  with open(path, "w") as f:  # set back: resumes again
+    f.write(text)
+  preflight.check_run(config, str(workdir), 1, 1)
+
+
 def test_a_config_file_typo_is_one_line_with_a_suggestion():
   default = os.path.join(REPO_ROOT, "configs", "default.py")
   message = config_file_error(["train.py", f"--config={REPO_ROOT}/configs/defualt.py"], default)
@@ -304,7 +336,12 @@ def test_a_refused_resume_leaves_the_workdir_as_it_was(tmp_path):
                        ("--config.data.train_files=other.txt", "config.data.train_files is 'other.txt'")]:
     _one_line_error(_train(tmp_path, *args, extra), words)
     assert snapshot() == before, extra
-  with open(train, "a") as f:  # the corpus edited in place: refused before it is prepared again
+  text = open(train).read()
+  with open(train, "w") as f:  # the corpus edited in place, at the same size: refused before it is prepared again
+    f.write(text.replace("the", "The", 1))
+  _one_line_error(_train(tmp_path, *args), "train.txt changed since (the same")
+  assert snapshot() == before
+  with open(train, "a") as f:
     f.write("a brand new sentence .\n")
   _one_line_error(_train(tmp_path, *args), "train.txt changed since")
   assert snapshot() == before
