@@ -62,6 +62,8 @@ class Checkpointer:
   """Saves asynchronously (the step loop does not wait for the disk) and keeps the last `keep` steps."""
 
   def __init__(self, directory: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
+    if storage.is_remote(directory):
+      storage.check_url(directory)  # tensorstore would cut a path at '#' and put the arrays elsewhere
     self.directory = directory if storage.is_remote(directory) else os.path.abspath(directory)
     self.checksum_dir = storage.join(self.directory, "checksums")
     self.bad_dir = storage.join(self.directory, "bad")
