@@ -348,6 +348,32 @@ def test_a_refused_resume_leaves_the_workdir_as_it_was(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_resume_refused_while_restoring_leaves_the_workdir_as_it_was(tmp_path):
+  """A checkpoint that verifies and whose config the preflight accepts, but whose data position the restore
+  refuses (another iterator state version): one line, and no file of the workdir changed, config.json (this
+  run's other learning rate) included."""
+  from elmo_jax.runtime import storage
+  train = _corpus(tmp_path, n=200)
+  config = tiny.write_train_config(str(tmp_path / "tiny.py"), train, "", **{"num_train_steps": 2,
+                                   "checkpoint_every_steps": 2, "eval_every_steps": 2, "log_every_steps": 1})
+  args = ["--workdir=run", f"--config={config}"]
+  proc = _train(tmp_path, *args)
+  assert proc.returncode == 0, proc.stderr
+  run = tmp_path / "run"
+  step = run / "checkpoints" / "2"
+  meta = json.loads((step / "meta" / "metadata").read_text())
+  meta["data"][0]["version"] = -1
+  (step / "meta" / "metadata").write_text(json.dumps(meta))
+  (run / "checkpoints" / "checksums" / "2.json").write_text(json.dumps(
+      {"step": 2, "sha256": storage.tree_digests(str(step), "sha256")}))  # it verifies: the bytes are "ours"
+  snapshot = lambda: {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+  before = snapshot()
+  _one_line_error(_train(tmp_path, *args, "--config.learning_rate=0.05", "--config.num_train_steps=4"),
+                  "data iterator state version -1")
+  assert snapshot() == before
+
+
+@pytest.mark.slow
 def test_ctrl_c_while_preparing_the_corpus_is_one_line(tmp_path):
   (tmp_path / "big.txt").write_text("".join(f"w{i % 997} w{i % 13} the cat sat on a mat {i} .\n"
                                             for i in range(400_000)))
