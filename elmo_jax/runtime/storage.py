@@ -71,11 +71,9 @@ def _filesystem():
 
 # Characters of a bucket path that a client reads as syntax, not as part of the name: refused in every path
 # handed to a client (`check_url`), before anything is written.
+_GLOB = "gcsfs reads a glob pattern (a move or delete would take other objects)"
 _SPECIAL = {"#": "tensorstore (Orbax's checkpoints) ends the path there, so the arrays would go elsewhere",
-            "?": "tensorstore reads a query from there, and gcsfs a glob pattern",
-            "*": "gcsfs reads a glob pattern (a move or delete would take other objects)",
-            "[": "gcsfs reads a glob pattern (a move or delete would take other objects)",
-            "]": "gcsfs reads a glob pattern (a move or delete would take other objects)"}
+            "?": "tensorstore reads a query from there, and gcsfs a glob pattern", "*": _GLOB, "[": _GLOB, "]": _GLOB}
 
 
 def check_url(url: str, what: str = "") -> None:
