@@ -185,6 +185,15 @@ def _objects(url: str) -> dict[str, dict[str, Any]]:
           for name, info in found.items() if info.get("type") != "directory"}
 
 
+def object_identity(url: str) -> dict[str, Any]:
+  """{"path": url, "size", "crc32c"} of one bucket object, from its metadata (nothing downloaded): what a
+  resume compares, the content (a same-size edit too) and not the generation (an unchanged re-upload)."""
+  info = _objects(url).get("")
+  if info is None:
+    raise FileNotFoundError(f"{url}: no such object in the bucket")
+  return {"path": url, "size": int(info["size"]), "crc32c": info.get("crc32c")}
+
+
 def tree_digests(directory: str, algorithm: str) -> dict[str, str]:
   """{relative path: digest} of every file under `directory`: "sha256" (local files) or "crc32c" (what a
   bucket keeps for every object, so checking a checkpoint there downloads nothing)."""

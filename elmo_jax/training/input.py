@@ -51,13 +51,16 @@ def make_sources(data: ml_collections.ConfigDict):
 
 def train_source(data: ml_collections.ConfigDict) -> dict[str, Any] | None:
   """The text training files' identity (paths, sizes, mtimes: `prepare_inputs.source_spec`; and each file's
-  sha256, `files.cached_sha256`: hashed once while its size, mtime and ctime stay), recorded with every
-  checkpoint so a resume notices a corpus edited in place, a same-size edit too; None for TFDS or a
-  prepared corpus. A bucket object is hashed in its local copy, which a new generation replaces."""
+  sha256, `files.cached_sha256`: hashed once while its size, mtime and ctime stay; a bucket object: its URL,
+  size and the crc32c the bucket keeps), recorded with every checkpoint so a resume notices a corpus edited
+  in place, a same-size edit too; None for TFDS or a prepared corpus."""
   if data.prepared_dir or data.tfds_name or not data.train_files:
     return None
-  spec = source_spec(_split(data.train_files))
-  return {**spec, "files": [{**f, "sha256": files.cached_sha256(f["path"])} for f in spec["files"]]}
+  found = []
+  for item in _split(data.train_files):  # a bucket object by its URL (its local copy's path differs per host)
+    found += ([storage.object_identity(item)] if storage.is_remote(item) else
+              [{**f, "sha256": files.cached_sha256(f["path"])} for f in source_spec([item])["files"]])
+  return {"kind": "text", "files": found}
 
 
 def _auto_prepare(config, workdir: str | Workdir) -> tuple[str, str]:

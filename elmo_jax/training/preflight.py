@@ -201,9 +201,10 @@ def _changed_train_file(saved, config: ml_collections.ConfigDict) -> str:
       continue
     if then.get("size") != f["size"]:
       return f"{f['path']} changed since ({then.get('size'):,} bytes then, {f['size']:,} now)"
-    if "sha256" in then and then["sha256"] != f["sha256"]:
-      return (f"{f['path']} changed since (the same {f['size']:,} bytes, other content: sha256 "
-              f"{str(then['sha256'])[:12]} then, {f['sha256'][:12]} now)")
+    for kind in ("sha256", "crc32c"):  # a local file's, a bucket object's
+      if then.get(kind) and f.get(kind) and then[kind] != f[kind]:
+        return (f"{f['path']} changed since (the same {f['size']:,} bytes, other content: {kind} "
+                f"{str(then[kind])[:12]} then, {f[kind][:12]} now)")
   return ""
 
 
