@@ -98,8 +98,11 @@ def _unigram(evaluated: subprocess.CompletedProcess, url: str) -> float:
 def test_rerun_of_a_bucket_run_killed_before_its_first_checkpoint(life):
   _no_traceback(life["killed"], -signal.SIGKILL)
   assert set(START_FILES) <= set(life["objects_killed"]), life["objects_killed"]
-  # Nothing to evaluate yet: one line, no traceback.
-  assert life["eval_none"].returncode != 0 and "Traceback" not in life["eval_none"].stderr, life["eval_none"].stderr
+  # Nothing to evaluate yet: one line naming the bucket run, not its local copy.
+  assert life["eval_none"].returncode == 1 and "Traceback" not in life["eval_none"].stderr, life["eval_none"].stderr
+  assert life["eval_none"].stderr.strip().splitlines()[-1] == (
+      f"evaluate.py: error: --workdir={life['url']} holds no export/ yet: a run exports its model at every "
+      "checkpoint save; evaluate it after its first one")
   log = _no_traceback(life["first"])
   assert "resumed from" not in log and "unigram baseline on the eval split: ppl" in log
   assert [r["unigram_ppl"] > 1 for r in life["baseline_first"]] == [True]  # the killed start's record rewound
