@@ -187,8 +187,15 @@ def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
 
 
 def _local_workdir() -> str | None:
-  """--workdir, or for a bucket workdir a local copy of what evaluation reads (export/, vocab, config)."""
-  return storage.local(_WORKDIR.value, names=run_layout.RUN_FILES) if _WORKDIR.value else None
+  """--workdir, or for a bucket workdir a local copy of what evaluation reads (`run_layout.RUN_FILES`); a
+  bucket run without an export yet is named as such (not by its local copy's missing file)."""
+  if not _WORKDIR.value or not storage.is_remote(_WORKDIR.value):
+    return _WORKDIR.value or None
+  local = storage.local(_WORKDIR.value, names=run_layout.RUN_FILES)
+  if not all(os.path.isfile(os.path.join(local, rel)) for rel in run_layout.export_files()):
+    raise readers.InputError(f"--workdir={_WORKDIR.value} holds no {run_layout.EXPORT_DIR}/ yet: a run exports "
+                             "its model at every checkpoint save; evaluate it after its first one")
+  return local
 
 
 def load_models_from_flags() -> tasks_lib.Models:

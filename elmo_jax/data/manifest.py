@@ -221,12 +221,6 @@ def _verify_cache_path(real: str) -> str:
   return os.path.join(cache.cache_dir(), VERIFY_CACHE, hashlib.sha256(real.encode()).hexdigest()[:16] + ".json")
 
 
-def _file_key(st: os.stat_result) -> dict[str, int]:
-  """What the cache trusts: a file whose size, mtime and ctime are unchanged has unchanged bytes. ctime (the
-  inode change time) moves on every write and cannot be set back, not even by os.utime."""
-  return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
-
-
 def _manifest_key(directory: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
   """The manifest's own entry in the cache: manifest.json's size, mtime and ctime, and the sha256 of the
   manifest as parsed (canonical JSON, so the key vouches for exactly the settings the caller read). None if
@@ -236,7 +230,7 @@ def _manifest_key(directory: str, manifest: dict[str, Any]) -> dict[str, Any] | 
   except OSError:
     return None
   digest = hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
-  return {**_file_key(st), "sha256": digest}
+  return {**files.stat_key(st), "sha256": digest}
 
 
 def _load_verified(cache_path: str, real: str, manifest_key: dict[str, Any] | None) -> dict[str, Any]:
@@ -274,8 +268,8 @@ def write_manifest(out: str, fields: dict[str, Any], log_line: Callable[[str], N
   real = os.path.realpath(out)
   key = _manifest_key(out, manifest)
   _save_verified(_verify_cache_path(real), real, {
-      name: {**_file_key(before[name]), "sha256": digests[name]} for name in OUTPUT_FILES
-      if _file_key(os.stat(os.path.join(out, name))) == _file_key(before[name])}, key, log_line)
+      name: {**files.stat_key(before[name]), "sha256": digests[name]} for name in OUTPUT_FILES
+      if files.stat_key(os.stat(os.path.join(out, name))) == files.stat_key(before[name])}, key, log_line)
   return manifest
 
 
@@ -291,7 +285,7 @@ def _hash(path: str, bar) -> str:
 def verify_files(directory: str, manifest: dict[str, Any], *, checksums: bool = True, use_cache: bool = True,
                  log_line: Callable[[str], None] = log.info) -> None:
   """Checks every file `manifest` lists: present, a regular file, of the recorded size and (`checksums`) of
-  the recorded sha256. Hashes only the files the cache does not vouch for (`_file_key`), and records the
+  the recorded sha256. Hashes only the files the cache does not vouch for (`files.stat_key`), and records the
   ones that pass. Never writes into `directory`. Raises PreparedCorpusError naming the first bad file."""
   digests, sizes = manifest["sha256"], manifest.get("sizes", {})
   stats = {}
@@ -315,7 +309,7 @@ def verify_files(directory: str, manifest: dict[str, Any], *, checksums: bool = 
   cache_path = _verify_cache_path(real)
   manifest_key = _manifest_key(directory, manifest) if use_cache else None
   cached = _load_verified(cache_path, real, manifest_key) if use_cache else {}
-  todo = [n for n in stats if cached.get(n) != {**_file_key(stats[n]), "sha256": digests[n]}]
+  todo = [n for n in stats if cached.get(n) != {**files.stat_key(stats[n]), "sha256": digests[n]}]
   if not todo:
     return
   total = sum(stats[n].st_size for n in todo)
@@ -333,8 +327,8 @@ def verify_files(directory: str, manifest: dict[str, Any], *, checksums: bool = 
       if digest != digests[name]:
         raise PreparedCorpusError(f"{path} fails its sha256 checksum (it differs from {MANIFEST}'s: the file changed "
                                   f"after preparing); {AGAIN}")
-      if _file_key(after) == _file_key(stats[name]):  # not being written while it was read
-        cached[name] = {**_file_key(after), "sha256": digest}
+      if files.stat_key(after) == files.stat_key(stats[name]):  # not being written while it was read
+        cached[name] = {**files.stat_key(after), "sha256": digest}
   finally:
     bar.close()
     if use_cache:

@@ -35,6 +35,7 @@ class Vocab:
       require_specials: bool = True,
   ):
     self.tokens = list(tokens)
+    self.source = source  # the file it was read from (messages name it)
     self.counts = None if counts is None else np.asarray(counts, dtype=np.int64)
     self._ids = {}
     for i, token in enumerate(self.tokens):

@@ -25,8 +25,9 @@ from elmo_jax.runtime.run_layout import CONFIG_FILE, METRICS_FILE, VOCAB_FILE, e
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_UNROLL_STEPS = 20
-NO_COUNTS_NOTE = ("no vocab_counts.tsv next to the vocabulary: the unigram baseline needs the training "
-                  "counts (a workdir has them; pass --vocab_file=WORKDIR/vocab.txt)")
+NO_COUNTS_NOTE = ("no vocab_counts.tsv next to the vocabulary {source}: the unigram baseline needs the training "
+                  "counts (a run trained from text keeps them beside its vocab.txt; pass "
+                  "--vocab_file=WORKDIR/vocab.txt)")
 
 
 OOV_WARNING_RATE = 0.3  # out-of-domain text measured here runs at ~18% OOV
@@ -213,7 +214,7 @@ def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_
   result.update({**tally.result(), "n_sentences": batches.counters["sentences"],
                  "n_batches": batches.counters["batches"]})
   if lm.vocab.counts is None:
-    result["unigram_note"] = NO_COUNTS_NOTE
+    result["unigram_note"] = NO_COUNTS_NOTE.format(source=lm.vocab.source)
   return result
 
 

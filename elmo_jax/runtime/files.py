@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from elmo_jax.runtime import cache
 from elmo_jax.runtime.run_layout import CONFIG_FILE, RUN_FOLDERS
 
 
@@ -219,3 +220,33 @@ def sha256_file(path: str | os.PathLike) -> str:
     for block in iter(lambda: f.read(1 << 22), b""):
       digest.update(block)
   return digest.hexdigest()
+
+
+def stat_key(st: os.stat_result) -> dict[str, int]:
+  """What a hash cache trusts: a file whose size, mtime and ctime are unchanged has unchanged bytes. ctime (the
+  inode change time) moves on every write and cannot be set back, not even by os.utime."""
+  return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+
+
+def cached_sha256(path: str | os.PathLike) -> str:
+  """`sha256_file(path)`, remembered in `$ELMO_JAX_CACHE/sha256/` with the file's `stat_key`: an unchanged
+  file (a training text at every start) is hashed once, an edited one (its ctime moved) again. A cache
+  that cannot be written costs a hash next time, nothing else."""
+  real = os.path.realpath(path)
+  record = os.path.join(cache.cache_dir(), "sha256", hashlib.sha256(real.encode()).hexdigest()[:16] + ".json")
+  before = stat_key(os.stat(real))
+  try:
+    with open(record, encoding="utf-8") as f:
+      saved = json.load(f)
+    if saved == {"path": real, **before, "sha256": saved.get("sha256")} and isinstance(saved["sha256"], str):
+      return saved["sha256"]
+  except (OSError, ValueError, AttributeError, TypeError):
+    pass
+  digest = sha256_file(real)
+  if stat_key(os.stat(real)) == before:  # not written while it was read
+    try:
+      os.makedirs(os.path.dirname(record), exist_ok=True)
+      write_json(record, {"path": real, **before, "sha256": digest})
+    except OSError:
+      pass
+  return digest

@@ -3,7 +3,7 @@
   <workdir>/
     config.json          the training config (config.to_dict())
     vocab.txt            the softmax vocabulary
-    vocab_counts.tsv     its training counts (the unigram baseline; `data/vocab.py`)
+    vocab_counts.tsv     its training counts (the unigram baseline of train.py and evaluate.py)
     metrics.jsonl        one JSON record per log / eval step
     tensorboard/         the same metrics for TensorBoard
     checkpoints/<step>/  Orbax checkpoints (train state, data position, log window)
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.txt"
-VOCAB_COUNTS_FILE = "vocab_counts.tsv"
+VOCAB_COUNTS_FILE = "vocab_counts.tsv"  # beside any vocab.txt (`data/vocab.py`)
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS = "checkpoints"
@@ -36,8 +36,14 @@ WEIGHTS_FILE = "weights.hdf5"  # inside export/
 # folder named metrics.jsonl, a file named checkpoints) before anything is written.
 TOP_FILES = (CONFIG_FILE, VOCAB_FILE, VOCAB_COUNTS_FILE, METRICS_FILE, LOCK_FILE)
 TOP_FOLDERS = (TENSORBOARD_DIR, CHECKPOINTS, EXPORT_DIR, PREPARED_DIR, EVAL_DIR, PROFILE_DIR)
+# What a run's start writes before its first step, and a rerun or a reader on a fresh machine reads back:
+# a bucket workdir uploads exactly these before the first step (`training/loop.open_run`).
+START_FILES = (CONFIG_FILE, VOCAB_FILE, VOCAB_COUNTS_FILE)
 # What a reader of a finished run needs (embedding, evaluation): a bucket run copies just these.
-RUN_FILES = (EXPORT_DIR, VOCAB_FILE, CONFIG_FILE)
+RUN_FILES = (EXPORT_DIR, *START_FILES)
+# In a bucket workdir these live in the bucket only (Orbax writes checkpoints there, the lock is an object
+# there); everything else of the run is written to the local copy and uploaded.
+BUCKET_ONLY = (CHECKPOINTS, LOCK_FILE)
 # Folders a trained run owns: nothing else may be written into them.
 RUN_FOLDERS = (CHECKPOINTS, EXPORT_DIR)
 

@@ -69,7 +69,33 @@ def _filesystem():
   return gcsfs.GCSFileSystem(use_listings_cache=False, skip_instance_cache=True)
 
 
+# Characters of a bucket path that a client reads as syntax, not as part of the name: refused in every path
+# handed to a client (`check_url`), before anything is written.
+_GLOB = "gcsfs reads a glob pattern (a move or delete would take other objects)"
+_SPECIAL = {"#": "tensorstore (Orbax's checkpoints) ends the path there, so the arrays would go elsewhere",
+            "?": "tensorstore reads a query from there, and gcsfs a glob pattern", "*": _GLOB, "[": _GLOB, "]": _GLOB}
+
+
+def check_url(url: str, what: str = "") -> None:
+  """Raises StorageError (one line naming `what` and the character) for a bucket URL that a client would not
+  take as a plain name: a `_SPECIAL` character, a control character (GCS refuses CR and LF) or bytes that are
+  not UTF-8. Percent signs, spaces and other characters are names to every client, and pass."""
+  name = f"{what}={url}" if what else url
+  for ch in url:
+    if ch in _SPECIAL:
+      raise StorageError(f"{name}: {ch!r} in a bucket path: {_SPECIAL[ch]}; use a name without "
+                         f"{' '.join(sorted(_SPECIAL))}")
+    if ord(ch) < 32 or ord(ch) == 127:
+      raise StorageError(f"{name}: a control character ({ch!r}) in a bucket path; use another name")
+  try:
+    url.encode("utf-8")
+  except UnicodeEncodeError:
+    raise StorageError(f"{name.encode('utf-8', 'backslashreplace').decode()}: a bucket path must be UTF-8 "
+                       "(an object name is UTF-8); use another name") from None
+
+
 def _key(url: str) -> str:
+  check_url(url)  # every path a client is given
   return url[len(SCHEME):].rstrip("/")
 
 
@@ -172,6 +198,15 @@ def _objects(url: str) -> dict[str, dict[str, Any]]:
     found = {key: _call(url, fs.info, key)}
   return {("" if name == key else name[len(key) + 1:]): dict(info, url=SCHEME + name)
           for name, info in found.items() if info.get("type") != "directory"}
+
+
+def object_identity(url: str) -> dict[str, Any]:
+  """{"path": url, "size", "crc32c"} of one bucket object, from its metadata (nothing downloaded): what a
+  resume compares, the content (a same-size edit too) and not the generation (an unchanged re-upload)."""
+  info = _objects(url).get("")
+  if info is None:
+    raise FileNotFoundError(f"{url}: no such object in the bucket")
+  return {"path": url, "size": int(info["size"]), "crc32c": info.get("crc32c")}
 
 
 def tree_digests(directory: str, algorithm: str) -> dict[str, str]:
@@ -377,6 +412,7 @@ def check_remote_output(url: str, what: str, *, inputs: Iterable[Any] = (), dire
   of the bucket `inputs` (nor, with `replaces`, a folder holding one), not inside a trained run's
   `run_folders` (a prefix with config.json beside them), and the bucket exists and takes a write (a probe
   object is written and deleted: listing rights alone do not show that a write will be accepted)."""
+  check_url(url, what)
   target = url.rstrip("/")
   for item in inputs:
     source = os.fspath(item).rstrip("/") if is_remote(item) else None

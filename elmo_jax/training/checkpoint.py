@@ -82,6 +82,8 @@ class Checkpointer:
 
   def __init__(self, directory: str, keep: int = 3, async_save: bool = True, read_only: bool = False,
                timeout_s: float = 600.0):
+    if storage.is_remote(directory):
+      storage.check_url(directory)  # tensorstore would cut a path at '#' and put the arrays elsewhere
     self.directory = directory if storage.is_remote(directory) else os.path.abspath(directory)
     self.checksum_dir = storage.join(self.directory, "checksums")
     self.bad_dir = storage.join(self.directory, "bad")

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import jax
 import ml_collections
 
+from elmo_jax.runtime import files
 from elmo_jax.runtime import log
 from elmo_jax.runtime import storage
 from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
@@ -46,11 +47,17 @@ def make_sources(data: ml_collections.ConfigDict):
 
 
 def train_source(data: ml_collections.ConfigDict) -> dict[str, Any] | None:
-  """The text training files' identity (paths, sizes, mtimes: `prepare_inputs.source_spec`), recorded with every
-  checkpoint so a resume notices a corpus edited in place; None for TFDS or a prepared corpus."""
+  """The text training files' identity (paths, sizes, mtimes: `prepare_inputs.source_spec`; and each file's
+  sha256, `files.cached_sha256`: hashed once while its size, mtime and ctime stay; a bucket object: its URL,
+  size and the crc32c the bucket keeps), recorded with every checkpoint so a resume notices a corpus edited
+  in place, a same-size edit too; None for TFDS or a prepared corpus."""
   if data.prepared_dir or data.tfds_name or not data.train_files:
     return None
-  return source_spec(split_paths(data.train_files))
+  found = []
+  for item in split_paths(data.train_files):  # a bucket object by its URL (its local copy's path differs per host)
+    found += ([storage.object_identity(item)] if storage.is_remote(item) else
+              [{**f, "sha256": files.cached_sha256(f["path"])} for f in source_spec([item])["files"]])
+  return {"kind": "text", "files": found}
 
 
 def _auto_prepare(config, workdir: str | Workdir) -> tuple[str, str]:
@@ -75,7 +82,6 @@ def _auto_prepare(config, workdir: str | Workdir) -> tuple[str, str]:
   # Keyed by what the output depends on, so a changed corpus or setting prepares anew instead of refusing.
   # The vocab file by content too: an edited vocabulary prepares anew (its path alone would be refused as an
   # unfinished preparation of other settings). A missing file is refused by prepare, in one line.
-  from elmo_jax.runtime import files  # pylint: disable=g-import-not-at-top
   with_sha = dict(vocab, vocab_sha256=files.sha256_file(data.vocab_file)) if (
       data.vocab_file and os.path.isfile(data.vocab_file)) else vocab
   key = json.dumps([spec, data.eval_files, with_sha, kw], sort_keys=True)

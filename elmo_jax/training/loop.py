@@ -20,7 +20,8 @@ import ml_collections
 from elmo_jax.interop import options as options_lib
 from elmo_jax.model import BiLM, make_model, zero_state
 from elmo_jax.runtime import files, log, storage
-from elmo_jax.runtime.run_layout import CONFIG_FILE, EXPORT_DIR, METRICS_FILE, VOCAB_FILE
+from elmo_jax.runtime.run_layout import (CONFIG_FILE, EXPORT_DIR, METRICS_FILE, START_FILES,
+                                         VOCAB_COUNTS_FILE)
 from elmo_jax.training import init_from, lm_eval, optimizer as optimizer_lib, resume, step as step_lib
 from elmo_jax.training import input as input_lib
 from elmo_jax.training.config import with_global_batch
@@ -57,7 +58,10 @@ class Steps:
 
 def open_run(config: ml_collections.ConfigDict, workdir: str) -> tuple[Workdir, dict[str, Any], input_lib.TrainInput]:
   """The workdir (a bucket's: its local copy, pulled), the checked model options and the run's input; process
-  0 writes config.json and vocab.txt. `config` is resolved (`config.with_global_batch`)."""
+  0 writes vocab.txt (+ counts) and, for a new run, config.json, and uploads `run_layout.START_FILES`: a
+  rerun or an evaluation on a fresh machine finds them in the bucket before the first checkpoint. A
+  resumed run's config.json is rewritten only once its checkpoint was restored (`record_config`): a
+  refused restore leaves it as it was. `config` is resolved (`config.with_global_batch`)."""
   run = Workdir(workdir)
   if jax.process_index() == 0:  # a bucket workdir: the copy this process writes starts as the bucket's (again
     run.pull()  # since the preflight's pull: another trainer may have written before this one took the lock)
@@ -65,9 +69,17 @@ def open_run(config: ml_collections.ConfigDict, workdir: str) -> tuple[Workdir, 
   options = options_lib.validate(config.options.to_dict(), "config.options")
   data = input_lib.make_input(config, run, config.batch_size // jax.process_count())
   if jax.process_index() == 0:
-    files.write_json(os.path.join(run.local, CONFIG_FILE), config.to_dict())
-    run.push(CONFIG_FILE, VOCAB_FILE)
+    if not os.path.exists(os.path.join(run.local, CONFIG_FILE)):
+      files.write_json(os.path.join(run.local, CONFIG_FILE), config.to_dict())
+    run.push(*START_FILES)
   return run, options, data
+
+
+def record_config(config: ml_collections.ConfigDict, run: Workdir) -> None:
+  """config.json: this run's settings, once the restore accepted them (process 0)."""
+  if jax.process_index() == 0:
+    files.write_json(os.path.join(run.local, CONFIG_FILE), config.to_dict())
+    run.push(CONFIG_FILE)
 
 
 def make_steps(config: ml_collections.ConfigDict, options: dict[str, Any], vocab_size: int
@@ -111,6 +123,11 @@ def restore_or_init(config, run: Workdir, checkpointer, state, train_iter, check
       log.info("init_from gave no softmax for this vocabulary: a random softmax's first gradients reach the "
                "pretrained biLM; consider --config.freeze_bilm_steps=200 (softmax alone first), or "
                "--config.data.vocab_file=<the source run's vocab.txt> to keep its softmax")
+  # A start from step 0 over an earlier start's records (killed before its first checkpoint, or whose
+  # checkpoints were all set aside): they go, as a resume drops those after its step.
+  if jax.process_index() == 0 and (dropped := resume.rewind_metrics(run.local, -1)):
+    run.push(METRICS_FILE)
+    log.info(f"no checkpoint to resume from: dropped the {dropped} metrics.jsonl records of an earlier start")
   return state, None
 
 
@@ -125,6 +142,10 @@ def log_unigram_baseline(config, data, vocab, writer: MetricWriter, n_proc: int)
     batches = itertools.islice(batches, config.eval_max_batches * n_proc)
   base = lm_eval.unigram_baseline(vocab, batches)
   writer.write({"step": 0, **base})
+  if base["unigram_ppl"] is None:  # a given vocab_file without its vocab_counts.tsv
+    log.info(f"unigram baseline on the eval split: none (the vocabulary has no {VOCAB_COUNTS_FILE}); "
+             f"OOV rate {base['oov_rate']:.2%}")
+    return
   log.info(f"unigram baseline on the eval split: ppl {base['unigram_ppl']:.1f}, OOV rate {base['oov_rate']:.2%}")
 
 
@@ -248,6 +269,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   compatible = lambda meta: resume.check_compatible(meta, config, options, vocab.sha256(), n_proc, run.path)
   state, window_sums = restore_or_init(config, run, checkpointer, state, train_iter, compatible,
                                        steps.optimizer, options, vocab, steps.shardings)
+  record_config(config, run)
   start_step, last = int(state.step), config.num_train_steps
   data_state = train_iter.get_state()  # the position after the last batch a step consumed
   train_source = input_lib.train_source(config.data)

@@ -211,12 +211,14 @@ def check_run(config: ml_collections.ConfigDict, workdir: str, n_devices: int, n
   changed = _changed_train_file(meta.get("train_source"), config)
   if changed:
     raise PreflightError(f"config.data.train_files: {changed} (checkpoint step {step} in {workdir}): its data "
-                         "position would point elsewhere; restore the file, or use another --workdir")
+                         "position and vocabulary belong to the old text; restore the file, or use another "
+                         "--workdir")
 
 
 def _changed_train_file(saved, config: ml_collections.ConfigDict) -> str:
-  """'F changed since (A bytes then, B now)' for a training file edited since the checkpoint; "" if none.
-  Sizes, not mtimes: a file copied or touched unchanged still resumes."""
+  """'F changed since (...)' for a training file edited since the checkpoint; "" if none. Sizes, and the
+  content (sha256) where the checkpoint recorded it, not mtimes: a file copied or touched unchanged still
+  resumes; a same-size edit (a word's case, a typo fixed in place) does not."""
   from elmo_jax.training import input as input_lib  # pylint: disable=g-import-not-at-top
   if not isinstance(saved, dict) or saved.get("kind") != "text":
     return ""  # TFDS, a prepared corpus, or a checkpoint written before this record
@@ -224,10 +226,17 @@ def _changed_train_file(saved, config: ml_collections.ConfigDict) -> str:
     now = input_lib.train_source(config.data) or {}
   except (ValueError, OSError):
     return ""  # the files are checked (one line) before this
-  before = {f.get("path"): f.get("size") for f in saved.get("files", [])}
+  before = {f.get("path"): f for f in saved.get("files", []) if isinstance(f, dict)}
   for f in now.get("files", []):
-    if f["path"] in before and before[f["path"]] != f["size"]:
-      return f"{f['path']} changed since ({before[f['path']]:,} bytes then, {f['size']:,} now)"
+    then = before.get(f["path"])
+    if then is None:
+      continue
+    if then.get("size") != f["size"]:
+      return f"{f['path']} changed since ({then.get('size'):,} bytes then, {f['size']:,} now)"
+    for kind in ("sha256", "crc32c"):  # a local file's, a bucket object's
+      if then.get(kind) and f.get(kind) and then[kind] != f[kind]:
+        return (f"{f['path']} changed since (the same {f['size']:,} bytes, other content: {kind} "
+                f"{str(then[kind])[:12]} then, {f[kind][:12]} now)")
   return ""
 
 

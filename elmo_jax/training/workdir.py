@@ -16,7 +16,7 @@ import threading
 from elmo_jax.runtime import log
 from elmo_jax.runtime import storage
 
-from elmo_jax.runtime.run_layout import CHECKPOINTS, LOCK_FILE
+from elmo_jax.runtime.run_layout import BUCKET_ONLY, CHECKPOINTS
 
 
 class Workdir:
@@ -28,7 +28,7 @@ class Workdir:
     self.path = text.rstrip("/") if self.remote else os.path.abspath(text)
     self.local = storage.copy_path(self.path, "workdirs") if self.remote else self.path
     self.checkpoints = storage.join(self.path, CHECKPOINTS)
-    self._mirror = storage.Mirror(self.path, self.local, skip=(CHECKPOINTS, LOCK_FILE)) if self.remote else None
+    self._mirror = storage.Mirror(self.path, self.local, skip=BUCKET_ONLY) if self.remote else None
     self._wake = threading.Condition()
     self._pending: set[str] = set()
     self._busy, self._error, self._uploader = False, None, None

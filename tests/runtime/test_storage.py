@@ -1,7 +1,9 @@
 """elmo_jax.runtime.storage against a real GCS server (tests/gcs_util.py): copies, mirrors, staged outputs."""
 from __future__ import annotations
 
+import json
 import os
+import re
 
 import pytest
 
@@ -126,3 +128,54 @@ def test_text_files_in_a_bucket_read_like_local_ones(bucket, tmp_path):
     expand_paths([bucket + "/text/*.txt"])
   with pytest.raises(FileNotFoundError, match="no such object"):
     expand_paths([bucket + "/text/b.txt"])
+
+
+def test_a_bucket_path_a_client_reads_as_syntax_is_refused_before_anything_is_written(bucket, tmp_path):
+  """'#' would cut tensorstore's URL (the arrays of every step in an OCDBT database at a parent prefix), '?' starts
+  its query, '*?[]' are gcsfs's globs (a move takes other objects): refused in one line naming the flag and the
+  character, by the preflight's first check, and by every client call (`storage._key`) and checkpoint."""
+  import tiny
+  from elmo_jax.training import preflight
+  from elmo_jax.training.checkpoint import Checkpointer
+  train = tmp_path / "train.txt"
+  train.write_text("the cat sat on the mat .\n" * 20)
+  config = tiny.train_config(str(train))
+  for name, char in (("odd dir#1?x=ü/run", "'#'"), ("a?b/run", "'?'"), ("runs/*", "'\\*'"), ("r[1]", "'\\['"),
+                     ("line\nbreak", "a control character")):
+    url = f"{bucket}/{name}"
+    with pytest.raises(preflight.PreflightError, match=rf"^--workdir={re.escape(url)}: {char}") as refused:
+      preflight.check(config, url)
+    assert "\n" not in str(refused.value).replace(url, "")
+  with pytest.raises(storage.StorageError, match="'#' in a bucket path: tensorstore"):
+    Checkpointer(bucket + "/x#y/checkpoints")
+  with pytest.raises(storage.StorageError, match=r"'\[' in a bucket path"):
+    storage.local(bucket + "/corpus[1].txt")
+  assert storage.listdir(bucket) == []  # not even the write probe
+  fine = f"{bucket}/odd dir %41 ü+=;@,~/run"  # names to every client
+  storage.check_output(fine, "--workdir", directory=True)
+  assert storage.listdir(bucket) == []
+
+
+def test_a_bucket_checkpoint_keeps_every_object_a_restore_reads_in_its_step_folder_and_checksum(bucket):
+  """Orbax's OCDBT databases (manifest.ocdbt, d/, ocdbt.process_N/) lie under checkpoints/<step>/, so the step's
+  crc32c record covers every object the restore reads; a deleted array object is found before a restore."""
+  import jax.numpy as jnp
+  from elmo_jax.training.checkpoint import Checkpointer
+  run = f"{bucket}/odd dir %41 ü/run"
+  ckpt = Checkpointer(run + "/checkpoints", keep=2)
+  try:
+    ckpt.save(1, {"w": jnp.arange(12.0).reshape(4, 3)}, {"x": 1})
+    ckpt.wait()
+    every = sorted(storage._objects(bucket))  # pylint: disable=protected-access
+    prefix = "odd dir %41 ü/run/checkpoints/"
+    assert all(name.startswith(prefix) for name in every), every
+    record = json.loads(storage.read_bytes(run + "/checkpoints/checksums/1.json"))["crc32c"]
+    in_step = sorted(name[len(prefix) + 2:] for name in every if name.startswith(prefix + "1/"))
+    assert sorted(record) == in_step
+    arrays = [rel for rel in record if "/d/" in "/" + rel]
+    assert "state/manifest.ocdbt" in record and arrays, record
+    assert ckpt.verify(1) is None
+    storage.remove(f"{run}/checkpoints/1/{arrays[0]}")
+    assert ckpt.verify(1) == f"file {arrays[0]} is missing"
+  finally:
+    ckpt.manager.close()

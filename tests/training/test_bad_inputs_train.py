@@ -310,7 +310,12 @@ def test_a_refused_resume_leaves_the_workdir_as_it_was(tmp_path):
                        ("--config.data.train_files=other.txt", "config.data.train_files is 'other.txt'")]:
     _one_line_error(_train(tmp_path, *args, extra), words)
     assert snapshot() == before, extra
-  with open(train, "a") as f:  # the corpus edited in place: refused before it is prepared again
+  text = open(train).read()
+  with open(train, "w") as f:  # the corpus edited in place, at the same size: refused before it is prepared again
+    f.write(text.replace("the", "The", 1))
+  _one_line_error(_train(tmp_path, *args), "train.txt changed since (the same")
+  assert snapshot() == before
+  with open(train, "a") as f:
     f.write("a brand new sentence .\n")
   _one_line_error(_train(tmp_path, *args), "train.txt changed since")
   assert snapshot() == before

@@ -257,3 +257,26 @@ def test_a_missing_bucket_is_one_line_before_anything_runs(bucket, tmp_path):
   assert out.stderr.strip().splitlines()[-1] == (
       "train: error: --workdir=gs://no-such-bucket/run: the bucket gs://no-such-bucket does not exist (or is not "
       "visible to these credentials)")
+
+
+def test_a_same_size_edit_of_a_training_object_in_a_bucket_is_refused(bucket, tmp_path):
+  """The checkpoint records a bucket training file by its URL (not the per-host copy), size and crc32c."""
+  import tiny
+  from elmo_jax.training import input as input_lib, preflight
+  text = bucket + "/text/train.txt"
+  storage.upload(launch_util.write_corpus(str(tmp_path / "train.txt")), text)
+  config = tiny.train_config(text)
+  meta = tmp_path / "run" / "checkpoints" / "40" / "meta"
+  meta.mkdir(parents=True)
+  source = input_lib.train_source(config.data)
+  assert [f["path"] for f in source["files"]] == [text] and source["files"][0]["crc32c"]
+  meta.joinpath("metadata").write_text(json.dumps({"config": config.to_dict(), "vocab_sha256": "x", "data": [{}],
+                                                    "train_source": source}))
+  preflight.check_run(config, str(tmp_path / "run"), 1, 1)
+  storage.write_bytes(text, storage.read_bytes(text))  # uploaded again unchanged (a new generation): resumes
+  preflight.check_run(config, str(tmp_path / "run"), 1, 1)
+  data = storage.read_bytes(text)
+  storage.write_bytes(text, data.replace(b"the", b"The", 1))
+  with pytest.raises(preflight.PreflightError, match=rf"config.data.train_files: {text} changed since \(the same "
+                     rf"{len(data):,} bytes, other content: crc32c \S+ then, \S+ now\) \(checkpoint step 40"):
+    preflight.check_run(config, str(tmp_path / "run"), 1, 1)
