@@ -171,6 +171,11 @@ class Checkpointer:
         time.sleep(poll_s)
       if _is_main() and not self.read_only:
         self._write_checksums()
+        if step in self._unhashed and self._collected(step):
+          with self._lock:  # max_to_keep dropped it once a newer step was committed (keep_checkpoints=1)
+            self._unhashed.discard(step)
+          cancel()
+          return
         if step in self._unhashed:  # Orbax finished without committing it: its error was logged, not raised
           try:
             self.manager.check_for_errors()
@@ -185,6 +190,13 @@ class Checkpointer:
       cancel()  # only now: after a failure the deadline still bounds the stop (a cleanup that hangs)
     except Exception as e:  # noqa: BLE001 - a disk or bucket error: the run stops at its next step
       self._fail(step, e)
+
+  def _collected(self, step: int) -> bool:
+    """`step` is gone and a newer step is committed: garbage-collected by `max_to_keep`, not a failed save."""
+    if storage.exists(storage.join(self.directory, str(step))):
+      return False
+    newer = [int(n) for n in storage.listdir(self.directory) if n.isdigit() and int(n) > step]
+    return any(_committed(storage.join(self.directory, str(n))) for n in newer)
 
   def _write_checksums(self) -> None:
     """Writes checksums/<step>.json for finalized steps saved by this run; drops those of collected steps."""
