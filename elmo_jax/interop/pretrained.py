@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 
 from elmo_jax.interop import download
+from elmo_jax.interop import efml
 from elmo_jax.runtime import files
 from elmo_jax.interop import options as options_lib
 from elmo_jax.runtime import storage
@@ -144,6 +145,8 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
     found = _from_url(text) if fetch else ResolvedModel()
   elif use == "init_from":
     found = _init_source(text)
+  elif efml.is_efml_dir(path):
+    found = ResolvedModel(os.path.join(path, efml.CONFIG), os.path.join(path, efml.ENCODER), path=path)
   elif os.path.isdir(path):
     try:
       found = ResolvedModel(*_pair_in_folder(path), path=path)
