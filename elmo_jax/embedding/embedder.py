@@ -120,6 +120,7 @@ class Embedder:
     self._token_rows = [token_cache_lib.TokenRows(cnn_cache_tokens, tokens) for _ in range(self.mesh.size)]
     self.token_embedding_file = None if token_embedding_file is None else os.fspath(token_embedding_file)
     self.model_files: tuple[str, ...] = ()  # the local options and weight files it was read from (from_files)
+    self.extra_model_files: tuple[str, ...] = ()  # the other files of its model (from_efml: char.dic, ...)
     self._table = jax.device_put(np.repeat(np.asarray(pinned, np.float32)[None], self.mesh.size, axis=0),
                                  self._steps.by_rows)
 
@@ -144,7 +145,9 @@ class Embedder:
     output_layer=-2)` gives for a batch it starts with a fresh state (see the README)."""
     options, params, token_ids = efml.load(folder)
     emb = cls(options, params, token_ids=token_ids, **kwargs)
-    emb.model_files = tuple(efml.model_files(os.fspath(folder)))
+    paths = efml.model_files(os.fspath(folder))
+    emb.model_files = tuple(paths[k] for k in (efml.CONFIG, efml.ENCODER))  # what pretrained.resolve names
+    emb.extra_model_files = tuple(p for k, p in paths.items() if k not in (efml.CONFIG, efml.ENCODER))
     return emb
 
   @classmethod
@@ -185,7 +188,7 @@ class Embedder:
   def input_files(self) -> list[str]:
     """The files this embedder was read from (options, weights, vocabulary, token embeddings): what an
     output must never overwrite (`storage.check_output`)."""
-    return [p for p in (*self.model_files, self.vocab_file, self.token_embedding_file) if p]
+    return [p for p in (*self.model_files, *self.extra_model_files, self.vocab_file, self.token_embedding_file) if p]
 
   @property
   def n_layers(self) -> int:

@@ -52,10 +52,10 @@ def is_efml_dir(path: str | os.PathLike) -> bool:
   return os.path.isdir(path) and all(os.path.isfile(os.path.join(path, n)) for n in (CONFIG, ENCODER, TOKEN_EMBEDDER))
 
 
-def model_files(folder: str) -> list[str]:
-  """The files of the folder that a load reads (what an output must not overwrite)."""
-  return [os.path.join(folder, n) for n in (CONFIG, CHAR_DIC, WORD_DIC, ENCODER, TOKEN_EMBEDDER)
-          if os.path.exists(os.path.join(folder, n))]
+def model_files(folder: str) -> dict[str, str]:
+  """{name: path} of the folder's files that a load reads (what an output must not overwrite)."""
+  return {n: os.path.join(folder, n) for n in (CONFIG, CHAR_DIC, WORD_DIC, ENCODER, TOKEN_EMBEDDER)
+          if os.path.exists(os.path.join(folder, n))}
 
 
 def architecture(folder: str) -> dict[str, Any]:

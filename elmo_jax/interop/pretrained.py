@@ -289,6 +289,9 @@ def is_model_spec(text: str) -> bool:
 
 def load(name_or_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """(options, biLM params as numpy) of a released name, folder or URL."""
+  if efml.is_efml_dir(os.path.expanduser(name_or_path)):  # its char ids are not bilm-tf's (chars.LexiconIds)
+    raise efml.EFMLError(f"{name_or_path}: an ELMoForManyLangs model; Embedder.from_pretrained loads it, "
+                         "load_elmo / load do not yet")
   options_file, weight_file = resolve(name_or_path)
   options = options_lib.load(options_file)
   return options, weights_lib.load_hdf5(weight_file, options)["params"]

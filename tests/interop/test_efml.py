@@ -53,7 +53,7 @@ def test_exact_against_elmoformanylangs(efml_folders):
   assert model.files == (os.path.join(legacy, "config.json"), os.path.join(legacy, "encoder.pkl"))
   for fmt, folder in efml_folders.items():
     emb = Embedder.from_pretrained(folder)
-    assert emb.n_layers == 3 and emb.output_dim == 16
+    assert emb.n_layers == 3 and emb.output_dim == 16 and emb.model_files == pretrained.resolve(folder)
     assert set(emb.input_files) == {os.path.join(folder, n) for n in
                                     ("config.json", "char.dic", "word.dic", "encoder.pkl", "token_embedder.pkl")}
     got = emb.embed_sentences(efml_util.SENTENCES)
@@ -68,6 +68,8 @@ def test_exact_against_elmoformanylangs(efml_folders):
     theirs = reference.sents2elmo(efml_util.SENTENCES[:2], output_layer=output_layer)
     for g, w in zip(got, theirs):
       np.testing.assert_allclose(select_layers(g, ours), w, atol=1e-5, rtol=0, err_msg=str(output_layer))
+  with pytest.raises(efml.EFMLError, match="Embedder.from_pretrained loads it"):
+    pretrained.load_elmo(legacy)  # it would build bilm-tf char ids: refused in one line, not a wrong model
 
 
 def test_legacy_and_zip_pkl_read_as_torch_does(tmp_path):
