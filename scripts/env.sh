@@ -33,4 +33,15 @@ if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANT" ]; then
   .venv/bin/python -m pip install --quiet --no-deps -e . >&2
   echo "$WANT" > "$STAMP"
 fi
+# scripts/test.sh only (ELMO_JAX_TEST_DEPS=1): the test-only packages, with their own stamp (so train.sh and
+# test.sh do not reinstall each other's), which also changes when the main requirements do.
+if [ "${ELMO_JAX_TEST_DEPS:-}" = 1 ]; then
+  TEST_STAMP=.venv/.requirements-test.sha256
+  TEST_WANT="$( (echo "$WANT"; cat requirements-test.txt) | sha256sum | cut -d' ' -f1)"
+  if [ "$(cat "$TEST_STAMP" 2>/dev/null || true)" != "$TEST_WANT" ]; then
+    echo "[elmo_jax] installing the test-only requirements (requirements-test.txt) into .venv" >&2
+    .venv/bin/python -m pip install --quiet -r requirements-test.txt >&2
+    echo "$TEST_WANT" > "$TEST_STAMP"
+  fi
+fi
 export PATH="$ROOT/.venv/bin:$PATH"

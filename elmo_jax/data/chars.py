@@ -1,4 +1,5 @@
-"""Character ids exactly as bilm-tf's `UnicodeCharsVocabulary` + `Batcher` produce them.
+"""Character ids exactly as bilm-tf's `UnicodeCharsVocabulary` + `Batcher` produce them (and, `LexiconIds`, as
+ELMoForManyLangs' code does from its models' char.dic and word.dic).
 
 Every token becomes `max_characters_per_token` (50) ids: begin-of-word, up to 48 UTF-8 bytes (a multi-byte
 character may be cut), end-of-word, then padding. All ids are shifted by +1 so that 0 means "no token"
@@ -44,18 +45,83 @@ def token_to_ids(token: str, max_chars: int = MAX_CHARS) -> np.ndarray:
   return ids + 1
 
 
-class CharIdCache:
-  """Memoises `token_to_ids`: corpora repeat tokens, and the UTF-8 work dominates otherwise."""
+# ELMoForManyLangs (EFML): a token's ids come from its model's char.dic and word.dic, one id per Unicode code point.
+EFML_BOS, EFML_EOS, EFML_OOV, EFML_PAD = "<bos>", "<eos>", "<oov>", "<pad>"
 
-  def __init__(self, max_chars: int = MAX_CHARS, max_size: int = 1_000_000):
+
+def read_dic(path: str) -> dict[str, int]:
+  """An EFML `char.dic` / `word.dic` (`token<TAB>id` lines) exactly as its `Embedder.get_model` reads it: the
+  line stripped, a line left with the id alone is U+3000 (an ideographic space: strip() removes it), a later
+  line of the same token wins. ValueError naming the line for any other line."""
+  out: dict[str, int] = {}
+  with open(path, encoding="utf-8") as f:
+    for n, line in enumerate(f, 1):
+      parts = line.strip().split("\t")
+      if len(parts) == 1:
+        parts.insert(0, "\u3000")
+      if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
+        raise ValueError(f"{path}:{n}: expected 'token<TAB>id', got {line.rstrip()[:60]!r}")
+      out[parts[0]] = int(parts[1])
+  return out
+
+
+class LexiconIds:
+  """Token -> ids of an EFML model, as its `read_list` + `create_one_batch` make them (shifted by +1, 0 = no
+  token): `[1 + max_chars]` with a word vocabulary (the word id first: `word2id` or `<oov>`), else `[max_chars]`.
+
+  A token is cut to `max_chars - 2` code points (not UTF-8 bytes); its char ids are the begin-of-word id, one
+  per code point (`<oov>` for a char outside char.dic), the end-of-word id, then `<pad>`. The begin and end ids
+  are those EFML's code assigns: it reads `bow_id, eow_id` from `('<eow>', '<bow>')`, so a word begins with
+  `<eow>`'s id and ends with `<bow>`'s, as its models were trained. `<bos>` / `<eos>` (the sentence boundaries,
+  `special`) hold their own char id between the two.
+  """
+
+  def __init__(self, char2id: dict[str, int], word2id: dict[str, int] | None, max_chars: int = MAX_CHARS):
+    for name, vocab in (("char", char2id), ("word", word2id)):
+      for key in (EFML_OOV, EFML_PAD) + ((EFML_BOS, EFML_EOS, "<bow>", "<eow>") if name == "char" else ()):
+        if vocab is not None and key not in vocab:
+          raise ValueError(f"{name}.dic has no {key}")
+    self.char2id, self.word2id, self.max_chars = char2id, word2id, max_chars
+    self.lead = 0 if word2id is None else 1  # ids before the char ids
+    self.pad_id = char2id[EFML_PAD] + 1
+    self._begin, self._end = char2id["<eow>"] + 1, char2id["<bow>"] + 1  # sic, see above
+    self._oov = char2id[EFML_OOV] + 1
+
+  def __call__(self, token: str) -> np.ndarray:
+    if len(token) + 2 > self.max_chars:
+      token = token[:self.max_chars - 2]
+    ids = np.full([self.lead + self.max_chars], self.pad_id, np.int32)
+    if self.lead:
+      ids[0] = self.word2id.get(token, self.word2id[EFML_OOV]) + 1
+    if token in (EFML_BOS, EFML_EOS):
+      codes = [self.char2id[token] + 1]
+    else:
+      codes = [self.char2id.get(c, self._oov - 1) + 1 for c in token]
+    ids[self.lead] = self._begin
+    ids[self.lead + 1:self.lead + 1 + len(codes)] = codes
+    ids[self.lead + 1 + len(codes)] = self._end
+    return ids
+
+  @property
+  def special(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids of the sentence boundaries `<bos>` and `<eos>` (`BiLMConfig.special_ids`)."""
+    return tuple(int(i) for i in self(EFML_BOS)), tuple(int(i) for i in self(EFML_EOS))
+
+
+class CharIdCache:
+  """Memoises `token_to_ids` (or `ids_of`, e.g. a `LexiconIds`): corpora repeat tokens, and the UTF-8 work
+  dominates otherwise."""
+
+  def __init__(self, max_chars: int = MAX_CHARS, max_size: int = 1_000_000, ids_of=None):
     self.max_chars = max_chars
     self.max_size = max_size
+    self.ids_of = ids_of or (lambda token: token_to_ids(token, max_chars))
     self._cache: dict[str, np.ndarray] = {}
 
   def __call__(self, token: str) -> np.ndarray:
     ids = self._cache.get(token)
     if ids is None:
-      ids = token_to_ids(token, self.max_chars)
+      ids = self.ids_of(token)
       if len(self._cache) < self.max_size:
         self._cache[token] = ids
     return ids

@@ -25,6 +25,7 @@ import numpy as np
 
 from elmo_jax.data import chars
 from elmo_jax.interop import download
+from elmo_jax.interop import efml
 from elmo_jax.embedding import row_state
 from elmo_jax.embedding import step as embed_step
 from elmo_jax.embedding.args import check_sentences, select_layers
@@ -85,13 +86,15 @@ class Embedder:
     devices: this process's devices to split each batch over (`embed_step.local_mesh`): None = all local devices,
       an int k = the first k, or a list. Rows are padded to a multiple of the device count; each device
       computes as a one-device Embedder would, so the outputs equal one device's.
+    token_ids: token -> ids where they are not bilm-tf's UTF-8 bytes (`chars.LexiconIds` of an
+      ELMoForManyLangs model, `from_efml`).
   """
 
   def __init__(self, options: dict[str, Any], params: dict[str, Any], *,
                vocab_file: str | None = None, stateful: bool = False, dtype: Any = jnp.float32,
                token_embedding_file: str | os.PathLike | None = None, token_vocab_file: str | None = None,
                compilation_cache: bool = True, cnn_cache_tokens: int = _CNN_CACHE_TOKENS,
-               devices: int | Sequence[Any] | None = None):
+               devices: int | Sequence[Any] | None = None, token_ids: chars.LexiconIds | None = None):
     if compilation_cache:
       enable_compilation_cache()
     self.options = options
@@ -104,7 +107,10 @@ class Embedder:
     self.params = jax.device_put(jax.tree_util.tree_map(jnp.asarray, params), self._steps.replicated)
     self._state = None
     self._fingerprint: str | None = None
-    self._char_ids = chars.CharIdCache(self.config.max_characters_per_token, max_size=200_000)
+    self.token_ids = token_ids
+    self._char_ids = chars.CharIdCache(self.config.max_characters_per_token, max_size=200_000, ids_of=token_ids)
+    # what the char CNN's width cut must know of the ids (embed_step.char_widths)
+    self._pad = {"pad_id": token_ids.pad_id, "lead": token_ids.lead} if token_ids is not None else {}
     self._max_width = max(w for w, _ in self.config.filters)
     pinned, tokens = np.zeros((0, self.config.projection_dim), np.float32), []
     if token_embedding_file is not None:  # its words are pinned rows of the table: they skip the char CNN
@@ -116,6 +122,7 @@ class Embedder:
     self.token_embedding_file = None if token_embedding_file is None else os.fspath(token_embedding_file)
     self.model_files: tuple[str, ...] = ()  # the local options and weight files it was read from (from_files)
     self.module_mix: dict[str, np.ndarray] | None = None  # a TF-Hub module's `elmo` mix (from_model)
+    self.extra_model_files: tuple[str, ...] = ()  # the other files of its model (from_efml: char.dic, ...)
     self._table = jax.device_put(np.repeat(np.asarray(pinned, np.float32)[None], self.mesh.size, axis=0),
                                  self._steps.by_rows)
 
@@ -123,12 +130,26 @@ class Embedder:
   @classmethod
   def from_files(cls, options_file: str | os.PathLike, weight_file: str | os.PathLike, **kwargs) -> "Embedder":
     """Local paths, `file://` or `http(s)://` URLs (downloaded once into the cache, see `elmo_jax.interop.download`;
-    a download must be a valid options.json and a readable HDF5 file, whatever the URL's name)."""
+    a download must be a valid options.json and a readable HDF5 file, whatever the URL's name). An
+    ELMoForManyLangs folder's config.json and a .pkl (what `pretrained.resolve` gives for one): `from_efml`."""
+    if str(weight_file).endswith(".pkl") and efml.is_efml_dir(os.path.dirname(os.fspath(options_file))):
+      return cls.from_efml(os.path.dirname(os.fspath(options_file)), **kwargs)
     options_path = download.cached_path(options_file, kind="options")
     weight_path = download.cached_path(weight_file, kind="hdf5")
     options = options_lib.load(options_path)
     emb = cls(options, weights_lib.load_hdf5(weight_path, options)["params"], **kwargs)
     emb.model_files = (os.fspath(options_path), os.fspath(weight_path))
+    return emb
+
+  @classmethod
+  def from_efml(cls, folder: str | os.PathLike, **kwargs) -> "Embedder":
+    """An ELMoForManyLangs model folder (`interop/efml.py`): the same layers as its `sents2elmo(...,
+    output_layer=-2)` gives for a batch it starts with a fresh state (see the README)."""
+    options, params, token_ids = efml.load(folder)
+    emb = cls(options, params, token_ids=token_ids, **kwargs)
+    paths = efml.model_files(os.fspath(folder))
+    emb.model_files = tuple(paths[k] for k in (efml.CONFIG, efml.ENCODER))  # what pretrained.resolve names
+    emb.extra_model_files = tuple(p for k, p in paths.items() if k not in (efml.CONFIG, efml.ENCODER))
     return emb
 
   @classmethod
@@ -160,21 +181,22 @@ class Embedder:
     """Randomly initialised biLM (bilm-tf's initialisers) of the given shape."""
     options = options_lib.validate(options)
     model = BiLM(BiLMConfig.from_options(options))
-    dummy = np.zeros((1, 1, options["char_cnn"]["max_characters_per_token"]), np.int32)
+    dummy = np.zeros((1, 1, model.config.token_width), np.int32)
     # one compiled program: run eagerly, init compiles every initializer and op of the forward on its own
     params = jax.jit(model.init)(jax.random.key(seed), dummy)["params"]
     return cls(options, params, **kwargs)
 
   def untrained_twin(self, seed: int = 0) -> "Embedder":
     """Same options, random init: the control for probing experiments."""
-    return Embedder.random(self.options, seed=seed, stateful=self.stateful, devices=self.devices)
+    return Embedder.random(self.options, seed=seed, stateful=self.stateful, devices=self.devices,
+                           token_ids=self.token_ids)
 
   # --- properties ---------------------------------------------------------------------------------------
   @property
   def input_files(self) -> list[str]:
     """The files this embedder was read from (options, weights, vocabulary, token embeddings): what an
     output must never overwrite (`storage.check_output`)."""
-    return [p for p in (*self.model_files, self.vocab_file, self.token_embedding_file) if p]
+    return [p for p in (*self.model_files, *self.extra_model_files, self.vocab_file, self.token_embedding_file) if p]
 
   @property
   def n_layers(self) -> int:
@@ -211,7 +233,8 @@ class Embedder:
       pinned = np.asarray(self._table[0, :self._token_rows[0].pinned])
       self._fingerprint = files.sha256_arrays(
           *jax.tree_util.tree_leaves(self.params), pinned,
-          extra={"options": self.options, "dtype": str(np.dtype(self.model.dtype)), "stateful": self.stateful})
+          extra={"options": self.options, "dtype": str(np.dtype(self.model.dtype)), "stateful": self.stateful,
+                 **({} if self.token_ids is None else {"vocab": [self.token_ids.char2id, self.token_ids.word2id]})})
     return self._fingerprint
 
   @property
@@ -250,8 +273,8 @@ class Embedder:
       tokens = list(index)
       row, new = token_rows.assign(tokens)
       ids = (np.stack([self._char_ids(tokens[u]) for u in new]) if len(new)
-             else np.zeros((0, self.config.max_characters_per_token), np.int32))
-      chunks.append(width_chunks(ids, row[new], self._max_width))
+             else np.zeros((0, self.config.token_width), np.int32))
+      chunks.append(width_chunks(ids, row[new], self._max_width, **self._pad))
       if len(row):
         positions[block] = row[positions[block]]  # padded slots point at some token; the mask zeroes them
     return _Prepared(n, positions, mask, *embed_step.stack_chunks(chunks))
@@ -380,9 +403,10 @@ class Embedder:
       part = tokens[start:start + batch_size]
       shares = [part[d * per_device:(d + 1) * per_device] for d in range(n_dev)]  # device d's tokens
       table = put(np.zeros((n_dev, per_device, self.config.projection_dim), np.float32))
-      chunks = [width_chunks(np.stack([chars.token_to_ids(t, self.config.max_characters_per_token) for t in share])
-                             if share else np.zeros((0, self.config.max_characters_per_token), np.int32),
-                             np.arange(len(share), dtype=np.int32), self._max_width) for share in shares]
+      chunks = [width_chunks(np.stack([self._char_ids.ids_of(t) for t in share])
+                             if share else np.zeros((0, self.config.token_width), np.int32),
+                             np.arange(len(share), dtype=np.int32), self._max_width, **self._pad)
+                for share in shares]
       for ids, dest in zip(*embed_step.stack_chunks(chunks)):
         table = self._steps.cnn_into(self.params, table, put(ids), put(dest))
       out[start:start + len(part)] = np.concatenate([t[:len(sh)] for t, sh in zip(np.asarray(table), shares)])

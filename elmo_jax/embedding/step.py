@@ -63,8 +63,9 @@ def local_mesh(devices: int | Sequence[Any] | None = None) -> Mesh:
   return Mesh(np.array(chosen), (AXIS,))
 
 
-def char_widths(ids: np.ndarray, max_width: int) -> np.ndarray:
-  """Char positions each token `ids [U, max_chars]` needs for an exact char CNN: `[U]`.
+def char_widths(ids: np.ndarray, max_width: int, pad_id: int = PAD_ID, lead: int = 0) -> np.ndarray:
+  """Char positions each token `ids [U, max_chars]` needs for an exact char CNN: `[U]` (ids kept, `lead`
+  word ids before the chars included; `pad_id`: the padding char's id, bilm-tf's or a char vocabulary's).
 
   A token of n positions (BOW, bytes, EOW) padded with PAD ids: every conv window of width w that starts at
   or after n sees only PAD, so all of them give the same value. Cut to k >= n + max_width positions, the
@@ -73,15 +74,16 @@ def char_widths(ids: np.ndarray, max_width: int) -> np.ndarray:
   """
   max_chars = ids.shape[1]
   widths = np.array([w for w in CHAR_WIDTHS if w < max_chars] + [max_chars])
-  need = np.count_nonzero(ids != PAD_ID, axis=1) + max_width
+  need = lead + np.count_nonzero(ids[:, lead:] != pad_id, axis=1) + max_width
   return widths[np.minimum(np.searchsorted(widths, need), len(widths) - 1)]
 
 
-def width_chunks(ids: np.ndarray, rows: np.ndarray, max_width: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
+def width_chunks(ids: np.ndarray, rows: np.ndarray, max_width: int, pad_id: int = PAD_ID,
+                 lead: int = 0) -> list[tuple[int, np.ndarray, np.ndarray]]:
   """Char ids `[U, max_chars]` of tokens bound for table rows `rows [U]` -> (width, chunk
   `[CNN_ROWS, width]`, their rows `[CNN_ROWS]`) per chunk of tokens of one char width (the CNN's fixed
-  shapes; padding rows: an out-of-range row)."""
-  widths = char_widths(ids, max_width)
+  shapes; padding rows: an out-of-range row). `pad_id`, `lead`: as `char_widths`."""
+  widths = char_widths(ids, max_width, pad_id, lead)
   out = []
   for width in np.unique(widths):
     members = np.flatnonzero(widths == width)

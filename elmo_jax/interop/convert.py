@@ -17,6 +17,7 @@ import os
 import shutil
 from typing import Any
 
+from elmo_jax.interop import efml
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
 from elmo_jax.interop import tfhub
@@ -27,7 +28,6 @@ from elmo_jax.runtime.run_layout import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
 
 FORMATS = ("bilm-hdf5",)
 # An ELMoForManyLangs folder's files (HIT-SCIR's release layout).
-_EFML_FILES = ("config.json", "char.dic", "word.dic")
 
 
 class ConvertError(ValueError):
@@ -45,14 +45,10 @@ class Model:
   note: str | None = None  # what the output cannot hold (a module's mix)
 
 
-def is_efml(path: str) -> bool:
-  return os.path.isdir(path) and all(os.path.isfile(os.path.join(path, name)) for name in _EFML_FILES)
-
-
 def load(spec: str) -> Model:
   """A model spec (`resolve_model`: a released name, a run, a folder, a TF-Hub module, a URL) as a `Model`."""
   path = os.path.expanduser(spec)
-  if is_efml(path):
+  if efml.is_efml_dir(path):
     raise ConvertError(
         f"{spec}: an ELMoForManyLangs model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "
         "no place for its word embedding, word.dic's vectors beside the char CNN); use the folder as it is "

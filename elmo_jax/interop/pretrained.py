@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from elmo_jax.interop import archive
 from elmo_jax.interop import download
+from elmo_jax.interop import efml
 from elmo_jax.runtime import files
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import tfhub
@@ -154,6 +155,8 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
     found = _init_source(text)
   elif os.path.isdir(path) and tfhub.is_module(path):
     found = ResolvedModel(path=path, tfhub_dir=path)
+  elif efml.is_efml_dir(path):
+    found = ResolvedModel(os.path.join(path, efml.CONFIG), os.path.join(path, efml.ENCODER), path=path)
   elif os.path.isdir(path):
     try:
       found = ResolvedModel(*_pair_in_folder(path), path=path)
@@ -311,6 +314,9 @@ def is_model_spec(text: str) -> bool:
 
 def load(name_or_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """(options, biLM params as numpy) of a released name, folder (a TF-Hub module's too) or URL."""
+  if efml.is_efml_dir(os.path.expanduser(name_or_path)):  # its char ids are not bilm-tf's (chars.LexiconIds)
+    raise efml.EFMLError(f"{name_or_path}: an ELMoForManyLangs model; Embedder.from_pretrained loads it, "
+                         "load_elmo / load do not yet")
   model = resolve_model(name_or_path)
   if model.tfhub_dir is not None:
     module = tfhub.load(model.tfhub_dir)

@@ -73,7 +73,7 @@ class BiLM(nn.Module):
     """Contextual representations of whole sentences.
 
     Args:
-      char_ids: [batch, time, max_chars] from `batch_to_ids` (without `<S>`/`</S>`), or None when
+      char_ids: [batch, time, token_width] from `batch_to_ids` (without `<S>`/`</S>`), or None when
         `token_embeddings` [batch, time, P] and `mask` [batch, time] are given (precomputed, e.g. deduped).
       state: initial LSTMState (stateful use) or None for zeros.
       add_bos_eos: wrap each sentence in `<S>`/`</S>` and remove them from the output.
@@ -92,8 +92,9 @@ class BiLM(nn.Module):
     emb = jnp.where(mask[..., None], token_embeddings.astype(jnp.float32), 0.0)
     lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
     if add_bos_eos:
-      special = np.stack([chars.token_to_ids(chars.BOS_TOKEN, self.config.max_characters_per_token),
-                          chars.token_to_ids(chars.EOS_TOKEN, self.config.max_characters_per_token)])
+      special = np.asarray(self.config.special_ids or [
+          chars.token_to_ids(token, self.config.max_characters_per_token)
+          for token in (chars.BOS_TOKEN, chars.EOS_TOKEN)], np.int32)
       bos, eos = self.char_cnn(jnp.asarray(special))
       batch, time = mask.shape
       t = jnp.arange(time + 2)[None, :, None]

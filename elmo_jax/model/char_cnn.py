@@ -36,19 +36,25 @@ class Highway(nn.Module):
   """bilm-tf's highway layer: the sigmoid "carry" gate multiplies the ReLU transform branch.
 
   out = g * relu(x W_t + b_t) + (1 - g) * x,  g = sigmoid(x W_c + b_c); b_c starts at -2 (mostly pass x).
+  `convention="allennlp"` (AllenNLP's and ELMoForManyLangs' Highway): the gate keeps the input,
+  out = g * x + (1 - g) * relu(x W_t + b_t); b_c starts at +1 (mostly pass x), as there.
   """
   dtype: Dtype = jnp.float32
+  convention: str = "bilm-tf"
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:  # [n, d] -> [n, d]
     d = x.shape[-1]
     init = _normal(float(np.sqrt(1.0 / d)))
     w_c = self.param("W_carry", init, (d, d))
-    b_c = self.param("b_carry", nn.initializers.constant(-2.0), (d,))
+    keeps_input = self.convention == "allennlp"
+    b_c = self.param("b_carry", nn.initializers.constant(1.0 if keeps_input else -2.0), (d,))
     w_t = self.param("W_transform", init, (d, d))
     b_t = self.param("b_transform", nn.initializers.zeros, (d,))
     gate = jax.nn.sigmoid(_dot(x, w_c, self.dtype) + b_c)
     transform = jax.nn.relu(_dot(x, w_t, self.dtype) + b_t)
+    if keeps_input:
+      return gate * x + (1.0 - gate) * transform
     return gate * transform + (1.0 - gate) * x
 
 
@@ -68,15 +74,18 @@ class Projection(nn.Module):
 class CharCNN(nn.Module):
   """Maps char ids `[..., max_chars]` (0 = no token) to token embeddings `[..., projection_dim]`.
 
+  With a word embedding (`config.n_words`, ELMoForManyLangs) the ids are `[..., 1 + max_chars]`: the word id
+  (+1) first, and the word's vector [word_dim] goes before the highway output into the projection.
+
   Attributes:
     config: the biLM shape; this module reads `filters` ((width, n_filters) per convolution), `char_dim`,
-      `n_highway`, `activation` ('relu' or 'tanh', applied after the max over positions, as bilm-tf) and
-      `projection_dim` (bilm-tf projects only when it differs from the total filter count).
-    n_characters: rows of the id space including the zero row for id 0.
+      `n_highway`, `highway` (its convention), `activation` ('relu' or 'tanh', applied after the max over
+      positions, as bilm-tf), `n_characters` (rows of the id space including the zero row for id 0),
+      `n_words`, `word_dim` and `projection_dim` (bilm-tf projects only when it differs from the total filter
+      count; with a word embedding there is always a projection, as in ELMoForManyLangs).
     dtype: computation dtype of the matmuls/convolutions (params stay float32).
   """
   config: BiLMConfig
-  n_characters: int = 262
   dtype: Dtype = jnp.float32
 
   @property
@@ -86,10 +95,12 @@ class CharCNN(nn.Module):
   @nn.compact
   def __call__(self, char_ids: jax.Array) -> jax.Array:
     cfg = self.config
-    lead, max_chars = char_ids.shape[:-1], char_ids.shape[-1]
-    ids = char_ids.reshape(-1, max_chars)
+    lead, width = char_ids.shape[:-1], char_ids.shape[-1]
+    ids = char_ids.reshape(-1, width)
+    if cfg.n_words:
+      word_ids, ids = ids[:, 0], ids[:, 1:]
     # The stored table has no row for id 0 ("no token"); a constant zero row keeps it out of training.
-    table = self.param("char_embed", symmetric_uniform(1.0), (self.n_characters - 1, cfg.char_dim))
+    table = self.param("char_embed", symmetric_uniform(1.0), (cfg.n_characters - 1, cfg.char_dim))
     table = jnp.concatenate([jnp.zeros((1, cfg.char_dim), table.dtype), table], 0)
     x = jnp.take(table, ids, axis=0).astype(self.dtype)  # [n, max_chars, char_dim]
 
@@ -111,9 +122,12 @@ class CharCNN(nn.Module):
       pooled.append(act(jnp.max(y, axis=1) + b))
     h = jnp.concatenate(pooled, axis=-1)  # [n, n_filters]
 
-    d = self.n_filters
     for i in range(cfg.n_highway):
-      h = Highway(dtype=self.dtype, name=f"CNN_high_{i}")(h)
-    if cfg.projection_dim != d:
+      h = Highway(dtype=self.dtype, convention=cfg.highway, name=f"CNN_high_{i}")(h)
+    if cfg.n_words:
+      words = self.param("word_embed", symmetric_uniform(0.25), (cfg.n_words, cfg.word_dim))  # EFML's init
+      words = jnp.concatenate([jnp.zeros((1, cfg.word_dim), words.dtype), words], 0)
+      h = jnp.concatenate([jnp.take(words, word_ids, axis=0), h], axis=-1)  # [word; chars], EFML's order
+    if cfg.projection_dim != h.shape[-1] or cfg.n_words:
       h = Projection(cfg.projection_dim, dtype=self.dtype, name="CNN_proj")(h)
     return h.reshape(*lead, h.shape[-1])

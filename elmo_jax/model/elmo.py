@@ -144,7 +144,7 @@ def elmo_variables(elmo: Elmo, bilm_params: Any, token_cache: np.ndarray | None 
   Shapes come from `jax.eval_shape` of `elmo.init`, so nothing is compiled or run.
   """
   cfg = elmo.config
-  dummy = np.zeros((1, 1, cfg.max_characters_per_token), np.int32)
+  dummy = np.zeros((1, 1, cfg.token_width), np.int32)
   kwargs = {"word_ids": np.zeros((1, 1), np.int32)} if elmo.vocab_to_cache is not None else {}
   shapes = jax.eval_shape(elmo.init, jax.random.key(0), dummy, **kwargs)
   logits = elmo.scalar_mix_parameters or [0.0] * (cfg.n_layers + 1)

@@ -1,7 +1,8 @@
 """Stacked LSTMs with projection (TF1 `LSTMCell(num_proj=...)`), both directions in one `lax.scan`.
 
 Exactly bilm-tf's cell: gates from [x; h_prev] @ W_0 + B in TF order (i, j, f, o), +1.0 on the forget gate
-(TF's forget_bias, not stored in the weight file), cell clip, h = clip(sigmoid(o) * tanh(c) @ W_P_0),
+(TF's forget_bias, not stored in the weight file; `config.implicit_forget_bias=False` for AllenNLP's cell, whose
+bias holds it), cell clip, h = clip(sigmoid(o) * tanh(c) @ W_P_0),
 no peepholes. Padded steps leave (c, h) unchanged and output zeros, like `dynamic_rnn(sequence_length=...)`.
 
 Speed: the input half of the gate matmul runs for all time steps at once outside the scan (`input_gates`);
@@ -306,7 +307,8 @@ class BiLSTMStack(nn.Module):
     x = jnp.stack([fwd_x, bwd_x]).astype(jnp.float32)  # [2, B, T, P]
     mask = jnp.stack([fwd_mask, bwd_mask]).astype(bool)  # [2, B, T]
     mask_t = jnp.transpose(mask, (2, 0, 1))  # [T, 2, B]
-    forget = jnp.zeros((4 * hidden,), jnp.float32).at[2 * hidden:3 * hidden].set(FORGET_BIAS)
+    forget_bias = FORGET_BIAS if cfg.implicit_forget_bias else 0.0
+    forget = jnp.zeros((4 * hidden,), jnp.float32).at[2 * hidden:3 * hidden].set(forget_bias)
     outputs, cs, hs = [], [], []
     for k in range(cfg.n_layers):
       in_dim = x.shape[-1]

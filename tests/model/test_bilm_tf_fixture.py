@@ -151,6 +151,7 @@ def _patched_lstm_scan(gate_order="ijfo"):
 class _SwappedHighway(nn.Module):
   """Highway with the gate's roles swapped: g * x + (1 - g) * relu(transform)."""
   dtype: object = jnp.float32
+  convention: str = "bilm-tf"  # taken (CharCNN passes it) and ignored: the swap is the mutation
 
   @nn.compact
   def __call__(self, x):

@@ -1,0 +1,197 @@
+"""ELMoForManyLangs (HIT-SCIR, 44 languages) model folders -> our options, `BiLM` params and token ids, exactly.
+
+    options, params, token_ids = efml.load("zhs.model")     # config.json, char.dic, word.dic, *.pkl
+    emb = Embedder.from_pretrained("zhs.model")             # the same, through pretrained.resolve_model
+
+A folder holds `config.json` (whose `config_path` names the architecture JSON, often missing from the
+download: then the published default `cnn_50_100_512_4096_sample` shape is used, as elmoformanylangs does,
+and one line says so), `char.dic` and `word.dic` (`chars.read_dic`), and the PyTorch state dicts
+`token_embedder.pkl` and `encoder.pkl` (read without torch, `torch_pickle`). The model differences are options
+of our modules (`BiLMConfig`): Unicode code points through char.dic (`chars.LexiconIds`), the word embedding
+before the projection, AllenNLP's highway and LSTM cell without TF's implicit forget bias, skip connections
+on every layer but the first. AllenNLP's gate order (i, f, g, o) is permuted into TF's (i, j, f, o) here:
+a permutation, so the numbers are the same bits. Nothing is written back (EFML has no bilm-tf hdf5 form: its
+word embedding has no place there).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from elmo_jax.data import chars
+from elmo_jax.interop import options as options_lib
+from elmo_jax.interop import torch_pickle
+from elmo_jax.interop.weights import WeightFileError
+from elmo_jax.runtime import log
+
+FORMAT = "elmoformanylangs"
+CONFIG, CHAR_DIC, WORD_DIC, ENCODER, TOKEN_EMBEDDER = (
+    "config.json", "char.dic", "word.dic", "encoder.pkl", "token_embedder.pkl")
+DEFAULT_ARCHITECTURE = "cnn_50_100_512_4096_sample"
+# elmoformanylangs/configs/cnn_50_100_512_4096_sample.json (the package's cnn_0_100_... is the same JSON).
+_DEFAULT = {
+    "encoder": {"name": "elmo", "projection_dim": 512, "cell_clip": 3, "proj_clip": 3, "dim": 4096, "n_layers": 2},
+    "token_embedder": {"name": "cnn", "activation": "relu",
+                       "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]],
+                       "n_highway": 2, "word_dim": 100, "char_dim": 50, "max_characters_per_token": 50},
+}
+# EFML's output_layer -> `embedding.args.select_layers`: -1 the average of the layers, -2 all, k layer k.
+OUTPUT_LAYERS = {-1: "average", -2: "all", 0: 0, 1: 1, 2: 2}
+
+
+class EFMLError(WeightFileError):
+  """An ELMoForManyLangs folder that cannot be loaded; one line naming the file (and key or line)."""
+
+
+def is_efml_dir(path: str | os.PathLike) -> bool:
+  """True for a folder laid out as an ELMoForManyLangs model (config.json, encoder.pkl, token_embedder.pkl)."""
+  path = os.fspath(path)
+  return os.path.isdir(path) and all(os.path.isfile(os.path.join(path, n)) for n in (CONFIG, ENCODER, TOKEN_EMBEDDER))
+
+
+def model_files(folder: str) -> dict[str, str]:
+  """{name: path} of the folder's files that a load reads (what an output must not overwrite)."""
+  return {n: os.path.join(folder, n) for n in (CONFIG, CHAR_DIC, WORD_DIC, ENCODER, TOKEN_EMBEDDER)
+          if os.path.exists(os.path.join(folder, n))}
+
+
+def architecture(folder: str) -> dict[str, Any]:
+  """The architecture JSON that config.json's `config_path` names, looked for where elmoformanylangs looks
+  (beside config.json's path, then by file name in the folder); missing: the published default."""
+  config_file = os.path.join(folder, CONFIG)
+  try:
+    with open(config_file, encoding="utf-8") as f:
+      config = json.load(f)
+  except (OSError, ValueError) as e:
+    raise EFMLError(f"{config_file}: not a readable JSON file ({e})") from None
+  named = config.get("config_path") if isinstance(config, dict) else None
+  if not isinstance(named, str):
+    raise EFMLError(f"{config_file}: has no 'config_path' (the architecture JSON's name)")
+  for path in (os.path.join(folder, named), os.path.join(folder, os.path.basename(named))):
+    if os.path.isfile(path):
+      try:
+        with open(path, encoding="utf-8") as f:
+          return json.load(f)
+      except (OSError, ValueError) as e:
+        raise EFMLError(f"{path}: not a readable architecture JSON ({e})") from None
+  log.info(f"{config_file}: its architecture {named} is not in {folder}; using the published default "
+           f"{DEFAULT_ARCHITECTURE} shape (as elmoformanylangs does)")
+  return json.loads(json.dumps(_DEFAULT))
+
+
+def load(folder: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any], chars.LexiconIds]:
+  """(options, `BiLM` params as float32 numpy, token ids) of an ELMoForManyLangs folder; EFMLError, one line."""
+  folder = os.fspath(folder)
+  arch = architecture(folder)
+  emb, enc = arch.get("token_embedder", {}), arch.get("encoder", {})
+  where = f"{folder}: architecture"
+  if emb.get("name", "cnn").lower() != "cnn" or enc.get("name", "elmo").lower() != "elmo":
+    raise EFMLError(f"{where} token_embedder.name={emb.get('name')!r}, encoder.name={enc.get('name')!r}: only "
+                    "the 'cnn' token embedder with the 'elmo' encoder (every released model) is supported")
+  if not emb.get("char_dim"):
+    raise EFMLError(f"{where} token_embedder.char_dim is 0 (a word-only model), which is not supported")
+  char2id = _dic(folder, CHAR_DIC)
+  word2id = _dic(folder, WORD_DIC) if emb.get("word_dim") else None
+  try:
+    token_ids = chars.LexiconIds(char2id, word2id, int(emb["max_characters_per_token"]))
+  except (ValueError, KeyError) as e:
+    raise EFMLError(f"{folder}/{e.args[0] if isinstance(e, ValueError) else 'architecture: missing ' + str(e)}") from None
+  te = _state(folder, TOKEN_EMBEDDER)
+  options = options_lib.validate({
+      "char_cnn": {"activation": emb.get("activation", "relu"), "embedding": {"dim": int(emb["char_dim"])},
+                   "filters": emb["filters"], "n_highway": int(emb.get("n_highway") or 0),
+                   "max_characters_per_token": int(emb["max_characters_per_token"]),
+                   "char_vocab_size": len(char2id), "highway": "allennlp",
+                   "word_embedding": {"n_words": len(word2id or ()), "dim": int(emb.get("word_dim") or 0)},
+                   "special_ids": [list(row) for row in token_ids.special]},
+      "lstm": {"dim": int(enc["dim"]), "n_layers": int(enc["n_layers"]), "projection_dim": int(enc["projection_dim"]),
+               "cell_clip": enc.get("cell_clip"), "proj_clip": enc.get("proj_clip"),
+               "use_skip_connections": True, "implicit_forget_bias": False},
+      "format": FORMAT}, f"{folder}/{CONFIG}")
+  params = {"char_cnn": _char_cnn(te, options, folder, char2id, word2id),
+            "lstm": _lstm(_state(folder, ENCODER), options, folder)}
+  return options, params, token_ids
+
+
+def _dic(folder: str, name: str) -> dict[str, int]:
+  path = os.path.join(folder, name)
+  if not os.path.isfile(path):
+    raise EFMLError(f"{path}: not found (an ELMoForManyLangs model has {CHAR_DIC} and {WORD_DIC})")
+  try:
+    return chars.read_dic(path)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise EFMLError(str(e) if isinstance(e, ValueError) else f"{path}: not UTF-8 text") from None
+
+
+def _state(folder: str, name: str) -> dict[str, np.ndarray]:
+  path = os.path.join(folder, name)
+  try:
+    state = torch_pickle.load(path)
+  except torch_pickle.TorchPickleError as e:
+    raise EFMLError(str(e)) from None
+  if not isinstance(state, dict):
+    raise EFMLError(f"{path}: holds a {type(state).__name__}, not a state dict")
+  return {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
+
+
+def _take(state: dict[str, np.ndarray], key: str, shape: tuple[int, ...], path: str) -> np.ndarray:
+  if key not in state:
+    raise EFMLError(f"{path}: has no '{key}' (expected shape {shape})")
+  value = state[key]
+  if value.shape != shape:
+    raise EFMLError(f"{path}: '{key}' has shape {value.shape}, the architecture expects {shape}")
+  return np.asarray(value, np.float32)
+
+
+def _vocab_rows(state, key: str, vocab: dict[str, int], dim: int, path: str, dic: str) -> np.ndarray:
+  """An embedding table whose rows must be the dic's ids (EFML sizes it `len(dic)`)."""
+  rows = state[key].shape[0] if key in state else len(vocab)
+  top = max(vocab.values())
+  if rows != len(vocab) or top >= rows or min(vocab.values()) < 0:
+    raise EFMLError(f"{dic}: {len(vocab):,} entries (ids up to {top:,}), but {path}'s '{key}' has {rows:,} rows")
+  return _take(state, key, (rows, dim), path)
+
+
+def _char_cnn(te, options, folder, char2id, word2id) -> dict[str, Any]:
+  cnn = options["char_cnn"]
+  path, dim = os.path.join(folder, TOKEN_EMBEDDER), cnn["embedding"]["dim"]
+  out: dict[str, Any] = {"char_embed": _vocab_rows(te, "char_emb_layer.embedding.weight", char2id, dim, path,
+                                                   os.path.join(folder, CHAR_DIC))}
+  for i, (width, num) in enumerate(cnn["filters"]):  # torch Conv1d [out, in, width] -> ours [width, in, out]
+    out[f"W_cnn_{i}"] = _take(te, f"convolutions.{i}.weight", (num, dim, width), path).transpose(2, 1, 0)
+    out[f"b_cnn_{i}"] = _take(te, f"convolutions.{i}.bias", (num,), path)
+  d = options_lib.n_filters(options)
+  for k in range(cnn["n_highway"]):  # one Linear(d, 2d): the transform's rows, then the gate's
+    w = _take(te, f"highways._layers.{k}.weight", (2 * d, d), path)
+    b = _take(te, f"highways._layers.{k}.bias", (2 * d,), path)
+    out[f"CNN_high_{k}"] = {"W_transform": w[:d].T.copy(), "b_transform": b[:d].copy(),
+                            "W_carry": w[d:].T.copy(), "b_carry": b[d:].copy()}
+  words = cnn["word_embedding"]
+  if words["n_words"]:
+    out["word_embed"] = _vocab_rows(te, "word_emb_layer.embedding.weight", word2id, words["dim"], path,
+                                    os.path.join(folder, WORD_DIC))
+  proj = options["lstm"]["projection_dim"]
+  out["CNN_proj"] = {"W_proj": _take(te, "projection.weight", (proj, words["dim"] + d), path).T.copy(),
+                     "b_proj": _take(te, "projection.bias", (proj,), path)}
+  return out
+
+
+def _lstm(enc, options, folder) -> dict[str, Any]:
+  lstm = options["lstm"]
+  path, cell, proj = os.path.join(folder, ENCODER), lstm["dim"], lstm["projection_dim"]
+  # AllenNLP's gate blocks (input, forget, memory, output) -> TF's (input, memory j, forget, output)
+  order = np.concatenate([np.arange(cell) + g * cell for g in (0, 2, 1, 3)])
+  out = {}
+  for direction in ("forward", "backward"):
+    for k in range(lstm["n_layers"]):
+      name = f"{direction}_layer_{k}"
+      w_x = _take(enc, f"{name}.input_linearity.weight", (4 * cell, proj), path)
+      w_h = _take(enc, f"{name}.state_linearity.weight", (4 * cell, proj), path)
+      bias = _take(enc, f"{name}.state_linearity.bias", (4 * cell,), path)
+      w_p = _take(enc, f"{name}.state_projection.weight", (proj, cell), path)
+      out[name] = {"W_0": np.concatenate([w_x, w_h], 1)[order].T.copy(), "B": bias[order].copy(),
+                   "W_P_0": w_p.T.copy()}
+  return out
