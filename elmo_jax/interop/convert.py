@@ -27,7 +27,6 @@ from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
 
 FORMATS = ("bilm-hdf5",)
-# An ELMoForManyLangs folder's files (HIT-SCIR's release layout).
 
 
 class ConvertError(ValueError):
