@@ -111,9 +111,14 @@ def test_efml_folder_is_handed_to_folder_resolution(tmp_path, cache, monkeypatch
   assert os.path.basename(folder) == "zhs.model" and os.path.dirname(os.path.dirname(folder)) == str(cache / ARCHIVES)
   assert sorted(os.listdir(folder)) == sorted(n.split("/")[1] for n in efml)
   monkeypatch.setattr(pretrained, "resolve_model", resolve)
-  with pytest.raises(archive.ArchiveError, match=r"zhs\.model\.zip: unpacked into .*zhs\.model, which holds no "
+  # The real folder resolution knows the layout (interop/efml.py): its config and encoder, the folder as path.
+  found = resolve(path)
+  assert (found.options_file, found.weight_file) == (os.path.join(folder, "config.json"),
+                                                     os.path.join(folder, "encoder.pkl"))
+  other = str(_zip(tmp_path / "notes.zip", {"notes/readme.txt": b"not a model"}))
+  with pytest.raises(archive.ArchiveError, match=r"notes\.zip: unpacked into .*notes, which holds no "
                      r"model it can read: expected one \*options\*\.json") as e:
-    resolve(path)
+    resolve(other)
   assert "\n" not in str(e.value)
 
 

@@ -84,13 +84,14 @@ def test_resume_refuses_another_freeze_bilm_steps():
 
 
 @pytest.mark.parametrize("freeze_steps, told", [(0, True), (50, False)])
-def test_init_from_without_softmax_recommends_freezing(monkeypatch, capsys, freeze_steps, told):
+def test_init_from_without_softmax_recommends_freezing(monkeypatch, capsys, tmp_path, freeze_steps, told):
   class NoCheckpoint:
     def restore(self, *args):
       return None
   monkeypatch.setattr(init_from, "apply", lambda *a: ("state", f"ELMo weights w.hdf5 ({init_from.NEW_SOFTMAX})"))
   config = ml_collections.ConfigDict({"init_from": "w.hdf5", "freeze_bilm_steps": freeze_steps})
-  state, _ = loop.restore_or_init(config, "wd", NoCheckpoint(), None, None, None, None, None,
+  run = type("Run", (), {"local": str(tmp_path)})()  # no metrics.jsonl there: nothing to rewind
+  state, _ = loop.restore_or_init(config, run, NoCheckpoint(), None, None, None, None, None,
                                   type("V", (), {"sha256": lambda self: "v"})(), None)
   assert state == "state"
   assert ("--config.freeze_bilm_steps=" in capsys.readouterr().out) == told
