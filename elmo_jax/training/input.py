@@ -29,6 +29,7 @@ from elmo_jax.data.sources import split_paths
 from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
 from elmo_jax.runtime.progress import progress
 from elmo_jax.runtime.run_layout import PREPARED_DIR, VOCAB_FILE
+from elmo_jax.training import checkpoint
 from elmo_jax.training.workdir import Workdir
 
 
@@ -125,15 +126,28 @@ def _report_skipped(name: str, source) -> None:
              for reason, n in skipped.items()))
 
 
-def _run_vocab(config, workdir: str, build: Callable[[], Vocab]) -> Vocab:
-  """The workdir's vocab (resume), else config.data.vocab_file, else `build()`; saved into the workdir (its
-  local copy: the caller uploads it)."""
-  saved = os.path.join(workdir, VOCAB_FILE)
-  if os.path.exists(saved):
+def _run_vocab(config, run: Workdir, build: Callable[[], Vocab]) -> Vocab:
+  """The workdir's vocab when a checkpoint holds the run (a resume), else config.data.vocab_file, else
+  `build()`; saved into the workdir (its local copy: the caller uploads it).
+
+  Without a checkpoint (a start killed before its first save, or whose checkpoints were all set aside) a saved
+  vocab.txt is only what the earlier start built: it is built again, so a training text edited in between (a
+  same-size edit included) is not trained with the old text's vocabulary.
+  """
+  saved = os.path.join(run.local, VOCAB_FILE)
+  if os.path.exists(saved) and checkpoint.newest_meta(run.checkpoints) is not None:
     return Vocab.load(saved)
   vocab = Vocab.load(config.data.vocab_file) if config.data.vocab_file else build()
+  if os.path.exists(saved):
+    try:
+      same = Vocab.load(saved).sha256() == vocab.sha256()
+    except (OSError, ValueError):
+      same = False
+    if not same:
+      log.info(f"{saved}: the earlier start's vocabulary is not this one (the training data or its settings "
+               "changed since) and no checkpoint was trained with it: replaced")
   if jax.process_index() == 0:
-    vocab.save(workdir)
+    vocab.save(run.local)
   return vocab
 
 
@@ -154,7 +168,7 @@ def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
     corpus = PreparedCorpus(train_dir)
     eval_corpus = PreparedCorpus(eval_dir) if eval_dir else None
     _report_skipped("train", corpus)
-    vocab = _run_vocab(config, workdir, corpus.vocab)
+    vocab = _run_vocab(config, run, corpus.vocab)
     train = lambda dedupe_shards=None: make_prepared_iterator(corpus, vocab, shard=shard,
                                                               dedupe_shards=dedupe_shards, **common)
     evals = None if eval_corpus is None else (
@@ -177,7 +191,7 @@ def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
              f"in {time.time() - started:.1f}s")
     return vocab
 
-  vocab = _run_vocab(config, workdir, build)
+  vocab = _run_vocab(config, run, build)
   raw = dict(max_token_chars=data.max_token_chars, **common)
   train = lambda dedupe_shards=None: make_lm_iterator(train_source, vocab, tokenizer, shard=shard,
                                                       dedupe_shards=dedupe_shards, **raw)

@@ -25,7 +25,7 @@ from elmo_jax.runtime import storage
 from elmo_jax.runtime import log
 from elmo_jax.data.sources import LIST_HINT, expand_paths, split_paths
 from elmo_jax.training.workdir import Workdir
-from elmo_jax.runtime.run_layout import CONFIG_FILE, TOP_FILES, TOP_FOLDERS, VOCAB_FILE
+from elmo_jax.runtime.run_layout import TOP_FILES, TOP_FOLDERS, VOCAB_FILE
 
 _BLOCK = 1 << 20
 
@@ -44,9 +44,6 @@ _NUMBERS = {**{k: (True, 1, True) for k in (
             **{k: (False, 0, True) for k in ("weight_decay", "dropout", "data.auto_prepare_max_mb")}}
 _CHOICES = {"optimizer": ("adagrad", "adam", "adamw"), "dtype": ("float32", "bfloat16"),
             "data.shard": ("sentences", "rows")}
-# What a saved vocab.txt was built from (besides config.data.vocab_file, compared by content).
-_VOCAB_KEYS = ("data.train_files", "data.tfds_name", "data.tfds_train_split", "data.prepared_dir",
-               "data.pretokenized", "data.vocab_max_size", "data.vocab_min_count")
 
 
 class PreflightError(ValueError):
@@ -88,7 +85,6 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
     check_vocab(data.vocab_file, "config.data.vocab_file")
   if config.init_from:
     _check_init_from(config)
-  _check_saved_vocab(config, run)
 
 
 def _check_utf8_name(what: str, path: str) -> None:
@@ -318,36 +314,6 @@ def _check_init_from(config: ml_collections.ConfigDict) -> None:
     init_from.check(config.init_from, options_lib.validate(config.options.to_dict(), "config.options"))
   except init_from.InitFromError as e:
     raise PreflightError(str(e)) from None
-
-
-def _check_saved_vocab(config: ml_collections.ConfigDict, run: Workdir) -> None:
-  """A `vocab.txt` an earlier run left must be the one this config would build, else it would silently win."""
-  from elmo_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
-  workdir = run.local
-  saved_path = os.path.join(workdir, VOCAB_FILE)
-  if not os.path.exists(saved_path) or checkpoint.newest_meta(run.checkpoints):
-    return  # with a checkpoint, check_run compares its whole config (vocabulary settings included)
-  saved = check_vocab(saved_path, "the workdir's vocabulary (resume)")
-  if config.data.vocab_file:
-    wanted = check_vocab(config.data.vocab_file, "config.data.vocab_file")
-    if wanted.sha256() != saved.sha256():
-      raise PreflightError(f"{saved_path} differs from config.data.vocab_file={config.data.vocab_file}; "
-                           "use another --workdir (or delete vocab.txt if no checkpoint was trained with it)")
-    return
-  from elmo_jax.training.resume import flatten, normalise  # pylint: disable=g-import-not-at-top
-  record = os.path.join(workdir, CONFIG_FILE)
-  try:
-    with open(record) as f:
-      before = flatten(json.load(f))
-  except (OSError, ValueError):
-    return  # no record of what built it (an older run): trusted as before
-  now = flatten(normalise(config.to_dict()))
-  for key in _VOCAB_KEYS:
-    if key in before and before[key] != now.get(key):
-      raise PreflightError(
-          f"{saved_path} was built with config.{key}={before[key]!r} ({record}), this run has "
-          f"{now.get(key)!r}: set it back, or use another --workdir (or delete vocab.txt and config.json "
-          "if no checkpoint was trained with them)")
 
 
 def _vocab_sha256(config: ml_collections.ConfigDict, workdir: str) -> str | None:

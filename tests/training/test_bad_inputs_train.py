@@ -192,21 +192,6 @@ def _saved_run(tmp_path, **overrides):
   return config, workdir
 
 
-def test_a_saved_vocab_built_with_other_settings_is_refused(tmp_path):
-  _, workdir = _saved_run(tmp_path, **{"data.vocab_max_size": 8})
-  again = tiny.train_config(str(tmp_path / "train.txt"), **{"data.vocab_max_size": 8})
-  preflight.check(again, str(workdir))  # the same settings: the saved vocabulary is this run's
-  changed = tiny.train_config(str(tmp_path / "train.txt"), **{"data.vocab_max_size": 2000})
-  with pytest.raises(preflight.PreflightError, match=r"vocab.txt was built with config.data.vocab_max_size=8 "
-                     r"\(.*config.json\), this run has 2000"):
-    preflight.check(changed, str(workdir))
-  other = tmp_path / "other_vocab.txt"
-  other.write_text("<S>\n</S>\n<UNK>\nthe\n")
-  given = tiny.train_config(str(tmp_path / "train.txt"), **{"data.vocab_file": str(other)})
-  with pytest.raises(preflight.PreflightError, match="differs from config.data.vocab_file"):
-    preflight.check(given, str(workdir))
-
-
 def _fake_checkpoint(workdir, config, step=40):
   """The meta item of an Orbax step folder (`<step>/meta/metadata`, JSON), as the trainer writes it."""
   meta_dir = workdir / "checkpoints" / str(step) / "meta"

@@ -57,6 +57,39 @@ def test_a_same_size_edit_of_a_training_file_is_refused_by_its_content(tmp_path,
   preflight.check_run(config, workdir, 1, 1)
 
 
+def test_a_start_without_a_checkpoint_builds_its_vocabulary_again(tmp_path, monkeypatch, capsys):
+  """A vocab.txt that an earlier start left without a checkpoint (killed before its first save) is only what
+  that start built: a rerun on an edited text (the same size), other vocabulary settings or a given
+  vocab_file trains with the vocabulary of its own data, saying so; with a checkpoint the saved one stays."""
+  monkeypatch.setenv("ELMO_JAX_CACHE", str(tmp_path / "cache"))
+  path = launch_util.write_corpus(str(tmp_path / "train.txt"))
+  config = tiny.train_config(path, **{"data.vocab_max_size": 20})
+  workdir = str(tmp_path / "run")
+  first = input_lib.make_input(config, workdir, 4).vocab
+  assert Vocab.load(workdir).sha256() == first.sha256()
+  assert input_lib.make_input(config, workdir, 4).vocab.sha256() == first.sha256()
+  assert "replaced" not in capsys.readouterr().out  # the same data: the same vocabulary, nothing to say
+  text = open(path).read()
+  word = next(w for w in first.tokens[3:] if w.islower() and w.isalpha())  # the most frequent word
+  with open(path, "w") as f:  # its case swapped everywhere: the same size, another vocabulary
+    f.write(re.sub(rf"\b{word}\b", word.upper(), text))
+  assert os.path.getsize(path) == len(text.encode())
+  edited = input_lib.make_input(config, workdir, 4).vocab
+  assert word.upper() in edited.tokens and word not in edited.tokens
+  assert Vocab.load(workdir).sha256() == edited.sha256()
+  assert re.search(r"vocab.txt: the earlier start's vocabulary is not this one .* no checkpoint was trained "
+                   r"with it: replaced", capsys.readouterr().out)
+  wider = tiny.train_config(path, **{"data.vocab_max_size": 2000})
+  preflight.check(wider, workdir)  # other settings: not refused, the rerun builds with them
+  assert len(input_lib.make_input(wider, workdir, 4).vocab) > len(edited)
+  given = tmp_path / "given_vocab.txt"
+  given.write_text("<S>\n</S>\n<UNK>\nthe\n")
+  own = tiny.train_config(path, **{"data.vocab_file": str(given)})
+  assert input_lib.make_input(own, workdir, 4).vocab.tokens == ["<S>", "</S>", "<UNK>", "the"]
+  _checkpointed(tmp_path, wider)  # a checkpoint now holds the run: its saved vocabulary stays
+  assert input_lib.make_input(wider, workdir, 4).vocab.sha256() == Vocab.load(workdir).sha256()
+
+
 @pytest.mark.slow
 def test_a_resume_refused_while_restoring_leaves_the_workdir_as_it_was(tmp_path):
   """A checkpoint that verifies and whose config the preflight accepts, but whose data position the restore
