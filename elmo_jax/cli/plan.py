@@ -136,7 +136,10 @@ def render(r: dict) -> str:
   lines.append(f"FLOPs per device per step (matmul + conv, loop trip counts applied): "
                f"{r['flops_per_device_per_step'] / 1e12:.3f} T = {r['flops_per_token'] / 1e9:.3f} GFLOP per token "
                f"(analytic {r['analytic_train_flops_per_token'] / 1e9:.3f})")
-  lines.append(f"HBM traffic per step (estimate): {_gb(r['hbm_traffic_bytes_per_step'])}; the largest kernels:")
+  on_chip = r["hbm_traffic_all_spaces_bytes_per_step"] - r["hbm_traffic_bytes_per_step"]
+  lines.append(f"HBM traffic per step (estimate): {_gb(r['hbm_traffic_bytes_per_step'])}"
+               + (f" (+ {_gb(on_chip)} of operands in on-chip memory, not counted)" if on_chip else "")
+               + "; the largest kernels:")
   for k in r["hbm_traffic_by_kernel"][:8]:
     lines.append(f"  {k['bytes_per_step'] / 1e9:6.2f} GB  {k['op']:<12} {k['bytes'] / 1e6:9,.1f} MB x {k['count']:<4} "
                  f"{k['shape'][:50]:<50} {k['op_name'][-50:]}")

@@ -16,7 +16,10 @@ With a bfloat16 matmul dtype the two [T, D, B, 4H] arrays the scans trade with t
 bf16 too: x @ W_x leaves `input_gates` rounded (the bias is added in float32 inside the step instead) and the
 backward scan emits its gate gradients rounded (their consumers, the dW_x, dx and dW_h matmuls, read bf16
 anyway; the bias gradient is summed from the float32 values in the loop, and the clip masks come from the
-float32 state as before). The float32 path is the same program as before, bit for bit.
+float32 state as before). The bf16 path also keeps them as one [T, B, 4H] array per direction
+(`input_gates_split`): the backward pass's per-direction matmuls then read the scan's output as it is, where
+one [T, D, B, 4H] array made XLA:TPU copy it to a direction-major layout and slice it (4 passes over it per
+layer). The float32 path is the same program as before, bit for bit.
 """
 from __future__ import annotations
 
@@ -84,7 +87,8 @@ def lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip=None, proj_clip=None, dtype=
 
   Args:
     gx: [T, D, B, 4H] input contribution x @ W_x + B + forget bias, float32; with `bias`, x @ W_x alone in
-      the matmul dtype (`input_gates(..., bias=None)`).
+      the matmul dtype (`input_gates(..., bias=None)`), or a tuple of D such arrays [T, B, 4H], one per
+      direction (`input_gates_split`), whose gradient is then a tuple too.
     w_h: [D, P, 4H] recurrent weights; w_p: [D, H, P] projection.
     mask: [T, D, B] bool, False on padded steps.
     c0: [D, B, H]; h0: [D, B, P] initial state.
@@ -94,6 +98,8 @@ def lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip=None, proj_clip=None, dtype=
   Returns:
     outputs [T, D, B, P] (0 on padded steps) and the final (c, h).
   """
+  if isinstance(gx, list):
+    gx = tuple(gx)
   return _lstm_scan(gx, w_h, w_p, mask, c0, h0, bias, cell_clip or None, proj_clip or None, dtype, int(unroll))
 
 
@@ -140,6 +146,8 @@ def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None, gx_bias=Non
   def step(carry, inputs):
     c, h = carry
     g, m = inputs
+    if isinstance(g, tuple):  # one [B, 4H] slice per direction (`input_gates_split`)
+      g = jnp.stack([gk.astype(jnp.float32) for gk in g])
     if gx_bias is not None:
       g = g.astype(jnp.float32) + gx_bias[:, None]
     if bias is None:
@@ -180,11 +188,12 @@ def _lstm_scan(gx, w_h, w_p, mask, c0, h0, bias, cell_clip, proj_clip, dtype, un
 def _lstm_scan_fwd(gx, w_h, w_p, mask, c0, h0, bias, cell_clip, proj_clip, dtype, unroll):
   final, (outputs, saved) = _forward(gx, w_h, w_p, mask, c0, h0, bias, cell_clip, proj_clip, dtype, unroll,
                                      save=True)
-  return (outputs, final), (w_h, w_p, mask, saved, final[1], bias)
+  split = None if not isinstance(gx, tuple) else jnp.zeros((len(gx), 0), jnp.int8)  # its shape says D
+  return (outputs, final), (w_h, w_p, mask, saved, final[1], bias, split)
 
 
 def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
-  w_h, w_p, mask, saved, h_last, bias = res
+  w_h, w_p, mask, saved, h_last, bias, split = res
   d_out, (d_c, d_h) = cts
   w_h_c, w_p_c = w_h.astype(dtype), w_p.astype(dtype)
 
@@ -211,13 +220,19 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
     if bias is not None:  # this step's bias gradient [D, 4H] from the float32 gate gradients, which then leave
       d_bias = jnp.sum(dg, axis=1)  # the loop rounded (their consumers dW_x, dx, dW_h read them in bfloat16)
       dg = dg.astype(dtype)
+    if split is not None:  # one output per direction: gx's own structure
+      dg = tuple(dg[k] for k in range(split.shape[0]))
     return (dc_prev, dh_prev, r.h_prev), (dg, dh_new, d_bias)
 
   (dc0, dh0, _), (dgx, dh_raw, d_bias) = jax.lax.scan(step, (d_c, d_h, h_last), (saved, d_out, mask), reverse=True,
                                                       unroll=unroll)
   d_bias = None if bias is None else jnp.sum(d_bias, axis=0)
-  dw_h = jnp.einsum("tdbp,tdbg->dpg", saved.h_prev.astype(dtype), dgx.astype(dtype),
-                    preferred_element_type=jnp.float32)
+  if split is None:
+    dw_h = jnp.einsum("tdbp,tdbg->dpg", saved.h_prev.astype(dtype), dgx.astype(dtype),
+                      preferred_element_type=jnp.float32)
+  else:
+    dw_h = jnp.stack([jnp.einsum("tbp,tbg->pg", saved.h_prev[:, k].astype(dtype), dg_k.astype(dtype),
+                                 preferred_element_type=jnp.float32) for k, dg_k in enumerate(dgx)])
   # The projection's inputs of every step, sigmoid(o) * tanh(c), recomputed at once (one elementwise pass).
   m_new = saved.gates[..., 3 * saved.tc.shape[-1]:].astype(jnp.float32) * saved.tc.astype(jnp.float32)
   dw_p = jnp.einsum("tdbh,tdbp->dhp", m_new.astype(dtype), dh_raw.astype(dtype),
@@ -256,17 +271,45 @@ def _input_gates_fwd(x, w_x, bias):
 def _input_gates_bwd(res, dg):
   x, w_x, bias = res
   dbias = None if bias is None else jnp.sum(dg, axis=(0, 2))
-  d, b, t, i = x.shape
   dg = dg.astype(x.dtype)
+  dx, dw = _input_gates_grads(x, w_x, [dg[:, k] for k in range(x.shape[0])])
+  return dx, dw, dbias
+
+
+def _input_gates_grads(x, w_x, dgs):
+  """(dx [D, B, T, I], dW_x [D, I, 4H]) from the per-direction gate gradients dgs[k] [T, B, 4H] (x's dtype)."""
+  d, b, t, i = x.shape
   xt = jnp.transpose(x, (0, 3, 2, 1)).reshape(d, i, t * b)  # [D, I, T*B]: rows in (t, b) order
-  dw = jnp.stack([jnp.dot(xt[k], dg[:, k].reshape(t * b, -1), preferred_element_type=jnp.float32)
+  dw = jnp.stack([jnp.dot(xt[k], dgs[k].reshape(t * b, -1), preferred_element_type=jnp.float32)
                   for k in range(d)])
-  dx = jnp.stack([jnp.dot(dg[:, k].reshape(t * b, -1), w_x[k].T, preferred_element_type=jnp.float32)
+  dx = jnp.stack([jnp.dot(dgs[k].reshape(t * b, -1), w_x[k].T, preferred_element_type=jnp.float32)
                   .reshape(t, b, i) for k in range(d)])  # [D, T, B, I]
-  return jnp.transpose(dx, (0, 2, 1, 3)).astype(x.dtype), dw.astype(w_x.dtype), dbias
+  return jnp.transpose(dx, (0, 2, 1, 3)).astype(x.dtype), dw.astype(w_x.dtype)
 
 
 input_gates.defvjp(_input_gates_fwd, _input_gates_bwd)
+
+
+@jax.custom_vjp
+def input_gates_split(x: jax.Array, w_x: jax.Array) -> tuple[jax.Array, ...]:
+  """`input_gates(x, w_x, None)` as one array per direction: x [D, B, T, I] @ w_x [D, I, 4H] -> D arrays
+  [T, B, 4H] in x's dtype (`lstm_scan`'s split `gx`), each straight from its direction's dot."""
+  xt = jnp.transpose(x, (0, 2, 1, 3))  # [D, T, B, I]
+  d, t, b, i = xt.shape
+  return tuple(jnp.dot(xt[k].reshape(t * b, i), w_x[k], preferred_element_type=jnp.float32)
+               .astype(x.dtype).reshape(t, b, -1) for k in range(d))
+
+
+def _input_gates_split_fwd(x, w_x):
+  return input_gates_split(x, w_x), (x, w_x)
+
+
+def _input_gates_split_bwd(res, dgs):
+  x, w_x = res
+  return _input_gates_grads(x, w_x, [dg.astype(x.dtype) for dg in dgs])
+
+
+input_gates_split.defvjp(_input_gates_split_fwd, _input_gates_split_bwd)
 
 
 class BiLSTMStack(nn.Module):
@@ -322,8 +365,11 @@ class BiLSTMStack(nn.Module):
         # float32: the bias in the hoisted projection (float32 gates, as always); a narrower matmul dtype: the
         # projection in that dtype and the bias added in float32 in the step (lstm_scan's `bias`)
         wide = jnp.dtype(self.dtype) == jnp.float32
-        gx = input_gates(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype), b + forget if wide else None)
-        extra = {} if wide else {"bias": b + forget}  # float32 calls lstm_scan as it always has
+        if wide:  # float32 calls lstm_scan as it always has
+          gx = input_gates(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype), b + forget)
+        else:  # one [T, B, 4H] array per direction
+          gx = input_gates_split(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype))
+        extra = {} if wide else {"bias": b + forget}
         out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], cfg.cell_clip, cfg.proj_clip,
                                 self.dtype, self.unroll, **extra)
       else:

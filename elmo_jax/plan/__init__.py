@@ -99,7 +99,8 @@ def analyse_hlo(text: str, target: targets_lib.Target, tokens_per_device: int, l
   """The HLO-derived part of a report: FLOPs, HBM traffic, collectives, loops, launches and the roofline."""
   module = hlo_lib.Module(text)
   flops = module.flops()
-  traffic = module.hbm_bytes()
+  traffic = module.hbm_bytes()  # HBM only: arrays the TPU compiler placed in VMEM (`S(1)`) are on chip
+  traffic_all_spaces = hlo_lib.Module(text, hbm_only=False).hbm_bytes()  # every operand, as XLA's bytes accessed
   collectives = module.collectives()
   by_kind = _by_kind(collectives)
   seconds = sum(c["count"] * targets_lib.collective_seconds(target, c["op"], c["bytes"], c["group_size"])
@@ -114,7 +115,8 @@ def analyse_hlo(text: str, target: targets_lib.Target, tokens_per_device: int, l
   step_s = max(terms.values())
   return {
       "flops_per_device_per_step": flops, "flops_per_token": flops / max(tokens_per_device, 1),
-      "hbm_traffic_bytes_per_step": traffic, "hbm_traffic_by_kernel": module.kernel_traffic(),
+      "hbm_traffic_bytes_per_step": traffic, "hbm_traffic_all_spaces_bytes_per_step": traffic_all_spaces,
+      "hbm_traffic_by_kernel": module.kernel_traffic(),
       "collective_bytes_per_device": by_kind,
       "largest_collectives": [{k: c[k] for k in ("op", "dtype", "shape", "bytes", "count")} for c in largest],
       "loops": loops, "kernel_launches_per_step": launches,

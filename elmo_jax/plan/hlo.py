@@ -11,7 +11,10 @@ same on every backend: computations, their instructions with shapes, and how the
   * `hbm_bytes`: bytes each kernel reads and writes (operands + results of every top-level instruction of
     the entry, loop bodies and calls; a fusion's operand that it only slices counts the slice, an in-place
     dynamic-update-slice counts the update), times trip counts. An estimate of HBM traffic, not a measurement;
-    `kernel_traffic` lists its largest terms.
+    `kernel_traffic` lists its largest terms. An array whose layout puts it in another memory space
+    (`{1,0:T(8,128)S(1)}`: TPU VMEM, on chip) is not HBM traffic: it is not counted (`hbm_only`, the
+    default; `Module(text, hbm_only=False)` counts every operand, as XLA's `bytes accessed` does), and an
+    async copy between the spaces (a prefetch or eviction) counts its HBM side once.
   * `collectives`: every all-reduce / all-gather / reduce-scatter / all-to-all / collective-permute with its
     per-device result bytes, times trip counts.
   * `loops`: each while loop's trip count and the kernels (top-level instructions that launch work) in its
@@ -27,7 +30,7 @@ import re
 from typing import Iterator
 
 from elmo_jax.plan.hlo_text import DTYPE_BYTES, Computation, Instr, arrays, attr, backend_config, braced_ints
-from elmo_jax.plan.hlo_text import nbytes, parse_module, tuple_elements
+from elmo_jax.plan.hlo_text import nbytes, on_chip, parse_module, tuple_elements
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 # Instructions that move no data and launch nothing.
@@ -38,7 +41,8 @@ _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "afte
 class Module:
   """An optimized HLO module: its computations, and walks over what the entry computation executes."""
 
-  def __init__(self, text: str):
+  def __init__(self, text: str, hbm_only: bool = True):
+    self.hbm_only = hbm_only  # arrays in another memory space (TPU VMEM, `S(1)`) are not HBM traffic
     self.comps = parse_module(text)
     entries = [c for c in self.comps.values() if c.entry]
     if not entries:
@@ -163,11 +167,19 @@ class Module:
       i = comp.by_name.get(i.operands[0])
     return i
 
+  def _nb(self, shape: str) -> int:
+    """The HBM bytes of a type text: all its arrays, or (`hbm_only`) those in device memory."""
+    return nbytes(shape, hbm_only=self.hbm_only)
+
+  def _chip(self, shape: str) -> bool:
+    """Whether a type text's arrays are all on chip (and `hbm_only` leaves them out)."""
+    return self.hbm_only and on_chip(shape)
+
   def _fusion_operand_bytes(self, callee: Computation, k: int, full: int) -> int:
     """Bytes a fusion reads of its k-th operand: the slices it takes if it only slices it, nothing if it
-    only updates it in place."""
+    only updates it in place (or `full` = 0: it is on chip)."""
     param = next((i for i in callee.instrs if i.op == "parameter" and i.args.strip() == str(k)), None)
-    if param is None:
+    if param is None or full == 0:
       return full
     users = self._users(callee, param.name)
     sliced = lambda u: u.op in ("dynamic-slice", "slice", "gather") and self._produced_by(callee, u.operands[0]) is param
@@ -178,16 +190,18 @@ class Module:
       return 0  # updated in place: only the update is written
     return full
 
-  def _fusion_output_bytes(self, callee: Computation, fallback: int) -> int:
-    """Bytes a fusion writes: each output, or only the update of an output made by dynamic-update-slice."""
+  def _fusion_output_bytes(self, callee: Computation, shape: str) -> int:
+    """Bytes a fusion writes: each output, or only the update of an output made by dynamic-update-slice;
+    nothing for an output on chip (the fusion's own result type `shape` says where each output sits)."""
     root = next((i for i in callee.instrs if i.root), None)
     if root is None:
-      return fallback
+      return self._nb(shape)
     outputs = [self._produced_by(callee, o) for o in root.operands] if root.op == "tuple" else [
         self._produced_by(callee, root.name)]
+    placed = tuple_elements(shape) if root.op == "tuple" else [shape]
     total = 0
-    for o in outputs:
-      if o is None:
+    for k, o in enumerate(outputs):
+      if o is None or (k < len(placed) and self._chip(placed[k])):
         continue
       if o.op == "dynamic-update-slice" and len(o.operands) > 1 and o.operands[1] in callee.by_name:
         total += nbytes(callee.by_name[o.operands[1]].shape)
@@ -196,25 +210,28 @@ class Module:
     return total
 
   def instr_bytes(self, comp: Computation, instr: Instr) -> int:
-    """Bytes one execution of a kernel-level instruction reads and writes (0 for bookkeeping ops)."""
+    """Bytes of HBM one execution of a kernel-level instruction reads and writes (0 for bookkeeping ops)."""
     if instr.op in _FREE or instr.op.endswith("-done"):
       return 0
-    out = nbytes(instr.shape)
-    if instr.op == "dynamic-update-slice":
-      return 2 * nbytes(self._operand_shape(comp, instr, 1))
-    if instr.op in ("dynamic-slice", "slice"):
-      return 2 * out
+    out = self._nb(instr.shape)
+    operand = lambda k: self._operand_shape(comp, instr, k)
+    if instr.op == "dynamic-update-slice":  # reads the update, writes it into the (aliased) buffer
+      update = nbytes(operand(1))
+      return (0 if self._chip(operand(1)) else update) + (0 if self._chip(instr.shape) else update)
+    if instr.op in ("dynamic-slice", "slice"):  # reads the slice of its operand, writes it
+      return (0 if self._chip(operand(0)) else nbytes(instr.shape)) + out
     if instr.op.endswith("-start") and instr.op[:-len("-start")] not in COLLECTIVES:
-      elements = tuple_elements(instr.shape)  # async copy/slice: ((operand), result, context)
-      if len(elements) >= 2:
-        return 2 * nbytes(elements[1])  # the result is read and written
+      elements = tuple_elements(instr.shape)
+      if instr.op == "copy-start" and len(elements) >= 2:  # (destination, source, context): a prefetch or
+        return self._nb(elements[0]) + self._nb(elements[1])  # eviction between memory spaces counts once
+      if len(elements) >= 2:  # async slice etc.: ((operands), result, context): the result read and written
+        return 2 * self._nb(elements[1])
     if instr.op == "fusion":
       callee = self.comps.get(attr(instr.attrs, "calls") or "")
       if callee is not None:
-        reads = sum(self._fusion_operand_bytes(callee, k, nbytes(self._operand_shape(comp, instr, k)))
-                    for k in range(len(instr.operands)))
-        return reads + self._fusion_output_bytes(callee, out)
-    return out + sum(nbytes(self._operand_shape(comp, instr, k)) for k in range(len(instr.operands)))
+        reads = sum(self._fusion_operand_bytes(callee, k, self._nb(operand(k))) for k in range(len(instr.operands)))
+        return reads + self._fusion_output_bytes(callee, instr.shape)
+    return out + sum(self._nb(operand(k)) for k in range(len(instr.operands)))
 
   def hbm_bytes(self) -> float:
     return float(sum(self.instr_bytes(c, i) * n for c, i, n, fused in self.walk() if not fused))

@@ -2,6 +2,7 @@
 
     comps = parse_module(compiled.as_text())   # name -> Computation(instrs=[Instr(name, shape, op, ...)])
     nbytes("(s32[], bf16[2,3]{1,0})")           # 16: the bytes of every array in a type text
+    nbytes("f32[8]{0:S(1)}", hbm_only=True)     # 0: an array in another memory space (TPU VMEM) is not HBM
 
 Only the syntax: what the instructions cost is `elmo_jax.plan.hlo.Module`.
 """
@@ -16,6 +17,9 @@ DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1,
                "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
                "c128": 16}
 _ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9][a-z]*)?)\[([0-9,]*)\]")
+# an array with its layout, if any: `f32[8,128]{1,0:T(8,128)S(1)}` (memory space 1: TPU VMEM, on chip)
+_ARRAY_LAYOUT = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9][a-z]*)?)\[([0-9,]*)\](\{[^{}]*\})?")
+_SPACE = re.compile(r"S\((\d+)\)")
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*")
 
@@ -50,8 +54,28 @@ def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
   return out
 
 
-def nbytes(shape: str) -> int:
+def memory_spaces(shape: str) -> list[tuple[str, tuple[int, ...], int]]:
+  """(dtype, dims, memory space) of every array in a type text: the layout's `S(n)`, 0 (device memory, HBM)
+  when the layout names none. On TPU, space 1 is VMEM (on-chip); other nonzero spaces are not HBM either."""
+  out = []
+  for dtype, dims, layout in _ARRAY_LAYOUT.findall(shape):
+    if dtype in DTYPE_BYTES:
+      space = _SPACE.search(layout) if layout and ":" in layout else None
+      out.append((dtype, tuple(int(d) for d in dims.split(",") if d), int(space.group(1)) if space else 0))
+  return out
+
+
+def nbytes(shape: str, hbm_only: bool = False) -> int:
+  """The bytes of every array in a type text; with `hbm_only`, of those in device memory (no `S(n)`, n > 0)."""
+  if hbm_only:
+    return int(sum(math.prod(d) * DTYPE_BYTES[t] for t, d, space in memory_spaces(shape) if space == 0))
   return int(sum(math.prod(d) * DTYPE_BYTES[t] for t, d in arrays(shape)))
+
+
+def on_chip(shape: str) -> bool:
+  """Whether every array of a type text sits outside device memory (a nonzero memory space, TPU VMEM)."""
+  parts = memory_spaces(shape)
+  return bool(parts) and all(space != 0 for _, _, space in parts)
 
 
 def tuple_elements(shape: str) -> list[str]:

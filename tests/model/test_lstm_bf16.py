@@ -108,3 +108,31 @@ def test_separate_bias_path_matches_autodiff_in_float32():
                         jax.jit(jax.grad(ref, argnums=range(6)))(*args)):
     scale = float(jnp.max(jnp.abs(e)))
     assert scale > 0 and float(jnp.max(jnp.abs(a - e))) <= 1e-5 * scale, name
+
+
+def test_per_direction_gates_equal_the_stacked_form_in_bfloat16():
+  """The bf16 stack's per-direction input projections (`input_gates_split`, a tuple `gx`) give the same loss and
+  the same gradients, to the bit on CPU, as the one [T, D, B, 4H] array (`input_gates(..., None)`) they replace."""
+  r = np.random.default_rng(5)
+  d, b, t, i, h, p = 2, 3, 6, 5, 8, 4
+  n = lambda *s, scale=1.0: jnp.asarray(r.normal(0, scale, s).astype(np.float32))
+  x, w_x, w_h, w_p, bias = n(d, b, t, i), n(d, i, 4 * h, scale=0.5), n(d, p, 4 * h), n(d, h, p, scale=1.5), n(d, 4 * h)
+  mask = np.ones((t, d, b), bool)
+  mask[4:, 0, 1] = False
+  mask = jnp.asarray(mask)
+  zeros = jnp.zeros((d, b, h)), jnp.zeros((d, b, p))
+
+  def loss(split, x, w_x, w_h, w_p, bias):
+    xb, wb = x.astype(jnp.bfloat16), w_x.astype(jnp.bfloat16)
+    gx = lstm_mod.input_gates_split(xb, wb) if split else lstm_mod.input_gates(xb, wb, None)
+    if split:
+      assert isinstance(gx, tuple) and len(gx) == d and gx[0].shape == (t, b, 4 * h)
+    y, (c, hh) = lstm_mod.lstm_scan(gx, w_h, w_p, mask, *zeros, 0.7, 0.3, jnp.bfloat16, bias=bias)
+    return jnp.sum(y ** 2) + jnp.sum(c) - jnp.sum(hh)
+
+  args = (x, w_x, w_h, w_p, bias)
+  (v0, g0), (v1, g1) = (jax.jit(jax.value_and_grad(lambda *a, s=s: loss(s, *a), argnums=range(5)))(*args)
+                        for s in (False, True))
+  assert float(v0) == float(v1)
+  for a, e in zip(g1, g0):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32))

@@ -203,6 +203,64 @@ def test_hbm_traffic_estimate_on_programs_counted_by_hand():
   assert (top["bytes"], top["count"], top["bytes_per_step"]) == (2 * a, 10, 20 * a), top
 
 
+# A TPU-style module (no compile: text only) with arrays in VMEM (`S(1)` in the layout): a prefetch of %b
+# into VMEM, a fusion writing one output to VMEM and one to HBM, and a dynamic-update-slice into a VMEM buffer.
+_HLO_S1 = """
+HloModule vmem
+
+%fused_add (p0: f32[8,128], p1: f32[8,128]) -> f32[8,128] {
+  %p0 = f32[8,128]{1,0} parameter(0)
+  %p1 = f32[8,128]{1,0} parameter(1)
+  ROOT %s = f32[8,128]{1,0} add(%p0, %p1)
+}
+
+%fused_two (q0: f32[8,128]) -> (f32[8,128], f32[8,128]) {
+  %q0 = f32[8,128]{1,0} parameter(0)
+  %e = f32[8,128]{1,0} exponential(%q0)
+  %n = f32[8,128]{1,0} negate(%q0)
+  ROOT %r = (f32[8,128]{1,0}, f32[8,128]{1,0}) tuple(%e, %n)
+}
+
+ENTRY %main (a: f32[8,128], b: f32[8,128], buf: f32[4,8,128]) -> (f32[8,128], f32[4,8,128]) {
+  %a = f32[8,128]{1,0:T(8,128)} parameter(0)
+  %b = f32[8,128]{1,0:T(8,128)} parameter(1)
+  %buf = f32[4,8,128]{2,1,0:T(8,128)S(1)} parameter(2)
+  %cs = (f32[8,128]{1,0:T(8,128)S(1)}, f32[8,128]{1,0:T(8,128)}, u32[]{:S(2)}) copy-start(%b)
+  %bv = f32[8,128]{1,0:T(8,128)S(1)} copy-done(%cs)
+  %two = (f32[8,128]{1,0:T(8,128)S(1)}, f32[8,128]{1,0:T(8,128)}) fusion(%a), kind=kLoop, calls=%fused_two
+  %e = f32[8,128]{1,0:T(8,128)S(1)} get-tuple-element(%two), index=0
+  %n = f32[8,128]{1,0:T(8,128)} get-tuple-element(%two), index=1
+  %f = f32[8,128]{1,0:T(8,128)S(1)} fusion(%e, %bv), kind=kLoop, calls=%fused_add
+  %g = f32[8,128]{1,0:T(8,128)} fusion(%f, %n), kind=kLoop, calls=%fused_add
+  %i = s32[] constant(1)
+  %z = s32[] constant(0)
+  %u = f32[1,8,128]{2,1,0:T(8,128)S(1)} bitcast(%f)
+  %d = f32[4,8,128]{2,1,0:T(8,128)S(1)} dynamic-update-slice(%buf, %u, %i, %z, %z)
+  %t = f32[8,128]{1,0:T(8,128)} tanh(%g)
+  ROOT %out = (f32[8,128]{1,0:T(8,128)}, f32[4,8,128]{2,1,0:T(8,128)S(1)}) tuple(%t, %d)
+}
+"""
+
+
+def test_hbm_traffic_leaves_out_arrays_in_vmem():
+  """Arrays in memory space S(1) (TPU VMEM) are on chip: not HBM traffic. Counted by hand, a = 4 KiB:
+  the prefetch reads %b from HBM once (its VMEM side is free), %two reads a and writes %n to HBM (%e stays in
+  VMEM), %f reads and writes only VMEM, %g reads %n and writes to HBM, the update of the VMEM buffer moves
+  nothing in HBM, tanh reads and writes HBM. Counting every operand (XLA's `bytes accessed`) gives each
+  kernel's operands and results: 2 + 3 + 3 + 3 + 2 (the update: read + write) + 2."""
+  a = 8 * 128 * 4
+  assert hlo_text.memory_spaces("(f32[8,128]{1,0:T(8,128)S(1)}, bf16[2]{0}, s32[])") == [
+      ("f32", (8, 128), 1), ("bf16", (2,), 0), ("s32", (), 0)]
+  assert hlo_text.nbytes("(f32[8,128]{1,0:T(8,128)S(1)}, f32[8,128]{1,0})", hbm_only=True) == a
+  m = hlo_lib.Module(_HLO_S1)
+  by_name = {r["name"]: r["bytes"] for r in m.kernel_traffic(20)}
+  assert by_name == {"cs": a, "two": 2 * a, "g": 2 * a, "t": 2 * a}, by_name
+  assert m.hbm_bytes() == 7 * a
+  every = hlo_lib.Module(_HLO_S1, hbm_only=False)
+  assert every.hbm_bytes() == (2 + 3 + 3 + 3 + 2 + 2) * a
+  assert {r["name"]: r["bytes"] for r in every.kernel_traffic(20)}["d"] == 2 * a
+
+
 def test_targets_parse_and_collective_model():
   assert targets_lib.parse("v5e:16x16") == ("v5e", "16x16")
   with pytest.raises(targets_lib.TargetError, match="expected <chip>:<topology>"):
