@@ -37,7 +37,7 @@ def test_char_widths_keep_char_cnn_exact():
   options = _wide_options()
   model = BiLM(BiLMConfig.from_options(options))
   ids = np.stack([chars.token_to_ids(t) for t in _TOKENS])
-  params = model.init(jax.random.key(3), ids[None])["params"]
+  params = jax.jit(model.init)(jax.random.key(3), ids[None])["params"]  # jitted: one compile, not one per op
   widths = _char_widths(ids, 7)
   assert list(widths[:4]) == [16, 16, 16, 24] and widths[6] == 32 and widths[7] == 50 and widths[10] == 50
   full = np.asarray(model.apply({"params": params}, ids, method=BiLM.embed_tokens))
