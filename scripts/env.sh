@@ -21,16 +21,18 @@ if [ ! -x .venv/bin/python ]; then
 fi
 STAMP=.venv/.requirements.sha256
 WANT="$( (cat requirements.txt pyproject.toml; [ -z "$EXTRA" ] || echo "extra=$EXTRA") | sha256sum | cut -d' ' -f1)"
+# pip --no-compile: no byte-compiling every installed file (torch's and jax's thousands, most never imported;
+# that was most of the install's time); Python compiles what is imported, once, into __pycache__ as usual.
 if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANT" ]; then
   echo "[elmo_jax] installing requirements into .venv (first run takes a few minutes)" >&2
-  .venv/bin/python -m pip install --quiet --upgrade pip >&2
-  .venv/bin/python -m pip install --quiet -r requirements.txt >&2
+  .venv/bin/python -m pip install --quiet --no-compile --upgrade pip >&2
+  .venv/bin/python -m pip install --quiet --no-compile -r requirements.txt >&2
   if [ -n "$EXTRA" ]; then
     JAX_VERSION="$(grep -E '^jax==' requirements.txt | cut -d= -f3)"
     echo "[elmo_jax] adding jax[$EXTRA]==$JAX_VERSION" >&2
-    .venv/bin/python -m pip install --quiet "jax[$EXTRA]==$JAX_VERSION" >&2
+    .venv/bin/python -m pip install --quiet --no-compile "jax[$EXTRA]==$JAX_VERSION" >&2
   fi
-  .venv/bin/python -m pip install --quiet --no-deps -e . >&2
+  .venv/bin/python -m pip install --quiet --no-compile --no-deps -e . >&2
   echo "$WANT" > "$STAMP"
 fi
 # scripts/test.sh only (ELMO_JAX_TEST_DEPS=1): the test-only packages, with their own stamp (so train.sh and
@@ -40,7 +42,7 @@ if [ "${ELMO_JAX_TEST_DEPS:-}" = 1 ]; then
   TEST_WANT="$( (echo "$WANT"; cat requirements-test.txt) | sha256sum | cut -d' ' -f1)"
   if [ "$(cat "$TEST_STAMP" 2>/dev/null || true)" != "$TEST_WANT" ]; then
     echo "[elmo_jax] installing the test-only requirements (requirements-test.txt) into .venv" >&2
-    .venv/bin/python -m pip install --quiet -r requirements-test.txt >&2
+    .venv/bin/python -m pip install --quiet --no-compile -r requirements-test.txt >&2
     echo "$TEST_WANT" > "$TEST_STAMP"
   fi
 fi

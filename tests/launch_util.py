@@ -56,10 +56,11 @@ def env(devices: int = 1, signal_at: str | None = None) -> dict[str, str]:
   return e
 
 
-def xla_flags(devices: int) -> str:
-  """The tests' XLA_FLAGS (tests/conftest.py: the compile options) with `devices` simulated CPU devices."""
+def xla_flags(devices: int | None) -> str:
+  """The tests' XLA_FLAGS (tests/conftest.py: the compile options) with `devices` simulated CPU devices; None:
+  no device count (a command that sets its own, as `elmo_jax.plan --target=cpu:N`)."""
   base = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
-  return " ".join((*base.split(), f"--xla_force_host_platform_device_count={devices}"))
+  return " ".join((*base.split(), *([f"--xla_force_host_platform_device_count={devices}"] if devices else [])))
 
 
 def launch(workdir: str, config: str, *flags: str, log: str, **env_kw) -> subprocess.Popen:

@@ -1,6 +1,8 @@
 """Train-time token dedupe (elmo_jax/data/dedupe.py): the tables, and BiLM.lm_windows's deduped path."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,7 +75,8 @@ def test_lm_deduped_path_equals_plain(n_shards):
   options = tiny_options(skip=True, cell_clip=3.0, proj_clip=3.0)
   model = BiLM(BiLMConfig.from_options(options))
   batch = _batch()
-  params = model.init(jax.random.key(0), batch["fwd_chars"], batch["bwd_chars"], method=BiLM.lm_windows)["params"]
+  params = jax.jit(functools.partial(model.init, method=BiLM.lm_windows))(  # jitted: one compile, not one per op
+      jax.random.key(0), batch["fwd_chars"], batch["bwd_chars"])["params"]
   state = jax.tree_util.tree_map(lambda a: a + 0.1, zero_state(model.config, batch["fwd_chars"].shape[0]))
   deduped = dedupe.dedupe_batch(batch, n_shards)
 

@@ -95,7 +95,8 @@ def test_frozen_cache_equals_live_bilm(tiny_bilm):
   enc = data_lib.Encoded(sentences, [np.zeros(len(s), np.int32) for s in sentences], [None] * 3,
                          np.concatenate([[0], np.cumsum([len(s) for s in sentences])]))
   emb = tiny_bilm.embedder
-  live = BiLM(emb.config).apply({"params": emb.params}, chars.batch_to_ids(sentences))["layers"]
+  live = jax.jit(lambda ids: BiLM(emb.config).apply({"params": emb.params}, ids)["layers"])(
+      chars.batch_to_ids(sentences))
   want = np.concatenate([np.swapaxes(np.asarray(live[i, :, :len(s)]), 0, 1) for i, s in enumerate(sentences)])
   got32 = train.cache_layers(emb, enc, "float32", 2, "test")
   got16 = train.cache_layers(emb, enc, "float16", 2, "test")
@@ -120,7 +121,8 @@ def test_mix_l2_is_in_the_loss():
   losses = {}
   for lam in (0.0, 0.25):
     model = TaskModel(TaskConfig(**dict(cfg.__dict__, mix_l2=lam)))
-    loss, aux = train.make_loss(model)(params, batch, jax.random.key(0), deterministic=True)
+    loss_fn = jax.jit(train.make_loss(model), static_argnames="deterministic")  # one compile, not one per op
+    loss, aux = loss_fn(params, batch, jax.random.key(0), deterministic=True)
     losses[lam] = (float(loss), float(aux["ce"]), float(aux["l2"]))
   expected = 0.25 * float(np.sum(w0 ** 2) + np.sum(w1 ** 2))  # 0.25 * (5.25 + 2.3125)
   assert losses[0.25][2] == pytest.approx(expected, rel=1e-6)

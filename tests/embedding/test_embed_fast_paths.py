@@ -37,7 +37,7 @@ def test_char_widths_keep_char_cnn_exact():
   options = _wide_options()
   model = BiLM(BiLMConfig.from_options(options))
   ids = np.stack([chars.token_to_ids(t) for t in _TOKENS])
-  params = model.init(jax.random.key(3), ids[None])["params"]
+  params = jax.jit(model.init)(jax.random.key(3), ids[None])["params"]  # jitted: one compile, not one per op
   widths = _char_widths(ids, 7)
   assert list(widths[:4]) == [16, 16, 16, 24] and widths[6] == 32 and widths[7] == 50 and widths[10] == 50
   full = np.asarray(model.apply({"params": params}, ids, method=BiLM.embed_tokens))
@@ -56,7 +56,7 @@ def test_embedder_matches_plain_bilm_across_chunks_and_widths():
   sentences = [[vocab[j] for j in rng.integers(0, len(vocab), n)] for n in (1, 3, 17, 30, 9, 26, 12)]
   got = emb.embed_sentences(sentences, batch_size=4)
   ids = chars.batch_to_ids(sentences)
-  want = np.asarray(emb.model.apply({"params": emb.params}, jnp.asarray(ids))["layers"])
+  want = np.asarray(jax.jit(lambda x: emb.model.apply({"params": emb.params}, x)["layers"])(jnp.asarray(ids)))
   for i, s in enumerate(sentences):
     np.testing.assert_allclose(got[i], want[i, :, :len(s)], rtol=0, atol=2e-5)
 

@@ -66,7 +66,7 @@ def test_freeze_bilm_under_adamw_weight_decay(loaded):
   model = Tagger(elmo, n_tags=3)
   ids = chars.batch_to_ids(BATCH)
   tags = jnp.asarray(np.random.default_rng(0).integers(0, 3, ids.shape[:2]))
-  params = model.init(jax.random.key(0), ids)["params"]
+  params = jax.jit(model.init)(jax.random.key(0), ids)["params"]  # jitted: one compile, not one per op
   params = {**params, "elmo": elmo_vars["params"]}
   tx = pretrained.freeze_bilm(optax.adamw(1e-2, weight_decay=0.5))
   labels = pretrained.bilm_labels(params)
@@ -95,11 +95,11 @@ def test_freeze_bilm_under_adamw_weight_decay(loaded):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # weight decay did not shrink them
   mix = params["elmo"]["scalar_mix_0"]["scalar_parameters"]
   assert np.any(np.asarray(mix) != 0)
-  assert float(loss_fn(params)[1]) == pytest.approx(0.1 * float(jnp.sum(mix ** 2)), rel=1e-5)  # the λ L2 term
+  assert float(jax.jit(loss_fn)(params)[1]) == pytest.approx(0.1 * float(jnp.sum(mix ** 2)), rel=1e-5)  # the λ L2 term
   # Without the freeze, AdamW's decay alone moves the biLM (what the helper prevents).
   plain = optax.adamw(1e-2, weight_decay=0.5)
-  moved = optax.apply_updates(start, plain.update(jax.tree_util.tree_map(jnp.zeros_like, start),
-                                                  plain.init(start), start)[0])
+  moved = jax.jit(lambda p: optax.apply_updates(p, plain.update(jax.tree_util.tree_map(jnp.zeros_like, p),
+                                                                plain.init(p), p)[0]))(start)
   assert np.any(np.asarray(moved["elmo"]["bilm"]["char_cnn"]["char_embed"])
                 != np.asarray(start["elmo"]["bilm"]["char_cnn"]["char_embed"]))
 
@@ -114,14 +114,15 @@ def test_vocab_to_cache_equals_char_path(loaded):
   ids = chars.batch_to_ids(BATCH)
   word_ids = word_ids_for(BATCH, index)
   assert word_ids[2, 0] == 0 and word_ids[2, 1] == index["and"] + 1  # OOV -> 0 -> char CNN
-  want = np.asarray(elmo.apply(variables, ids)["elmo_representations"][0])
-  mixed = cached_elmo.apply(cached_vars, ids, word_ids=word_ids)
+  apply, cached_apply = jax.jit(elmo.apply), jax.jit(cached_elmo.apply)  # one compile a shape, not one per op
+  want = np.asarray(apply(variables, ids)["elmo_representations"][0])
+  mixed = cached_apply(cached_vars, ids, word_ids=word_ids)
   np.testing.assert_allclose(np.asarray(mixed["elmo_representations"][0]), want, atol=1e-6, rtol=0)
   np.testing.assert_array_equal(np.asarray(mixed["mask"]), ids.any(-1))
   # All words cached: no char ids at all.
   known = [[w for w in s if w in index] for s in BATCH]
-  only = cached_elmo.apply(cached_vars, None, word_ids=word_ids_for(known, index))
-  ref = np.asarray(elmo.apply(variables, chars.batch_to_ids(known))["elmo_representations"][0])
+  only = cached_apply(cached_vars, None, word_ids=word_ids_for(known, index))
+  ref = np.asarray(apply(variables, chars.batch_to_ids(known))["elmo_representations"][0])
   np.testing.assert_allclose(np.asarray(only["elmo_representations"][0]), ref, atol=1e-6, rtol=0)
 
 

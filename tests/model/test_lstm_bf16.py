@@ -32,7 +32,7 @@ def _grads(dtype):
   """(loss, {param path or 'x': gradient}) of a fixed linear loss of the tiny stack's outputs and state."""
   cfg, x, mask, cot = _setup()
   module = BiLSTMStack(cfg, dtype=dtype)
-  params = module.init(jax.random.PRNGKey(0), x[0], x[1], mask[0], mask[1])["params"]
+  params = jax.jit(module.init)(jax.random.PRNGKey(0), x[0], x[1], mask[0], mask[1])["params"]  # one compile
   # larger weights so that the cell and projection clips (3.0) bind on some steps
   params = jax.tree_util.tree_map(lambda p: 3.0 * p + 0.1, params)
 

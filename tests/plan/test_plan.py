@@ -75,8 +75,8 @@ def test_step_work_per_device_does_not_grow_with_devices(tmp_path):
 
 
 def _run_plan(config, *args):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  env.pop("XLA_FLAGS", None)  # the command sets the CPU device count for a cpu:N target itself
+  # The command sets the CPU device count for a cpu:N target itself; the tests' compile options stay.
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": launch_util.xla_flags(None)}
   return subprocess.run([PYTHON, "-m", "elmo_jax.plan", f"--config={config}", *args], env=env, cwd=REPO_ROOT,
                         capture_output=True, text=True, timeout=300)
 

@@ -44,10 +44,12 @@ def runs(gcs_server, tmp_path_factory):
                                       checkpoint_every_steps=EVERY, log_every_steps=LOG_EVERY, keep_checkpoints=2)
     a, b = os.path.join(root, "a"), url + "/run"
     log_a, log_b = os.path.join(root, "a.log"), os.path.join(root, "b.log")
-    run_a = launch_util.launch(a, config, log=log_a)
+    # B first, alone: it compiles the steps; A and B's rerun then load them from the compilation cache
+    # (launched together, A and B would each compile the same programs).
     run_b = launch_util.launch(b, config, log=log_b, signal_at="9:KILL")
     assert launch_util.wait([run_b], 300) == [-signal.SIGKILL], launch_util.read(log_b)[-3000:]
     killed = storage.read_bytes(b + "/metrics.jsonl").decode()
+    run_a = launch_util.launch(a, config, log=log_a)
     run_b = launch_util.launch(b, config, log=log_b)
     codes = launch_util.wait([run_a, run_b], 300)
     assert codes == [0, 0], launch_util.read(log_a)[-3000:] + launch_util.read(log_b)[-3000:]

@@ -28,13 +28,15 @@ def runs(tmp_path_factory):
                            checkpoint_every_steps=EVERY, log_every_steps=LOG_EVERY, keep_checkpoints=2)
   a, b = os.path.join(root, "a"), os.path.join(root, "b")
   log_a, log_b = os.path.join(root, "a.log"), os.path.join(root, "b.log")
-  run_a = launch_util.launch(a, config, log=log_a)
   # 1. SIGKILL right after step 9 (logged; checkpoint 8 saved and checksummed): the run kills itself there
   # (tests/signal_train.py), so the point is the same on a fast or a loaded machine.
   run_b = launch_util.launch(b, config, log=log_b, signal_at="9:KILL")
   assert launch_util.wait([run_b]) == [-signal.SIGKILL], launch_util.read(log_b)[-3000:]
   assert os.path.exists(f"{b}/checkpoints/checksums/8.json")
   killed_at = launch_util.max_step(b)
+  # A starts once B compiled the steps alone: it loads them from the compilation cache (launched together,
+  # both would compile the same programs).
+  run_a = launch_util.launch(a, config, log=log_a)
   # 2. Resume, then SIGTERM after step 13 (a step that is not a checkpoint step): the run finishes that
   # step, saves it and exits 0.
   run_b = launch_util.launch(b, config, log=log_b, signal_at="13:TERM")

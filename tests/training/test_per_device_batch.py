@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+import launch_util
 import tiny
 from elmo_jax import plan as plan_lib
 from elmo_jax.interop import options as options_lib
@@ -115,7 +116,7 @@ def test_a_run_on_8_devices_trains_per_device_times_8_rows(tmp_path):
   script = tmp_path / "eight.py"
   script.write_text(_EIGHT)
   workdir = tmp_path / "run"
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+  env = {**os.environ, "XLA_FLAGS": launch_util.xla_flags(8), "JAX_PLATFORMS": "cpu",  # the tests' compile options
          "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
   proc = subprocess.run([sys.executable, str(script), TESTS_DIR, _corpus(tmp_path), str(workdir)], env=env,
                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)

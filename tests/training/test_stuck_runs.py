@@ -1,10 +1,11 @@
 """Runs that must stop in one line, within a stated time, instead of hanging (issue 34, faults 4 and 8).
 
-The module's runs: three train.py processes at once (one launch each): a local run whose `checkpoints/`
+The module's runs: five train.py processes at once (one launch each): a local run whose `checkpoints/`
 folder is replaced by a file after its first save, a bucket run whose bucket stops answering after its first save (its
 fake-gcs-server paused with SIGSTOP, as a network partition does), and process 0 of a two-process run whose
-partner is never started. The first two pause themselves after step 2 is saved (tests/signal_train.py,
-`2:STOP`), so the fault lands at a known point. Then a two-process run whose save fails on process 0.
+partner is never started; and alongside them a two-process run whose save fails on process 0. The local, bucket and
+pod runs pause themselves after step 2 is saved (tests/signal_train.py, `2:STOP`), so the fault lands at a known
+point; each is faulted as soon as it pauses. The deadlines are wall time: run at once, they are waited out once.
 """
 from __future__ import annotations
 
@@ -75,34 +76,49 @@ def runs(tmp_path_factory):
     emulator.stop()
 
 
+def _break_checkpoints(workdir: str) -> None:
+  """The disk's checkpoints/ folder is gone (kept aside as checkpoints.kept), a file in its place: every later
+  save fails."""
+  os.rename(os.path.join(workdir, "checkpoints"), os.path.join(workdir, "checkpoints.kept"))
+  open(os.path.join(workdir, "checkpoints"), "w").close()
+
+
 def _run_all(root: str, emulator) -> dict:
   train = launch_util.write_corpus(os.path.join(root, "train.txt"))
   config = launch_util.write_config(os.path.join(root, "tiny.py"), train, num_train_steps=STEPS,
                                     checkpoint_every_steps=EVERY, log_every_steps=1,
                                     checkpoint_timeout_s=float(SAVE_TIMEOUT_S))
-  local, remote = os.path.join(root, "local"), emulator.new_bucket() + "/run"
-  logs = {name: os.path.join(root, f"{name}.log") for name in ("alone", "local", "remote")}
-  port = launch_util.free_port()
+  local, remote, pod = os.path.join(root, "local"), emulator.new_bucket() + "/run", os.path.join(root, "pod")
+  logs = {name: os.path.join(root, f"{name}.log") for name in ("alone", "local", "remote", "pod0", "pod1")}
+  port, pod_port = launch_util.free_port(), launch_util.free_port()
   started = time.time()
   procs = {"alone": launch_util.launch(os.path.join(root, "alone"), config, f"--coordinator_address=127.0.0.1:{port}",
                                        "--num_processes=2", "--process_id=0",
                                        f"--distributed_timeout_s={DIST_TIMEOUT_S}", log=logs["alone"]),
            "local": launch_util.launch(local, config, log=logs["local"], signal_at="2:STOP"),
-           "remote": launch_util.launch(remote, config, log=logs["remote"], signal_at="2:STOP")}
-  clock, faulted, ended = Clock(logs["alone"]), {}, {}
-  try:
-    clock.until(lambda: _paused(procs["local"]), 300, "the local run to pause after step 2")
-    checkpoints = os.path.join(local, "checkpoints")
-    os.rename(checkpoints, checkpoints + ".kept")  # the disk's folder is gone: every later save fails
-    open(checkpoints, "w").close()
-    faulted["local"] = time.time()
-    procs["local"].send_signal(signal.SIGCONT)
-    clock.until(lambda: _paused(procs["remote"]), 300, "the bucket run to pause after step 2")
+           "remote": launch_util.launch(remote, config, log=logs["remote"], signal_at="2:STOP"),
+           **{f"pod{i}": launch_util.launch(pod, config, "--config.data.shard=rows",
+                                            f"--coordinator_address=127.0.0.1:{pod_port}", "--num_processes=2",
+                                            f"--process_id={i}", log=logs[f"pod{i}"],
+                                            signal_at="2:STOP" if i == 0 else None) for i in range(2)}}
+
+  def stop_bucket():
     emulator.process.send_signal(signal.SIGSTOP)  # the bucket stops answering (connections hang)
-    faulted["remote"] = time.time()
-    procs["remote"].send_signal(signal.SIGCONT)
-    for name in ("local", "remote", "alone"):
-      ended[name] = clock.until(lambda: procs[name].poll() is not None, SAVE_TIMEOUT_S + 120, f"{name} to exit")
+  # Each paused run's fault, applied as soon as it pauses (a paused pod process holds its partner up).
+  faults = {"local": lambda: _break_checkpoints(local), "remote": stop_bucket, "pod0": lambda: _break_checkpoints(pod)}
+  clock, faulted, ended = Clock(logs["alone"]), {}, {}
+
+  def poll() -> bool:  # notes each exit when it happens, faults each run when it pauses; True once all exited
+    for name, proc in procs.items():
+      if name not in ended and proc.poll() is not None:
+        ended[name] = time.time()
+    for name in [n for n in faults if n not in ended and _paused(procs[n])]:
+      faults.pop(name)()
+      faulted[name] = time.time()
+      procs[name].send_signal(signal.SIGCONT)
+    return len(ended) == len(procs)
+  try:
+    clock.until(poll, 300 + SAVE_TIMEOUT_S + 120, "every run to pause after step 2, be faulted and exit")
   finally:
     for proc in procs.values():
       if proc.poll() is None:
@@ -110,7 +126,7 @@ def _run_all(root: str, emulator) -> dict:
     emulator.process.send_signal(signal.SIGCONT)
   return {"codes": {name: proc.returncode for name, proc in procs.items()}, "started": started,
           "faulted": faulted, "ended": ended, "noticed": clock.noticed_at, "port": port, "local": local,
-          "remote": remote, "logs": {name: launch_util.read(path) for name, path in logs.items()}}
+          "remote": remote, "pod": pod, "logs": {name: launch_util.read(path) for name, path in logs.items()}}
 
 
 def _error_lines(text: str) -> list[str]:
@@ -167,35 +183,16 @@ def test_the_deadlines_are_checked_before_anything_runs(tmp_path):
     distributed.initialize("on", "127.0.0.1:1", 2, 0, timeout_s=-1)
 
 
-def test_a_save_that_fails_on_a_pod_ends_every_process_at_the_deadline(tmp_path):
+def test_a_save_that_fails_on_a_pod_ends_every_process_at_the_deadline(runs):
   """Two processes: Orbax's saves meet at barriers, so process 0's failed save leaves both waiting; the
   deadline ends both, each with one line, and the last good checkpoint stays."""
-  train = launch_util.write_corpus(str(tmp_path / "train.txt"))
-  config = launch_util.write_config(str(tmp_path / "tiny.py"), train, num_train_steps=STEPS,
-                                    checkpoint_every_steps=EVERY, log_every_steps=1,
-                                    checkpoint_timeout_s=float(SAVE_TIMEOUT_S))
-  workdir, port = str(tmp_path / "run"), launch_util.free_port()
-  procs = [launch_util.launch(workdir, config, "--config.data.shard=rows", f"--coordinator_address=127.0.0.1:{port}",
-                              "--num_processes=2", f"--process_id={i}", log=str(tmp_path / f"p{i}.log"),
-                              signal_at="2:STOP" if i == 0 else None) for i in range(2)]
-  try:
-    Clock().until(lambda: _paused(procs[0]), 300, "process 0 to pause after step 2")
-    os.rename(f"{workdir}/checkpoints", f"{workdir}/checkpoints.kept")
-    open(f"{workdir}/checkpoints", "w").close()
-    faulted = time.time()
-    procs[0].send_signal(signal.SIGCONT)
-    codes = launch_util.wait(procs, SAVE_TIMEOUT_S + 120)
-  finally:
-    for proc in procs:
-      if proc.poll() is None:
-        proc.kill()
-  took = time.time() - faulted
-  logs = [launch_util.read(str(tmp_path / f"p{i}.log")) for i in range(2)]
-  assert codes == [1, 1], "\n".join(log[-2000:] for log in logs)
+  logs, pod = [runs["logs"][f"pod{i}"] for i in range(2)], runs["pod"]
+  assert [runs["codes"]["pod0"], runs["codes"]["pod1"]] == [1, 1], "\n".join(log[-2000:] for log in logs)
+  took = max(runs["ended"]["pod0"], runs["ended"]["pod1"]) - runs["faulted"]["pod0"]
   assert SAVE_TIMEOUT_S <= took < SAVE_TIMEOUT_S + 30, took
   for log in logs:
     assert _error_lines(log) == [
-        f"train: error: checkpoint step 4 was not saved to {workdir}/checkpoints within {SAVE_TIMEOUT_S}s "
+        f"train: error: checkpoint step 4 was not saved to {pod}/checkpoints within {SAVE_TIMEOUT_S}s "
         "(config.checkpoint_timeout_s): the disk or bucket does not answer, or a save failed on another "
         "process; stopped. Rerunning the same command resumes from step 2, the last finished checkpoint"], log
-  assert _newest_good_step(f"{workdir}/checkpoints.kept") == 2
+  assert _newest_good_step(f"{pod}/checkpoints.kept") == 2
