@@ -85,6 +85,7 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
     check_vocab(data.vocab_file, "config.data.vocab_file")
   if config.init_from:
     _check_init_from(config)
+  _check_saved_vocab(run)
 
 
 def _check_utf8_name(what: str, path: str) -> None:
@@ -294,6 +295,14 @@ def _blank(path: str) -> bool:
   except (OSError, EOFError) as e:
     raise PreflightError(f"{path}: cannot read ({e})") from None
   return True
+
+
+def _check_saved_vocab(run: Workdir) -> None:
+  """The vocab.txt a checkpoint was trained with must load (without a checkpoint it is built again)."""
+  from elmo_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  saved = os.path.join(run.local, VOCAB_FILE)
+  if os.path.exists(saved) and checkpoint.newest_meta(run.checkpoints):
+    check_vocab(saved, "the workdir's vocabulary (resume)")
 
 
 def check_vocab(path: str, what: str):

@@ -66,6 +66,9 @@ def test_preflight_refuses_in_one_line(tmp_path, case, words):
     (workdir / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nthe\ncat\n")
     (workdir / "vocab_counts.tsv").write_text("<S>\t0\n</S>\t0\n<UNK>\t0\nthe\t5\ncat\t4\ndog\t3\n")
     (workdir / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nthe\n")
+    meta = workdir / "checkpoints" / "40" / "meta"  # the checkpoint that makes it a resume (its meta item)
+    meta.mkdir(parents=True)
+    (meta / "metadata").write_text("{}")
   before = sorted(os.listdir(tmp_path))
   with pytest.raises(preflight.PreflightError, match=words) as e:
     preflight.check(c, str(workdir))
