@@ -63,6 +63,22 @@ def xla_flags(devices: int | None) -> str:
   return " ".join((*base.split(), *([f"--xla_force_host_platform_device_count={devices}"] if devices else [])))
 
 
+def rerun_under_product_codegen(request) -> bool:
+  """For a check that two programs give the same bits under the product's code generation: when this process
+  compiles with the tests' classic fusion emitters (tests/conftest.py TEST_CODEGEN_FLAGS), reruns the calling test
+  in a child pytest with the product's MLIR emitters, asserts it passed and returns True (the caller returns);
+  in that child (or with ELMO_JAX_TEST_FULL_OPT=1) returns False and the test runs here."""
+  flag = "--xla_cpu_use_fusion_emitters=false"
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  if flag not in flags:
+    return False
+  e = {**os.environ, "XLA_FLAGS": " ".join(f for f in flags if f != flag), "JAX_PLATFORMS": "cpu"}
+  done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+                         request.node.nodeid], cwd=REPO_ROOT, env=e, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+  return True
+
+
 def launch(workdir: str, config: str, *flags: str, log: str, **env_kw) -> subprocess.Popen:
   """train.py in a subprocess; with `signal_at`, its test wrapper `tests/signal_train.py`."""
   out = open(log, "ab")

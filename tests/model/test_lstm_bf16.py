@@ -11,6 +11,7 @@ import numpy as np
 
 from elmo_jax.model import BiLMConfig, BiLSTMStack
 from elmo_jax.model import lstm as lstm_mod
+import launch_util
 from plain_lstm import plain_lstm_scan
 import tiny
 
@@ -53,15 +54,19 @@ def _digest(loss, grads):
 
 
 # sha256 of (loss, every gradient) of `_grads(float32)` on main before the bf16 path changed (commit cdb5b3d),
-# XLA:CPU at the tests' backend optimization level 0 and at the product's full optimization
-# (ELMO_JAX_TEST_FULL_OPT=1): the float32 program is unchanged, so are its bits.
-FLOAT32_DIGEST = {"opt0": "c60eb3650691e2282801bb5dd501c8ce6e0c4699853f0fbe717f4d480f7284c0",
+# under each code generation of XLA:CPU: the tests' (tests/conftest.py TEST_CODEGEN_FLAGS), backend optimization
+# level 0 alone, and the product's full optimization (ELMO_JAX_TEST_FULL_OPT=1). The float32 program is
+# unchanged, so are its bits under each.
+FLOAT32_DIGEST = {"tests": "dd7d4d9cf92ae0a6e625e4882670b7e3c66ed280837885a9a55c916560d8bf0a",
+                  "opt0": "c60eb3650691e2282801bb5dd501c8ce6e0c4699853f0fbe717f4d480f7284c0",
                   "full": "48ee9e3f0f04c24934df59c098d7b06bddc78dd9a1a4018227d27df12905bee7"}
 
 
 def test_float32_step_bit_identical_to_before():
   loss, grads = _grads(jnp.float32)
-  level = "opt0" if "xla_backend_optimization_level=0" in os.environ.get("XLA_FLAGS", "") else "full"
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  level = ("tests" if "--xla_cpu_use_fusion_emitters=false" in flags else "opt0") \
+      if "--xla_backend_optimization_level=0" in flags else "full"
   assert _digest(loss, grads) == FLOAT32_DIGEST[level], (loss, {k: float(np.sum(v)) for k, v in grads.items()})
 
 
@@ -110,9 +115,12 @@ def test_separate_bias_path_matches_autodiff_in_float32():
     assert scale > 0 and float(jnp.max(jnp.abs(a - e))) <= 1e-5 * scale, name
 
 
-def test_per_direction_gates_equal_the_stacked_form_in_bfloat16():
+def test_per_direction_gates_equal_the_stacked_form_in_bfloat16(request):
   """The bf16 stack's per-direction input projections (`input_gates_split`, a tuple `gx`) give the same loss and
-  the same gradients, to the bit on CPU, as the one [T, D, B, 4H] array (`input_gates(..., None)`) they replace."""
+  the same gradients, to the bit on CPU under the product's fusion emitters, as the one [T, D, B, 4H] array
+  (`input_gates(..., None)`) they replace."""
+  if launch_util.rerun_under_product_codegen(request):
+    return
   r = np.random.default_rng(5)
   d, b, t, i, h, p = 2, 3, 6, 5, 8, 4
   n = lambda *s, scale=1.0: jnp.asarray(r.normal(0, scale, s).astype(np.float32))
