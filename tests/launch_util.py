@@ -20,6 +20,7 @@ from elmo_jax.training.throughput import FIELDS as THROUGHPUT_FIELDS
 from paths import REPO_ROOT, TESTS_DIR
 # What differs between identical runs: timings, and the rates and device memory derived from them.
 TIMING_FIELDS = ("tokens_per_sec", "elapsed_sec", "data_wait_share", *THROUGHPUT_FIELDS)
+CLASSIC_EMITTERS = "--xla_cpu_use_fusion_emitters=false"  # one of tests/conftest.py TEST_CODEGEN_FLAGS
 
 
 WORDS = ("the cat sat on a mat dog ran far away under big small red tree house river boat sun "
@@ -56,10 +57,13 @@ def env(devices: int = 1, signal_at: str | None = None) -> dict[str, str]:
   return e
 
 
-def xla_flags(devices: int | None) -> str:
+def xla_flags(devices: int | None, product_emitters: bool = False) -> str:
   """The tests' XLA_FLAGS (tests/conftest.py: the compile options) with `devices` simulated CPU devices; None:
-  no device count (a command that sets its own, as `elmo_jax.plan --target=cpu:N`)."""
+  no device count (a command that sets its own, as `elmo_jax.plan --target=cpu:N`). `product_emitters`: without
+  the tests' classic fusion emitters (a program whose compiled form is what is checked, as the planner's loops)."""
   base = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
+  if product_emitters:
+    base = base.replace(CLASSIC_EMITTERS, "")
   return " ".join((*base.split(), *([f"--xla_force_host_platform_device_count={devices}"] if devices else [])))
 
 
@@ -68,11 +72,9 @@ def rerun_under_product_codegen(request) -> bool:
   compiles with the tests' classic fusion emitters (tests/conftest.py TEST_CODEGEN_FLAGS), reruns the calling test
   in a child pytest with the product's MLIR emitters, asserts it passed and returns True (the caller returns);
   in that child (or with ELMO_JAX_TEST_FULL_OPT=1) returns False and the test runs here."""
-  flag = "--xla_cpu_use_fusion_emitters=false"
-  flags = os.environ.get("XLA_FLAGS", "").split()
-  if flag not in flags:
+  if CLASSIC_EMITTERS not in os.environ.get("XLA_FLAGS", "").split():
     return False
-  e = {**os.environ, "XLA_FLAGS": " ".join(f for f in flags if f != flag), "JAX_PLATFORMS": "cpu"}
+  e = {**os.environ, "XLA_FLAGS": xla_flags(None, product_emitters=True), "JAX_PLATFORMS": "cpu"}
   done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
                          request.node.nodeid], cwd=REPO_ROOT, env=e, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

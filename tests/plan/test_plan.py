@@ -43,7 +43,8 @@ _SCRIPT = textwrap.dedent(r"""
 def _plan_cpu(tmp_path, *specs):
   script = tmp_path / "plan.py"
   script.write_text(_SCRIPT)
-  env = {**os.environ, "XLA_FLAGS": launch_util.xla_flags(8), "JAX_PLATFORMS": "cpu"}
+  # The planner reports the compiled program (its loops, kernels): compiled with the product's fusion emitters.
+  env = {**os.environ, "XLA_FLAGS": launch_util.xla_flags(8, product_emitters=True), "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([PYTHON, str(script), os.pathsep.join((os.path.dirname(__file__), TESTS_DIR)), *specs], env=env,
                         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
   assert proc.returncode == 0, proc.stderr[-4000:]
@@ -75,8 +76,9 @@ def test_step_work_per_device_does_not_grow_with_devices(tmp_path):
 
 
 def _run_plan(config, *args):
-  # The command sets the CPU device count for a cpu:N target itself; the tests' compile options stay.
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": launch_util.xla_flags(None)}
+  # The command sets the CPU device count for a cpu:N target itself; opt level 0 stays, with the product's
+  # fusion emitters (the report describes the compiled program).
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": launch_util.xla_flags(None, product_emitters=True)}
   return subprocess.run([PYTHON, "-m", "elmo_jax.plan", f"--config={config}", *args], env=env, cwd=REPO_ROOT,
                         capture_output=True, text=True, timeout=300)
 
