@@ -11,8 +11,9 @@ import os
 # a program is bit-identical to another under the product's code generation rerun under it
 # (launch_util.rerun_under_product_codegen). Set before JAX creates its CPU client (the flags are read then) and
 # inherited by every subprocess (launch_util.xla_flags keeps them when it adds a device count).
-# ELMO_JAX_TEST_FULL_OPT=1 compiles as the product does.
-TEST_CODEGEN_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+# ELMO_JAX_TEST_FULL_OPT=1 compiles as the product does. (Importing JAX, as launch_util does, reads no flag.)
+from launch_util import TEST_CODEGEN_FLAGS  # pylint: disable=g-import-not-at-top
+
 if os.environ.get("ELMO_JAX_TEST_FULL_OPT") != "1" and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = " ".join((os.environ.get("XLA_FLAGS", ""), *TEST_CODEGEN_FLAGS)).strip()
 

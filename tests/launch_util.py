@@ -20,7 +20,9 @@ from elmo_jax.training.throughput import FIELDS as THROUGHPUT_FIELDS
 from paths import REPO_ROOT, TESTS_DIR
 # What differs between identical runs: timings, and the rates and device memory derived from them.
 TIMING_FIELDS = ("tokens_per_sec", "elapsed_sec", "data_wait_share", *THROUGHPUT_FIELDS)
-CLASSIC_EMITTERS = "--xla_cpu_use_fusion_emitters=false"  # one of tests/conftest.py TEST_CODEGEN_FLAGS
+# The tests' code generation (tests/conftest.py sets it): opt level 0, XLA:CPU's classic fusion emitters.
+CLASSIC_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+TEST_CODEGEN_FLAGS = ("--xla_backend_optimization_level=0", CLASSIC_EMITTERS)
 
 
 WORDS = ("the cat sat on a mat dog ran far away under big small red tree house river boat sun "
@@ -69,7 +71,7 @@ def xla_flags(devices: int | None, product_emitters: bool = False) -> str:
 
 def rerun_under_product_codegen(request) -> bool:
   """For a check that two programs give the same bits under the product's code generation: when this process
-  compiles with the tests' classic fusion emitters (tests/conftest.py TEST_CODEGEN_FLAGS), reruns the calling test
+  compiles with the tests' classic fusion emitters (TEST_CODEGEN_FLAGS), reruns the calling test
   in a child pytest with the product's MLIR emitters, asserts it passed and returns True (the caller returns);
   in that child (or with ELMO_JAX_TEST_FULL_OPT=1) returns False and the test runs here."""
   if CLASSIC_EMITTERS not in os.environ.get("XLA_FLAGS", "").split():

@@ -54,7 +54,7 @@ def _digest(loss, grads):
 
 
 # sha256 of (loss, every gradient) of `_grads(float32)` on main before the bf16 path changed (commit cdb5b3d),
-# under each code generation of XLA:CPU: the tests' (tests/conftest.py TEST_CODEGEN_FLAGS), backend optimization
+# under each code generation of XLA:CPU: the tests' (launch_util.TEST_CODEGEN_FLAGS), backend optimization
 # level 0 alone, and the product's full optimization (ELMO_JAX_TEST_FULL_OPT=1). The float32 program is
 # unchanged, so are its bits under each.
 FLOAT32_DIGEST = {"tests": "dd7d4d9cf92ae0a6e625e4882670b7e3c66ed280837885a9a55c916560d8bf0a",
@@ -65,8 +65,8 @@ FLOAT32_DIGEST = {"tests": "dd7d4d9cf92ae0a6e625e4882670b7e3c66ed280837885a9a55c
 def test_float32_step_bit_identical_to_before():
   loss, grads = _grads(jnp.float32)
   flags = os.environ.get("XLA_FLAGS", "").split()
-  level = ("tests" if "--xla_cpu_use_fusion_emitters=false" in flags else "opt0") \
-      if "--xla_backend_optimization_level=0" in flags else "full"
+  level = "full" if launch_util.TEST_CODEGEN_FLAGS[0] not in flags else (
+      "tests" if launch_util.CLASSIC_EMITTERS in flags else "opt0")
   assert _digest(loss, grads) == FLOAT32_DIGEST[level], (loss, {k: float(np.sum(v)) for k, v in grads.items()})
 
 
