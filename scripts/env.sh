@@ -47,3 +47,6 @@ if [ "${ELMO_JAX_TEST_DEPS:-}" = 1 ]; then
   fi
 fi
 export PATH="$ROOT/.venv/bin:$PATH"
+# Python keeps the bytecode it compiles (the install above skips that step): with PYTHONDONTWRITEBYTECODE set, as
+# some images do, every process would compile every module it imports again, about 2 s of each train.py start.
+unset PYTHONDONTWRITEBYTECODE

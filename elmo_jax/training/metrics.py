@@ -4,13 +4,31 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from typing import Any, Callable
 
 import jax
-from tensorboardX import SummaryWriter
 
 from elmo_jax.runtime.run_layout import METRICS_FILE, TENSORBOARD_DIR
+
+
+def _import_tensorboardx():
+  """tensorboardX, without the torch it imports whenever torch is installed (to accept torch tensors, which we
+  never pass): 1.3-1.6 s of every train.py start on a machine that has torch. A process that already holds torch
+  keeps it; tensorboardX imports torch itself, later, only for a torch tensor or image grid."""
+  if "torch" in sys.modules:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+    return tensorboardX
+  sys.modules["torch"] = None  # `import torch` raises ImportError: tensorboardX's numpy-only path
+  try:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+  finally:
+    del sys.modules["torch"]
+  return tensorboardX
+
+
+SummaryWriter = _import_tensorboardx().SummaryWriter
 
 
 class MetricWriter:
