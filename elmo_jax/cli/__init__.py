@@ -39,9 +39,10 @@ def usage_error_line(name: str, error: app.UsageError) -> str:
   return f"{name}: error: {message} (--help for usage)"
 
 
-def _one_line_usage_errors(main: Callable, name: str | None) -> Callable:
+def _one_line_usage_errors(main: Callable, name: str | None, dont_write_bytecode: bool) -> Callable:
   @functools.wraps(main)
   def wrapped(argv):
+    sys.dont_write_bytecode = dont_write_bytecode  # the flags are parsed: the config file is loaded
     try:
       return main(argv)
     except app.UsageError as e:
@@ -54,11 +55,14 @@ def run_main(main: Callable, define_flags: Callable[[], None] | None = None, nam
   """Every command's start: glibc keeps freed memory for XLA's buffers (first, before JAX allocates; see
   elmo_jax/runtime/memory.py), then the command's flags where it defines them only when run, then absl. A usage
   error (`app.UsageError`) from `main` is one line, `NAME: error: MESSAGE (--help for usage)`, exit code
-  its `exitcode` (1 by default); `name` defaults to how the command was invoked (`command_name`)."""
+  its `exitcode` (1 by default); `name` defaults to how the command was invoked (`command_name`). While the flags
+are defined and parsed, which loads a `--config=FILE`, Python writes no bytecode: a user's config folder gets no
+`__pycache__` from a command that only reads it."""
   memory.reuse_freed_memory()
+  dont_write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
   if define_flags is not None:
     define_flags()
-  app.run(_one_line_usage_errors(main, name))
+  app.run(_one_line_usage_errors(main, name, dont_write_bytecode))
 
 
 def define_distributed_flags() -> None:

@@ -365,6 +365,7 @@ def test_planner_flags_are_checked_before_any_compile(tmp_path, monkeypatch, arg
     raise AssertionError("compiled before the flags were checked")
   monkeypatch.setattr(plan_lib, "plan", compiled)
   monkeypatch.setattr(embed_plan, "plan_embed", compiled)
+  monkeypatch.setattr(sys, "dont_write_bytecode", True)  # as cli.run_main while the flags are parsed
   config = tmp_path / "config.py"
   config.write_text(open(os.path.join(REPO_ROOT, "configs", "default.py")).read())
   before = config.read_text()

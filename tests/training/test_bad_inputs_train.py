@@ -304,6 +304,7 @@ def test_a_refused_resume_leaves_the_workdir_as_it_was(tmp_path):
     f.write("a brand new sentence .\n")
   _one_line_error(_train(tmp_path, *args), "train.txt changed since")
   assert snapshot() == before
+  assert "__pycache__" not in os.listdir(tmp_path)  # the config file was read, nothing written beside it
 
 
 @pytest.mark.slow
