@@ -187,6 +187,20 @@ def test_tensorboard_purges_steps_of_a_killed_run_and_holds_config_and_hparams(t
   assert "hparams" in plugins
 
 
+def test_metrics_import_tensorboardx_without_torch(tmp_path):
+  """tensorboardX imports torch whenever torch is installed (1.3-1.6 s of every train.py start, for torch
+  tensors we never pass): the metrics writer's import leaves it out, its event files are still written, and
+  torch still imports afterwards."""
+  pytest.importorskip("torch")  # installed with the tests' reference packages
+  code = ("import os, sys\nfrom elmo_jax.training.metrics import MetricWriter\n"
+          "assert 'torch' not in sys.modules, 'torch was imported'\n"
+          "w = MetricWriter(sys.argv[1], config={'a': 1}); w.write({'step': 1, 'train_loss': 0.5}); w.close()\n"
+          "import torch; print(torch.zeros(2).shape[0], len(os.listdir(os.path.join(sys.argv[1], 'tensorboard'))))")
+  done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"})
+  assert done.returncode == 0 and done.stdout.split() == ["2", "1"], done.stderr[-2000:]
+
+
 def test_package_declares_dependencies_extras_and_console_scripts(tmp_path, monkeypatch):
   import ast
   import importlib.util
