@@ -55,9 +55,9 @@ def run_main(main: Callable, define_flags: Callable[[], None] | None = None, nam
   """Every command's start: glibc keeps freed memory for XLA's buffers (first, before JAX allocates; see
   elmo_jax/runtime/memory.py), then the command's flags where it defines them only when run, then absl. A usage
   error (`app.UsageError`) from `main` is one line, `NAME: error: MESSAGE (--help for usage)`, exit code
-  its `exitcode` (1 by default); `name` defaults to how the command was invoked (`command_name`). While the flags
-are defined and parsed, which loads a `--config=FILE`, Python writes no bytecode: a user's config folder gets no
-`__pycache__` from a command that only reads it."""
+  its `exitcode` (1 by default); `name` defaults to how the command was invoked (`command_name`). While the
+  flags are defined and parsed, which loads a `--config=FILE`, Python writes no bytecode: a user's config folder
+  gets no `__pycache__` from a command that only reads it."""
   memory.reuse_freed_memory()
   dont_write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
   if define_flags is not None:

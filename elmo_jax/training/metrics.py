@@ -24,7 +24,7 @@ def _import_tensorboardx():
   try:
     import tensorboardX  # pylint: disable=g-import-not-at-top
   finally:
-    del sys.modules["torch"]
+    sys.modules.pop("torch", None)
   return tensorboardX
 
 
