@@ -52,6 +52,19 @@ def test_mirror_push_uploads_changes_and_pull_rolls_back(bucket, tmp_path):
   assert not (tmp_path / "m" / "checkpoints").exists()
 
 
+def test_another_process_write_probe_is_never_pulled_or_listed(bucket, tmp_path):
+  """A pod's process 1 checks that it may write the bucket workdir (an empty probe object, removed at once)
+  while process 0 pulls it: the probe is not content. (A pull that listed it, then found it gone, failed.)"""
+  storage.write_bytes(bucket + "/run/config.json", b"{}")
+  storage.write_bytes(bucket + "/run/.write-test-123-456", b"")  # listed here, as if caught mid-check
+  mirror = storage.Mirror(bucket + "/run", str(tmp_path / "m"))
+  mirror.pull()
+  assert sorted(n for n in os.listdir(tmp_path / "m") if n != storage.RECORD) == ["config.json"]
+  assert storage.listdir(bucket + "/run") == ["config.json"]
+  storage.check_output(bucket + "/run/out", "--output")  # its own probe leaves nothing behind either
+  assert storage.listdir(bucket + "/run") == ["config.json"]
+
+
 def test_staged_output_reaches_the_bucket_only_on_success(bucket):
   with pytest.raises(RuntimeError):
     with storage.staged_output(bucket + "/out/e.hdf5", "--output_file") as path:
