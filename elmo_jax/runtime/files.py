@@ -15,6 +15,10 @@ import numpy as np
 from elmo_jax.runtime import cache
 from elmo_jax.runtime.run_layout import CONFIG_FILE, RUN_FOLDERS
 
+# The name prefix of the probes that check an output folder can be written (removed at once, here and in a
+# bucket: storage.check_remote_output); a listing of a folder another process writes to leaves them out.
+WRITE_PROBE_PREFIX = ".write-test-"
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = ".tmp", prefix: str | None = None) -> Iterator[str]:
@@ -176,7 +180,7 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
     raise UnsafeOutputError(f"{what}={raw[:60]}...: a name of {len(longest.encode())} bytes is longer than this "
                             f"file system allows ({os.pathconf(existing, 'PC_NAME_MAX')})")
   try:  # a real probe: access() says yes to root on a read-only folder, and to anyone on some file systems
-    os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".write-test-"))
+    os.rmdir(tempfile.mkdtemp(dir=existing, prefix=WRITE_PROBE_PREFIX))
   except OSError as e:
     raise UnsafeOutputError(f"{what}={raw}: {existing} is not writable ({e.strerror})") from None
 

@@ -39,7 +39,6 @@ from elmo_jax.runtime.run_layout import CONFIG_FILE, RUN_FOLDERS
 SCHEME = "gs://"
 RECORD = ".bucket-copy.json"  # in a local copy: {relative path: [generation, size, mtime_ns]}
 _SKIP_SUFFIXES = (".tmp", ".old", ".partial", ".part")  # local work in progress, never uploaded
-_WRITE_PROBE = ".write-test-"  # check_output's probe objects: never content, never listed
 
 
 class StorageError(OSError):
@@ -134,7 +133,14 @@ def listdir(path: str) -> list[str]:
   except FileNotFoundError:
     return []
   names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != _key(path)}
-  return sorted(n for n in names if not n.startswith(_WRITE_PROBE))
+  return sorted(n for n in names if not _is_write_probe(n))
+
+
+def _is_write_probe(name: str) -> bool:
+  """Another process's `check_remote_output` probe (an empty object removed at once: a pod's process 1 checks
+  the workdir while process 0 pulls it, and a probe listed, then gone, would fail the download): no listing
+  holds one."""
+  return name.rsplit("/", 1)[-1].startswith(files.WRITE_PROBE_PREFIX)
 
 
 def top_level_kinds(path: str) -> dict[str, set[str]]:
@@ -193,16 +199,15 @@ def move(src: str, dst: str) -> None:
 
 
 def _objects(url: str) -> dict[str, dict[str, Any]]:
-  """{relative path: object info} of every object under the prefix `url` (one object: {"": info}), without
-  another process's write probes (`check_output`'s empty object, removed at once: a pod's process 1 checks the
-  workdir while process 0 pulls it, and downloading a probe already gone would fail)."""
+  """{relative path: object info} of every object under the prefix `url` (one object: {"": info}), write probes
+  left out (`_is_write_probe`)."""
   fs, key = _filesystem(), _key(url)
   found = _call(url, fs.find, key, detail=True)
   if not found and _call(url, fs.isfile, key):
     found = {key: _call(url, fs.info, key)}
   return {("" if name == key else name[len(key) + 1:]): dict(info, url=SCHEME + name)
           for name, info in found.items()
-          if info.get("type") != "directory" and not name.rsplit("/", 1)[-1].startswith(_WRITE_PROBE)}
+          if info.get("type") != "directory" and not _is_write_probe(name)}
 
 
 def object_identity(url: str) -> dict[str, Any]:
@@ -439,7 +444,7 @@ def check_remote_output(url: str, what: str, *, inputs: Iterable[Any] = (), dire
     raise StorageError(f"{what}={url}: the bucket gs://{bucket} does not exist (or is not visible to these "
                        "credentials)")
   folder = target if directory else target.rsplit("/", 1)[0]
-  probe = join(folder, f"{_WRITE_PROBE}{os.getpid()}-{time.time_ns()}")
+  probe = join(folder, f"{files.WRITE_PROBE_PREFIX}{os.getpid()}-{time.time_ns()}")
   _call(f"{what}={url}: the bucket refuses writes", fs.pipe_file, _key(probe), b"")
   _call(f"{what}={url}", fs.rm, _key(probe))
 

@@ -17,14 +17,14 @@ def _import_tensorboardx():
   """tensorboardX, without the torch it imports whenever torch is installed (to accept torch tensors, which we
   never pass): 1.3-1.6 s of every train.py start on a machine that has torch. A process that already holds torch
   keeps it; tensorboardX imports torch itself, later, only for a torch tensor or image grid."""
-  if "torch" in sys.modules:
-    import tensorboardX  # pylint: disable=g-import-not-at-top
-    return tensorboardX
-  sys.modules["torch"] = None  # `import torch` raises ImportError: tensorboardX's numpy-only path
+  hide = "torch" not in sys.modules
+  if hide:
+    sys.modules["torch"] = None  # `import torch` raises ImportError: tensorboardX's numpy-only path
   try:
     import tensorboardX  # pylint: disable=g-import-not-at-top
   finally:
-    sys.modules.pop("torch", None)
+    if hide:
+      sys.modules.pop("torch", None)
   return tensorboardX
 
 
