@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from elmo_jax.model.config import BiLMConfig
@@ -58,6 +59,60 @@ class Residuals(NamedTuple):
   c_prev: jax.Array  # [..., H]: cell state before the step
   tc: jax.Array  # [..., H]: tanh of the (clipped) new cell state, in the matmul dtype
   h_prev: jax.Array  # [..., P]: projected output before the step
+
+
+# How the bfloat16 path writes its two per-step [D, B, 4H] arrays (the saved activations forward, the gate
+# gradients backward) depends on the compiler, measured by the planner's HBM-traffic count (README, "Where the
+# bytes are"). XLA:GPU gives an in-place dynamic-update-slice (a scan output) and a reduction each a kernel of
+# their own that reads its inputs again: written as one elementwise expression over 4H (a select on the gate
+# index, never a concatenate), the saved activations are computed from the gates alone, and the gate gradients
+# and their bias sum come from one kernel. XLA:TPU fuses concatenates into those writes and pays a relayout for
+# the select form, so it gets the concatenates and four per-gate sums. Both give the same numbers element by
+# element; only the bias sum's order of additions may differ (tests/model/test_lstm_bf16.py compares them).
+def _by_gate(parts: list[jax.Array]) -> jax.Array:
+  """[..., H] x 4 -> [..., 4H], `concatenate`'s result as a select on a constant gate index (elementwise)."""
+  k = np.arange(4).reshape(4, 1)  # a constant: an iota in a loop body is a kernel per step on GPU
+  x = parts[3][..., None, :]
+  for i in (2, 1, 0):
+    x = jnp.where(k == i, parts[i][..., None, :], x)
+  return x.reshape(parts[0].shape[:-1] + (4 * parts[0].shape[-1],))
+
+
+def _saved_gates(g, si, tj, sf, so, dtype) -> jax.Array:
+  """The step's four activations [..., 4H] as the backward pass reads them: one write per step, in the matmul
+  dtype (with bfloat16 half the bytes of the largest saved array; float32 runs save float32, exactly)."""
+  if jnp.dtype(dtype) == jnp.float32:
+    return jnp.concatenate([si, tj, sf, so], axis=-1)
+  return jax.lax.platform_dependent(g, si, tj, sf, so, tpu=functools.partial(saved_gates_concatenated, dtype=dtype),
+                                    default=functools.partial(saved_gates_elementwise, dtype=dtype))
+
+
+def saved_gates_concatenated(g, si, tj, sf, so, dtype) -> jax.Array:
+  del g
+  return jnp.concatenate([si, tj, sf, so], axis=-1).astype(dtype)
+
+
+def saved_gates_elementwise(g, si, tj, sf, so, dtype) -> jax.Array:
+  del si, tj, sf, so
+  is_j = np.arange(g.shape[-1]) // (g.shape[-1] // 4) == 1
+  return jnp.where(is_j, jnp.tanh(g), jax.nn.sigmoid(g)).astype(dtype)
+
+
+def _rounded_gate_grads(parts: list[jax.Array], dtype) -> tuple[jax.Array, jax.Array]:
+  """(dg [D, B, 4H] in `dtype`, its sum over the batch [D, 4H] in float32) from the four float32 gate
+  gradients [D, B, H] (i, j, f, o): the bias gradient is summed from the values before they are rounded."""
+  return jax.lax.platform_dependent(parts, tpu=functools.partial(gate_grads_per_gate, dtype=dtype),
+                                    default=functools.partial(gate_grads_elementwise, dtype=dtype))
+
+
+def gate_grads_per_gate(parts, dtype) -> tuple[jax.Array, jax.Array]:
+  return (jnp.concatenate([p.astype(dtype) for p in parts], axis=-1),
+          jnp.concatenate([jnp.sum(p, axis=1) for p in parts], axis=-1))
+
+
+def gate_grads_elementwise(parts, dtype) -> tuple[jax.Array, jax.Array]:
+  dg = _by_gate(list(parts))
+  return dg.astype(dtype), jnp.sum(dg, axis=1)
 
 
 def _cell(si: jax.Array, tj: jax.Array, sf: jax.Array, c_prev: jax.Array, cell_clip) -> tuple[jax.Array, jax.Array]:
@@ -166,10 +221,7 @@ def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None, gx_bias=Non
     y = jnp.where(keep, h_new, 0.0)
     carry = (jnp.where(keep, c_new, c), jnp.where(keep, h_new, h))
     if save:
-      # The four activations as one [.., 4H] array in the matmul dtype: one write per step, and with
-      # bfloat16 half the bytes of the largest saved array (float32 runs save float32, exactly).
-      gates = jnp.concatenate([si, tj, sf, so], axis=-1).astype(dtype)
-      return carry, (y, Residuals(gates, c, tc.astype(dtype), h))
+      return carry, (y, Residuals(_saved_gates(g, si, tj, sf, so, dtype), c, tc.astype(dtype), h))
     return carry, y
 
   return step
@@ -211,15 +263,15 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
     dc_new = jnp.where(keep, dc, 0.0) + dm * so * (1.0 - tc * tc)
     if cell_clip:
       dc_new = jnp.where((c_raw > -cell_clip) & (c_raw < cell_clip), dc_new, 0.0)
-    dg = jnp.concatenate([dc_new * tj * si * (1.0 - si), dc_new * si * (1.0 - tj * tj),
-                          dc_new * r.c_prev * sf * (1.0 - sf), dm * tc * so * (1.0 - so)], axis=-1)
+    parts = [dc_new * tj * si * (1.0 - si), dc_new * si * (1.0 - tj * tj),
+             dc_new * r.c_prev * sf * (1.0 - sf), dm * tc * so * (1.0 - so)]
+    if bias is None:  # float32 gate gradients, as always
+      dg, d_bias = jnp.concatenate(parts, axis=-1), None
+    else:  # rounded, with this step's bias gradient [D, 4H] summed from the float32 values
+      dg, d_bias = _rounded_gate_grads(parts, dtype)
     dh_prev = jnp.einsum("dbg,dpg->dbp", dg.astype(dtype), w_h_c, preferred_element_type=jnp.float32)
     dh_prev = dh_prev + jnp.where(keep, 0.0, dh)
     dc_prev = dc_new * sf + jnp.where(keep, 0.0, dc)
-    d_bias = None
-    if bias is not None:  # this step's bias gradient [D, 4H] from the float32 gate gradients, which then leave
-      d_bias = jnp.sum(dg, axis=1)  # the loop rounded (their consumers dW_x, dx, dW_h read them in bfloat16)
-      dg = dg.astype(dtype)
     if split is not None:  # one output per direction: gx's own structure
       dg = tuple(dg[k] for k in range(split.shape[0]))
     return (dc_prev, dh_prev, r.h_prev), (dg, dh_new, d_bias)

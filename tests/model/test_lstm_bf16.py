@@ -144,3 +144,31 @@ def test_per_direction_gates_equal_the_stacked_form_in_bfloat16(request):
   assert float(v0) == float(v1)
   for a, e in zip(g1, g0):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32))
+
+
+def test_tpu_and_gpu_forms_of_the_bfloat16_step_arrays_agree():
+  """The bf16 step writes its saved activations and its rounded gate gradients in one of two forms, chosen by
+  the compiler platform (`lax.platform_dependent`: concatenates on TPU, one elementwise select elsewhere; CPU
+  runs the latter). Both give the same bits, and the bias sums (another order of additions) agree to float32
+  rounding."""
+  r = np.random.default_rng(7)
+  d, b, h = 2, 5, 8
+  g = jnp.asarray(r.normal(0, 2.0, (d, b, 4 * h)).astype(np.float32))
+  i, j, f, o = jnp.split(g, 4, axis=-1)
+  acts = (jax.nn.sigmoid(i), jnp.tanh(j), jax.nn.sigmoid(f), jax.nn.sigmoid(o))
+  saved = [jax.jit(form, static_argnames="dtype")(g, *acts, dtype=jnp.bfloat16)
+           for form in (lstm_mod.saved_gates_concatenated, lstm_mod.saved_gates_elementwise)]
+  assert saved[0].dtype == jnp.bfloat16 and saved[0].shape == (d, b, 4 * h)
+  np.testing.assert_array_equal(np.asarray(saved[0], np.float32), np.asarray(saved[1], np.float32))
+
+  parts = [jnp.asarray(r.normal(0, 1.0, (d, b, h)).astype(np.float32)) for _ in range(4)]
+  (dg0, sum0), (dg1, sum1) = (jax.jit(form, static_argnames="dtype")(parts, dtype=jnp.bfloat16)
+                              for form in (lstm_mod.gate_grads_per_gate, lstm_mod.gate_grads_elementwise))
+  expected = np.concatenate([np.asarray(p) for p in parts], axis=-1)
+  assert dg0.dtype == dg1.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(dg0, np.float32), np.asarray(dg1, np.float32))
+  np.testing.assert_array_equal(np.asarray(dg0, np.float32),
+                                np.asarray(jnp.asarray(expected).astype(jnp.bfloat16), np.float32))
+  assert sum0.dtype == sum1.dtype == jnp.float32  # summed before rounding: within float32 rounding of the sum
+  np.testing.assert_allclose(np.asarray(sum0), expected.sum(axis=1), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(sum1), expected.sum(axis=1), rtol=1e-6, atol=1e-6)
