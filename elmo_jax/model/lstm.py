@@ -67,8 +67,9 @@ class Residuals(NamedTuple):
 # their own that reads its inputs again: written as one elementwise expression over 4H (a select on the gate
 # index, never a concatenate), the saved activations are computed from the gates alone, and the gate gradients
 # and their bias sum come from one kernel. XLA:TPU fuses concatenates into those writes and pays a relayout for
-# the select form, so it gets the concatenates and four per-gate sums. Both give the same numbers element by
-# element; only the bias sum's order of additions may differ (tests/model/test_lstm_bf16.py compares them).
+# the select form, so it gets the concatenates and four per-gate sums; so does XLA:CPU, where the select form's
+# tanh and sigmoid of every element made a compute-bound step 30-40% slower. Both forms give the same numbers
+# element by element; only the bias sum's order of additions may differ (tests/model/test_lstm_bf16.py).
 def _by_gate(parts: list[jax.Array]) -> jax.Array:
   """[..., H] x 4 -> [..., 4H], `concatenate`'s result as a select on a constant gate index (elementwise)."""
   k = np.arange(4).reshape(4, 1)  # a constant: an iota in a loop body is a kernel per step on GPU
@@ -83,7 +84,8 @@ def _saved_gates(g, si, tj, sf, so, dtype) -> jax.Array:
   dtype (with bfloat16 half the bytes of the largest saved array; float32 runs save float32, exactly)."""
   if jnp.dtype(dtype) == jnp.float32:
     return jnp.concatenate([si, tj, sf, so], axis=-1)
-  return jax.lax.platform_dependent(g, si, tj, sf, so, tpu=functools.partial(saved_gates_concatenated, dtype=dtype),
+  concatenated = functools.partial(saved_gates_concatenated, dtype=dtype)
+  return jax.lax.platform_dependent(g, si, tj, sf, so, tpu=concatenated, cpu=concatenated,
                                     default=functools.partial(saved_gates_elementwise, dtype=dtype))
 
 
@@ -101,7 +103,8 @@ def saved_gates_elementwise(g, si, tj, sf, so, dtype) -> jax.Array:
 def _rounded_gate_grads(parts: list[jax.Array], dtype) -> tuple[jax.Array, jax.Array]:
   """(dg [D, B, 4H] in `dtype`, its sum over the batch [D, 4H] in float32) from the four float32 gate
   gradients [D, B, H] (i, j, f, o): the bias gradient is summed from the values before they are rounded."""
-  return jax.lax.platform_dependent(parts, tpu=functools.partial(gate_grads_per_gate, dtype=dtype),
+  per_gate = functools.partial(gate_grads_per_gate, dtype=dtype)
+  return jax.lax.platform_dependent(parts, tpu=per_gate, cpu=per_gate,
                                     default=functools.partial(gate_grads_elementwise, dtype=dtype))
 
 

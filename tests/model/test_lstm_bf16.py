@@ -148,9 +148,8 @@ def test_per_direction_gates_equal_the_stacked_form_in_bfloat16(request):
 
 def test_tpu_and_gpu_forms_of_the_bfloat16_step_arrays_agree():
   """The bf16 step writes its saved activations and its rounded gate gradients in one of two forms, chosen by
-  the compiler platform (`lax.platform_dependent`: concatenates on TPU, one elementwise select elsewhere; CPU
-  runs the latter). Both give the same bits, and the bias sums (another order of additions) agree to float32
-  rounding."""
+  the compiler platform (`lax.platform_dependent`: concatenates on TPU and CPU, one elementwise select on GPU).
+  Both give the same bits, and the bias sums (another order of additions) agree to float32 rounding."""
   r = np.random.default_rng(7)
   d, b, h = 2, 5, 8
   g = jnp.asarray(r.normal(0, 2.0, (d, b, 4 * h)).astype(np.float32))
