@@ -205,6 +205,34 @@ def test_hbm_traffic_estimate_on_programs_counted_by_hand():
   assert (top["bytes"], top["count"], top["bytes_per_step"]) == (2 * a, 10, 20 * a), top
 
 
+# A scan's output buffer as `lax.empty` gives it (XLA's AllocateBuffer) against the zero fill `lax.scan` writes,
+# each then updated in place: the buffer reserved moves no bytes and launches nothing, the zeros are a write.
+_HLO_EMPTY = """
+HloModule empty
+
+ENTRY %main (u: f32[1,256]) -> (f32[64,256], f32[64,256]) {
+  %u = f32[1,256]{1,0} parameter(0)
+  %empty = f32[64,256]{1,0} custom-call(), custom_call_target="AllocateBuffer"
+  %zero = f32[] constant(0)
+  %zeros = f32[64,256]{1,0} broadcast(%zero), dimensions={}
+  %i = s32[] constant(3)
+  %z = s32[] constant(0)
+  %d0 = f32[64,256]{1,0} dynamic-update-slice(%empty, %u, %i, %z)
+  %d1 = f32[64,256]{1,0} dynamic-update-slice(%zeros, %u, %i, %z)
+  ROOT %out = (f32[64,256]{1,0}, f32[64,256]{1,0}) tuple(%d0, %d1)
+}
+"""
+
+
+def test_an_allocated_buffer_is_not_traffic_but_a_zero_fill_is():
+  """Counted by hand: the zero fill reads its scalar and writes 64 x 256 floats (64 KiB), each update reads and
+  writes one row (1 KiB each way); AllocateBuffer is neither bytes nor a kernel launch."""
+  m = hlo_lib.Module(_HLO_EMPTY)
+  by_name = {r["name"]: r["bytes"] for r in m.kernel_traffic(20)}
+  assert by_name == {"zeros": 4 + 64 * 256 * 4, "d0": 2 * 256 * 4, "d1": 2 * 256 * 4}, by_name
+  assert m.launches() == 3
+
+
 # A TPU-style module (no compile: text only) with arrays in VMEM (`S(1)` in the layout): a prefetch of %b
 # into VMEM, a fusion writing one output to VMEM and one to HBM, and a dynamic-update-slice into a VMEM buffer.
 _HLO_S1 = """
