@@ -19,7 +19,10 @@ anyway; the bias gradient is summed from the float32 values in the loop, and the
 float32 state as before). The bf16 path also keeps them as one [T, B, 4H] array per direction
 (`input_gates_split`): the backward pass's per-direction matmuls then read the scan's output as it is, where
 one [T, D, B, 4H] array made XLA:TPU copy it to a direction-major layout and slice it (4 passes over it per
-layer). The float32 path is the same program as before, bit for bit.
+layer). The two per-step arrays each scan writes (saved activations, gate gradients) take the form each
+compiler fuses best (`recurrence.py`), and every scan writes its stacked outputs into
+buffers it never zero-fills (`recurrence.scan_into_buffers`). The float32 path gives the same numbers as before, bit for
+bit (tests/model/test_lstm_bf16.py).
 """
 from __future__ import annotations
 
@@ -28,11 +31,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.dropout import Dropout, Rows
+from elmo_jax.model.recurrence import rounded_gate_grads, saved_gates, scan_into_buffers
 
 Dtype = Any
 FORGET_BIAS = 1.0
@@ -59,63 +62,6 @@ class Residuals(NamedTuple):
   c_prev: jax.Array  # [..., H]: cell state before the step
   tc: jax.Array  # [..., H]: tanh of the (clipped) new cell state, in the matmul dtype
   h_prev: jax.Array  # [..., P]: projected output before the step
-
-
-# How the bfloat16 path writes its two per-step [D, B, 4H] arrays (the saved activations forward, the gate
-# gradients backward) depends on the compiler, measured by the planner's HBM-traffic count (README, "Where the
-# bytes are"). XLA:GPU gives an in-place dynamic-update-slice (a scan output) and a reduction each a kernel of
-# their own that reads its inputs again: written as one elementwise expression over 4H (a select on the gate
-# index, never a concatenate), the saved activations are computed from the gates alone, and the gate gradients
-# and their bias sum come from one kernel. XLA:TPU fuses concatenates into those writes and pays a relayout for
-# the select form, so it gets the concatenates and four per-gate sums; so does XLA:CPU, where the select form's
-# tanh and sigmoid of every element made a compute-bound step 30-40% slower. Both forms give the same numbers
-# element by element; only the bias sum's order of additions may differ (tests/model/test_lstm_bf16.py).
-def _by_gate(parts: list[jax.Array]) -> jax.Array:
-  """[..., H] x 4 -> [..., 4H], `concatenate`'s result as a select on a constant gate index (elementwise)."""
-  k = np.arange(4).reshape(4, 1)  # a constant: an iota in a loop body is a kernel per step on GPU
-  x = parts[3][..., None, :]
-  for i in (2, 1, 0):
-    x = jnp.where(k == i, parts[i][..., None, :], x)
-  return x.reshape(parts[0].shape[:-1] + (4 * parts[0].shape[-1],))
-
-
-def _saved_gates(g, si, tj, sf, so, dtype) -> jax.Array:
-  """The step's four activations [..., 4H] as the backward pass reads them: one write per step, in the matmul
-  dtype (with bfloat16 half the bytes of the largest saved array; float32 runs save float32, exactly)."""
-  if jnp.dtype(dtype) == jnp.float32:
-    return jnp.concatenate([si, tj, sf, so], axis=-1)
-  concatenated = functools.partial(saved_gates_concatenated, dtype=dtype)
-  return jax.lax.platform_dependent(g, si, tj, sf, so, tpu=concatenated, cpu=concatenated,
-                                    default=functools.partial(saved_gates_elementwise, dtype=dtype))
-
-
-def saved_gates_concatenated(g, si, tj, sf, so, dtype) -> jax.Array:
-  del g
-  return jnp.concatenate([si, tj, sf, so], axis=-1).astype(dtype)
-
-
-def saved_gates_elementwise(g, si, tj, sf, so, dtype) -> jax.Array:
-  del si, tj, sf, so
-  is_j = np.arange(g.shape[-1]) // (g.shape[-1] // 4) == 1
-  return jnp.where(is_j, jnp.tanh(g), jax.nn.sigmoid(g)).astype(dtype)
-
-
-def _rounded_gate_grads(parts: list[jax.Array], dtype) -> tuple[jax.Array, jax.Array]:
-  """(dg [D, B, 4H] in `dtype`, its sum over the batch [D, 4H] in float32) from the four float32 gate
-  gradients [D, B, H] (i, j, f, o): the bias gradient is summed from the values before they are rounded."""
-  per_gate = functools.partial(gate_grads_per_gate, dtype=dtype)
-  return jax.lax.platform_dependent(parts, tpu=per_gate, cpu=per_gate,
-                                    default=functools.partial(gate_grads_elementwise, dtype=dtype))
-
-
-def gate_grads_per_gate(parts, dtype) -> tuple[jax.Array, jax.Array]:
-  return (jnp.concatenate([p.astype(dtype) for p in parts], axis=-1),
-          jnp.concatenate([jnp.sum(p, axis=1) for p in parts], axis=-1))
-
-
-def gate_grads_elementwise(parts, dtype) -> tuple[jax.Array, jax.Array]:
-  dg = _by_gate(list(parts))
-  return dg.astype(dtype), jnp.sum(dg, axis=1)
 
 
 def _cell(si: jax.Array, tj: jax.Array, sf: jax.Array, c_prev: jax.Array, cell_clip) -> tuple[jax.Array, jax.Array]:
@@ -194,31 +140,6 @@ def _forward(gx, w_h, w_p, mask, c0, h0, bias, cell_clip, proj_clip, dtype, unro
   return scan_into_buffers(step, (c0, h0), (gx, mask), mask.shape[0], unroll=unroll)
 
 
-def scan_into_buffers(step, init, xs, length: int, reverse: bool = False, unroll: int = 1):
-  """`lax.scan(step, init, xs, length, reverse, unroll)` with the stacked outputs written into buffers that
-  are never zero-filled (`lax.empty`, XLA:TPU's and GPU's AllocateBuffer): `lax.scan` fills its output arrays
-  with zeros before the loop overwrites every row, a write of each [T, ...] output per call (4.0 GB of an lm1b
-  H200 step at 512 rows). The same values; on CPU `lax.empty` is zeros as before."""
-  leaves = jax.tree_util.tree_leaves((init, xs))
-  varying = tuple(sorted(set().union(*(jax.typeof(a).mat.varying for a in leaves))))  # inside a shard_map
-  y_shapes = jax.eval_shape(lambda c, x: step(c, x)[1], init, jax.tree_util.tree_map(lambda a: a[0], xs))
-
-  def empty(y):
-    buf = jax.lax.empty((length,) + tuple(y.shape), y.dtype)
-    return jax.lax.pcast(buf, varying, to="varying") if varying else buf
-
-  def body(carry, inputs):
-    state, bufs = carry
-    x, t = inputs
-    state, y = step(state, x)
-    bufs = jax.tree_util.tree_map(lambda b, v: jax.lax.dynamic_update_index_in_dim(b, v, t, 0), bufs, y)
-    return (state, bufs), None
-
-  (final, ys), _ = jax.lax.scan(body, (init, jax.tree_util.tree_map(empty, y_shapes)), (xs, jnp.arange(length)),
-                                reverse=reverse, unroll=unroll)
-  return final, ys
-
-
 def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None, gx_bias=None):
   """One time step of all directions: ((c, h), (gx_t, mask_t)) -> ((c, h), y_t [, saved values]).
 
@@ -249,7 +170,7 @@ def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None, gx_bias=Non
     y = jnp.where(keep, h_new, 0.0)
     carry = (jnp.where(keep, c_new, c), jnp.where(keep, h_new, h))
     if save:
-      return carry, (y, Residuals(_saved_gates(g, si, tj, sf, so, dtype), c, tc.astype(dtype), h))
+      return carry, (y, Residuals(saved_gates(g, si, tj, sf, so, dtype), c, tc.astype(dtype), h))
     return carry, y
 
   return step
@@ -296,7 +217,7 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
     if bias is None:  # float32 gate gradients, as always
       dg, d_bias = jnp.concatenate(parts, axis=-1), None
     else:  # rounded, with this step's bias gradient [D, 4H] summed from the float32 values
-      dg, d_bias = _rounded_gate_grads(parts, dtype)
+      dg, d_bias = rounded_gate_grads(parts, dtype)
     dh_prev = jnp.einsum("dbg,dpg->dbp", dg.astype(dtype), w_h_c, preferred_element_type=jnp.float32)
     dh_prev = dh_prev + jnp.where(keep, 0.0, dh)
     dc_prev = dc_new * sf + jnp.where(keep, 0.0, dc)

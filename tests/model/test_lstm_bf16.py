@@ -11,6 +11,7 @@ import numpy as np
 
 from elmo_jax.model import BiLMConfig, BiLSTMStack
 from elmo_jax.model import lstm as lstm_mod
+from elmo_jax.model import recurrence
 import launch_util
 from plain_lstm import plain_lstm_scan
 import tiny
@@ -156,13 +157,13 @@ def test_tpu_and_gpu_forms_of_the_bfloat16_step_arrays_agree():
   i, j, f, o = jnp.split(g, 4, axis=-1)
   acts = (jax.nn.sigmoid(i), jnp.tanh(j), jax.nn.sigmoid(f), jax.nn.sigmoid(o))
   saved = [jax.jit(form, static_argnames="dtype")(g, *acts, dtype=jnp.bfloat16)
-           for form in (lstm_mod.saved_gates_concatenated, lstm_mod.saved_gates_elementwise)]
+           for form in (recurrence.saved_gates_concatenated, recurrence.saved_gates_elementwise)]
   assert saved[0].dtype == jnp.bfloat16 and saved[0].shape == (d, b, 4 * h)
   np.testing.assert_array_equal(np.asarray(saved[0], np.float32), np.asarray(saved[1], np.float32))
 
   parts = [jnp.asarray(r.normal(0, 1.0, (d, b, h)).astype(np.float32)) for _ in range(4)]
   (dg0, sum0), (dg1, sum1) = (jax.jit(form, static_argnames="dtype")(parts, dtype=jnp.bfloat16)
-                              for form in (lstm_mod.gate_grads_per_gate, lstm_mod.gate_grads_elementwise))
+                              for form in (recurrence.gate_grads_per_gate, recurrence.gate_grads_elementwise))
   expected = np.concatenate([np.asarray(p) for p in parts], axis=-1)
   assert dg0.dtype == dg1.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(dg0, np.float32), np.asarray(dg1, np.float32))
