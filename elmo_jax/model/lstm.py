@@ -20,9 +20,9 @@ float32 state as before). The bf16 path also keeps them as one [T, B, 4H] array 
 (`input_gates_split`): the backward pass's per-direction matmuls then read the scan's output as it is, where
 one [T, D, B, 4H] array made XLA:TPU copy it to a direction-major layout and slice it (4 passes over it per
 layer). The two per-step arrays each scan writes (saved activations, gate gradients) take the form each
-compiler fuses best (`recurrence.py`), and every scan writes its stacked outputs into
-buffers it never zero-fills (`recurrence.scan_into_buffers`). The float32 path gives the same numbers as before, bit for
-bit (tests/model/test_lstm_bf16.py).
+compiler fuses best (`recurrence.py`), and every scan writes its stacked outputs into buffers it never
+zero-fills (`recurrence.scan_into_buffers`). The float32 path gives the same numbers as before, bit for bit
+(tests/model/test_lstm_bf16.py).
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "afte
          "replica-id", "opt-barrier", "add-dependency", "iota", "while", "call", "conditional", "domain"}
 
 
-def moves_nothing(instr: Instr) -> bool:
+def _moves_nothing(instr: Instr) -> bool:
   """Bookkeeping that launches no kernel and moves no bytes: `_FREE` ops, the `-done` half of an async op, and
   `AllocateBuffer` (`lax.empty`: a buffer reserved, never written)."""
   return (instr.op in _FREE or instr.op.endswith("-done")
@@ -218,7 +218,7 @@ class Module:
 
   def instr_bytes(self, comp: Computation, instr: Instr) -> int:
     """Bytes of HBM one execution of a kernel-level instruction reads and writes (0 for bookkeeping ops)."""
-    if moves_nothing(instr):
+    if _moves_nothing(instr):
       return 0
     out = self._nb(instr.shape)
     operand = lambda k: self._operand_shape(comp, instr, k)
@@ -281,7 +281,7 @@ class Module:
   # --- kernels ------------------------------------------------------------------------------------------
   def kernels(self, comp: Computation) -> int:
     """Top-level instructions of a computation that launch work (a fusion or library call is one)."""
-    return sum(1 for i in comp.instrs if not moves_nothing(i))
+    return sum(1 for i in comp.instrs if not _moves_nothing(i))
 
   def loops(self) -> list[dict]:
     """Each while loop: trip count, kernels per iteration (body + condition), launches per step."""
@@ -301,7 +301,7 @@ class Module:
 
   def launches(self) -> int:
     """Kernel launches per step: every kernel-level instruction outside fusions, times its executions."""
-    return int(sum(n for c, i, n, fused in self.walk() if not fused and not moves_nothing(i)))
+    return int(sum(n for c, i, n, fused in self.walk() if not fused and not _moves_nothing(i)))
 
 
 def group_size(attrs: str) -> int | None:
