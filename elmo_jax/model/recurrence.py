@@ -9,7 +9,7 @@ reduction each a kernel of their own that reads its inputs again: written as one
 4H (a select on the gate index, never a concatenate), the saved activations are computed from the gates alone,
 and the gate gradients and their bias sum come from one kernel. XLA:TPU fuses concatenates into those writes
 and pays a relayout for the select form, so it gets the concatenates and four per-gate sums; so does XLA:CPU,
-where the select form's tanh and sigmoid of every element made a compute-bound step 30-40% slower. Both forms
+where the select form's tanh and sigmoid of every element made a compute-bound step 20-40% slower. Both forms
 give the same numbers element by element; only the bias sum's order of additions may differ
 (tests/model/test_lstm_bf16.py).
 """
@@ -66,9 +66,9 @@ def _by_gate(parts: list[jax.Array]) -> jax.Array:
 def saved_gates(g, si, tj, sf, so, dtype) -> jax.Array:
   """The step's four activations [..., 4H] as the backward pass reads them: one write per step, in the matmul
   dtype (with bfloat16 half the bytes of the largest saved array; float32 runs save float32, exactly)."""
-  if jnp.dtype(dtype) == jnp.float32:
-    return jnp.concatenate([si, tj, sf, so], axis=-1)
   concatenated = functools.partial(saved_gates_concatenated, dtype=dtype)
+  if jnp.dtype(dtype) == jnp.float32:  # float32 saves what it always saved, on every platform
+    return concatenated(g, si, tj, sf, so)
   return jax.lax.platform_dependent(g, si, tj, sf, so, tpu=concatenated, cpu=concatenated,
                                     default=functools.partial(saved_gates_elementwise, dtype=dtype))
 
