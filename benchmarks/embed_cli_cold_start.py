@@ -3,7 +3,7 @@
     python benchmarks/embed_cli_cold_start.py [--preset=small] [--num_sentences=2000]
 
 Writes random weights of the preset and the first --num_sentences lines of the corpus in data/ to a temp
-dir, then runs `python -m elmo_jax.embed` there three times as a new user would: with an empty cache
+dir, then runs `python -m elmo_jax embed` there three times as a new user would: with an empty cache
 (first run), again (second run: compiled shapes come from the cache), and with --nocompilation_cache.
 Each run reports wall seconds and the seconds JAX spent tracing, lowering and compiling (or loading from
 the cache), measured in the child through jax.monitoring.

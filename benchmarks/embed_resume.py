@@ -2,7 +2,7 @@
 
     python benchmarks/embed_resume.py [--preset=small] [--lines=20000] [--small_lines=2000]
 
-All through the command (`python -m elmo_jax.embed`, fresh processes, the persistent compilation cache
+All through the command (`python -m elmo_jax embed`, fresh processes, the persistent compilation cache
 warmed first): random weights of the preset (speed does not depend on the values), the first --small_lines
 lines of the corpus in data/, repeated to make --lines (see `write_inputs`). Measured:
   * `full`: an uninterrupted run over --lines (seconds, peak RSS of the process);
@@ -80,7 +80,7 @@ def write_model(tmp: str) -> list[str]:
 def run(args: list[str], kill_when=None) -> dict:
   """One command; seconds, exit status and peak RSS (MB) of that process alone (wait4)."""
   start = time.perf_counter()
-  proc = subprocess.Popen([sys.executable, "-m", "elmo_jax.embed", *args, "--noprogress"], cwd=REPO,
+  proc = subprocess.Popen([sys.executable, "-m", "elmo_jax", "embed", *args, "--noprogress"], cwd=REPO,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   killed = False
   if kill_when is not None:

@@ -4,7 +4,7 @@
         --targets=v5e:2x2,v5e:4x4,v5e:8x8,v5e:16x16,v6e:16x16,h200:1x1x8,h200:1x2x8
     PYTHONPATH=. python benchmarks/plan_sweep.py --out=/tmp/sweep --reanalyse   # from the saved HLO, no compile
 
-Each target is one `python -m elmo_jax.plan --json --dump_hlo` subprocess (a full lm1b compile takes minutes on
+Each target is one `python -m elmo_jax plan --json --dump_hlo` subprocess (a full lm1b compile takes minutes on
 2 cores; libtpu allows one process at a time unless ALLOW_MULTIPLE_LIBTPU_LOAD=1), writing
 `OUT/<target>.json` and `.hlo`; an existing JSON is kept, so a rerun continues. `--reanalyse` recomputes the
 HLO-derived fields (FLOPs, traffic, collectives, roofline) of every saved pair with this tree's
@@ -38,7 +38,7 @@ def compile_target(repo: str, out: str, target: str, args) -> None:
   if os.path.exists(path + ".json"):
     return
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-  cmd = [sys.executable, "-m", "elmo_jax.plan", f"--config={args.config}", f"--target={target}",
+  cmd = [sys.executable, "-m", "elmo_jax", "plan", f"--config={args.config}", f"--target={target}",
          f"--per_device_batch={args.rows}", "--json", f"--dump_hlo={path}.hlo", *args.flag]
   proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
   if proc.returncode:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The AOT planner with XLA's TPU and GPU compilers (no accelerator needed): sets up .venv-plan on first use
 # (requirements.txt + libtpu + the CUDA plugin and ptxas of the pinned jax, ~2.5 GB in all; kept apart from .venv,
-# where an installed libtpu would make CPU training probe for a TPU), then runs `python -m elmo_jax.plan`:
+# where an installed libtpu would make CPU training probe for a TPU), then runs `python -m elmo_jax plan`:
 #   bash scripts/plan.sh --config=configs/lm1b.py --target=v5e:8x8 --per_device_batch=256
 #   bash scripts/plan.sh --config=configs/lm1b.py --target=v5e:16x16   # the config's per_device_batch_size (128)
 set -euo pipefail
@@ -25,4 +25,4 @@ if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANT" ]; then
   "$VENV/bin/python" -m pip install --quiet --no-deps -e . >&2
   echo "$WANT" > "$STAMP"
 fi
-exec "$VENV/bin/python" -m elmo_jax.plan "$@"
+exec "$VENV/bin/python" -m elmo_jax plan "$@"

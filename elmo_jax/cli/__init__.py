@@ -1,7 +1,8 @@
-"""Every command: train, evaluate, embed, prepare, plan, downstream, convert (console scripts `elmo-jax-train`,
-`elmo-jax-evaluate`, `elmo-jax-embed`, `elmo-jax-plan`, `elmo-jax-downstream`, `elmo-jax-convert`). `train.py`,
-`evaluate.py` and `python -m elmo_jax.{embed,plan,downstream,convert,data.prepare}` are thin aliases of these
-modules."""
+"""Every command: train, evaluate, embed, prepare, plan, convert, downstream, started one way:
+`python -m elmo_jax <command>` (`elmo_jax/__main__.py`) or the console script `elmo-jax <command>`, both
+through `main` here. `train.py` and `evaluate.py` are the thin top-level entry points of the first two. The
+old forms (`python -m elmo_jax.{embed,convert,plan,downstream,data.prepare}`) stay one release as aliases
+that say the new form on stderr (`run_alias`)."""
 import functools
 import math
 import os
@@ -24,9 +25,75 @@ def default_config(name: str = "default") -> str:
   return tree if os.path.exists(tree) else local
 
 
+# name -> (module with `run()`, the one line `--help` shows). The modules import on demand: `--help` is instant.
+COMMANDS = {
+    "train": ("elmo_jax.cli.train", "train an ELMo biLM from a config (configs/*.py) into a workdir; reruns resume"),
+    "evaluate": ("elmo_jax.cli.evaluate", "perplexity and probing tasks (wsd, pos, sentiment) of a run or model"),
+    "embed": ("elmo_jax.cli.embed", "a file of sentences into an HDF5 file of ELMo layers (AllenNLP's layout)"),
+    "prepare": ("elmo_jax.cli.prepare", "tokenize a large corpus once into shards + vocabulary for training"),
+    "plan": ("elmo_jax.cli.plan", "will a config fit a TPU slice or GPU cluster, how fast (compiles without it)"),
+    "convert": ("elmo_jax.cli.convert", "a model (released, run, TF-Hub, URL) into bilm-tf's options.json + hdf5"),
+    "downstream": ("elmo_jax.cli.downstream", "train and evaluate a task model (POS tagger, sentiment) with ELMo"),
+}
+_invoked_as: str | None = None  # "elmo-jax embed" while `main` runs a command: its error lines' name
+
+
+def usage() -> str:
+  """The dispatcher's `--help`: one line per command."""
+  width = max(map(len, COMMANDS))
+  lines = ["usage: elmo-jax <command> [flags]   or   python -m elmo_jax <command> [flags]", "", "commands:"]
+  lines += [f"  {name:<{width}}  {line}" for name, (_, line) in COMMANDS.items()]
+  lines += ["", "`elmo-jax <command> --help` lists a command's flags.",
+            "`python train.py` and `python evaluate.py` (in a clone) are train and evaluate."]
+  return "\n".join(lines)
+
+
+def _prog() -> str:
+  """`elmo_jax` under `python -m elmo_jax`, else the console script's name (`elmo-jax`)."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  if spec is not None and spec.name == "elmo_jax.__main__":
+    return "elmo_jax"
+  name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+  return name if name and not name.endswith(".py") else "elmo-jax"
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+  """`elmo-jax <command> [flags]`: runs the command's `run()` with `sys.argv` as if it were started alone
+  (absl parses it; its `--help` prints the command's docstring). `--help` alone lists the commands (exit 0); no
+  command or an unknown one is one line on stderr, exit 2."""
+  global _invoked_as
+  argv = list(sys.argv if argv is None else argv)
+  prog = prog or _prog()
+  if len(argv) < 2 or argv[1] in ("-h", "--help", "help", "--helpfull"):
+    print(usage(), file=sys.stdout if len(argv) >= 2 else sys.stderr)
+    sys.exit(0 if len(argv) >= 2 else 2)
+  command, rest = argv[1], argv[2:]
+  if command not in COMMANDS:
+    print(f"{prog}: error: unknown command {command!r}; one of {', '.join(COMMANDS)} (--help for usage)",
+          file=sys.stderr)
+    sys.exit(2)
+  import importlib  # pylint: disable=g-import-not-at-top
+  module = importlib.import_module(COMMANDS[command][0])
+  _invoked_as = f"{prog} {command}"
+  sys.argv = [_invoked_as, *rest]
+  main_module = sys.modules.get("__main__")
+  if main_module is not None:
+    main_module.__doc__ = module.__doc__  # absl's --help prints the __main__ module's docstring
+  module.run()
+
+
+def run_alias(old: str, command: str) -> None:
+  """An old entry form (`python -m elmo_jax.embed`), kept one release: says the new form on stderr, then runs it."""
+  print(f"note: `python -m {old}` is now `python -m elmo_jax {command}` (`elmo-jax {command}`); the old form "
+        "goes in the next release", file=sys.stderr)
+  main(["elmo_jax", command, *sys.argv[1:]], prog="elmo_jax")
+
+
 def command_name() -> str:
-  """How the running command was invoked, for its error lines: `elmo_jax.embed` (`python -m`), `evaluate.py`,
-  `elmo-jax-embed` (a console script)."""
+  """How the running command was invoked, for its error lines: `elmo_jax embed` (`python -m elmo_jax embed`),
+  `elmo-jax embed` (the console script), `evaluate.py`."""
+  if _invoked_as is not None:
+    return _invoked_as
   spec = getattr(sys.modules.get("__main__"), "__spec__", None)
   if spec is not None and spec.name:
     return spec.name.removesuffix(".__main__")

@@ -1,9 +1,9 @@
 """Task models with ELMo: train and evaluate a POS tagger or a sentiment classifier.
 
-  python -m elmo_jax.downstream --task=pos --elmo=none --data_dir=/path/to/probes --workdir=runs/pos-none
-  python -m elmo_jax.downstream --task=pos --elmo=frozen --bilm=runs/ref --data_dir=/path/to/probes \
+  python -m elmo_jax downstream --task=pos --elmo=none --data_dir=/path/to/probes --workdir=runs/pos-none
+  python -m elmo_jax downstream --task=pos --elmo=frozen --bilm=runs/ref --data_dir=/path/to/probes \
       --workdir=runs/pos-frozen-s0 --seed=0
-  python -m elmo_jax.downstream --task=sentiment --elmo=finetune --bilm=small \
+  python -m elmo_jax downstream --task=sentiment --elmo=finetune --bilm=small \
       --train=tfds:glue/sst2:train --test=tfds:glue/sst2:validation --workdir=runs/sst2-ft
   python -m elmo_jax.downstream.table runs/*/ --output=runs/summary   # the side-by-side table
 
@@ -130,7 +130,7 @@ def write_outputs(workdir: str, results: dict) -> None:
 
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
-    sys.exit(f"elmo_jax.downstream: unexpected arguments: {' '.join(argv[1:])}")
+    sys.exit(f"{cli.command_name()}: unexpected arguments: {' '.join(argv[1:])}")
   if not _PROGRESS.value:
     progress.set_enabled(False)
   if not flags.FLAGS["verbosity"].present:
@@ -153,7 +153,7 @@ def main(argv: Sequence[str]) -> None:
         f"epoch {row['epoch']}: train loss {row['train_loss']:.4f}, dev accuracy {row['dev_accuracy']:.4f} "
         f"({row['seconds']:.0f} s)", file=sys.stderr))
   except (readers.InputError, files.UnsafeOutputError, OptionsError, WeightFileError, OSError) as e:
-    sys.exit(f"elmo_jax.downstream: error: {e}")
+    sys.exit(f"{cli.command_name()}: error: {e}")
   results.pop("_params")
   write_outputs(cfg.workdir, results)
   print(json.dumps({k: results[k] for k in ("task", "elmo", "seed", "best_epoch", "dev_accuracy",

@@ -1,6 +1,6 @@
 """Evaluates an ELMo model: probing tasks (wsd, pos, sentiment) and perplexity.
 
-  python evaluate.py --task=all --workdir=runs/small --probe_data_dir=DIR   # or: elmo-jax-evaluate ...
+  python evaluate.py --task=all --workdir=runs/small --probe_data_dir=DIR   # or: elmo-jax evaluate ...
   python evaluate.py --task=pos --options_file=O --weight_file=W --output_dir=OUT \
       --max_examples=500
   python evaluate.py --task=wsd --model=original --output_dir=OUT
@@ -88,7 +88,7 @@ _PROBE_LR = flags.DEFINE_float("probe_learning_rate", 1e-2, "Probe Adam learning
 # Perplexity; None means "the workdir's training config, else the built-in default".
 _TEXT = flags.DEFINE_string("text_file", None,
                             "Perplexity text, one sentence per line (.gz ok; comma-separated "
-                            "files) or a directory made by `python -m elmo_jax.data.prepare`; default: "
+                            "files) or a directory made by `python -m elmo_jax prepare`; default: "
                             "the workdir config's data.eval_files.")
 _TFDS_NAME = flags.DEFINE_string("tfds_name", None, "Perplexity on a TFDS dataset (e.g. lm1b).")
 _TFDS_SPLIT = flags.DEFINE_string("tfds_split", "test", "Split of --tfds_name.")

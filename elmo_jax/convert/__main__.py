@@ -1,8 +1,5 @@
-"""`python -m elmo_jax.convert`: the conversion command, an alias of `elmo_jax.cli.convert` (`elmo-jax-convert`).
-
-The work is `elmo_jax.interop.convert`.
-"""
+"""`python -m elmo_jax.convert`: the old form of `python -m elmo_jax convert` (`elmo-jax convert`), kept one release: it says
+the new form on stderr, then runs it."""
 if __name__ == "__main__":
-  from elmo_jax.cli import convert as _cli  # pylint: disable=g-import-not-at-top
-  __doc__ = _cli.__doc__  # absl's --help prints the __main__ module's docstring: the command's usage
-  _cli.run()
+  from elmo_jax import cli as _cli  # pylint: disable=g-import-not-at-top
+  _cli.run_alias("elmo_jax.convert", "convert")

@@ -1,8 +1,5 @@
-"""`python -m elmo_jax.plan`: the planning command, an alias of `elmo_jax.cli.plan` (`elmo-jax-plan`).
-
-The planning itself is `elmo_jax.plan` (`plan`, `plan.embed.plan_embed`).
-"""
+"""`python -m elmo_jax.plan`: the old form of `python -m elmo_jax plan` (`elmo-jax plan`), kept one release: it says
+the new form on stderr, then runs it."""
 if __name__ == "__main__":
-  from elmo_jax.cli import plan as _cli  # pylint: disable=g-import-not-at-top
-  __doc__ = _cli.__doc__  # absl's --help prints the __main__ module's docstring: the command's usage
-  _cli.run()
+  from elmo_jax import cli as _cli  # pylint: disable=g-import-not-at-top
+  _cli.run_alias("elmo_jax.plan", "plan")

@@ -254,7 +254,7 @@ def check_text_files(key: str, value: str) -> list[str]:
 
 
 def check_prepared_dir(key: str, path: str, config: ml_collections.ConfigDict | None = None) -> None:
-  """`path` is a prepared corpus (`python -m elmo_jax.data.prepare`) whose files match its manifest (sizes
+  """`path` is a prepared corpus (`python -m elmo_jax prepare`) whose files match its manifest (sizes
   always, sha256 unless an earlier start verified these very files: `manifest.open_verified`), made for this
   model's char ids; tokenizer and vocabulary settings of the config that do not apply to it are named."""
   from elmo_jax.data import manifest  # pylint: disable=g-import-not-at-top
@@ -262,7 +262,7 @@ def check_prepared_dir(key: str, path: str, config: ml_collections.ConfigDict | 
     settings = manifest.open_verified(path)["settings"]
   except manifest.NotPreparedError:
     raise PreflightError(f"{key}={path} is not a prepared corpus (no manifest.json); make one with "
-                         "`python -m elmo_jax.data.prepare`") from None
+                         "`python -m elmo_jax prepare`") from None
   except manifest.PrepareError as e:
     raise PreflightError(f"{key}: {e}") from None
   if config is None:

@@ -89,7 +89,7 @@ def test_options_types_are_validated(tmp_path, section, key, value, words):
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--options_file={FIXTURE_OPTIONS}",
+  return subprocess.run([sys.executable, "-m", "elmo_jax", "embed", f"--options_file={FIXTURE_OPTIONS}",
                          f"--weight_file={FIXTURE_WEIGHTS}", *args], capture_output=True, text=True, timeout=120,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
@@ -103,7 +103,7 @@ def test_cli_batch_size_zero_output_directory_and_swapped_files_in_one_line(tmp_
   proc = _cli(f"--input_file={inp}", f"--output_file={tmp_path}")
   assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
       f"error: --output_file={tmp_path} is a directory; give a file path"], proc.stderr
-  proc = subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--options_file={FIXTURE_WEIGHTS}",
+  proc = subprocess.run([sys.executable, "-m", "elmo_jax", "embed", f"--options_file={FIXTURE_WEIGHTS}",
                          f"--weight_file={FIXTURE_OPTIONS}", f"--input_file={inp}", f"--output_file={tmp_path}/o.h5"],
                         capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode == 1 and "Traceback" not in proc.stderr

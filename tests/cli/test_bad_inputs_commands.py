@@ -92,7 +92,7 @@ def test_embed_command_refuses_an_output_that_is_an_input_in_one_line(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
 
   def cli_run(*args):
-    return subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--options_file={FIXTURE_OPTIONS}",
+    return subprocess.run([sys.executable, "-m", "elmo_jax", "embed", f"--options_file={FIXTURE_OPTIONS}",
                            f"--weight_file={weights}", *args], capture_output=True, text=True, timeout=120, env=env)
 
   for args, named in (([f"--input_file={inp}", f"--output_file={inp}"], inp),
@@ -232,17 +232,17 @@ def test_a_usage_error_is_one_line_without_the_docstring(monkeypatch, capsys):
   with pytest.raises(SystemExit) as e:
     cli.run_main(main, name="elmo_jax.embed")
   assert e.value.code == 1
-  assert capsys.readouterr().err == ("elmo_jax.embed: error: give at most one of --all, --top, --average "
+  assert capsys.readouterr().err == ("elmo_jax embed: error: give at most one of --all, --top, --average "
                                      "(--help for usage)\n")
 
 
 @pytest.mark.slow
 def test_embed_usage_error_is_one_line(tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "elmo_jax.embed", "--top", "--average", f"--input_file={tmp_path}/i",
+  proc = subprocess.run([sys.executable, "-m", "elmo_jax", "embed", "--top", "--average", f"--input_file={tmp_path}/i",
                          f"--output_file={tmp_path}/o.hdf5", "--model=small"], capture_output=True, text=True,
                         timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode == 1 and proc.stderr.splitlines() == [
-      "elmo_jax.embed: error: give at most one of --all, --top, --average (--help for usage)"], proc.stderr
+      "elmo_jax embed: error: give at most one of --all, --top, --average (--help for usage)"], proc.stderr
   assert proc.stdout == ""
 
 
@@ -331,7 +331,7 @@ def test_embed_command_inputs_of_the_wrong_kind_name_the_flag(tmp_path):
        f"error: --vocab_file={FIXTURE_WEIGHTS} is an HDF5 file, not text"),
       ([f"--input_file={inp}", f"--output_file={tmp_path}/busy.hdf5"],
        f"error: {tmp_path}/busy.hdf5.partial is a file, not an embedding job folder; delete it")):
-    proc = subprocess.run([sys.executable, "-m", "elmo_jax.embed", *model, *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "elmo_jax", "embed", *model, *args], capture_output=True,
                           text=True, timeout=120, env=env)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [line], proc.stderr
   assert sorted(os.listdir(tmp_path)) == ["busy.hdf5.partial", "in.txt"]
@@ -368,11 +368,11 @@ def test_downstream_counts_and_fractions_out_of_range_are_one_line(tmp_path):
                         ("--num_epochs=0", "--num_epochs must be >= 1, got 0"),
                         ("--dev_fraction=1", "--dev_fraction must be between 0 and 1 (exclusive), got 1.0"),
                         ("--dev_fraction=0", "--dev_fraction must be between 0 and 1 (exclusive), got 0.0")):
-    proc = subprocess.run([sys.executable, "-m", "elmo_jax.downstream", "--task=pos", f"--train={train}",
+    proc = subprocess.run([sys.executable, "-m", "elmo_jax", "downstream", "--task=pos", f"--train={train}",
                            f"--test={test}", f"--workdir={tmp_path}/run", flag, "--noprogress"],
                           capture_output=True, text=True, timeout=120, env=env, cwd=REPO_ROOT)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-        f"elmo_jax.downstream: error: {message}"], proc.stderr
+        f"elmo_jax downstream: error: {message}"], proc.stderr
   assert not os.path.exists(tmp_path / "run")
 
 

@@ -1,4 +1,4 @@
-"""Issue 8: `python -m elmo_jax.data.prepare`, the prepared-corpus batches (== the raw-text path's), the
+"""Issue 8: `python -m elmo_jax prepare`, the prepared-corpus batches (== the raw-text path's), the
 prefetcher's data positions, and training from a prepared corpus (== training from raw text)."""
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_prepare_is_byte_identical_for_any_worker_count_and_verifies(tmp_path):
   a = prepare(str(tmp_path / "a"), [text], num_workers=1, chunk_sentences=1000, log_line=lambda _: None)
   # Worker processes fork: do it from a fresh process, not from this JAX-initialized test process.
   env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-  subprocess.run([sys.executable, "-m", "elmo_jax.data.prepare", "--noprogress", f"--input={text}",
+  subprocess.run([sys.executable, "-m", "elmo_jax", "prepare", "--noprogress", f"--input={text}",
                   f"--output_dir={tmp_path / 'b'}", "--num_workers=2", "--chunk_sentences=37"],
                  env=env, check=True, capture_output=True)
   _assert_same_dirs(tmp_path / "a", tmp_path / "b")
@@ -196,7 +196,7 @@ def test_refusals_are_one_line(tmp_path):
 @pytest.mark.slow
 def test_cli_refusal_and_resume_after_kill9(tmp_path):
   env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-  cli = [sys.executable, "-m", "elmo_jax.data.prepare", "--noprogress"]
+  cli = [sys.executable, "-m", "elmo_jax", "prepare", "--noprogress"]
   proc = subprocess.run(cli + [f"--input={tmp_path}/missing.txt", f"--output_dir={tmp_path}/x"], env=env,
                         capture_output=True, text=True)
   assert proc.returncode != 0

@@ -278,7 +278,7 @@ def test_ctrl_c_is_one_line_and_the_rerun_resumes(tmp_path):
   printed 3 tracebacks; now one line, exit 130, and the finished chunks are resumed."""
   text = _corpus(tmp_path / "big.txt", n=80_000)
   env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-  cli = [sys.executable, "-m", "elmo_jax.data.prepare", "--noprogress", f"--input={text}",
+  cli = [sys.executable, "-m", "elmo_jax", "prepare", "--noprogress", f"--input={text}",
          f"--output_dir={tmp_path}/o", "--chunk_sentences=500", "--num_workers=2"]
   run = launch_util.popen_interruptible(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                        start_new_session=True)
@@ -397,7 +397,7 @@ def test_the_cli_refuses_a_negative_vocab_size(tmp_path):
   """P01/P02 through the CLI (0 there means no limit; a negative size is not 'no limit')."""
   env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
   text = _corpus(tmp_path / "t.txt")
-  proc = subprocess.run([sys.executable, "-m", "elmo_jax.data.prepare", "--noprogress", f"--input={text}",
+  proc = subprocess.run([sys.executable, "-m", "elmo_jax", "prepare", "--noprogress", f"--input={text}",
                          f"--output_dir={tmp_path}/o", "--vocab_max_size=-10"],
                         env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [

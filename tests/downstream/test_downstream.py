@@ -219,7 +219,7 @@ def test_cli_runs_and_tables(task_dir, tmp_path):
   for elmo, seed in (("none", 0), ("frozen", 0), ("frozen", 1)):
     out = str(tmp_path / f"sent-{elmo}-{seed}")
     cap = ["--max_train_sentences=40"] if elmo == "none" else []  # of 48
-    p = _cli("elmo_jax.downstream", "--task=sentiment", f"--elmo={elmo}", f"--bilm={FIXTURE_DIR}",
+    p = _cli("elmo_jax", "downstream", "--task=sentiment", f"--elmo={elmo}", f"--bilm={FIXTURE_DIR}",
              f"--data_dir={task_dir}", f"--workdir={out}", f"--seed={seed}", "--num_epochs=2", "--hidden=8",
              f"--layer_cache_dir={tmp_path / 'layers'}", *cap)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -241,7 +241,7 @@ def test_cli_runs_and_tables(task_dir, tmp_path):
   assert [(r["setting"], r["n"]) for r in summary["rows"]] == [("none", 1), ("frozen", 2)]
   assert "| sentiment | frozen |" in p.stdout
   # A missing split: one line on stderr naming the flag, exit 1, nothing written.
-  p = _cli("elmo_jax.downstream", "--task=pos", f"--train={task_dir}/pos/train.conll",
+  p = _cli("elmo_jax", "downstream", "--task=pos", f"--train={task_dir}/pos/train.conll",
            f"--workdir={tmp_path / 'bad'}")
   assert p.returncode == 1 and p.stderr.strip().count("\n") == 0, p.stderr
   assert "no pos test split" in p.stderr and "--test=FILE" in p.stderr

@@ -1,4 +1,4 @@
-"""`python -m elmo_jax.embed` and `embed_file`: layout, exactness, bilm-tf stateful fixture, bad input."""
+"""`python -m elmo_jax embed` and `embed_file`: layout, exactness, bilm-tf stateful fixture, bad input."""
 from __future__ import annotations
 
 import io
@@ -22,7 +22,7 @@ from paths import FIXTURE_DIR, FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  return subprocess.run([sys.executable, "-m", "elmo_jax.embed", *args], capture_output=True, text=True,
+  return subprocess.run([sys.executable, "-m", "elmo_jax", "embed", *args], capture_output=True, text=True,
                         env=env, timeout=120)
 
 
@@ -174,7 +174,7 @@ def test_workdir(tmp_path, embedder):
 def test_sigterm_leaves_no_output_or_temp_and_the_rerun_resumes(tmp_path):
   path = write_lines(tmp_path / "in.txt", [s for group in SENTENCES for s in group] * 200)  # 6000 lines: 12 parts of 512
   out = tmp_path / "out.hdf5"
-  proc = subprocess.Popen([sys.executable, "-m", "elmo_jax.embed", *model_args(), f"--input_file={path}",
+  proc = subprocess.Popen([sys.executable, "-m", "elmo_jax", "embed", *model_args(), f"--input_file={path}",
                            f"--output_file={out}", "--progress_every=0.2"],
                           stderr=subprocess.PIPE, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   try:

@@ -151,7 +151,7 @@ def test_file_size_limit_while_writing_parts_and_merging_is_one_line_and_resumab
   if not hasattr(resource, "RLIMIT_FSIZE") or shutil.which("bash") is None:
     pytest.skip("no file-size limit (RLIMIT_FSIZE, bash's ulimit -f) here, and no small filesystem to fill")
   text = write_lines(tmp_path / "in.txt", LINES * 20)  # 600 lines: parts of 128 lines up to ~2 MB, 6 MB in all
-  args = [sys.executable, "-m", "elmo_jax.embed", *model_args(), f"--input_file={text}", "--part_sentences=128",
+  args = [sys.executable, "-m", "elmo_jax", "embed", *model_args(), f"--input_file={text}", "--part_sentences=128",
           "--noprogress"]
   whole, out = tmp_path / "whole.hdf5", tmp_path / "out.hdf5"
   assert subprocess.run(args + [f"--output_file={whole}"], env=env(), capture_output=True, timeout=600).returncode == 0
@@ -177,7 +177,7 @@ def test_a_second_command_on_a_running_jobs_output_is_refused(tmp_path):
   """Run A paused mid-job, B started on the same output: B is refused in one line and changes nothing; A then
   finishes the file."""
   text = write_lines(tmp_path / "in.txt", LINES * 40)  # 1200 lines, parts of 64
-  args = [sys.executable, "-m", "elmo_jax.embed", *model_args(), f"--input_file={text}",
+  args = [sys.executable, "-m", "elmo_jax", "embed", *model_args(), f"--input_file={text}",
           f"--output_file={tmp_path / 'out.hdf5'}", "--part_sentences=64", "--noprogress"]
   a = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   parts = tmp_path / "out.hdf5.partial" / "parts"

@@ -47,7 +47,7 @@ def read(path, keys=None) -> dict:
 
 def run_cli(*args, env=None):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
-  return subprocess.run([sys.executable, "-m", "elmo_jax.embed", *args], capture_output=True, text=True,
+  return subprocess.run([sys.executable, "-m", "elmo_jax", "embed", *args], capture_output=True, text=True,
                         env=env, timeout=180)
 
 

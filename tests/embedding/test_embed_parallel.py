@@ -184,7 +184,7 @@ def test_changed_input_or_flags_on_rerun_are_refused(tmp_path, embedder, monkeyp
 def test_kill_9_then_rerun_gives_the_same_file(tmp_path, embedder):
   lines = LINES * 100  # 3,000 lines: 24 parts of 128 (2 batches); killed after 8
   text = write_lines(tmp_path / "in.txt", lines)
-  args = [sys.executable, "-m", "elmo_jax.embed", *model_args(), f"--input_file={text}", "--part_sentences=128",
+  args = [sys.executable, "-m", "elmo_jax", "embed", *model_args(), f"--input_file={text}", "--part_sentences=128",
           "--progress_every=0.5"]
   whole = tmp_path / "whole.hdf5"  # the uninterrupted run, in this process: the command's parts, the same bits
   embed.embed_file(embedder, text, whole, part_sentences=128, progress_every=None)
@@ -212,7 +212,7 @@ def test_kill_9_then_rerun_gives_the_same_file(tmp_path, embedder):
 @pytest.mark.slow
 def test_two_processes_write_the_one_process_file(tmp_path, embedder):
   text = write_lines(tmp_path / "in.txt", LINES * 20)  # 600 lines: chunks of 64 lines, 10 chunks
-  common = [sys.executable, "-m", "elmo_jax.embed", *model_args(), f"--input_file={text}", "--chunk_size=64",
+  common = [sys.executable, "-m", "elmo_jax", "embed", *model_args(), f"--input_file={text}", "--chunk_size=64",
             "--part_sentences=32", "--progress_every=0.2"]
   # The one-process file, in this process (the command's parts, the same bits).
   embed.embed_file(embedder, text, tmp_path / "one.hdf5", chunk_size=64, part_sentences=32, progress_every=None)
@@ -231,12 +231,12 @@ def test_two_processes_write_the_one_process_file(tmp_path, embedder):
 @pytest.mark.slow
 def test_cli_devices_and_cluster_errors_are_one_line(tmp_path):
   text = write_lines(tmp_path / "in.txt", LINES[:2])
-  proc = subprocess.run([sys.executable, "-m", "elmo_jax.embed", *model_args(), f"--input_file={text}",
+  proc = subprocess.run([sys.executable, "-m", "elmo_jax", "embed", *model_args(), f"--input_file={text}",
                          f"--output_file={tmp_path / 'o.hdf5'}", "--devices=4"], env=env(devices=2),
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
   assert error_lines(proc.stderr) == ["error: devices=4: this process has 2 local devices (cpu)"]
-  proc = subprocess.run([sys.executable, "-m", "elmo_jax.embed", *model_args(), f"--input_file={text}",
+  proc = subprocess.run([sys.executable, "-m", "elmo_jax", "embed", *model_args(), f"--input_file={text}",
                          f"--output_file={tmp_path / 'o.hdf5'}", "--coordinator_address=127.0.0.1:1"], env=env(),
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr

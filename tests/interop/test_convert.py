@@ -1,4 +1,4 @@
-"""`python -m elmo_jax.convert`: round trips through every writable format give the same bits; refusals are
+"""`python -m elmo_jax convert`: round trips through every writable format give the same bits; refusals are
 one line and write nothing (an ELMoForManyLangs model, a taken or input folder, an unknown format)."""
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path):
 
 def test_command(tmp_path):
   def run(*args):
-    return subprocess.run([sys.executable, "-m", "elmo_jax.convert", *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "elmo_jax", "convert", *args], cwd=REPO_ROOT,
                           env=launch_util.env(1), capture_output=True, text=True, timeout=300)
   proc = run(f"--from={TFHUB_MODULE}", f"--to={tmp_path / 'out'}")
   assert proc.returncode == 0, proc.stderr

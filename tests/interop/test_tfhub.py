@@ -80,7 +80,7 @@ def test_module_params_equal_the_hdf5_bit_for_bit():
   assert found.tfhub_dir == TFHUB_MODULE and found.options_file is None
   assert pretrained.load(TFHUB_MODULE)[0] == options
   with pytest.raises(download.DownloadError, match=r"a TF-Hub module has no options.json \+ weights.hdf5; convert "
-                     r"it first: python -m elmo_jax.convert --from=.*module --to=DIR$"):
+                     r"it first: python -m elmo_jax convert --from=.*module --to=DIR$"):
     pretrained.resolve(TFHUB_MODULE)  # evaluate.py --model reads the two files
 
 
@@ -150,12 +150,12 @@ def test_embed_command_writes_the_module_outputs(hub, ref, tmp_path):
   out = tmp_path / "elmo.hdf5"
 
   def embed(*args):  # the command itself, on the module folder
-    return subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--model={TFHUB_MODULE}", f"--input_file={text}",
+    return subprocess.run([sys.executable, "-m", "elmo_jax", "embed", f"--model={TFHUB_MODULE}", f"--input_file={text}",
                            f"--output_file={out}", "--noprogress", *args], cwd=REPO_ROOT, env=launch_util.env(1),
                           capture_output=True, text=True, timeout=300)
   proc = embed("--module_output=elmo", "--top")
   assert proc.returncode == 1 and proc.stderr.splitlines() == [
-      "elmo_jax.embed: error: --module_output=elmo is the output; drop --all/--top/--average (--help for usage)"]
+      "elmo_jax embed: error: --module_output=elmo is the output; drop --all/--top/--average (--help for usage)"]
   proc = embed("--module_output=elmo")
   assert proc.returncode == 0, proc.stderr
   assert f"{TFHUB_MODULE}: {tfhub.ASSUMED}" in proc.stderr

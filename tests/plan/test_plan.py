@@ -1,4 +1,4 @@
-"""The AOT planner (`python -m elmo_jax.plan`) and what it says about the data-parallel step.
+"""The AOT planner (`python -m elmo_jax plan`) and what it says about the data-parallel step.
 
 On 2, 4 and 8 simulated CPU devices (a subprocess: the device count is fixed when JAX starts): the train step
 fits, its only large collective is the gradient all-reduce, its per-device FLOPs do not depend on the device
@@ -79,13 +79,13 @@ def _run_plan(config, *args):
   # The command sets the CPU device count for a cpu:N target itself; opt level 0 stays, with the product's
   # fusion emitters (the report describes the compiled program).
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": launch_util.xla_flags(None, product_emitters=True)}
-  return subprocess.run([PYTHON, "-m", "elmo_jax.plan", f"--config={config}", *args], env=env, cwd=REPO_ROOT,
+  return subprocess.run([PYTHON, "-m", "elmo_jax", "plan", f"--config={config}", *args], env=env, cwd=REPO_ROOT,
                         capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow  # a subprocess compile on 8 simulated devices
 def test_plan_on_cpu_devices_json(tmp_path):
-  """`python -m elmo_jax.plan --target=cpu:2 --json`: fits, the report's keys, the gradient all-reduce as the
+  """`python -m elmo_jax plan --target=cpu:2 --json`: fits, the report's keys, the gradient all-reduce as the
   collective, loop-corrected FLOPs at the analytic count (the tiny model, sampled softmax split over P)."""
   config = tiny.write_train_config(str(tmp_path / "config.py"), "unused.txt", n_negative_samples=12,
                                    shard_softmax=True, **{"data.vocab_max_size": 300})
@@ -308,7 +308,7 @@ def test_plan_compiles_for_tpu_v5e_without_hardware(tmp_path):
   config = tiny.write_train_config(str(tmp_path / "config.py"), "unused.txt", n_negative_samples=12,
                                    shard_softmax=True, **{"data.vocab_max_size": 300})
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-  proc = subprocess.run([PYTHON, "-m", "elmo_jax.plan", f"--config={config}", "--target=v5e:2x2",
+  proc = subprocess.run([PYTHON, "-m", "elmo_jax", "plan", f"--config={config}", "--target=v5e:2x2",
                          "--per_device_batch=8", "--json"], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
                         timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -342,7 +342,7 @@ def test_embed_step_plan_finds_the_largest_batch_that_fits():
                     "is not installed: the TPU compiler is an optional package")
 def test_embed_step_plan_for_tpu_v5e(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-  proc = subprocess.run([PYTHON, "-m", "elmo_jax.plan", "--step=embed", "--model=small", "--target=v5e:2x2",
+  proc = subprocess.run([PYTHON, "-m", "elmo_jax", "plan", "--step=embed", "--model=small", "--target=v5e:2x2",
                          "--time_buckets=16", "--per_device_batch=8"], env=env, cwd=REPO_ROOT, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -137,7 +137,7 @@ def test_prepared_corpus_in_a_bucket_gives_the_local_batches_and_refuses_tamperi
   train = launch_util.write_corpus(str(tmp_path / "train.txt"))
   local = str(tmp_path / "prepared")
   prepare.prepare(local, [train], vocab_max_size=500, log_line=lambda _: None)
-  made = subprocess.run([sys.executable, "-m", "elmo_jax.data.prepare", f"--input={train}", "--vocab_max_size=500",
+  made = subprocess.run([sys.executable, "-m", "elmo_jax", "prepare", f"--input={train}", "--vocab_max_size=500",
                          f"--output_dir={bucket}/corpus", "--num_workers=1", "--noprogress"], cwd=launch_util.REPO_ROOT,
                         capture_output=True, text=True, env=launch_util.env(), timeout=120)
   assert made.returncode == 0 and f"uploaded to {bucket}/corpus" in made.stdout, made.stderr[-2000:]
@@ -171,7 +171,7 @@ def test_embed_and_evaluate_write_whole_objects_to_a_bucket(runs):
   out = runs["url"] + "/embeddings/train.hdf5"
   text = runs["url"] + "/text/train.txt"
   storage.upload(runs["train"], text)
-  embed = subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--workdir={runs['b']}",
+  embed = subprocess.run([sys.executable, "-m", "elmo_jax", "embed", f"--workdir={runs['b']}",
                           f"--input_file={text}", f"--output_file={out}", "--noprogress"],
                          cwd=launch_util.REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
   assert embed.returncode == 0, embed.stderr[-2000:]
@@ -182,7 +182,7 @@ def test_embed_and_evaluate_write_whole_objects_to_a_bucket(runs):
   binary = os.path.join(runs["root"], "binary.txt")
   with open(binary, "wb") as f:
     f.write(b"\x00\x01" * 100)
-  failed = subprocess.run([sys.executable, "-m", "elmo_jax.embed", f"--workdir={runs['b']}",
+  failed = subprocess.run([sys.executable, "-m", "elmo_jax", "embed", f"--workdir={runs['b']}",
                            f"--input_file={binary}", f"--output_file={runs['url']}/embeddings/bad.hdf5"],
                           cwd=launch_util.REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
   assert failed.returncode == 1 and failed.stderr.strip().splitlines()[-1].startswith("error: --input_file=")

@@ -216,8 +216,7 @@ def test_package_declares_dependencies_extras_and_console_scripts(tmp_path, monk
   assert {"notebook", "test"} <= set(extras)
   # the planner's compilers are extras, never dependencies (CI installs neither)
   assert extras["plan-tpu"][0].startswith("jax[tpu]") and extras["plan-gpu"][0].startswith("jax-cuda12-plugin")
-  assert set(project["scripts"]) == {"elmo-jax-train", "elmo-jax-embed", "elmo-jax-evaluate", "elmo-jax-downstream",
-                                     "elmo-jax-plan", "elmo-jax-convert"}
+  assert project["scripts"] == {"elmo-jax": "elmo_jax.cli:main"}  # one script: `elmo-jax <command>`
   for target in project["scripts"].values():
     # Read, not imported: the CLI modules define absl flags at import and share names (--task).
     module, func = target.split(":")

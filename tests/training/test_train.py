@@ -364,7 +364,7 @@ def test_export_matches_trained_params_and_embeds(trained):
   inp, out = os.path.join(trained["dir"], "sentences.txt"), os.path.join(trained["dir"], "emb.hdf5")
   with open(inp, "w") as f:
     f.write(" ".join(sentence) + "\n" + "a bird ran to the river .\n")
-  proc = subprocess.run([PYTHON, "-m", "elmo_jax.embed", f"--workdir={workdir}", f"--input_file={inp}",
+  proc = subprocess.run([PYTHON, "-m", "elmo_jax", "embed", f"--workdir={workdir}", f"--input_file={inp}",
                          f"--output_file={out}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode == 0, proc.stderr[-3000:]

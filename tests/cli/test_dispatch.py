@@ -1,0 +1,69 @@
+"""One way to start every command: `python -m elmo_jax <command>` and the console script `elmo-jax <command>`
+(both `elmo_jax.cli.main`); the old `python -m elmo_jax.embed`-style forms are aliases that say the new form."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from paths import REPO_ROOT
+
+from elmo_jax import cli
+
+COMMANDS = ["train", "evaluate", "embed", "prepare", "plan", "convert", "downstream"]
+
+
+def _listed(text: str) -> dict[str, str]:
+  """`--help`'s command lines: name -> its one line."""
+  return {line.split()[0]: line.split(None, 1)[1] for line in text.splitlines()
+          if line.startswith("  ") and len(line.split()) > 1}
+
+
+def test_help_lists_every_command_on_one_line(capsys):
+  with pytest.raises(SystemExit) as done:
+    cli.main(["elmo-jax", "--help"])
+  assert done.value.code == 0
+  out = capsys.readouterr().out
+  assert list(_listed(out)) == COMMANDS, out
+  assert all(len(line) < 100 for line in out.splitlines()), out
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["elmo-jax"], "usage: elmo-jax <command>"),
+    (["elmo-jax", "bogus"], "elmo-jax: error: unknown command 'bogus'; one of train, evaluate, embed, prepare, plan, "
+                            "convert, downstream (--help for usage)"),
+])
+def test_no_or_unknown_command_exits_2(argv, want, capsys):
+  with pytest.raises(SystemExit) as done:
+    cli.main(argv, prog="elmo-jax")
+  assert done.value.code == 2
+  err = capsys.readouterr().err
+  assert err.splitlines()[0] == want or err.startswith(want), err
+
+
+def test_python_m_elmo_jax_and_console_script_list_the_commands():
+  runs = [[sys.executable, "-m", "elmo_jax", "--help"]]
+  if shutil.which("elmo-jax"):  # installed by scripts/test.sh's set-up (pyproject's [project.scripts])
+    runs.append([shutil.which("elmo-jax"), "--help"])
+  for argv in runs:
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    assert proc.returncode == 0 and list(_listed(proc.stdout)) == COMMANDS, (argv, proc.stdout, proc.stderr)
+
+
+@pytest.mark.slow  # two command processes (each imports its command's module)
+def test_command_help_and_old_form_alias():
+  env = {**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"}
+  helped = subprocess.run([sys.executable, "-m", "elmo_jax", "convert", "--help"], capture_output=True, text=True,
+                          cwd=REPO_ROOT, env=env, timeout=300)
+  assert "--from" in helped.stdout + helped.stderr, helped.stderr[-2000:]  # absl's --help exits 1
+  assert "python -m elmo_jax convert --from=" in helped.stdout + helped.stderr  # the command's own docstring
+  old = subprocess.run([sys.executable, "-m", "elmo_jax.embed", "--top", "--average", "--input_file=i",
+                        "--output_file=o"], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=300)
+  assert old.returncode != 0
+  assert old.stderr.splitlines() == [
+      "note: `python -m elmo_jax.embed` is now `python -m elmo_jax embed` (`elmo-jax embed`); the old form goes in "
+      "the next release",
+      "elmo_jax embed: error: give at most one of --all, --top, --average (--help for usage)"], old.stderr
