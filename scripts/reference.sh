@@ -46,7 +46,7 @@ task_model() {  # task elmo seed [flags...]; NAME (default: elmo) names the run,
   local extra=()
   [[ $task == pos ]] && extra+=(--max_train_sentences="${POS_TRAIN_SENTENCES:-4000}")
   [[ $elmo != none ]] && extra+=(--bilm="${BILM:-$RUN}" --layer_cache_dir="${CACHE:-$DS/cache}")
-  python -m elmo_jax.downstream --task="$task" --elmo="$elmo" --data_dir="$PROBES" --seed="$seed" \
+  python -m elmo_jax downstream --task="$task" --elmo="$elmo" --data_dir="$PROBES" --seed="$seed" \
       --workdir="$dir" --noprogress "${extra[@]}" "$@"
 }
 for seed in $SEEDS; do

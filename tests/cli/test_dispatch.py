@@ -60,10 +60,11 @@ def test_command_help_and_old_form_alias():
                           cwd=REPO_ROOT, env=env, timeout=300)
   assert "--from" in helped.stdout + helped.stderr, helped.stderr[-2000:]  # absl's --help exits 1
   assert "python -m elmo_jax convert --from=" in helped.stdout + helped.stderr  # the command's own docstring
-  old = subprocess.run([sys.executable, "-m", "elmo_jax.embed", "--top", "--average", "--input_file=i",
+  old = subprocess.run([sys.executable, "-m", "elmo_jax.embed", "--input_file=i",
                         "--output_file=o"], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=300)
   assert old.returncode != 0
   assert old.stderr.splitlines() == [
       "note: `python -m elmo_jax.embed` is now `python -m elmo_jax embed` (`elmo-jax embed`); the old form goes in "
       "the next release",
-      "elmo_jax embed: error: give at most one of --all, --top, --average (--help for usage)"], old.stderr
+      "elmo_jax embed: error: give --model, or --options_file and --weight_file (or --workdir) (--help for usage)"],\
+      old.stderr
