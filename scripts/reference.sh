@@ -59,7 +59,7 @@ for seed in $SEEDS; do
     fi
   done
 done
-python -m elmo_jax.downstream.table "$DS"/pos-*-s* "$DS"/sentiment-{none,frozen,finetune}-s* --output="$DS/summary"
+python -m elmo_jax downstream table "$DS"/pos-*-s* "$DS"/sentiment-{none,frozen,finetune}-s* --output="$DS/summary"
 
 # --- sentiment extras ------------------------------------------------------------------------------------
 TUNED=${RUN}_sentdom; TEXT=$TUNED-text  # named after RUN: another RUN must not reuse this one's adapted biLM
@@ -88,7 +88,7 @@ for seed in $SEEDS; do
   NAME=frozenout task_model sentiment frozen "$seed" --elmo_at_output
   NAME=frozendom BILM=$TUNED CACHE=$DS/cache-dom task_model sentiment frozen "$seed"
 done
-python -m elmo_jax.downstream.table "$DS"/sentiment-*-s* --output="$DS/sentiment_extras"
+python -m elmo_jax downstream table "$DS"/sentiment-*-s* --output="$DS/sentiment_extras"
 
 mkdir -p "$OUT/downstream"
 cp "$RUN/config.json" "$RUN/metrics.jsonl" "$OUT/"

@@ -33,7 +33,7 @@ COMMANDS = {
     "prepare": ("elmo_jax.cli.prepare", "tokenize a large corpus once into shards + vocabulary for training"),
     "plan": ("elmo_jax.cli.plan", "will a config fit a TPU slice or GPU cluster, how fast (compiles without it)"),
     "convert": ("elmo_jax.cli.convert", "a model (released, run, TF-Hub, URL) into bilm-tf's options.json + hdf5"),
-    "downstream": ("elmo_jax.cli.downstream", "train and evaluate a task model (POS tagger, sentiment) with ELMo"),
+    "downstream": ("elmo_jax.cli.downstream", "a task model (POS, sentiment) with ELMo; `downstream table` sums up runs"),
 }
 _invoked_as: str | None = None  # "elmo-jax embed" while `main` runs a command: its error lines' name
 
@@ -73,7 +73,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
           file=sys.stderr)
     sys.exit(2)
   import importlib  # pylint: disable=g-import-not-at-top
-  module = importlib.import_module(COMMANDS[command][0])
+  module_name = COMMANDS[command][0]
+  if command == "downstream" and rest[:1] == ["table"]:  # the settings side by side, over finished runs
+    module_name, command, rest = "elmo_jax.downstream.table", "downstream table", rest[1:]
+  module = importlib.import_module(module_name)
   _invoked_as = f"{prog} {command}"
   sys.argv = [_invoked_as, *rest]
   main_module = sys.modules.get("__main__")

@@ -1,6 +1,6 @@
 """The settings side by side: test accuracy per task x ELMo setting, mean ± std over seeds.
 
-  python -m elmo_jax.downstream.table runs/pos-none-s0 runs/pos-frozen-s* ... --output=runs/summary
+  python -m elmo_jax downstream table runs/pos-none-s0 runs/pos-frozen-s* ... --output=runs/summary
 
 Each argument is a results.json, a run directory holding one, or a directory searched recursively for
 them. Prints a markdown table; with --output writes OUTPUT/downstream.md and OUTPUT/downstream.json (the
@@ -88,7 +88,7 @@ def markdown(summary: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str]) -> None:
   if len(argv) < 2:
-    sys.exit("elmo_jax.downstream.table: give RUN_DIR or results.json paths")
+    sys.exit("elmo_jax downstream table: give RUN_DIR or results.json paths")
   try:
     paths = find_results(argv[1:])
     results = []
@@ -99,7 +99,7 @@ def main(argv: Sequence[str]) -> None:
         except json.JSONDecodeError as e:
           raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
   except (OSError, ValueError) as e:
-    sys.exit(f"elmo_jax.downstream.table: error: {e}")
+    sys.exit(f"elmo_jax downstream table: error: {e}")
   if _OUTPUT.value:  # before any work is shown: an output that would replace a results.json is refused
     try:
       storage.check_output(_OUTPUT.value, "--output", inputs=paths, directory=True)
@@ -107,7 +107,7 @@ def main(argv: Sequence[str]) -> None:
         for name in ("downstream.md", "downstream.json"):
           storage.check_output(os.path.join(_OUTPUT.value, name), "--output", inputs=paths)
     except files.UnsafeOutputError as e:
-      sys.exit(f"elmo_jax.downstream.table: error: {e}")
+      sys.exit(f"elmo_jax downstream table: error: {e}")
   summary = summarise(results, paths)
   text = markdown(summary)
   print(text, end="")

@@ -235,7 +235,7 @@ def test_cli_runs_and_tables(task_dir, tmp_path):
     runs.append(out)
   # The frozen biLM layers of train/dev/test were written once and reused by the second seed.
   assert len(os.listdir(tmp_path / "layers")) == 3
-  p = _cli("elmo_jax.downstream.table", *runs, f"--output={tmp_path / 'summary'}")
+  p = _cli("elmo_jax", "downstream", "table", *runs, f"--output={tmp_path / 'summary'}")
   assert p.returncode == 0, p.stderr
   summary = json.load(open(tmp_path / "summary" / "downstream.json"))
   assert [(r["setting"], r["n"]) for r in summary["rows"]] == [("none", 1), ("frozen", 2)]

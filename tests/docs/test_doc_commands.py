@@ -1,0 +1,171 @@
+"""Every shell command in the README and on the docs pages is either run by a test (at tiny settings) or listed
+here with the reason it is not (a GPU/TPU, the internet, research data that does not ship, hours). A command
+added to a page without either fails `test_every_command_is_run_or_listed`."""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from paths import REPO_ROOT
+
+# command (a regex searched in the command, its comment dropped) -> the test that runs it at tiny settings
+RUN_BY = {
+    r"^bash scripts/train\.sh$": "tests/docs/test_doc_commands.py::test_train_sh_trains_the_shipped_corpus",
+    r"^python -m elmo_jax embed --model=original .*--output_file=(elmo|all_layers|vectors|tokens|elmo_cached)\.hdf5":
+        "tests/docs/test_readme_pretrained.py::test_readme_code_runs",
+    r"^python -m elmo_jax embed --model=original --input_file=sentences\.txt --output_file=elmo\.hdf5 --top$":
+        "tests/docs/test_readme_pretrained.py::test_readme_code_runs",
+    r"^python -m elmo_jax embed --workdir=runs/\w+ --input_file=sentences\.txt --output_file=\w+\.hdf5$":
+        "tests/training/test_train.py::test_export_matches_trained_params_and_embeds",
+    r"^python -m elmo_jax embed --options_file=options\.json --weight_file=weights\.hdf5 .*\[--stateful\]":
+        "tests/embedding/test_embed_cli.py::test_stateful_reproduces_bilm_tf_fixture",
+    r"^python -m elmo_jax embed --model=original --input_file=corpus\.txt --output_file=elmo\.hdf5$":
+        "tests/embedding/test_embed_parallel.py::test_kill_9_then_rerun_gives_the_same_file",
+    r"^python -m elmo_jax embed \.\.\. --devices=1$":
+        "tests/embedding/test_embed_parallel.py::test_cli_devices_and_cluster_errors_are_one_line",
+    r"^python -m elmo_jax embed \.\.\. --coordinator_address=HOST0:1234 --num_processes=2 --process_id=[01]$":
+        "tests/embedding/test_embed_parallel.py::test_two_processes_write_the_one_process_file",
+    r"^python -m elmo_jax embed --model=elmo_3/ ":
+        "tests/interop/test_tfhub.py::test_embed_command_writes_the_module_outputs",
+    r"^python -m elmo_jax embed --model=zhs\.model ": "tests/interop/test_archive.py::test_efml_folder_is_handed_to_folder_resolution",
+    r"^python -m elmo_jax convert --from=elmo_3/ --to=elmo_3_bilm/$":
+        "tests/interop/test_convert.py::test_round_trips_return_the_same_bits",
+    r"^python train\.py --workdir=runs/mine --config=configs/default\.py --config\.data\.train_files=":
+        "tests/docs/test_doc_commands.py::test_train_sh_trains_the_shipped_corpus",
+    r"^python train\.py --workdir=runs/default --config=configs/default\.py \[--config\.key=value \.\.\.\]$":
+        "tests/docs/test_doc_commands.py::test_train_sh_trains_the_shipped_corpus",
+    r"^python train\.py --config=configs/default\.py --workdir=runs/ft --config\.init_from=runs/default ":
+        "tests/training/test_domain_finetune.py::test_frozen_phase_keeps_the_bilm_then_trains_it",
+    r"^python train\.py --workdir=/shared/run --config=configs/lm1b\.py +--coordinator_address=":
+        "tests/training/test_multihost.py::test_two_processes_match_one_and_resume",
+    r"^python -m elmo_jax prepare --input='corpus/\*\.txt\.gz' --output_dir=prepared/corpus --num_workers=":
+        "tests/data/test_prepare.py::test_prepare_is_byte_identical_for_any_worker_count_and_verifies",
+    r"^python -m elmo_jax plan --config=configs/default\.py --target=cpu:8$":
+        "tests/plan/test_plan.py::test_step_work_per_device_does_not_grow_with_devices",
+    r"^python evaluate\.py --task=perplexity --workdir=runs/default --text_file=":
+        "tests/evaluation/test_perplexity.py::test_matches_trainer_eval_and_writes_json_and_plots",
+    r"^python evaluate\.py --task=all --workdir=runs/default$":
+        "tests/evaluation/test_evaluate_all.py::test_all_runs_what_has_data_and_skips_the_rest_in_one_line_each",
+    r"^python evaluate\.py --task=all --workdir=runs/default --probe_data_dir=PROBES$":
+        "tests/evaluation/test_evaluate_all.py::test_probe_data_dir_supplies_the_probe_sets",
+    r"^python evaluate\.py --task=wsd --options_file=O\.json --weight_file=W\.hdf5 --wsd_file=":
+        "tests/evaluation/test_evaluate_all.py::test_all_runs_what_has_data_and_skips_the_rest_in_one_line_each",
+    r"^python -m elmo_jax downstream --task=(pos|sentiment) --elmo=(none|frozen|finetune) .*--data_dir=":
+        "tests/downstream/test_downstream.py::test_cli_runs_and_tables",
+    r"^python -m elmo_jax downstream --task=sentiment --elmo=frozen .*--train=tfds:glue/sst2:train":
+        "tests/downstream/test_downstream.py::test_missing_split_is_one_line_naming_the_flag",
+    r"^python -m elmo_jax downstream table ": "tests/downstream/test_downstream.py::test_cli_runs_and_tables",
+}
+# command -> why no test runs it
+NOT_RUN = {
+    r"^bash scripts/test\.sh( |$)": "it is the test suite; CI runs it from a clean clone (.ci/run)",
+    r"^ELMO_JAX_EXTRA=cuda12 bash scripts/train\.sh": "needs an NVIDIA GPU (the GPU check: benchmarks/gpu_check.py)",
+    r"^pip install ": "changes the environment it runs in; pyproject's extras are checked by "
+                     "tests/training/test_newcomer_train.py::test_package_declares_dependencies_extras_and_console_scripts",
+    r"^python -m elmo_jax plan --config=configs/lm1b\.py --target=v5e:": "needs libtpu (the plan-tpu extra, 1.3 GB); "
+        "tests/plan/test_plan.py::test_plan_compiles_for_tpu_v5e_without_hardware runs a v5e plan where it is installed",
+    r"^bash scripts/plan\.sh ": "installs the planner's compilers (internet, 2.5 GB) and compiles lm1b for minutes",
+    r"^pip install tensorboard": "internet; TensorBoard is not a dependency",
+    r"^tensorboard --logdir": "a web UI; the traces it reads are tests/training/test_profile.py's",
+    r"^python -m elmo_jax convert --from=runs/default --to=gs://": "a real bucket; local --to is "
+        "tests/interop/test_convert.py's, bucket writes tests/runtime/test_storage.py's (fake-gcs-server)",
+    r"^python train\.py --workdir=runs/small --config=configs/small\.py ": "the 13.6M-parameter small preset: hours on a CPU",
+    r"^python train\.py --workdir=runs/lm1b --config=configs/lm1b\.py": "TFDS lm1b (internet, 4 GB) and an accelerator",
+    r"^python -m elmo_jax prepare --tfds_name=lm1b ": "TFDS lm1b (internet); a TFDS source is "
+        "tests/data/test_prepare.py::test_prepare_from_tfds_equals_the_same_text's",
+    r"^gcloud compute tpus tpu-vm ssh ": "a TPU pod (its VMs and a bucket)",
+    r"^for s in 0 1 2; do for e in none frozen finetune; do python -m elmo_jax downstream ":
+        "nine runs of the downstream commands above on research data that does not ship",
+    r"^bash scripts/reference\.sh ": "research probe data that does not ship, and about two hours",
+    r"^python benchmarks/another_language\.py": "downloads turkish-treebanks from PyPI (internet) and trains 21 min; "
+        "tests/evaluation/test_another_language.py::test_turkish_bilm_beats_unigram is the same at tiny size",
+}
+COMMAND_START = re.compile(r"^(python|bash|pip|elmo-jax|tensorboard|gcloud|for )")
+
+
+def doc_files() -> list[str]:
+  pages = sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "**", "*.md"), recursive=True))
+  return [os.path.join(REPO_ROOT, "README.md")] + pages
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+  """(language, body) of every fenced block."""
+  return re.findall(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", text, re.S | re.M)
+
+
+def commands() -> list[tuple[str, str]]:
+  """(file, command) of every command in a bash block: continuation lines joined, the comment dropped."""
+  found = []
+  for path in doc_files():
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+    for language, body in blocks(text):
+      if language not in ("bash", "sh", "shell"):
+        continue
+      for line in re.split(r"(?<!\\)\n", body):
+        command = re.sub(r"\s+#\s.*$", "", re.sub(r"\\\n\s*", " ", line)).strip()
+        if command and not command.startswith("#"):
+          found.append((os.path.relpath(path, REPO_ROOT), command))
+  return found
+
+
+def test_every_command_is_run_or_listed():
+  found = commands()
+  assert len(found) > 40, found
+  unlisted = [(f, c) for f, c in found if not any(re.search(p, c) for p in (*RUN_BY, *NOT_RUN))]
+  assert unlisted == [], "run these in a test (RUN_BY) or say why not (NOT_RUN): " + repr(unlisted)
+  unused = [p for p in (*RUN_BY, *NOT_RUN) if not any(re.search(p, c) for _, c in found)]
+  assert unused == [], f"entries no page has any more: {unused}"
+  assert all(len(reason) > 10 for reason in NOT_RUN.values())
+
+
+def test_the_tests_named_exist():
+  for where in set(RUN_BY.values()):
+    path, name = where.split("::")
+    with open(os.path.join(REPO_ROOT, path), encoding="utf-8") as f:
+      assert re.search(rf"^def {name}\(", f.read(), re.M), where
+
+
+def test_commands_sit_in_bash_blocks():
+  """A command in an unlabelled block would escape the check above."""
+  for path in doc_files():
+    with open(path, encoding="utf-8") as f:
+      for language, body in blocks(f.read()):
+        first = body.lstrip().splitlines()[0] if body.strip() else ""
+        assert language or not COMMAND_START.match(first), (path, first)
+
+
+def _script_would_install() -> bool:
+  """scripts/env.sh installs into .venv unless its stamp matches requirements.txt + pyproject.toml."""
+  stamp = os.path.join(REPO_ROOT, ".venv", ".requirements.sha256")
+  if not os.path.exists(stamp) or not os.path.samefile(sys.prefix, os.path.join(REPO_ROOT, ".venv")):
+    return True
+  with open(os.path.join(REPO_ROOT, "requirements.txt"), "rb") as a, \
+       open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as b:
+    want = hashlib.sha256(a.read() + b.read()).hexdigest()
+  with open(stamp) as f:
+    return f.read().strip() != want
+
+
+@pytest.mark.slow  # prepares data/pd-small (~340k tokens) and trains the default config for 2 steps
+def test_train_sh_trains_the_shipped_corpus(tmp_path):
+  """The README's first command on the corpus shipped in data/: `bash scripts/train.sh` itself where its
+  `.venv` is set up (CI), else the `train.py` command it runs, with this interpreter."""
+  flags = [f"--workdir={tmp_path / 'run'}", "--config.num_train_steps=2", "--config.eval_every_steps=2",
+           "--config.checkpoint_every_steps=2", "--config.log_every_steps=1"]
+  if _script_would_install():
+    argv = [sys.executable, "train.py", "--config=configs/default.py", *flags]
+  else:
+    argv = ["bash", "scripts/train.sh", *flags]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO_ROOT, "ELMO_JAX_CACHE": str(tmp_path / "cache")}
+  proc = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  export = tmp_path / "run" / "export"
+  assert (export / "options.json").exists() and (export / "weights.hdf5").exists()
+  with open(tmp_path / "run" / "config.json") as f:
+    assert "pd-small" in f.read()  # the shipped corpus, configs/default.py's

@@ -1,0 +1,66 @@
+"""The README is a front door (at most 200 lines, the two commands first) and the docs site builds with
+`mkdocs build --strict` (broken links and anchors fail); neither holds measurement history (that is
+CHANGELOG.md's; the performance page pins each figure to its commit)."""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from paths import REPO_ROOT
+
+README = os.path.join(REPO_ROOT, "README.md")
+HISTORY = re.compile(r"\bthis (round|session)\b|\b(previous|earlier|latest) (round|session)s?\b|\bbefore / now\b|"
+                     r"\bbefore/after\b|\bthe code before\b", re.I)
+COMMIT = re.compile(r"(?<![\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
+
+
+def _read(path: str) -> str:
+  with open(path, encoding="utf-8") as f:
+    return f.read()
+
+
+def test_readme_is_a_front_door():
+  lines = _read(README).splitlines()
+  assert len(lines) <= 200, len(lines)
+  first = "\n".join(lines[:30])
+  assert "bash scripts/train.sh" in first and "bash scripts/test.sh" in first
+  assert "python -m elmo_jax --help" in _read(README)
+
+
+def test_readme_links_resolve():
+  for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", _read(README)):
+    if not re.match(r"https?://", target):
+      assert os.path.exists(os.path.join(REPO_ROOT, target)), target
+
+
+def test_no_history_in_readme_or_docs():
+  pages = [README] + sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "**", "*.md"), recursive=True))
+  for path in pages:
+    text = _read(path)
+    assert not HISTORY.search(text), (path, HISTORY.search(text).group(0))
+    if os.path.basename(path) != "performance.md":  # the one page that pins figures to commits
+      assert not COMMIT.search(text), (path, COMMIT.search(text).group(0))
+
+
+def test_history_words_and_commits_are_caught():
+  assert HISTORY.search("measured this round") and COMMIT.search("the step of `2477f3f`")
+  assert not COMMIT.search("sha256 1f0c… of deadbeef-free text, 1e-6, 2x1024_128_2048cnn")
+
+
+@pytest.mark.slow  # ~10 s: mkdocs renders every page
+def test_mkdocs_build_strict(tmp_path):
+  if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
+    pytest.skip("mkdocs / mkdocs-material not installed: pip install -e '.[docs]' (requirements-test.txt pins them)")
+  proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  for page in ("index", "install", "performance", "notebooks/inspect_elmo", "notebooks/downstream_results"):
+    assert (tmp_path / "site" / page.removeprefix("index") / "index.html").exists() or page == "index", page
+  notebook = _read(str(tmp_path / "site" / "notebooks" / "downstream_results" / "index.html"))
+  assert "data:image/png;base64," in notebook  # the executed copy's figures
