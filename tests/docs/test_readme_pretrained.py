@@ -1,5 +1,7 @@
-"""The README's "Using released ELMo" section runs as written: every shell command and Python block, with the
-released names served by a local mirror of the fixture model (`$ELMO_JAX_MODELS_URL`)."""
+"""The commands a newcomer runs with a released model work as written: the "Embed a file" and "Sentence vectors
+in Python" sections of docs/embedding.md, the tagger of docs/flax.md and the README's "Embed a file" and Flax
+blocks, every shell command and Python block, with the released names served by a local mirror of the fixture
+model (`$ELMO_JAX_MODELS_URL`)."""
 from __future__ import annotations
 
 import gzip
@@ -19,20 +21,41 @@ from paths import REPO_ROOT
 FIXTURE = os.path.join(REPO_ROOT, "tests", "fixtures", "bilm_tf")
 
 
+def _read(*path: str) -> str:
+  with open(os.path.join(REPO_ROOT, *path), encoding="utf-8") as f:
+    return f.read()
+
+
+def _part(text: str, heading: str) -> str:
+  """From `heading` to the next heading of its level."""
+  start = text.index(heading + "\n")
+  end = text.find("\n" + heading.split(" ")[0] + " ", start + 1)
+  return text[start:] if end < 0 else text[start:end]
+
+
 def section() -> str:
-  with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
-    text = f.read()
-  start = text.index("## Using released ELMo")
-  return text[start:text.index("\n## ", start + 1)]
+  """docs/embedding.md's two sections with a released model, then docs/flax.md."""
+  embedding = _read("docs", "embedding.md")
+  return (_part(embedding, "## Embed a file") + _part(embedding, "## Sentence vectors in Python") +
+          _read("docs", "flax.md"))
 
 
-def blocks(kind: str) -> list[str]:
-  return re.findall(rf"```{kind}\n(.*?)```", section(), re.S)
+def readme_section() -> str:
+  text = _read("README.md")
+  return _part(text, "## Embed a file") + _part(text, "## ELMo in a Flax task model")
+
+
+def blocks(kind: str, text: str | None = None) -> list[str]:
+  return re.findall(rf"```{kind}\n(.*?)```", section() if text is None else text, re.S)
+
+
+def _commands(block_list: list[str]) -> list[str]:
+  return [c.replace("\\\n", " ") for block in block_list for c in re.split(r"(?<!\\)\n", block) if c]
 
 
 def test_section_has_the_three_tasks():
   text = section()
-  for heading in ("### Embed a file", "### Sentence vectors in Python", "### ELMo in a Flax model"):
+  for heading in ("## Embed a file", "## Sentence vectors in Python", "# ELMo in Flax task models"):
     assert heading in text
   assert len(blocks("python")) == 2 and len(blocks("bash")) == 2
   tagger = blocks("python")[1]
@@ -49,7 +72,7 @@ def test_readme_code_runs(tmp_path):
   with serve_models(mirror(tmp_path / "www", tuple(pretrained.MODELS))) as (server, base):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "ELMO_JAX_MODELS_URL": base,
            "ELMO_JAX_CACHE": str(tmp_path / "cache"), "PYTHONPATH": REPO_ROOT}
-    commands = [c.replace("\\\n", " ") for block in blocks("bash") for c in re.split(r"(?<!\\)\n", block) if c]
+    commands = _commands(blocks("bash"))
     assert len(commands) == 5
     for command in commands:
       command = command.replace("python -m", f"{sys.executable} -m", 1)
@@ -61,6 +84,21 @@ def test_readme_code_runs(tmp_path):
                             timeout=300)
       assert proc.returncode == 0, proc.stderr
       assert proc.stdout.strip(), code
+    readme = tmp_path / "readme"  # the README's own blocks, in a folder of their own (the same output names)
+    readme.mkdir()
+    (readme / "sentences.txt").write_text("".join(s + "\n" for s in lines))
+    released = [c for c in _commands(blocks("bash", readme_section())) if "--model=" in c]
+    assert len(released) == 1, released  # the --workdir one: tests/training/test_train.py
+    for command in released:
+      proc = subprocess.run(command.replace("python -m", f"{sys.executable} -m", 1), shell=True, cwd=readme,
+                            env=env, capture_output=True, text=True, timeout=300)
+      assert proc.returncode == 0, (command, proc.stderr)
+    readme_code = blocks("python", readme_section())
+    assert len(readme_code) == 2
+    for code in readme_code:
+      proc = subprocess.run([sys.executable, "-c", code], cwd=readme, env=env, capture_output=True, text=True,
+                            timeout=300)
+      assert proc.returncode == 0, proc.stderr
     # Only the two files of each model used were fetched, once each.
     assert sorted(set(server.requests)) == sorted(server.requests)
   with h5py.File(tmp_path / "elmo.hdf5", "r") as f:

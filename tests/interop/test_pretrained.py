@@ -106,9 +106,9 @@ def test_released_table():
                           "elmo_2x4096_512_2048cnn_2xhighway_weights.hdf5")
   assert pretrained.MODELS["original_5.5B"].options_url.endswith(
       "2x4096_512_2048cnn_2xhighway_5.5B/elmo_2x4096_512_2048cnn_2xhighway_5.5B_options.json")
-  with open(os.path.join(REPO_ROOT, "README.md")) as f:
+  with open(os.path.join(REPO_ROOT, "docs", "released-models.md")) as f:
     readme = f.read()
-  for model in pretrained.MODELS.values():  # the README's table is this table
+  for model in pretrained.MODELS.values():  # the docs' table is this table
     assert model.options_url in readme and model.weight_url in readme
 
 
