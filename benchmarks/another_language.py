@@ -1,4 +1,4 @@
-"""A non-English biLM end to end (README "Another language"): Turkish, from the Turkish Web Treebank.
+"""A non-English biLM end to end (docs/other-languages.md): Turkish, from the Turkish Web Treebank.
 
     python benchmarks/another_language.py [--out=results/another_language] [--steps=2000] [--run=DIR]
 

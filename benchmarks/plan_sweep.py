@@ -1,4 +1,4 @@
-"""The planner over many targets (the README's scaling table); prints one JSON object and a markdown table.
+"""The planner over many targets (docs/pods.md's scaling table); prints one JSON object and a markdown table.
 
     PYTHONPATH=. python benchmarks/plan_sweep.py --out=/tmp/sweep \
         --targets=v5e:2x2,v5e:4x4,v5e:8x8,v5e:16x16,v6e:16x16,h200:1x1x8,h200:1x2x8

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The reference experiment (README "Reference run"): seed 003's experiment at the scale of a 2-core CPU.
+# The reference experiment (docs/evaluation.md, "Reference run"): seed 003's experiment at the scale of a 2-core CPU.
 #   1. trains CONFIG (configs/reference.py: data/pd-mix, about 45 min on 2 CPU cores) into RUN (skipped when
 #      RUN/export exists),
 #   2. perplexity in domain (data/pd-mix/test) and out of domain (WIKI_DIR/test.txt.gz), + unigram,

@@ -94,7 +94,16 @@ def on_files(files, config):  # mkdocs hook
   return files
 
 
-def execute(workdir: str | None) -> None:
+def scrub(nb) -> None:
+  """This clone's absolute path out of the outputs (`results folder: ./results/reference`)."""
+  for cell in nb["cells"]:
+    for output in cell.get("outputs", []):
+      for key, holder in (("text", output), ("text/plain", output.get("data", {}))):
+        if key in holder:
+          holder[key] = _text(holder[key]).replace(REPO + os.sep, "./").replace(REPO, ".")
+
+
+def execute(workdir: str | None, only: list[str] | None = None) -> None:
   """Runs every notebook in a kernel of this interpreter (as tests/docs/test_notebook.py does) and writes the
   executed copies (temp file, then rename)."""
   import nbclient  # pylint: disable=g-import-not-at-top
@@ -107,10 +116,11 @@ def execute(workdir: str | None) -> None:
   if workdir:
     os.environ["ELMO_WORKDIR"] = os.path.abspath(workdir)
   os.makedirs(EXECUTED_DIR, exist_ok=True)
-  for name in names():
+  for name in only or names():
     nb = nbformat.read(os.path.join(SOURCE_DIR, name + ".ipynb"), as_version=4)
     nbclient.NotebookClient(nb, kernel_name="elmo-jax-docs", timeout=600,
                             resources={"metadata": {"path": SOURCE_DIR}}).execute()
+    scrub(nb)
     target = os.path.join(EXECUTED_DIR, name + ".ipynb")
     nbformat.write(nb, target + ".tmp")
     os.replace(target + ".tmp", target)
@@ -120,5 +130,7 @@ def execute(workdir: str | None) -> None:
 if __name__ == "__main__":
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--workdir", help="a trained run for inspect_elmo (ELMO_WORKDIR)")
-  execute(parser.parse_args().workdir)
+  parser.add_argument("names", nargs="*", help="notebooks/NAME.ipynb to run (default: all)")
+  args = parser.parse_args()
+  execute(args.workdir, args.names)
   sys.exit(0)

@@ -230,7 +230,7 @@ def test_a_usage_error_is_one_line_without_the_docstring(monkeypatch, capsys):
     raise app.UsageError("give at most one of --all, --top, --average")
   monkeypatch.setattr(sys, "argv", ["prog"])
   with pytest.raises(SystemExit) as e:
-    cli.run_main(main, name="elmo_jax.embed")
+    cli.run_main(main, name="elmo_jax embed")
   assert e.value.code == 1
   assert capsys.readouterr().err == ("elmo_jax embed: error: give at most one of --all, --top, --average "
                                      "(--help for usage)\n")
