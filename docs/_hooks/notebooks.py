@@ -80,7 +80,10 @@ def page(name: str) -> str:
   if executed is None:
     log.warning("notebooks/%s.ipynb: no current executed copy in docs/notebooks/; the page shows no outputs "
                 "(make it: python docs/_hooks/notebooks.py --workdir=RUN)", name)
-  return render(source, executed)
+  note = (f"\n*The outputs are those of `docs/notebooks/{name}.ipynb`, made with "
+          "`python docs/_hooks/notebooks.py --workdir=RUN` on a 2-core CPU; the model a run used is named in its "
+          "first output.*\n")
+  return render(source, executed) + (note if executed is not None else "")
 
 
 def names() -> list[str]:
@@ -94,13 +97,20 @@ def on_files(files, config):  # mkdocs hook
   return files
 
 
-def scrub(nb) -> None:
-  """This clone's absolute path out of the outputs (`results folder: ./results/reference`)."""
+def scrub(nb, workdir: str | None = None) -> None:
+  """This machine's absolute paths out of the outputs: the clone's (`results folder: ./results/reference`) and
+  the run's (`model: runs/NAME`)."""
+  pairs = [(REPO + os.sep, "./"), (REPO, ".")]
+  if workdir:
+    pairs.insert(0, (os.path.abspath(workdir), "runs/" + os.path.basename(os.path.abspath(workdir))))
   for cell in nb["cells"]:
     for output in cell.get("outputs", []):
       for key, holder in (("text", output), ("text/plain", output.get("data", {}))):
         if key in holder:
-          holder[key] = _text(holder[key]).replace(REPO + os.sep, "./").replace(REPO, ".")
+          text = _text(holder[key])
+          for old, new in pairs:
+            text = text.replace(old, new)
+          holder[key] = text
 
 
 def execute(workdir: str | None, only: list[str] | None = None) -> None:
@@ -120,7 +130,7 @@ def execute(workdir: str | None, only: list[str] | None = None) -> None:
     nb = nbformat.read(os.path.join(SOURCE_DIR, name + ".ipynb"), as_version=4)
     nbclient.NotebookClient(nb, kernel_name="elmo-jax-docs", timeout=600,
                             resources={"metadata": {"path": SOURCE_DIR}}).execute()
-    scrub(nb)
+    scrub(nb, workdir)
     target = os.path.join(EXECUTED_DIR, name + ".ipynb")
     nbformat.write(nb, target + ".tmp")
     os.replace(target + ".tmp", target)

@@ -39,6 +39,9 @@ RUN_BY = {
         "tests/docs/test_doc_commands.py::test_train_sh_trains_the_shipped_corpus",
     r"^python train\.py --workdir=runs/default --config=configs/default\.py \[--config\.key=value \.\.\.\]$":
         "tests/docs/test_doc_commands.py::test_train_sh_trains_the_shipped_corpus",
+    r"^python train\.py --workdir=runs/default400 --config=configs/default\.py --config\.num_train_steps=400$":
+        "tests/docs/test_doc_commands.py::test_train_sh_trains_the_shipped_corpus",
+    r"^python docs/_hooks/notebooks\.py --workdir=runs/default400$": "tests/docs/test_notebook.py::test_notebook_runs_and_draws",
     r"^python train\.py --config=configs/default\.py --workdir=runs/ft --config\.init_from=runs/default ":
         "tests/training/test_domain_finetune.py::test_frozen_phase_keeps_the_bilm_then_trains_it",
     r"^python train\.py --workdir=/shared/run --config=configs/lm1b\.py +--coordinator_address=":

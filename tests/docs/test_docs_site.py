@@ -64,3 +64,19 @@ def test_mkdocs_build_strict(tmp_path):
     assert (tmp_path / "site" / page.removeprefix("index") / "index.html").exists() or page == "index", page
   notebook = _read(str(tmp_path / "site" / "notebooks" / "downstream_results" / "index.html"))
   assert "data:image/png;base64," in notebook  # the executed copy's figures
+
+
+def test_executed_notebooks_are_current():
+  """Each notebook's page shows the outputs of docs/notebooks/NAME.ipynb: the same code, run without an error
+  (`python docs/_hooks/notebooks.py --workdir=RUN` makes them again)."""
+  import json  # pylint: disable=g-import-not-at-top
+  sources = sorted(glob.glob(os.path.join(REPO_ROOT, "notebooks", "*.ipynb")))
+  assert len(sources) == 2
+  for source in sources:
+    copy = os.path.join(REPO_ROOT, "docs", "notebooks", os.path.basename(source))
+    cells = [json.loads(_read(p))["cells"] for p in (source, copy)]
+    code = [["".join(c["source"]) for c in cs if c["cell_type"] == "code"] for cs in cells]
+    assert code[0] == code[1], f"{copy} is stale: run python docs/_hooks/notebooks.py"
+    outputs = [o for c in cells[1] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    assert outputs and not [o for o in outputs if o["output_type"] == "error"], copy
+    assert any("image/png" in o.get("data", {}) for o in outputs), copy
