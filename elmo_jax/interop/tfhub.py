@@ -108,10 +108,9 @@ def load(module_dir: str | os.PathLike, *, quiet: bool = False) -> Module:
     name = f"aggregation/{key}"
     if name not in tensors:
       raise weights_lib.WeightFileError(f"{where}: variable '{name}' is missing (the module's mix, shape {want})")
-    value = np.asarray(tensors[name], np.float32)
-    if value.size != int(np.prod(want)):
-      raise weights_lib.WeightFileError(f"{where}: variable '{name}' has shape {value.shape}, expected {want}")
-    mix[key] = value.reshape(want)
+    value = np.asarray(tensors[name])
+    value = value.reshape(want) if value.size == int(np.prod(want)) else value  # [1] for [] is TF-Hub's too
+    mix[key] = weights_lib.checked(value, want, f"{where}: variable '{name}'", "expected")
   if not quiet:
     log.info(f"{module_dir}: {ASSUMED}", stream=sys.stderr)
   n_shards, _ = tf_bundle.read_index(prefix)
