@@ -72,8 +72,13 @@ def is_archive(spec: str | os.PathLike) -> bool:
 
 
 def _not_archive(path: str) -> str | None:
-  """`cached_path`'s check of a download: why it is no zip or tar archive, else None."""
+  """`cached_path`'s check of a download: why it is no zip or tar archive, else None (by its first bytes:
+  a cut or damaged one is `verify`'s to name)."""
   if zipfile.is_zipfile(path):
+    return None
+  with open(path, "rb") as f:
+    head = f.read(6)
+  if any(head.startswith(magic) for magic in _STREAMS):
     return None
   try:
     if tarfile.is_tarfile(path):
