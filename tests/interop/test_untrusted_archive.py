@@ -121,6 +121,7 @@ def _header(path: str, at: int, value: int) -> str:
   return path
 
 
+@pytest.mark.slow
 def test_bombs_refused_before_inflating_within_memory_and_time(tmp_path):
   """A zip whose central directory says 96 MiB, a tar.gz that inflates to 96 MiB, a zip whose header says
   1 KiB over a member that inflates further: each refused in one line, in a child limited to 768 MiB."""

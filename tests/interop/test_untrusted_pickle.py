@@ -5,7 +5,6 @@ parameter is finite floats of the architecture's shape."""
 from __future__ import annotations
 
 import os
-import shutil
 import zipfile
 
 import numpy as np
@@ -101,14 +100,7 @@ def _cases(tmp_path) -> list[tuple[str, str]]:
   return cases
 
 
-def test_bombs_and_views_refused_in_one_line_within_memory_and_time(tmp_path):
-  """Each in a child limited to 768 MiB of address space: refused with TorchPickleError in under 2 s."""
-  cases = _cases(tmp_path)
-  code = tf.REFUSALS + f"""
-from elmo_jax.interop import torch_pickle
-refusals(torch_pickle.load, {cases!r}, (torch_pickle.TorchPickleError,))
-"""
-  results = tf.run_limited(code)
+def _check_refusals(results, cases):
   assert [r["case"] for r in results] == [c for c, _ in cases]
   for r in results:
     assert r["error"] == "TorchPickleError", r
@@ -120,6 +112,30 @@ refusals(torch_pickle.load, {cases!r}, (torch_pickle.TorchPickleError,))
   assert "reaches element -" in by_case["stride (-200000, -1), legacy"]
   assert "reaches element" in by_case["stride (2, 1), zip"]
   assert "more than the" in by_case["zip member inflating 1000x"]
+
+
+def test_bombs_and_views_refused_in_one_line_before_allocating(tmp_path):
+  """In process (each is refused before its allocation or read): TorchPickleError in under 2 s."""
+  import time  # pylint: disable=g-import-not-at-top
+  cases, results = _cases(tmp_path), []
+  for case, path in cases:
+    t = time.time()
+    with pytest.raises(torch_pickle.TorchPickleError) as e:
+      torch_pickle.load(path)
+    results.append({"case": case, "path": path, "error": type(e.value).__name__, "message": str(e.value),
+                    "seconds": time.time() - t})
+  _check_refusals(results, cases)
+
+
+@pytest.mark.slow
+def test_bombs_and_views_refused_in_one_line_within_memory_and_time(tmp_path):
+  """The same in a child limited to 768 MiB of address space (what each would have taken: 4 GB and more)."""
+  cases = _cases(tmp_path)
+  code = tf.REFUSALS + f"""
+from elmo_jax.interop import torch_pickle
+refusals(torch_pickle.load, {cases!r}, (torch_pickle.TorchPickleError,))
+"""
+  _check_refusals(tf.run_limited(code), cases)
 
 
 def test_negative_strides_inside_the_storage_read_as_torch_does(tmp_path):
@@ -154,28 +170,48 @@ def test_checked_refuses_ints_strings_shapes_and_non_finite():
     assert str(e.value) == f"f: x {why}"
 
 
-@pytest.fixture(scope="module")
-def efml_zip(tmp_path_factory):
-  pytest.importorskip("torch")
-  pytest.importorskip("elmoformanylangs")
+def _efml_folder(folder, edit=None) -> str:
+  """A tiny EFML folder (efml_util's architecture and dictionaries) with random weights, written by
+  tests/torch_files.py (no torch); `edit(state)` changes token_embedder.pkl's arrays first."""
+  import json  # pylint: disable=g-import-not-at-top
   import efml_util  # pylint: disable=g-import-not-at-top
-  folder = str(tmp_path_factory.mktemp("efml") / "zip")
-  efml_util.write_model(folder, zip_format=True)
+  os.makedirs(folder, exist_ok=True)
+  arch = efml_util.ARCHITECTURE
+  json.dump({"config_path": "tiny.json"}, open(os.path.join(folder, "config.json"), "w"))
+  json.dump(arch, open(os.path.join(folder, "tiny.json"), "w"))
+  for name, vocab in (("char.dic", efml_util.CHARS), ("word.dic", efml_util.WORDS)):
+    with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+      f.writelines(f"{token}\t{i}\n" for i, token in enumerate(vocab))
+  emb, enc = arch["token_embedder"], arch["encoder"]
+  d, dim, proj, cell = sum(n for _, n in emb["filters"]), emb["char_dim"], enc["projection_dim"], enc["dim"]
+  shapes = {"char_emb_layer.embedding.weight": (len(efml_util.CHARS), dim),
+            "word_emb_layer.embedding.weight": (len(efml_util.WORDS), emb["word_dim"]),
+            "projection.weight": (proj, emb["word_dim"] + d), "projection.bias": (proj,)}
+  for i, (width, num) in enumerate(emb["filters"]):
+    shapes.update({f"convolutions.{i}.weight": (num, dim, width), f"convolutions.{i}.bias": (num,)})
+  for k in range(emb["n_highway"]):
+    shapes.update({f"highways._layers.{k}.weight": (2 * d, d), f"highways._layers.{k}.bias": (2 * d,)})
+  layers = {}
+  for direction in ("forward", "backward"):
+    for k in range(enc["n_layers"]):
+      n = f"{direction}_layer_{k}"
+      layers.update({f"{n}.input_linearity.weight": (4 * cell, proj), f"{n}.state_linearity.weight": (4 * cell, proj),
+                     f"{n}.state_linearity.bias": (4 * cell,), f"{n}.state_projection.weight": (proj, cell)})
+  rng = np.random.default_rng(0)
+  for name, part in (("token_embedder.pkl", shapes), ("encoder.pkl", layers)):
+    state = {k: rng.uniform(-0.6, 0.6, v).astype(np.float32) for k, v in part.items()}
+    if edit is not None and name == "token_embedder.pkl":
+      edit(state)
+    tf.legacy(os.path.join(folder, name), *tf.state(state))
   return folder
 
 
-def test_efml_nan_embeds_and_int_weights_refused_in_one_line(efml_zip, tmp_path):
-  import torch  # pylint: disable=g-import-not-at-top
-  for name, edit, why in (("nan", lambda t: t.fill_(float("nan")), "holds non-finite values"),
-                          ("int", lambda t: t.to(torch.int32), "holds int32 values, not floats")):
-    folder = str(tmp_path / name)
-    shutil.copytree(efml_zip, folder)
-    path = os.path.join(folder, "token_embedder.pkl")
-    state = torch.load(path, weights_only=True)
-    key = "char_emb_layer.embedding.weight"
-    state[key] = edit(state[key].clone())
-    torch.save(state, path)
+def test_efml_nan_embeds_and_int_weights_refused_in_one_line(tmp_path):
+  key = "char_emb_layer.embedding.weight"
+  assert efml.load(_efml_folder(str(tmp_path / "ok")))[1]["char_cnn"]["char_embed"].dtype == np.float32
+  for name, edit, why in (("nan", lambda s: s[key].fill(np.nan), "holds non-finite values"),
+                          ("int", lambda s: s.update({key: s[key].astype(np.int32)}), "holds int32 values, not floats")):
+    folder = _efml_folder(str(tmp_path / name), edit)
     with pytest.raises(efml.EFMLError) as e:
       efml.load(folder)
-    assert str(e.value) == f"{path}: '{key}' {why}"
-
+    assert str(e.value) == f"{os.path.join(folder, 'token_embedder.pkl')}: '{key}' {why}"
