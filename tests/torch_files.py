@@ -7,7 +7,6 @@ import io
 import json
 import os
 import pickle
-import resource
 import subprocess
 import sys
 import zipfile
@@ -107,13 +106,13 @@ def zipped(path, obj, data: dict[str, bytes | np.ndarray] | None = None, pickle_
 def run_limited(code: str, memory: int = 768 << 20, timeout: float = 120) -> list[dict]:
   """Runs `code` in a child Python under RLIMIT_AS=`memory`; returns the JSON lines it printed (assert the
   child exits 0: a crash, a MemoryError or a hang fails)."""
-  def limit():
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+  # The limit is set by the child itself: a preexec_fn would fork this (multithreaded, JAX) process in Python.
+  code = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))\n" + code
   here = os.path.dirname(os.path.abspath(__file__))
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")]),
          "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
   done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env,
-                        preexec_fn=limit, check=False)
+                        check=False)
   assert done.returncode == 0, f"child exit {done.returncode}: {done.stderr[-3000:]}"
   return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 

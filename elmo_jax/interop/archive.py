@@ -7,15 +7,15 @@ archive, so an HTML error page is never cached). An archive is verified whole be
 (`verify`): a fresh download before it is cached, any archive before it is unpacked: read to its end (a
 gzip/bz2/xz stream's checksum and trailer, every tar header, every zip member's CRC), within bounds (it may
 unpack to at most `MAX_RATIO` times its size, at least `MIN_ALLOWANCE`, at most `MAX_UNPACKED` bytes), and
-every codec's error (an encrypted or deflate64 zip member, a broken stream) is one line. It is unpacked into `CACHE/archives/<sha256[:16]>-<name>/`,
-named by the archive's content, so a rerun, a second process or an offline run reuses it, and a changed
-archive gets a folder of its own. Unpacking writes into a temporary folder beside it, renamed into place
-when every member is written; several processes take a lock, and a killed one's temporary folder is
-removed by the next. The lock file (`.KEY.lock`) also holds what was unpacked (each file's size and sha256),
-checked on every reuse: a folder edited or lost since is unpacked again, not trusted because it exists.
-Every member is checked before anything is written: a name that is absolute or
-climbs out (`..`), a symbolic or hard link, a device, FIFO or socket is refused in one line naming the
-member, and nothing stays behind.
+every codec's error (an encrypted or deflate64 zip member, a broken stream) is one line. It is unpacked
+into `CACHE/archives/<sha256[:16]>-<name>/`, named by the archive's content, so a rerun, a second process
+or an offline run reuses it, and a changed archive gets a folder of its own. Unpacking writes into a
+temporary folder beside it, renamed into place when every member is written; several processes take a
+lock, and a killed one's temporary folder is removed by the next. The lock file (`.KEY.lock`) also holds
+what was unpacked (each file's size and sha256), checked on every reuse: a folder edited or lost since is
+unpacked again, not trusted because it exists. Every member is checked before anything is written: a name
+that is absolute or climbs out (`..`), a symbolic or hard link, a device, FIFO or socket is refused in one
+line naming the member, and nothing stays behind.
 
 `model_folder` then steps into the folder an archive wraps its files in (a top folder alone, as most
 zips have; `__MACOSX/` and dot files aside) and returns it for `pretrained.resolve_model` to read as any
@@ -94,9 +94,9 @@ def allowance(archive_bytes: int) -> int:
 
 
 def _too_big(total: str, size: int) -> str:
-  return (f"an archive that would unpack to {total} bytes, more than {allowance(size):,} ({MAX_RATIO}x its {size:,} bytes, at "
-          f"least {MIN_ALLOWANCE:,}, at most {MAX_UNPACKED:,}: archive.MAX_RATIO / MAX_UNPACKED); refused as a "
-          "decompression bomb")
+  return (f"an archive that would unpack to {total} bytes, more than {allowance(size):,} ({MAX_RATIO}x its "
+          f"{size:,} bytes, at least {MIN_ALLOWANCE:,}, at most {MAX_UNPACKED:,}: archive.MAX_RATIO / "
+          "MAX_UNPACKED); refused as a decompression bomb")
 
 
 def verify(path: str) -> str | None:

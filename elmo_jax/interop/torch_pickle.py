@@ -107,7 +107,7 @@ class _Tensor:
     high = self.offset + sum((k - 1) * s for k, s in zip(self.size, self.stride) if s > 0)
     if low < 0 or high >= n:
       raise ValueError(f"a tensor of size {self.size}, stride {self.stride} at offset {self.offset} reaches "
-                       f"element {low if low < 0 else high} of a storage of {n}")
+                       f"element {low if low < 0 else high}, outside its storage of {n} elements")
     itemsize = data.dtype.itemsize
     view = np.lib.stride_tricks.as_strided(data[self.offset:], self.size, tuple(s * itemsize for s in self.stride))
     return np.array(view)
@@ -374,7 +374,10 @@ def _resolve(obj: Any, done: dict[int, Any], budget: list[int], path: str) -> An
     return done[id(obj)][1]
   if isinstance(obj, _Tensor):
     _spend(budget, obj.nbytes, f"a tensor of size {obj.size}", path)
-    out = obj.array()
+    try:
+      out = obj.array()
+    except ValueError as e:
+      raise TorchPickleError(f"{path}: {e}") from None
   elif isinstance(obj, dict):
     out = type(obj)()
     done[id(obj)] = (obj, out)

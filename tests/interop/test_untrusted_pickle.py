@@ -47,8 +47,8 @@ def test_build_on_an_allowed_global_is_refused_and_changes_no_later_load(tmp_pat
   good = tf.legacy(tmp_path / "good.pkl", obj, data)
   assert torch_pickle.load(good)["w"].dtype == np.float32
   # An attribute set on a rebuild function, or a dunder on an OrderedDict: refused too.
-  fn = tf.legacy(tmp_path / "fn.pkl", None, pickle_bytes=b"\x80\x02ctorch._utils\n_rebuild_tensor\n}X\x01\x00\x00\x00aK\x01s"
-                 b"b.")
+  fn = tf.legacy(tmp_path / "fn.pkl", None,
+                 pickle_bytes=b"\x80\x02ctorch._utils\n_rebuild_tensor\n}X\x01\x00\x00\x00aK\x01sb.")
   _refused(fn, "BUILD of function")
   dunder = tf.legacy(tmp_path / "d.pkl", None, pickle_bytes=b"\x80\x02ccollections\nOrderedDict\n)R}X\x09\x00\x00\x00"
                      b"__class__X\x01\x00\x00\x00asb.")
@@ -83,7 +83,8 @@ def _cases(tmp_path) -> list[tuple[str, str]]:
       ("shared-list tree", tf.legacy(tmp_path / "tree.pkl", None, pickle_bytes=b"\x80\x02}X\x01\x00\x00\x00w" +
                                      _shared_tree(120)[2:-1] + b"s.")),
       ("memo index 2^30", tf.legacy(tmp_path / "memo.pkl", None, pickle_bytes=b"\x80\x02]r\x00\x00\x00\x40h\x00.")),
-      ("memo index 2^30, zip", tf.zipped(tmp_path / "memo.zip", None, pickle_bytes=b"\x80\x02]r\x00\x00\x00\x40h\x00.")),
+      ("memo index 2^30, zip", tf.zipped(tmp_path / "memo.zip", None,
+                                         pickle_bytes=b"\x80\x02]r\x00\x00\x00\x40h\x00.")),
   ]
   stride0 = {"w": tf.tensor(tf.Storage("0", numel=1), 0, (3 << 30,), (0,))}
   for layout, write in LAYOUTS.items():
@@ -210,7 +211,8 @@ def test_efml_nan_embeds_and_int_weights_refused_in_one_line(tmp_path):
   key = "char_emb_layer.embedding.weight"
   assert efml.load(_efml_folder(str(tmp_path / "ok")))[1]["char_cnn"]["char_embed"].dtype == np.float32
   for name, edit, why in (("nan", lambda s: s[key].fill(np.nan), "holds non-finite values"),
-                          ("int", lambda s: s.update({key: s[key].astype(np.int32)}), "holds int32 values, not floats")):
+                          ("int", lambda s: s.update({key: s[key].astype(np.int32)}),
+                           "holds int32 values, not floats")):
     folder = _efml_folder(str(tmp_path / name), edit)
     with pytest.raises(efml.EFMLError) as e:
       efml.load(folder)
