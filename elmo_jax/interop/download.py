@@ -13,8 +13,9 @@ file, "json" a JSON object, "options" a valid ELMo options.json; `validate=` a f
 URL's name decides (a `.hdf5`/`.h5` name must be a readable HDF5 file, a `.json` name a JSON object, other
 names: no check).
 This catches half a file sent without a Content-Length, an HTML error page, or a server's 200 reply
-`{"error": "rate limited"}` in place of options. A failed download leaves nothing in the cache, so the
-next run fetches again.
+`{"error": "rate limited"}` in place of options. A caller's `verify=` runs on a fresh download only, after
+those, before it is cached (a check that reads the whole file: `archive.verify` reads an archive to its
+end). A failed download leaves nothing in the cache, so the next run fetches again.
 
 `manifest.json` in the cache records each file's URL, size and sha256. What is trusted:
 

@@ -262,7 +262,8 @@ def load(path: str | os.PathLike, max_bytes: int | None = None) -> Any:
     raise TorchPickleError(f"{path}: cannot be read ({e.strerror or e})") from None
   budget = [LIMIT_RATIO * len(raw) + LIMIT_SLACK if max_bytes is None else max_bytes]
   try:
-    if zipfile.is_zipfile(io.BytesIO(raw)):
+    # A legacy file starts with a pickle's PROTO opcode; its tensor bytes may hold a zip's end signature.
+    if not raw.startswith(b"\x80") and zipfile.is_zipfile(io.BytesIO(raw)):
       obj = _load_zip(raw, path, budget)
     else:
       obj = _load_legacy(raw, path)
