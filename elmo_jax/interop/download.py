@@ -13,8 +13,9 @@ file, "json" a JSON object, "options" a valid ELMo options.json; `validate=` a f
 URL's name decides (a `.hdf5`/`.h5` name must be a readable HDF5 file, a `.json` name a JSON object, other
 names: no check).
 This catches half a file sent without a Content-Length, an HTML error page, or a server's 200 reply
-`{"error": "rate limited"}` in place of options. A failed download leaves nothing in the cache, so the
-next run fetches again.
+`{"error": "rate limited"}` in place of options. A caller's `verify=` runs on a fresh download only, after
+those, before it is cached (a check that reads the whole file: `archive.verify` reads an archive to its
+end). A failed download leaves nothing in the cache, so the next run fetches again.
 
 `manifest.json` in the cache records each file's URL, size and sha256. What is trusted:
 
@@ -245,7 +246,8 @@ def local_path(url_or_path: str | os.PathLike, cache: str | None = None) -> str:
 
 def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, cache: str | None = None,
                 timeout: float = 60.0, kind: str | None = None,
-                validate: Callable[[str], str | None] | None = None) -> str:
+                validate: Callable[[str], str | None] | None = None,
+                verify: Callable[[str], str | None] | None = None) -> str:
   """A local, verified path for a local path, `file://` URL or `http(s)://` URL (downloaded once).
 
   What is trusted is in the module docstring: a published `sha256`, else the hash recorded when the file
@@ -262,6 +264,8 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
       URL's file name (none for a name without a known extension). Callers that know should say.
     validate: a further check, `validate(path)` -> why it is wrong, or None (a ValueError/OSError it
       raises counts as its message).
+    verify: a check of a fresh download only, after `validate`, before it is cached (one that reads the
+      whole file, e.g. an archive to its end: a later use trusts the recorded hash of what it verified).
   Raises:
     DownloadError: offline with no trusted cached copy, HTTP error, short or cut download, a download of
       the wrong kind (`check_kind`, `validate`) or a hash mismatch.
@@ -273,15 +277,18 @@ def cached_path(url_or_path: str | os.PathLike, sha256: str | None = None, *, ca
   cache = os.path.abspath(cache or cache_dir())
   target = cache_file(text, cache)
   check = lambda path: checks.check(path, target, kind, validate)  # noqa: E731
+  # A fresh download also passes `verify` (once: later uses check the hash recorded of what it verified).
+  fresh = check if verify is None else lambda path: (  # noqa: E731
+      check(path) or checks.check(path, target, None, verify))
   with _locked_manifest(cache) as manifest:
     _forget_gone(manifest, cache)
     bad = None  # (why the cached copy failed, where it was moved): named if fetching it again fails
     if os.path.isfile(target):
-      trusted, bad = _use_cached(manifest, text, target, sha256, timeout, check)
+      trusted, bad = _use_cached(manifest, text, target, sha256, timeout, check, fresh)
       if trusted:
         return target
     try:
-      got, n = _download(text, target, timeout, sha256, check=check)
+      got, n = _download(text, target, timeout, sha256, check=fresh)
     except DownloadError as e:
       if bad is None:
         raise
@@ -309,7 +316,8 @@ def _recorded(manifest: dict[str, Any], url: str) -> str | None:
 
 
 def _use_cached(manifest: dict[str, Any], url: str, target: str, sha256: str | None, timeout: float,
-                check: Callable[[str], str | None]) -> tuple[bool, tuple[str, str] | None]:
+                check: Callable[[str], str | None], fresh: Callable[[str], str | None]
+                ) -> tuple[bool, tuple[str, str] | None]:
   """Whether the cached `target` (now) holds a trusted copy of `url`, and if not, (why it failed, where it
   was moved); a once-trusted copy that lost its hash is fetched again here. Raises DownloadError."""
   recorded = _recorded(manifest, url)
@@ -329,7 +337,7 @@ def _use_cached(manifest: dict[str, Any], url: str, target: str, sha256: str | N
   if manifest.get(url) is not None:
     lost = "its manifest.json entry has no valid sha256"
   if lost is not None:  # once trusted, now unverifiable: fetched again before the old copy goes aside
-    _refetch(manifest, url, target, timeout, lost, check)
+    _refetch(manifest, url, target, timeout, lost, fresh)
     return True, None
   # Placed by hand (an intact manifest, no entry): its kind decides; recorded from now on.
   untrusted.pop(name, None)

@@ -24,6 +24,7 @@ import numpy as np
 from elmo_jax.data import chars
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import torch_pickle
+from elmo_jax.interop import weights as weights_lib
 from elmo_jax.interop.weights import WeightFileError
 from elmo_jax.runtime import log
 
@@ -140,10 +141,10 @@ def _state(folder: str, name: str) -> dict[str, np.ndarray]:
 def _take(state: dict[str, np.ndarray], key: str, shape: tuple[int, ...], path: str) -> np.ndarray:
   if key not in state:
     raise EFMLError(f"{path}: has no '{key}' (expected shape {shape})")
-  value = state[key]
-  if value.shape != shape:
-    raise EFMLError(f"{path}: '{key}' has shape {value.shape}, the architecture expects {shape}")
-  return np.asarray(value, np.float32)
+  try:  # the check every loaded parameter passes: floats, of the shape, finite
+    return weights_lib.checked(state[key], shape, f"{path}: '{key}'", "the architecture expects")
+  except WeightFileError as e:
+    raise EFMLError(str(e)) from None
 
 
 def _vocab_rows(state, key: str, vocab: dict[str, int], dim: int, path: str, dic: str) -> np.ndarray:

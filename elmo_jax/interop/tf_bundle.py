@@ -163,22 +163,59 @@ class Entry:
   sliced: bool
 
 
+def _int(v) -> int:
+  """A varint field's value as the int64 it encodes (-5 is stored as 2^64 - 5)."""
+  if not isinstance(v, int):
+    raise ValueError("a length-delimited field where a number belongs")
+  return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _message(v) -> bytes:
+  if not isinstance(v, bytes):
+    raise ValueError("a number where a message belongs")
+  return v
+
+
 def _entry(value: bytes) -> Entry:
   got = {"dtype": 0, "shape": (), "shard_id": 0, "offset": 0, "size": 0, "crc32c": 0, "sliced": False}
   for number, v in _fields(value):
     if number == 1:
-      got["dtype"] = v
+      got["dtype"] = _int(v)
     elif number == 2:  # TensorShapeProto: repeated Dim dim = 2 {int64 size = 1}
       dims = []
-      for n, dim in _fields(v):
+      for n, dim in _fields(_message(v)):
         if n == 2:
-          dims.append(next((s for k, s in _fields(dim) if k == 1), 0))
+          dims.append(_int(next((s for k, s in _fields(_message(dim)) if k == 1), 0)))
       got["shape"] = tuple(dims)
-    elif number in (3, 4, 5, 6):
-      got[("shard_id", "offset", "size", "crc32c")[number - 3]] = v
+    elif number in (3, 4, 5):
+      got[("shard_id", "offset", "size")[number - 3]] = _int(v)
+    elif number == 6:
+      got["crc32c"] = v if isinstance(v, int) else _int(v)
     elif number == 7:
       got["sliced"] = True
   return Entry(**got)
+
+
+_MAX_RANK = 32
+
+
+def _entry_problem(entry: Entry) -> str | None:
+  """Why an index entry cannot describe a tensor TensorFlow wrote (before it is believed), else None: a
+  dtype read here, a rank and dims that are sane, an offset and size that are not negative, and a size
+  that is what the dtype and shape need (numbers), or at least one byte an element (strings)."""
+  if entry.dtype not in _DTYPES and entry.dtype != _DT_STRING:
+    return f"has TensorFlow dtype {entry.dtype}, which is not read here"
+  if len(entry.shape) > _MAX_RANK or any(d < 0 for d in entry.shape):
+    return f"has shape {list(entry.shape)[:8]} (rank {len(entry.shape)}): not a tensor's shape"
+  if entry.offset < 0 or entry.size < 0 or entry.shard_id < 0:
+    return f"has offset {entry.offset}, size {entry.size}, shard {entry.shard_id}: negative"
+  count = int(np.prod(entry.shape, dtype=object)) if entry.shape else 1
+  if entry.dtype == _DT_STRING:
+    return None if entry.size >= count + 4 else (f"has {entry.size} bytes for {count} strings (at least "
+                                                 f"{count + 4} needed)")
+  need = count * np.dtype(_DTYPES[entry.dtype]).itemsize
+  return None if entry.size == need else (f"has {entry.size} bytes; shape {list(entry.shape)} of "
+                                          f"{np.dtype(_DTYPES[entry.dtype]).name} needs {need}")
 
 
 # --- the index table -----------------------------------------------------------------------------------
@@ -244,11 +281,16 @@ def read_index(prefix: str | os.PathLike) -> tuple[int, dict[str, Entry]]:
   if header.get(2, 0) != 0:
     raise BundleError(f"{path}: written big-endian; only little-endian bundles are read")
   n_shards = header.get(1, 1)
+  if not isinstance(n_shards, int) or not 1 <= n_shards < 1 << 20:
+    raise BundleError(f"{path}: its header names {str(n_shards)[:20]} data shards")
   for name, entry in entries.items():
     if entry.sliced:
       raise BundleError(f"{path}: tensor '{name}' is saved in slices (a partitioned variable); not supported")
     if entry.shard_id >= n_shards:
       raise BundleError(f"{path}: tensor '{name}' names shard {entry.shard_id} of {n_shards}")
+    problem = _entry_problem(entry)
+    if problem is not None:
+      raise BundleError(f"{path}: tensor '{name}' {problem}")
   return n_shards, entries
 
 
@@ -319,6 +361,9 @@ def read_tensors(prefix: str | os.PathLike, names=None) -> dict[str, np.ndarray]
         except FileNotFoundError:
           raise BundleError(f"{path}: not found (the data shard of '{name}')") from None
       f = shards[path]
+      if entry.offset + entry.size > os.fstat(f.fileno()).st_size:  # before a byte is read (or allocated)
+        raise BundleError(f"{path}: tensor '{name}' runs past the end of the file (bytes {entry.offset:,} to "
+                          f"{entry.offset + entry.size:,} of {os.fstat(f.fileno()).st_size:,}; truncated?)")
       f.seek(entry.offset)
       raw = f.read(entry.size)
       if len(raw) != entry.size:

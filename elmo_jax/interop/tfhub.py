@@ -70,20 +70,25 @@ def _count(tensors: dict[str, np.ndarray], pattern: str) -> int:
 
 def _options(tensors: dict[str, np.ndarray], where: str) -> dict[str, Any]:
   """options.json content from the variables' shapes, elmo/3's values for the rest."""
-  def shape(name: str) -> tuple[int, ...]:
+  def shape(name: str, rank: int) -> tuple[int, ...]:
+    """The variable's shape, of the rank the model gives it (checked before a size is read from it)."""
     if name not in tensors:
       raise weights_lib.WeightFileError(f"{where}: variable '{name}' is missing")
-    return tensors[name].shape
-  dim = shape("bilm/char_embed")[-1]
-  filters = [[shape(f"bilm/CNN/W_cnn_{i}")[1], shape(f"bilm/CNN/W_cnn_{i}")[-1]]
+    got = tensors[name].shape
+    if len(got) != rank:
+      raise weights_lib.WeightFileError(f"{where}: variable '{name}' has shape {got}, of rank {len(got)}; the "
+                                        f"model's is of rank {rank}")
+    return got
+  dim = shape("bilm/char_embed", 2)[-1]
+  filters = [[shape(f"bilm/CNN/W_cnn_{i}", 4)[1], shape(f"bilm/CNN/W_cnn_{i}", 4)[-1]]
              for i in range(_count(tensors, "bilm/CNN/W_cnn_{}"))]
   n_filters = sum(n for _, n in filters)
-  projection = shape("bilm/CNN_proj/W_proj")[1] if "bilm/CNN_proj/W_proj" in tensors else n_filters
+  projection = shape("bilm/CNN_proj/W_proj", 2)[1] if "bilm/CNN_proj/W_proj" in tensors else n_filters
   cell = "bilm/RNN_0/RNN/MultiRNNCell/Cell{}/"
   n_layers = _count(tensors, cell)
   if not filters:
-    shape("bilm/CNN/W_cnn_0")  # names the first one missing
-  hidden = shape(cell.format(0) + "rnn/lstm_cell/bias")[0] // 4
+    shape("bilm/CNN/W_cnn_0", 4)  # names the first one missing
+  hidden = shape(cell.format(0) + "rnn/lstm_cell/bias", 1)[0] // 4
   return options_lib.validate({
       "char_cnn": {"activation": ELMO3["activation"], "embedding": {"dim": dim}, "filters": filters,
                    "max_characters_per_token": ELMO3["max_characters_per_token"], "n_characters": 262,
@@ -108,10 +113,9 @@ def load(module_dir: str | os.PathLike, *, quiet: bool = False) -> Module:
     name = f"aggregation/{key}"
     if name not in tensors:
       raise weights_lib.WeightFileError(f"{where}: variable '{name}' is missing (the module's mix, shape {want})")
-    value = np.asarray(tensors[name], np.float32)
-    if value.size != int(np.prod(want)):
-      raise weights_lib.WeightFileError(f"{where}: variable '{name}' has shape {value.shape}, expected {want}")
-    mix[key] = value.reshape(want)
+    value = np.asarray(tensors[name])
+    value = value.reshape(want) if value.size == int(np.prod(want)) else value  # [1] for [] is TF-Hub's too
+    mix[key] = weights_lib.checked(value, want, f"{where}: variable '{name}'", "expected")
   if not quiet:
     log.info(f"{module_dir}: {ASSUMED}", stream=sys.stderr)
   n_shards, _ = tf_bundle.read_index(prefix)

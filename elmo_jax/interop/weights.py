@@ -71,15 +71,27 @@ def params_from(lookup: Callable[[str], np.ndarray | None], options: dict[str, A
     value = lookup(name)
     if value is None:
       raise WeightFileError(f"{source}: {label(name)} is missing (options expect shape {file_shape})")
-    value = np.asarray(value, dtype=np.float32)
+    value = np.asarray(value)
     if name == "char_embed" and value.shape[:1] == (262,):
       value = value[1:]  # some converters (and bilm-tf's inference graph) also store the padding id's zero row
-    if value.shape != file_shape:
-      raise WeightFileError(f"{source}: {label(name)} has shape {value.shape}, options expect {file_shape}")
-    if not np.all(np.isfinite(value)):
-      raise WeightFileError(f"{source}: {label(name)} holds non-finite values")
-    _set(params, path, value.reshape(param_shape))
+    _set(params, path, checked(value, file_shape, f"{source}: {label(name)}").reshape(param_shape))
   return params
+
+
+def checked(value: Any, shape: tuple[int, ...], what: str, expect: str = "options expect") -> np.ndarray:
+  """`value` as float32 numpy if it holds floats (not ints, bools or strings) of `shape`, every one finite
+  (a float64 beyond float32's range is not); else WeightFileError `what ...`, one line. What every loaded
+  parameter passes (hdf5, TF-Hub, EFML)."""
+  value = np.asarray(value)
+  if value.dtype.kind != "f":
+    raise WeightFileError(f"{what} holds {value.dtype.name} values, not floats")
+  if value.shape != tuple(shape):
+    raise WeightFileError(f"{what} has shape {value.shape}, {expect} {tuple(shape)}")
+  with np.errstate(over="ignore"):  # beyond float32's range: inf, refused below
+    value = value.astype(np.float32, copy=False)
+  if not np.all(np.isfinite(value)):
+    raise WeightFileError(f"{what} holds non-finite values")
+  return value
 
 
 def _open(weight_file: str | os.PathLike) -> h5py.File:
@@ -128,7 +140,7 @@ def load_hdf5(weight_file: str | os.PathLike, options: dict[str, Any]) -> dict[s
       if name not in f or not isinstance(f[name], h5py.Dataset):
         return None
       try:
-        return np.asarray(f[name][...], dtype=np.float32)
+        return np.asarray(f[name][...])
       except (OSError, TypeError, ValueError) as e:
         raise WeightFileError(f"{weight_file}: dataset '{name}' cannot be read ({e})") from None
 
