@@ -27,7 +27,7 @@ from elmo_jax.training import input as input_lib
 from elmo_jax.training.config import with_global_batch
 from elmo_jax.training.checkpoint import (Checkpointer, IncompatibleCheckpointError, abstract_like,
                                           gather_process_states)
-from elmo_jax.training.distributed import StopRequest
+from elmo_jax.runtime.distributed import StopRequest
 from elmo_jax.training.export import export_model
 from elmo_jax.training.feed import device_batch, make_feed
 from elmo_jax.training.metrics import LogWindow, MetricWriter, progress_line
