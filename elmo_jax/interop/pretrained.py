@@ -3,7 +3,9 @@
     model = pretrained.resolve_model("original")                  # downloads once, then works offline
     options_file, weight_file = model.files                       # also: pretrained.resolve("original")
     elmo, variables = pretrained.load_elmo("small", dropout=0.5, l2_coef=1e-3)
-    tx = pretrained.freeze_bilm(optax.adamw(1e-3))                # the biLM's params never move
+    model = loaded.load_model(pretrained.resolve_model("small"))  # options, params, softmax, vocab, ...
+
+A task model's optimizer that keeps the biLM still: `elmo_jax.training.freeze.freeze_bilm`.
 
 Names are AllenNLP's published options.json + weights.hdf5 pairs (allennlp.org/elmo; `$ELMO_JAX_MODELS_URL`
 points at a mirror with the same layout). No sha256 is
@@ -18,7 +20,6 @@ import glob
 import os
 import urllib.parse
 from typing import Any, Sequence
-
 
 from elmo_jax.interop import archive
 from elmo_jax.interop import download
@@ -305,25 +306,5 @@ def load_elmo(name_or_path: str, *, vocab_to_cache: Sequence[str] | None = None,
   return elmo, elmo_variables(elmo, params)
 
 
-def _is_bilm(path: Sequence[Any]) -> bool:
-  return any(getattr(k, "key", getattr(k, "name", None)) == "bilm" for k in path)
-
-
-def bilm_labels(params: Any) -> Any:
-  """"frozen" for every param under a `bilm` module (at any depth), "trainable" for the rest."""
-  import jax  # pylint: disable=g-import-not-at-top
-  return jax.tree_util.tree_map_with_path(lambda p, _: "frozen" if _is_bilm(p) else "trainable", params)
-
-
-def freeze_bilm(tx):
-  """`tx` for everything but the biLM, whose updates are exactly zero (`optax.set_to_zero`).
-
-  Unlike `stop_gradient` alone (`Elmo(requires_grad=False)`), this also keeps AdamW's weight decay and
-  momentum from moving the "frozen" weights.
-  """
-  import optax  # pylint: disable=g-import-not-at-top
-  return optax.multi_transform({"trainable": tx, "frozen": optax.set_to_zero()}, bilm_labels)
-
-
 __all__ = ["MODELS", "Released", "ResolvedModel", "SourceError", "resolve_model", "resolve", "load", "load_elmo",
-           "freeze_bilm", "bilm_labels", "is_model_spec"]
+           "is_model_spec"]
