@@ -18,7 +18,7 @@ def analyse_hlo(text: str, target: chips_lib.Target, tokens_per_device: int, lau
   traffic = module.hbm_bytes()  # HBM only: arrays the TPU compiler placed in VMEM (`S(1)`) are on chip
   traffic_all_spaces = hlo_lib.Module(text, hbm_only=False).hbm_bytes()  # every operand, as XLA's bytes accessed
   collectives = module.collectives()
-  by_kind = by_kind(collectives)
+  bytes_by_kind = by_kind(collectives)
   seconds = sum(c["count"] * chips_lib.collective_seconds(target, c["op"], c["bytes"], c["group_size"])
                 for c in collectives)
   largest = sorted(collectives, key=lambda c: -c["bytes"])[:5]
@@ -33,7 +33,7 @@ def analyse_hlo(text: str, target: chips_lib.Target, tokens_per_device: int, lau
       "flops_per_device_per_step": flops, "flops_per_token": flops / max(tokens_per_device, 1),
       "hbm_traffic_bytes_per_step": traffic, "hbm_traffic_all_spaces_bytes_per_step": traffic_all_spaces,
       "hbm_traffic_by_kernel": module.kernel_traffic(),
-      "collective_bytes_per_device": by_kind,
+      "collective_bytes_per_device": bytes_by_kind,
       "largest_collectives": [{k: c[k] for k in ("op", "dtype", "shape", "bytes", "count")} for c in largest],
       "loops": loops, "kernel_launches_per_step": launches,
       "roofline": {**terms, "step_s": step_s, "bound_by": max(terms, key=terms.get).removesuffix("_s"),
