@@ -23,7 +23,8 @@ import sys
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, _ROOT)
 
-from elmo_jax import plan as plan_lib  # noqa: E402  pylint: disable=g-import-not-at-top
+from elmo_jax.measure import chips as chips_lib  # noqa: E402  pylint: disable=g-import-not-at-top
+from elmo_jax.measure import roofline  # noqa: E402  pylint: disable=g-import-not-at-top
 from elmo_jax.plan import targets as targets_lib  # noqa: E402  pylint: disable=g-import-not-at-top
 
 EPOCH_TOKENS = 800_000_000  # lm1b's training split, as configs/lm1b.py counts it
@@ -53,11 +54,11 @@ def reanalyse(report: dict, hlo_path: str, launch_us: float) -> dict:
   if not report.get("fits") or not os.path.exists(hlo_path):
     return report
   name, _ = targets_lib.parse(report["target"])
-  chip = targets_lib.CHIPS[name]
+  chip = chips_lib.CHIPS[name]
   per_host = int(report["target"].split("x")[-1]) if chip.platform == "cuda" else report["devices"]
-  target = targets_lib.Target(report["target"], chip, [None] * report["devices"], per_host, report["hbm_bytes"]["capacity"])
+  target = chips_lib.Target(report["target"], chip, [None] * report["devices"], per_host, report["hbm_bytes"]["capacity"])
   with open(hlo_path) as f:
-    report.update(plan_lib.analyse_hlo(f.read(), target, report["tokens_per_device_per_step"], launch_us))
+    report.update(roofline.analyse_hlo(f.read(), target, report["tokens_per_device_per_step"], launch_us))
   return report
 
 
@@ -105,7 +106,7 @@ def main():
   parser.add_argument("--out", required=True, help="folder for <target>.json / .hlo")
   parser.add_argument("--repo", default=_ROOT, help="the checkout whose step is compiled")
   parser.add_argument("--reanalyse", action="store_true", help="recompute from the saved HLO; compile nothing")
-  parser.add_argument("--launch_us", type=float, default=targets_lib.LAUNCH_US)
+  parser.add_argument("--launch_us", type=float, default=chips_lib.LAUNCH_US)
   parser.add_argument("--flag", action="append", default=[], help="extra planner flag, e.g. --flag=--config.dtype=float32")
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)

@@ -32,7 +32,8 @@ def main() -> None:
   from elmo_jax.data import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.model import BiLMConfig, BiLSTMStack, CharCNN  # pylint: disable=g-import-not-at-top
-  from elmo_jax.plan import hlo as hlo_lib, targets as targets_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.measure import hlo as hlo_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.plan import targets as targets_lib  # pylint: disable=g-import-not-at-top
 
   config = lm1b.get_config()
   cfg = BiLMConfig.from_options(options_lib.validate(config.options.to_dict(), "config.options"))

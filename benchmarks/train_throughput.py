@@ -46,7 +46,7 @@ from bench_util import matmul_peak, peak_rss_mb  # pylint: disable=g-bad-import-
 from elmo_jax.data import chars
 from elmo_jax.runtime import memory
 from elmo_jax.model import BiLM, BiLMConfig, BiLSTMStack, make_model
-from elmo_jax.plan import forward_flops_per_token
+from elmo_jax.measure.flops import forward_flops_per_token
 from elmo_jax.data import dedupe as dedupe_lib
 from elmo_jax.training import losses
 from elmo_jax.training import feed, optimizer as optimizer_lib, step as step_lib
@@ -125,6 +125,26 @@ def _timeit(fn, args, n: int) -> float:
   return statistics.median(ts)
 
 
+def _time_variants(train_step, state, variants: dict[str, list]) -> tuple[dict[str, list[float]], float, Any, Any]:
+  """({variant: step seconds}, total compile seconds, the state, the last metrics): each variant's batches
+  through its own compiled step, interleaved, so all variants see the same machine load."""
+  compiled, compile_s = {}, 0.0
+  for name, dev in variants.items():
+    t0 = time.perf_counter()
+    compiled[name] = train_step.lower(state, dev[0]).compile()
+    compile_s += time.perf_counter() - t0
+    state, m = compiled[name](state, dev[0])
+    _block(m)
+  times: dict[str, list[float]] = {name: [] for name in variants}
+  for k in range(FLAGS.steps):
+    for name, dev in variants.items():
+      t0 = time.perf_counter()
+      state, m = compiled[name](state, dev[k % len(dev)])
+      _block(m)
+      times[name].append(time.perf_counter() - t0)
+  return times, compile_s, state, m
+
+
 def bench_train(name: str, peak: float) -> dict[str, Any]:
   config = load_config(name)
   if name == "small":
@@ -151,20 +171,7 @@ def bench_train(name: str, peak: float) -> dict[str, Any]:
   if not FLAGS.dedupe_compare:
     variants.pop("plain")
 
-  compiled, compile_s = {}, 0.0
-  for name, dev in variants.items():
-    t0 = time.perf_counter()
-    compiled[name] = train_step.lower(state, dev[0]).compile()
-    compile_s += time.perf_counter() - t0
-    state, m = compiled[name](state, dev[0])
-    _block(m)
-  times: dict[str, list[float]] = {name: [] for name in variants}
-  for k in range(FLAGS.steps):  # interleaved, so both variants see the same machine load
-    for name, dev in variants.items():
-      t0 = time.perf_counter()
-      state, m = compiled[name](state, dev[k % len(dev)])
-      _block(m)
-      times[name].append(time.perf_counter() - t0)
+  times, compile_s, state, m = _time_variants(train_step, state, variants)
   if "plain" in times:
     plain_s = statistics.median(times["plain"])
   times = times["dedupe"]
@@ -241,9 +248,20 @@ def split_times(model: BiLM, params, batch, num_sampled: int, step_s: float) -> 
 # ----------------------------------------------------------------------------------------------------------
 # biLSTM vs torch.nn.LSTM(proj_size=...)
 # ----------------------------------------------------------------------------------------------------------
+def _torch_workers(threads: list[int], shape: str) -> dict[int, Any]:
+  """{threads: a ready torch_lstm_worker.py process} for the LSTM of `shape` ("hidden,proj,batch,unroll,layers")."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  workers = {}
+  for nt in threads:
+    workers[nt] = subprocess.Popen(
+        [FLAGS.torch_python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_lstm_worker.py"),
+         f"{shape},{nt}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert workers[nt].stdout.readline().strip() == "ready"
+  return workers
+
+
 def lstm_compare(hidden: int, proj: int, batch: int, unroll: int = 20, n_layers: int = 2,
                  scan_unroll: int = 1) -> dict[str, Any]:
-  import subprocess  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((2, batch, unroll, proj)).astype(np.float32))  # [dir, B, T, P]
   y = jnp.asarray(rng.standard_normal((2, batch, unroll, proj)).astype(np.float32))
@@ -270,13 +288,7 @@ def lstm_compare(hidden: int, proj: int, batch: int, unroll: int = 20, n_layers:
   compile_s = time.perf_counter() - t0
 
   threads = sorted({1, os.cpu_count() or 1})
-  workers = {}
-  for nt in threads:
-    workers[nt] = subprocess.Popen(
-        [FLAGS.torch_python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_lstm_worker.py"),
-         f"{hidden},{proj},{batch},{unroll},{n_layers},{nt}"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert workers[nt].stdout.readline().strip() == "ready"
+  workers = _torch_workers(threads, f"{hidden},{proj},{batch},{unroll},{n_layers}")
   ours_t: list[float] = []
   torch_t: dict[int, list[float]] = {nt: [] for nt in threads}
   n = FLAGS.lstm_steps

@@ -48,7 +48,7 @@ from elmo_jax.runtime import storage
 from elmo_jax.embedding import token_cache
 from elmo_jax.interop import weights as weights_lib
 from elmo_jax.embedding.embedder import Embedder
-from elmo_jax.training import distributed
+from elmo_jax.runtime import distributed
 
 FLAGS = flags.FLAGS
 

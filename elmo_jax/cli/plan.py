@@ -36,7 +36,8 @@ _STEP_FLAGS = {"train": ("config", "vocab_size", "table_size", "launch_us", "eva
 def define_flags(argv: list[str] | None = None, flag_values: flags.FlagValues = FLAGS) -> None:
   """Defines the flags (at run time) in `flag_values`; a missing or broken --config file, or an unknown
   --config.key, is one line (train.py's checks), not config_flags' traceback."""
-  from elmo_jax.plan import DEFAULT_ROWS, targets  # pylint: disable=g-import-not-at-top
+  from elmo_jax.measure.chips import LAUNCH_US  # pylint: disable=g-import-not-at-top
+  from elmo_jax.plan.train import DEFAULT_ROWS  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.config import config_file_error, unknown_override_error  # pylint: disable=g-import-not-at-top
   argv = sys.argv if argv is None else argv
   default = cli.default_config("lm1b")
@@ -54,7 +55,7 @@ def define_flags(argv: list[str] | None = None, flag_values: flags.FlagValues = 
   flags.DEFINE_integer("vocab_size", 0, "Softmax vocabulary (0 = config.data.vocab_max_size).", **define)
   flags.DEFINE_integer("table_size", 0, "Deduped char-CNN table per device (config.dedupe_tokens); 0 = half "
                        "the positions of one window, bucketed.", **define)
-  flags.DEFINE_float("launch_us", targets.LAUNCH_US, "GPU targets: microseconds charged per kernel launch.",
+  flags.DEFINE_float("launch_us", LAUNCH_US, "GPU targets: microseconds charged per kernel launch.",
                      **define)
   flags.DEFINE_bool("eval", True, "Also compile the eval step (full softmax) and say whether it fits.", **define)
   flags.DEFINE_bool("json", False, "Print one JSON object instead of the report.", **define)
@@ -96,7 +97,7 @@ def check_flags(f: flags.FlagValues) -> None:
     return
   from elmo_jax.training import preflight  # pylint: disable=g-import-not-at-top
   config = f.config
-  if f.per_device_batch:  # the flag replaces the config's batch (`plan.rows_per_device`)
+  if f.per_device_batch:  # the flag replaces the config's batch (`plan.train.rows_per_device`)
     config = config.copy_and_resolve_references()
     config.batch_size, config.per_device_batch_size = 0, f.per_device_batch
   try:
@@ -185,7 +186,7 @@ def main(argv, flag_values: flags.FlagValues = FLAGS):
   if not os.environ.get("JAX_PLATFORMS"):
     jax.config.update("jax_platforms", "cpu")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  from elmo_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.plan import train as plan_lib  # pylint: disable=g-import-not-at-top
   chip, topo = targets.parse(f.target)
   if chip == "cpu" and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +

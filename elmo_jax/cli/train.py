@@ -18,7 +18,7 @@ from ml_collections import config_flags
 
 from elmo_jax import cli
 from elmo_jax.runtime import progress
-from elmo_jax.training import distributed
+from elmo_jax.runtime import distributed
 from elmo_jax.training.config import config_file_error, unknown_override_error
 
 FLAGS = flags.FLAGS

@@ -6,7 +6,7 @@ sown into the "losses" collection), dropout on it, and [x_k; ELMo_k] goes into t
 `elmo_at_output` a second, independent mix is concatenated to the BiLSTM's output as the paper does
 for SNLI/SQuAD. The biLM layers h_kj come either precomputed (frozen: `layers`) or from the `BiLM`
 submodule run on `bilm_char_ids` (fine-tuning: its params live under `bilm`, see
-`elmo_jax.interop.pretrained.bilm_labels`). `Elmo` is the same BiLM + ScalarMix + Dropout; this model splits it
+`elmo_jax.training.freeze.bilm_labels`). `Elmo` is the same BiLM + ScalarMix + Dropout; this model splits it
 so the frozen path can take cached layers.
 """
 from __future__ import annotations

@@ -30,6 +30,7 @@ from elmo_jax.interop import pretrained
 from elmo_jax.downstream import data as data_lib
 from elmo_jax.downstream.model import TaskConfig, TaskModel, init_params
 from elmo_jax.evaluation import early_stopping, features, probes, readers
+from elmo_jax.training.freeze import bilm_labels
 from elmo_jax.runtime.progress import progress
 from elmo_jax.runtime.run_layout import CONFIG_FILE
 
@@ -162,7 +163,7 @@ def make_optimizer(cfg: DownstreamConfig) -> optax.GradientTransformation:
     return adam(cfg.learning_rate)
   # bilm_labels names the biLM's params "frozen"; here that group trains, at bilm_learning_rate.
   return optax.multi_transform({"trainable": adam(cfg.learning_rate), "frozen": adam(cfg.bilm_learning_rate)},
-                               pretrained.bilm_labels)
+                               bilm_labels)
 
 
 def evaluate(eval_step: Callable, params: Any, data: data_lib.Encoded, batch_iter: Callable) -> float:

@@ -7,21 +7,22 @@ import os
 import jax
 
 from elmo_jax.interop import download
+from elmo_jax.runtime import cache
 
 
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
   """Turns on JAX's persistent compilation cache, so a new process reuses earlier compiles.
 
-  The directory is `path`, else `$ELMO_JAX_CACHE`, else `~/.cache/elmo_jax`. A cache directory the user already
-  configured (jax_compilation_cache_dir) is left as it is. Returns the directory in use. A file where the folder
-  should be is one line (`download.DownloadError`: "ELMO_JAX_CACHE=... is a file, not a directory").
+  The directory is `path`, else the project's cache folder (`runtime/cache.cache_dir`: `$ELMO_JAX_CACHE`, else
+  `~/.cache/elmo_jax`). A cache directory the user already configured (jax_compilation_cache_dir) is left as it
+  is. Returns the directory in use. A file where the folder should be is one line (`download.DownloadError`:
+  "ELMO_JAX_CACHE=... is a file, not a directory").
   """
   current = jax.config.jax_compilation_cache_dir
   if current and path is None:
     return current
   given = path is not None
-  path = os.fspath(path or os.environ.get("ELMO_JAX_CACHE") or
-                   os.path.join(os.path.expanduser("~"), ".cache", "elmo_jax"))
+  path = os.fspath(path) if given else cache.cache_dir()
   # a file in the way: one line naming it (ELMO_JAX_CACHE=... when that is where it comes from)
   download.make_dir(path, f"the compilation cache folder {path}" if given else None)
   jax.config.update("jax_compilation_cache_dir", path)

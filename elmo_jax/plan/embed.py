@@ -4,7 +4,7 @@
     python -m elmo_jax plan --step=embed --model=original --target=v5e:2x2 --time_buckets=64,512
 
 Compiles the `Embedder`'s own functions (`embed_step.steps`: the biLM over rows split across the devices,
-the char CNN writing into each device's token table) for abstract devices, as `plan.plan` does for the
+the char CNN writing into each device's token table) for abstract devices, as `plan.train.plan` does for the
 train step. Per time bucket the biLM step is compiled at two batch sizes; its memory is linear in the rows,
 so the largest power-of-two batch per device that fits next to the token table is predicted from those two
 and then compiled to confirm: twice as many rows must not fit, and a prediction that does not fit moves
@@ -29,10 +29,10 @@ def plan_embed(options: dict[str, Any], target_spec: str, time_buckets: Sequence
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from elmo_jax.embedding import step as embed_step  # pylint: disable=g-import-not-at-top
   from elmo_jax.embedding import embedder as embedder_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.plan import train as train_plan  # pylint: disable=g-import-not-at-top
   from elmo_jax.model import BiLM, BiLMConfig  # pylint: disable=g-import-not-at-top
 
-  compile_ = plan_lib._compile  # pylint: disable=protected-access  (the train planner's: OOM is a result)
+  compile_ = train_plan._compile  # pylint: disable=protected-access  (the train planner's: OOM is a result)
   target = targets_lib.make_target(target_spec)
   n, capacity = target.n, int(target.hbm_bytes)
   config = BiLMConfig.from_options(options)

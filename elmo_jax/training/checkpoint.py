@@ -33,7 +33,7 @@ import orbax.checkpoint as ocp
 from elmo_jax.runtime import log
 from elmo_jax.runtime import storage
 from elmo_jax.runtime import watchdog
-from elmo_jax.training import distributed
+from elmo_jax.runtime import distributed
 
 
 class IncompatibleCheckpointError(ValueError):

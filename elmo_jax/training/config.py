@@ -62,14 +62,18 @@ def base_config() -> ml_collections.ConfigDict:
   # trains. Use it when init_from brings no softmax (a new vocabulary, or released ELMo files, which have
   # none): a random softmax's first gradients would otherwise flow into the pretrained biLM. 0 = off.
   c.freeze_bilm_steps = 0
-  # --- profiling ----------------------------------------------------------------------------------------
+  _profile_keys(c)
+  return c
+
+
+def _profile_keys(c: ml_collections.ConfigDict) -> None:
+  """`base_config`'s profiling keys."""
   # "START:COUNT" captures a jax.profiler trace of steps START..START+COUNT-1 (training/profile.py), after
   # their compile; "" = off. Into profile_dir ("" = WORKDIR/profile; a gs:// path is uploaded when done),
   # on process 0 only unless profile_all_processes.
   c.profile_steps = ""
   c.profile_dir = ""
   c.profile_all_processes = False
-  return c
 
 
 class BatchSizeError(ValueError):

@@ -1,4 +1,8 @@
-"""`config.freeze_bilm_steps`: the softmax alone trains for the first N steps of a run, then everything.
+"""A biLM kept still: in a task model for good (`freeze_bilm`), or for the first steps of a run (`bilm_frozen_for`).
+
+    tx = freeze.freeze_bilm(optax.adamw(1e-3))    # a task model's optimizer: the biLM's params never move
+
+`config.freeze_bilm_steps`: the softmax alone trains for the first N steps of a run, then everything.
 
 bilm-tf's restart on new text with a new vocabulary starts from a random softmax; its first, large
 gradients would flow into the pretrained biLM. Freezing the biLM until the softmax has settled avoids that.
@@ -13,13 +17,29 @@ softmax's gradients.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from elmo_jax.interop.pretrained import bilm_labels
+
+def _is_bilm(path: Sequence[Any]) -> bool:
+  return any(getattr(k, "key", getattr(k, "name", None)) == "bilm" for k in path)
+
+
+def bilm_labels(params: Any) -> Any:
+  """"frozen" for every param under a `bilm` module (at any depth), "trainable" for the rest."""
+  return jax.tree_util.tree_map_with_path(lambda p, _: "frozen" if _is_bilm(p) else "trainable", params)
+
+
+def freeze_bilm(tx):
+  """`tx` for everything but the biLM, whose updates are exactly zero (`optax.set_to_zero`).
+
+  Unlike `stop_gradient` alone (`Elmo(requires_grad=False)`), this also keeps AdamW's weight decay and
+  momentum from moving the "frozen" weights.
+  """
+  return optax.multi_transform({"trainable": tx, "frozen": optax.set_to_zero()}, bilm_labels)
 
 
 class FrozenBiLMState(NamedTuple):

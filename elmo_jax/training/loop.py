@@ -27,7 +27,7 @@ from elmo_jax.training import input as input_lib
 from elmo_jax.training.config import with_global_batch
 from elmo_jax.training.checkpoint import (Checkpointer, IncompatibleCheckpointError, abstract_like,
                                           gather_process_states)
-from elmo_jax.training.distributed import StopRequest
+from elmo_jax.runtime.distributed import StopRequest
 from elmo_jax.training.export import export_model
 from elmo_jax.training.feed import device_batch, make_feed
 from elmo_jax.training.metrics import LogWindow, MetricWriter, progress_line
@@ -248,6 +248,50 @@ def _log_done(state, data_state, checkpointer: Checkpointer, run: Workdir) -> No
            f"export in {storage.join(run.path, EXPORT_DIR)}", all_processes=True)  # each process's counts differ
 
 
+def _saver(config: ml_collections.ConfigDict, run: Workdir, checkpointer: Checkpointer, log_window: LogWindow,
+           options: dict[str, Any], vocab_sha256: str, train_source: Any) -> Callable[[int, Any, Any], None]:
+  """`save(step, state, data_state)`: the checkpoint of `step` (every process), then (process 0) its export."""
+  def save(step: int, state: Any, data_state: Any) -> None:
+    log_window.pause()  # fetches and checks the pending steps: a checkpoint never holds a non-finite state
+    checkpointer.save(step, state, {"data": gather_process_states(data_state), "vocab_sha256": vocab_sha256,
+                                    "config": config.to_dict(), "log_window": log_window.sums,
+                                    "train_source": train_source})
+    if jax.process_index() == 0:
+      cancel = checkpointer.deadline(f"the export of step {step}")  # an upload that hangs ends the run too
+      try:
+        export_model(run.local, state.params, options)
+        run.push(EXPORT_DIR)
+      finally:
+        cancel()
+  return save
+
+
+def _stopped(stop: StopRequest, checkpointer: Checkpointer, done: int, saved: bool,
+             save: Callable[[], None]) -> bool:
+  """At a step every process checks at: raises CheckpointSaveError if a save failed; on a stop request
+  (SIGTERM/SIGINT here or in another process) saves step `done` (unless just saved), waits for it and says so."""
+  checkpointer.check(all_processes=True)
+  if not stop.requested():
+    return False
+  if not saved:
+    save()
+  checkpointer.wait()  # raises if that save failed
+  log.info(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
+           f"{checkpointer.directory}/{done}; run the same command again to resume")
+  return True
+
+
+def _close_run(config: ml_collections.ConfigDict, run: Workdir, checkpointer: Checkpointer, pacer: "Pacer",
+               stop: StopRequest, writer: MetricWriter) -> None:
+  """Puts back what the loop took, however it ended (a raise included): the feed thread, the signal handlers,
+  the writers; a bucket workdir's last metrics uploaded; the last asynchronous save and its checksum awaited."""
+  pacer.feed.close()
+  stop.restore()
+  writer.close()
+  run.flush(raise_error=False, timeout_s=config.checkpoint_timeout_s)
+  checkpointer.close(raise_error=False)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        after_step: AfterStep | None = None) -> dict[str, Any]:
   """Trains per `config` in `workdir` (a local path or a bucket URL: `training/workdir.py`), resuming if it
@@ -275,19 +319,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   train_source = input_lib.train_source(config.data)
   log_window = LogWindow(window_sums)
 
-  def save(step: int) -> None:
-    log_window.pause()  # fetches and checks the pending steps: a checkpoint never holds a non-finite state
-    checkpointer.save(step, state, {"data": gather_process_states(data_state), "vocab_sha256": vocab.sha256(),
-                                    "config": config.to_dict(), "log_window": log_window.sums,
-                                    "train_source": train_source})
-    if is_main:
-      cancel = checkpointer.deadline(f"the export of step {step}")  # an upload that hangs ends the run too
-      try:
-        export_model(run.local, state.params, options)
-        run.push(EXPORT_DIR)
-      finally:
-        cancel()
-
+  save = _saver(config, run, checkpointer, log_window, options, vocab.sha256(), train_source)
   writer = MetricWriter(run.local, enabled=is_main, purge_step=start_step + 1, config=config.to_dict(),
                         uploaded=run.push_soon if run.remote else None)
   if is_main and data.eval is not None and start_step == 0:
@@ -319,27 +351,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       record = _log_and_eval(config, done, started, start_step, log_window, pacer, writer, eval_now, record, perf)
       saved = _every(done, config.checkpoint_every_steps, last)
       if saved:
-        save(done)
+        save(done, state, data_state)
       profiler.after(done, pacer.drain)
       if after_step is not None:
         after_step(done, flush)
       # Every process asks at the same steps, so all of them stop after the same one (a failed save too).
-      if done % stop_every == 0 or done == last:
-        checkpointer.check(all_processes=True)  # raises CheckpointSaveError if a save failed
-        if stop.requested():
-          if not saved:
-            save(done)
-          checkpointer.wait()  # raises if that save failed
-          log.info(f"stopped by {stop.signal_name or 'another process'} after step {done}: saved checkpoint "
-                   f"{checkpointer.directory}/{done}; run the same command again to resume")
-          return record
+      if (done % stop_every == 0 or done == last) and _stopped(stop, checkpointer, done, saved,
+                                                               lambda: save(done, state, data_state)):
+        return record
   finally:
     profiler.close()  # a trace the loop left running (a stop request, an error): written
-    pacer.feed.close()
-    stop.restore()
-    writer.close()
-    run.flush(raise_error=False, timeout_s=config.checkpoint_timeout_s)  # a bucket workdir: the last metrics
-    checkpointer.close(raise_error=False)  # waits for the last asynchronous save and its checksum
+    _close_run(config, run, checkpointer, pacer, stop, writer)
   checkpointer.check()  # a failed last save, or a failed last upload, is an error of a run that otherwise
   run.flush()  # finished
   _log_done(state, data_state, checkpointer, run)

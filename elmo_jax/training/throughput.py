@@ -1,16 +1,16 @@
 """How well a run runs: per-device rates, TFLOP/s and MFU in its log records, the devices' memory, and what the
 planner's roofline predicts for its step on these devices.
 
-FLOPs are the planner's analytic count (`plan.train_flops_per_token`: the train step's matmul and conv FLOPs
-per token position, 3 x the forward pass, at this run's rows per device), the number `python -m elmo_jax plan`
+FLOPs are the analytic count (`measure.flops.train_flops_per_token`: the train step's matmul and conv FLOPs per
+token position, 3 x the forward pass, at this run's rows per device), the number `python -m elmo_jax plan`
 prints; so `tflops_per_sec_per_device` is that count at the tokens/s the log window measured, and `mfu`
-divides it by the chip's bf16 peak (`plan/targets.py`). A device the planner has no peak for (a CPU, an
+divides it by the chip's bf16 peak (`measure/chips.py`). A device with no peak there (a CPU, an
 unlisted GPU) gets no `mfu` and no prediction, and one line at the start says so. `hbm_in_use_gb` /
 `hbm_peak_gb`: `device.memory_stats()` (bytes in use now, and the most since the process started; the largest
 over this process's devices), where the backend keeps them (not the CPU: then absent).
 
-The prediction is the planner's own analysis (`plan.analyse_hlo`) of the program this run compiled for its
-first step: the largest of compute at the bf16 peak, HBM traffic, collectives and (GPUs) kernel launches.
+The prediction is the planner's own analysis (`measure.roofline.analyse_hlo`) of the program this run compiled
+for its first step: the largest of compute at the bf16 peak, HBM traffic, collectives and (GPUs) kernel launches.
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from elmo_jax import plan as plan_lib
-from elmo_jax.plan import targets as targets_lib
+from elmo_jax.measure import chips as chips_lib
+from elmo_jax.measure import flops as flops_lib
+from elmo_jax.measure import roofline
 
 # Fields of a log record that differ between identical runs, as tokens_per_sec does (the tests' TIMING_FIELDS).
 FIELDS = ("tokens_per_sec_per_device", "tflops_per_sec_per_device", "mfu", "hbm_in_use_gb", "hbm_peak_gb")
@@ -38,7 +39,7 @@ class Throughput:
   """The run's analytic FLOPs per token and its chip; `fields(tokens_per_sec)` for every log record.
 
   `config` is resolved (`config.with_global_batch`: batch_size is the global batch); `chip`: a CHIPS key,
-  default the one the devices are (`targets.chip_of`), None for none.
+  default the one the devices are (`chips.chip_of`), None for none.
   """
 
   def __init__(self, config, options: dict[str, Any], vocab_size: int, devices: Sequence[Any] | None = None,
@@ -46,11 +47,11 @@ class Throughput:
     self.devices = list(devices if devices is not None else jax.devices())
     self.n = len(self.devices)
     self.kind = self.devices[0].device_kind
-    self.chip_name = targets_lib.chip_of(self.kind) if chip == "auto" else chip
-    self.chip = targets_lib.CHIPS[self.chip_name] if self.chip_name else None
+    self.chip_name = chips_lib.chip_of(self.kind) if chip == "auto" else chip
+    self.chip = chips_lib.CHIPS[self.chip_name] if self.chip_name else None
     rows = config.batch_size // self.n
     self.tokens_per_device_per_step = rows * int(config.unroll_steps)
-    self.flops_per_token = plan_lib.train_flops_per_token(config, options, vocab_size, rows)["train"]
+    self.flops_per_token = flops_lib.train_flops_per_token(config, options, vocab_size, rows)["train"]
     self._local = [d for d in self.devices if d.process_index == jax.process_index()]
 
   def fields(self, tokens_per_sec: float) -> dict[str, float]:
@@ -67,7 +68,7 @@ class Throughput:
     """The one line of a run on a device without a peak (why `mfu` and the prediction are absent), else None."""
     if self.chip is not None:
       return None
-    return (f"no roofline prediction and no mfu for {self.n} x {self.kind}: elmo_jax/plan/targets.py has no bf16 "
+    return (f"no roofline prediction and no mfu for {self.n} x {self.kind}: elmo_jax/measure/chips.py has no bf16 "
             f"peak for it (analytic {self.flops_per_token / 1e9:.3g} GFLOP per token; tflops_per_sec_per_device "
             "is logged)")
 
@@ -76,10 +77,10 @@ class Throughput:
     compiled ahead of its call, which then finds it in jax's cache); None on a device without a peak."""
     if self.chip is None:
       return None
-    target = targets_lib.Target(f"{self.chip_name}:{self.n}", self.chip, self.devices, jax.local_device_count(),
-                                self.chip.hbm_bytes)
-    report = plan_lib.analyse_hlo(compile_step().as_text(), target, self.tokens_per_device_per_step,
-                                  targets_lib.LAUNCH_US)
+    target = chips_lib.Target(f"{self.chip_name}:{self.n}", self.chip, self.devices, jax.local_device_count(),
+                              self.chip.hbm_bytes)
+    report = roofline.analyse_hlo(compile_step().as_text(), target, self.tokens_per_device_per_step,
+                                  chips_lib.LAUNCH_US)
     rf = report["roofline"]
     terms = ", ".join(f"{k.removesuffix('_s')} {v * 1e3:.2f} ms" for k, v in rf.items()
                       if k.endswith("_s") and k != "step_s")

@@ -17,6 +17,7 @@ from elmo_jax.interop import pretrained
 from elmo_jax.embedding import token_cache
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.model import Elmo, masked_mean, word_ids_for
+from elmo_jax.training.freeze import bilm_labels, freeze_bilm
 from paths import FIXTURE_DIR, FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 
 with open(os.path.join(FIXTURE_DIR, "lm_embeddings_sentences.json")) as _f:
@@ -68,8 +69,8 @@ def test_freeze_bilm_under_adamw_weight_decay(loaded):
   tags = jnp.asarray(np.random.default_rng(0).integers(0, 3, ids.shape[:2]))
   params = jax.jit(model.init)(jax.random.key(0), ids)["params"]  # jitted: one compile, not one per op
   params = {**params, "elmo": elmo_vars["params"]}
-  tx = pretrained.freeze_bilm(optax.adamw(1e-2, weight_decay=0.5))
-  labels = pretrained.bilm_labels(params)
+  tx = freeze_bilm(optax.adamw(1e-2, weight_decay=0.5))
+  labels = bilm_labels(params)
   assert set(jax.tree_util.tree_leaves(labels["elmo"]["bilm"])) == {"frozen"}
   assert set(jax.tree_util.tree_leaves(labels["Dense_0"])) == {"trainable"}
 

@@ -16,8 +16,9 @@ import textwrap
 
 import pytest
 
-from elmo_jax.plan import hlo as hlo_lib
-from elmo_jax.plan import hlo_text
+from elmo_jax.measure import chips as chips_lib
+from elmo_jax.measure import hlo as hlo_lib
+from elmo_jax.measure import hlo_text
 from elmo_jax.plan import targets as targets_lib
 import launch_util
 import tiny
@@ -29,7 +30,7 @@ _SCRIPT = textwrap.dedent(r"""
   import json, os, sys
   sys.path[:0] = sys.argv[1].split(os.pathsep)
   import tiny
-  from elmo_jax import plan
+  from elmo_jax.plan import train as plan
   out = {}
   for spec in sys.argv[2:]:
     config = tiny.train_config("unused.txt", **{"n_negative_samples": 12, "shard_softmax": True,
@@ -295,10 +296,10 @@ def test_targets_parse_and_collective_model():
   assert targets_lib.parse("v5e:16x16") == ("v5e", "16x16")
   with pytest.raises(targets_lib.TargetError, match="expected <chip>:<topology>"):
     targets_lib.parse("tpu-v5e-16")
-  target = targets_lib.Target("h200:1x2x8", targets_lib.CHIPS["h200"], list(range(16)), 8, 141e9)
+  target = chips_lib.Target("h200:1x2x8", chips_lib.CHIPS["h200"], list(range(16)), 8, 141e9)
   # a ring all-reduce moves 2 (n - 1) / n of the bytes; across hosts at the NIC's 50 GB/s
-  assert targets_lib.collective_seconds(target, "all-reduce", 1e9, 16) == pytest.approx(2 * 15 / 16 * 1e9 / 50e9)
-  assert targets_lib.collective_seconds(target, "all-reduce", 1e9, 8) == pytest.approx(2 * 7 / 8 * 1e9 / 450e9)
+  assert chips_lib.collective_seconds(target, "all-reduce", 1e9, 16) == pytest.approx(2 * 15 / 16 * 1e9 / 50e9)
+  assert chips_lib.collective_seconds(target, "all-reduce", 1e9, 8) == pytest.approx(2 * 7 / 8 * 1e9 / 450e9)
 
 
 @pytest.mark.slow
@@ -385,7 +386,7 @@ def test_embed_step_plan_for_tpu_v5e(tmp_path):
 ])
 def test_planner_flags_are_checked_before_any_compile(tmp_path, monkeypatch, args, line):
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from elmo_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.plan import train as plan_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.cli import plan as plan_cli  # pylint: disable=g-import-not-at-top
   from elmo_jax.plan import embed as embed_plan  # pylint: disable=g-import-not-at-top
 
@@ -416,7 +417,7 @@ def test_planner_embed_step_with_per_device_batch_zero_takes_the_default_rows(mo
   """Issue 34 named `--per_device_batch=0 --step=embed` among the tracebacks: 0 is the default, the Embedder's
   128 rows per device (checked here up to the planning call, which is replaced: nothing compiles)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from elmo_jax import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.plan import train as plan_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.cli import plan as plan_cli  # pylint: disable=g-import-not-at-top
   from elmo_jax.plan import embed as embed_plan  # pylint: disable=g-import-not-at-top
   calls = []

@@ -331,7 +331,7 @@ def test_ctrl_c_while_preparing_the_corpus_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_with_one_line():
   code = ("import os, signal, sys, time; sys.path.insert(0, %r)\n"
-          "from elmo_jax.training.distributed import StopRequest\n"
+          "from elmo_jax.runtime.distributed import StopRequest\n"
           "stop = StopRequest()\n"
           "os.kill(os.getpid(), signal.SIGINT)\n"
           "assert stop.signal_name == 'SIGINT'\n"

@@ -13,7 +13,7 @@ import pytest
 
 import launch_util
 import tiny
-from elmo_jax import plan as plan_lib
+from elmo_jax.plan import train as plan_lib
 from elmo_jax.interop import options as options_lib
 from elmo_jax.plan import targets as targets_lib
 from elmo_jax.training import checkpoint, preflight, resume

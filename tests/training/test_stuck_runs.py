@@ -174,7 +174,8 @@ def test_a_process_whose_partner_never_starts_says_what_it_waits_for_and_gives_u
 
 
 def test_the_deadlines_are_checked_before_anything_runs(tmp_path):
-  from elmo_jax.training import distributed, preflight  # pylint: disable=g-import-not-at-top
+  from elmo_jax.runtime import distributed  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import preflight  # pylint: disable=g-import-not-at-top
   import tiny  # pylint: disable=g-import-not-at-top
   config = tiny.train_config(launch_util.write_corpus(str(tmp_path / "train.txt")), checkpoint_timeout_s=0.0)
   with pytest.raises(preflight.PreflightError, match=r"^config\.checkpoint_timeout_s=0\.0: must be > 0$"):

@@ -8,9 +8,9 @@ import os
 import pytest
 
 import tiny
-from elmo_jax import plan as plan_lib
+from elmo_jax.measure import flops as flops_lib
 from elmo_jax.interop import options as options_lib
-from elmo_jax.plan import targets as targets_lib
+from elmo_jax.measure import chips as chips_lib
 from elmo_jax.training import throughput
 from elmo_jax.training.config import with_global_batch
 
@@ -53,7 +53,7 @@ def test_tflops_and_mfu_are_the_analytic_count_at_the_measured_rate():
   perf = throughput.Throughput(config, _options(config), VOCAB, devices=[_Device("TPU v5 lite", s) for s in stats])
   assert perf.flops_per_token == _hand_count(VOCAB) == 124_608
   # the same count the planner prints for this config at these rows per device
-  assert perf.flops_per_token == plan_lib.train_flops_per_token(config, _options(config), VOCAB, 2)["train"]
+  assert perf.flops_per_token == flops_lib.train_flops_per_token(config, _options(config), VOCAB, 2)["train"]
   fields = perf.fields(2e6)  # tokens/s over both devices
   assert fields["tokens_per_sec_per_device"] == 1e6
   assert fields["tflops_per_sec_per_device"] == pytest.approx(1e6 * 124_608 / 1e12)
@@ -78,7 +78,7 @@ def test_a_device_without_a_peak_or_memory_stats_has_no_mfu_and_no_hbm():
                                         ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", None),
                                         ("NVIDIA A100-SXM4-80GB", None), ("cpu", None)])
 def test_device_kinds_map_to_the_planner_chips(kind, chip):
-  assert targets_lib.chip_of(kind) == chip
+  assert chips_lib.chip_of(kind) == chip
 
 
 def _run(tmp_path, capsys, **overrides):
@@ -102,7 +102,7 @@ def test_a_cpu_run_logs_the_rates_and_says_once_why_there_is_no_mfu(tmp_path, ca
   config, records, out, vocab = _run(tmp_path, capsys)
   assert [r["step"] for r in records] == [2, 4]
   config = with_global_batch(config, 1)
-  flops = plan_lib.train_flops_per_token(config, _options(config), vocab, config.batch_size)["train"]
+  flops = flops_lib.train_flops_per_token(config, _options(config), vocab, config.batch_size)["train"]
   for r in records:
     assert "mfu" not in r and "hbm_in_use_gb" not in r  # no peak, no memory stats on the CPU
     assert r["tokens_per_sec_per_device"] == pytest.approx(r["tokens_per_sec"])  # one device
@@ -114,11 +114,11 @@ def test_a_cpu_run_logs_the_rates_and_says_once_why_there_is_no_mfu(tmp_path, ca
 @pytest.mark.slow
 def test_on_a_chip_with_a_peak_the_run_states_the_prediction_and_logs_mfu(tmp_path, capsys, monkeypatch):
   """The accelerator path on the CPU: the planner's nominal cpu chip stands in for a known one."""
-  monkeypatch.setattr(targets_lib, "chip_of", lambda kind: "cpu")
+  monkeypatch.setattr(chips_lib, "chip_of", lambda kind: "cpu")
   _, records, out, _ = _run(tmp_path, capsys)
   lines = [line for line in out.splitlines() if line.startswith("roofline prediction for 1 x CPU")]
   assert len(lines) == 1 and "tokens/s per device" in lines[0] and "bound by" in lines[0], out
   assert out.index("training 4 steps") < out.index(lines[0]) < out.index("step 2/4")
   for r in records:
-    assert r["mfu"] == pytest.approx(r["tflops_per_sec_per_device"] * 1e12 / targets_lib.CHIPS["cpu"].peak_flops)
+    assert r["mfu"] == pytest.approx(r["tflops_per_sec_per_device"] * 1e12 / chips_lib.CHIPS["cpu"].peak_flops)
   assert "MFU" in out

@@ -20,7 +20,7 @@ same on every backend: computations, their instructions with shapes, and how the
   * `loops`: each while loop's trip count and the kernels (top-level instructions that launch work) in its
     body: on a GPU each is a launch per iteration.
 
-Everything here is text processing of the module the compiler produced (parsed by `elmo_jax.plan.hlo_text`);
+Everything here is text processing of the module the compiler produced (parsed by `elmo_jax.measure.hlo_text`);
 nothing is compiled or run.
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ import math
 import re
 from typing import Iterator
 
-from elmo_jax.plan.hlo_text import DTYPE_BYTES, Computation, Instr, arrays, attr, backend_config, braced_ints
-from elmo_jax.plan.hlo_text import nbytes, on_chip, parse_module, tuple_elements
+from elmo_jax.measure.hlo_text import DTYPE_BYTES, Computation, Instr, arrays, attr, backend_config, braced_ints
+from elmo_jax.measure.hlo_text import nbytes, on_chip, parse_module, tuple_elements
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 # Instructions that move no data and launch nothing.

@@ -4,7 +4,7 @@
     nbytes("(s32[], bf16[2,3]{1,0})")           # 16: the bytes of every array in a type text
     nbytes("f32[8]{0:S(1)}", hbm_only=True)     # 0: an array in another memory space (TPU VMEM) is not HBM
 
-Only the syntax: what the instructions cost is `elmo_jax.plan.hlo.Module`.
+Only the syntax: what the instructions cost is `elmo_jax.measure.hlo.Module`.
 """
 from __future__ import annotations
 
