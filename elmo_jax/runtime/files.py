@@ -6,8 +6,11 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
+import urllib.parse
 from typing import Any, Iterator
 
 import numpy as np
@@ -44,27 +47,109 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp", prefix: str | Non
     raise
 
 
+# The mark in the names of the temporary folders `atomic_dir` creates (hidden, beside the target, with the host
+# and process that own them): nothing else is ever named so, so a killed writer's leftovers are known as such.
+WRITER_MARK = "elmo-jax-writing"
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[str]:
   """`atomic_path` for a folder: yields an empty folder beside `path`, swapped in for `path` on success.
 
-  A reader sees the old folder or the new one, never a mix; on failure the temporary folder is removed. One
-  writer per folder: `path.tmp` left by a killed writer is cleared first.
+  A reader sees the old folder or the new one, never a mix; on failure the temporary folder is removed. The
+  temporary names belong to this writer (`.NAME.elmo-jax-writing-HOST.PID.xxxx` and its `-old` twin): a
+  user's `NAME.tmp/` or `NAME.old/` beside `path` is never touched, and only a dead writer's leftovers of this
+  very name are cleared.
   """
   final = os.path.abspath(path)
-  tmp, old = final + ".tmp", final + ".old"
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
+  parent, name = os.path.dirname(final), os.path.basename(final)
+  head = f".{name}.{WRITER_MARK}-{socket.gethostname()}."
+  os.makedirs(parent, exist_ok=True)
+  remove_dead_temps(parent, head, "")
+  tmp = tempfile.mkdtemp(dir=parent, prefix=f"{head}{os.getpid()}.")
+  old = tmp + "-old"
   try:
     yield tmp
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(final):
+    if os.path.lexists(final):
       os.replace(final, old)
     os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
+  shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_dead_temps(directory: str, head: str, tail: str = ".tmp") -> list[str]:
+  """Removes the entries of `directory` named `HEAD<pid>.<anything>TAIL` whose process `pid` (on this host:
+  `head` names it) no longer runs, files or folders; returns their names. What a killed writer left."""
+  removed = []
+  for entry in (os.listdir(directory) if os.path.isdir(directory) else []):
+    if not (entry.startswith(head) and entry.endswith(tail)):
+      continue
+    pid = entry[len(head):].split(".", 1)[0]
+    if not pid.isdigit() or _alive(int(pid)):
+      continue
+    path = os.path.join(directory, entry)
+    try:
+      if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+      else:
+        os.remove(path)
+      removed.append(entry)
+    except OSError:
+      pass
+  return removed
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+class OutsideNameError(ValueError):
+  """A name that came from outside (a bucket object, an archive member, a config's path, a manifest entry)
+  that is not a plain name under its folder; one line naming it."""
+
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def name_parts(name: Any, what: str = "a name") -> list[str]:
+  """The path parts of `name`, a name that came from outside (`/`-separated; empty and `.` parts dropped);
+  refuses (OutsideNameError, one line) whatever could leave the folder it is put under: `..`, an absolute
+  path, a drive letter (`C:`), a backslash, a control character, or any of them percent-encoded (`%2e%2e`)."""
+  if not isinstance(name, str) or not name.strip("/."):
+    raise OutsideNameError(f"{what} {name!r} is not a file name")
+  decoded, seen = name, {name}
+  while (step := urllib.parse.unquote(decoded)) not in seen:  # `%252e` is `%2e` is `.`
+    decoded = step
+    seen.add(step)
+  for text in seen:
+    problem = ("is absolute" if text.startswith("/") else "names a drive" if _DRIVE.match(text)
+               else "holds a backslash" if "\\" in text
+               else "climbs out of its folder (..)" if ".." in text.split("/")
+               else "holds a control character" if any(ord(c) < 32 or ord(c) == 127 for c in text) else None)
+    if problem is not None:
+      encoded = "" if text == name else f" (decoded: {text!r})"
+      raise OutsideNameError(f"{what} {name!r}{encoded} {problem}: a name from outside must stay in its folder")
+  return [p for p in name.split("/") if p not in ("", ".")]
+
+
+def inside(root: str | os.PathLike, name: Any, what: str = "a name") -> str:
+  """The path under `root` that the outside `name` means (`name_parts`' checks), also refused when a link
+  already under `root` would lead it out. The one way a name from a bucket, an archive, a config or a
+  manifest becomes a local path."""
+  root = os.fspath(root)
+  path = os.path.join(root, *name_parts(name, what))
+  real_root = os.path.realpath(root)
+  if not _within(os.path.realpath(path), real_root):
+    raise OutsideNameError(f"{what} {name!r} leads out of {root} through a link")
+  return path
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
