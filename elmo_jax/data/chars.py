@@ -52,15 +52,20 @@ EFML_BOS, EFML_EOS, EFML_OOV, EFML_PAD = "<bos>", "<eos>", "<oov>", "<pad>"
 def read_dic(path: str) -> dict[str, int]:
   """An EFML `char.dic` / `word.dic` (`token<TAB>id` lines) exactly as its `Embedder.get_model` reads it: the
   line stripped, a line left with the id alone is U+3000 (an ideographic space: strip() removes it), a later
-  line of the same token wins. ValueError naming the line for any other line."""
+  line of the same token wins. ValueError naming the line for any other line (not UTF-8, an id that is not
+  ASCII digits: `²` or a negative one)."""
   out: dict[str, int] = {}
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, 1):
+  with open(path, "rb") as f:
+    for n, raw in enumerate(f, 1):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{n}: not UTF-8 (byte {e.start} is {raw[e.start:e.start + 1]!r}; Latin-1?)") from None
       parts = line.strip().split("\t")
       if len(parts) == 1:
         parts.insert(0, "\u3000")
-      if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
-        raise ValueError(f"{path}:{n}: expected 'token<TAB>id', got {line.rstrip()[:60]!r}")
+      if len(parts) != 2 or not (parts[1].isascii() and parts[1].isdigit()):
+        raise ValueError(f"{path}:{n}: expected 'token<TAB>id' with a non-negative id, got {line.rstrip()[:60]!r}")
       out[parts[0]] = int(parts[1])
   return out
 
