@@ -45,6 +45,12 @@ def token_to_ids(token: str, max_chars: int = MAX_CHARS) -> np.ndarray:
   return ids + 1
 
 
+def is_cut(token: str, max_chars: int = MAX_CHARS) -> bool:
+  """Whether `token_to_ids` cuts `token`: its UTF-8 bytes, not its characters, past `max_chars - 2` (a
+  Chinese character is 3 bytes: 17 of them are cut)."""
+  return token not in (BOS_TOKEN, EOS_TOKEN) and len(token.encode("utf-8", "ignore")) > max_chars - 2
+
+
 # ELMoForManyLangs (EFML): a token's ids come from its model's char.dic and word.dic, one id per Unicode code point.
 EFML_BOS, EFML_EOS, EFML_OOV, EFML_PAD = "<bos>", "<eos>", "<oov>", "<pad>"
 
@@ -91,6 +97,10 @@ class LexiconIds:
     self.pad_id = char2id[EFML_PAD] + 1
     self._begin, self._end = char2id["<eow>"] + 1, char2id["<bow>"] + 1  # sic, see above
     self._oov = char2id[EFML_OOV] + 1
+
+  def is_cut(self, token: str) -> bool:
+    """Whether `__call__` cuts `token` (its code points past `max_chars - 2`)."""
+    return len(token) + 2 > self.max_chars
 
   def __call__(self, token: str) -> np.ndarray:
     if len(token) + 2 > self.max_chars:

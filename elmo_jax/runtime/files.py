@@ -192,7 +192,9 @@ def text_problem(path: str | os.PathLike) -> str | None:
   if os.path.isdir(path):
     return "is a directory, not a text file"
   try:
-    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+    with open(path, "rb") as f:
+      gzipped = f.read(2) == b"\x1f\x8b"  # by its magic number, whatever its name (a spooled pipe has none)
+    with (gzip.open if gzipped else open)(path, "rb") as f:
       head = f.read(4096)
   except (OSError, EOFError) as e:
     return f"cannot be read ({e})"
