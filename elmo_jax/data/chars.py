@@ -45,10 +45,15 @@ def token_to_ids(token: str, max_chars: int = MAX_CHARS) -> np.ndarray:
   return ids + 1
 
 
-def is_cut(token: str, max_chars: int = MAX_CHARS) -> bool:
-  """Whether `token_to_ids` cuts `token`: its UTF-8 bytes, not its characters, past `max_chars - 2` (a
-  Chinese character is 3 bytes: 17 of them are cut)."""
-  return token not in (BOS_TOKEN, EOS_TOKEN) and len(token.encode("utf-8", "ignore")) > max_chars - 2
+def is_cut(token: str, max_chars: int = MAX_CHARS, max_token_chars: int | None = None) -> bool:
+  """Whether the model sees less than `token`: `token_to_ids` keeps `max_chars - 2` UTF-8 bytes, not characters
+  (a Chinese character is 3 bytes: 17 of them are cut), after a cut to `max_token_chars` characters (the
+  trainer's `data.max_token_chars`), if given."""
+  if token in (BOS_TOKEN, EOS_TOKEN):
+    return False
+  if max_token_chars is not None and len(token) > max_token_chars:
+    return True
+  return len(token.encode("utf-8", "ignore")) > max_chars - 2
 
 
 # ELMoForManyLangs (EFML): a token's ids come from its model's char.dic and word.dic, one id per Unicode code point.
