@@ -10,7 +10,6 @@ import hashlib
 import os
 import shutil
 import socket
-import stat
 import sys
 import tempfile
 import threading
@@ -115,13 +114,7 @@ SPOOL = "input"  # in the job folder: a piped input, kept for the passes and rer
 
 def is_stream(path: str) -> bool:
   """`-` (stdin), a pipe (`<(zcat x.gz)`), a FIFO or a device: bytes that can be read once."""
-  if path == STDIN:
-    return True
-  try:
-    mode = os.stat(path).st_mode
-  except OSError:
-    return False
-  return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+  return path == STDIN or files.is_stream(path)
 
 
 @dataclasses.dataclass

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import urllib.parse
 from typing import Any, Iterator
@@ -208,6 +209,25 @@ def text_problem(path: str | os.PathLike) -> str | None:
     if e.start < len(head) - 4:  # not just a character cut at the block boundary
       return f"is not UTF-8 text (byte {e.start} is {head[e.start:e.start + 1]!r}): binary data?"
   return None
+
+
+def is_stream(path: str | os.PathLike) -> bool:
+  """A pipe (`<(zcat x.gz)`), a FIFO or a device: bytes that can be read once (a command that must read its
+  input twice spools it or refuses it in one line)."""
+  try:
+    mode = os.stat(path).st_mode
+  except OSError:
+    return False
+  return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def open_text(path: str | os.PathLike):
+  """The file's bytes opened once, decompressed when they are gzip (by the magic number, peeked: a pipe is not
+  read twice)."""
+  f = open(path, "rb")  # pylint: disable=consider-using-with
+  if f.peek(2)[:2] == b"\x1f\x8b":
+    return gzip.GzipFile(fileobj=f, mode="rb")
+  return f
 
 
 class UnsafeOutputError(ValueError):

@@ -245,6 +245,10 @@ def check_text_files(key: str, value: str) -> list[str]:
   except (FileNotFoundError, ValueError) as e:
     raise PreflightError(f"{key}: {e} ({LIST_HINT})") from None
   for path in paths:
+    if files.is_stream(path):
+      raise PreflightError(f"{key}: {path} is a pipe or FIFO, which can be read once; training reads its text "
+                           "more than once (its sha256 for the resume check, then the text): write it to a file "
+                           "first, or prepare it (python -m elmo_jax prepare)")
     problem = files.text_problem(path)
     if problem:
       raise PreflightError(f"{key}: {path} {problem}")

@@ -125,3 +125,15 @@ def test_an_archive_of_two_model_folders_is_ambiguous(tmp_path, monkeypatch):
       z.writestr(f"{top}/weights.hdf5", "x")
   with pytest.raises(download.DownloadError, match=r"two\.zip: holds 2 model folders \(a/, b/\); which one is meant"):
     pretrained.resolve_model(path)
+
+
+def test_perplexity_of_an_efml_release_says_it_carries_no_softmax(tmp_path):
+  from elmo_jax.evaluation import perplexity  # pylint: disable=g-import-not-at-top
+  folder = _folder(tmp_path)
+  found = pretrained.resolve_model(folder)
+  text = tmp_path / "valid.txt"
+  text.write_text("a b\n")
+  config = perplexity.PerplexityConfig(options_file=found.options_file, weight_file=found.weight_file,
+                                       text_file=str(text))
+  with pytest.raises(perplexity.NoSoftmax, match=r"an ELMoForManyLangs release carries no LM softmax"):
+    perplexity.check(config, None)
