@@ -126,14 +126,14 @@ def name_parts(name: Any, what: str = "a name") -> list[str]:
   path, a drive letter (`C:`), a backslash, a control character, or any of them percent-encoded (`%2e%2e`)."""
   if not isinstance(name, str) or not name.strip("/."):
     raise OutsideNameError(f"{what} {name!r} is not a file name")
-  decoded, seen = name, {name}
-  while (step := urllib.parse.unquote(decoded)) not in seen:  # `%252e` is `%2e` is `.`
-    decoded = step
-    seen.add(step)
+  seen = [name]
+  while (step := urllib.parse.unquote(seen[-1])) not in seen:  # `%252e` is `%2e` is `.`
+    seen.append(step)
   for text in seen:
-    problem = ("is absolute" if text.startswith("/") else "names a drive" if _DRIVE.match(text)
-               else "holds a backslash" if "\\" in text
-               else "climbs out of its folder (..)" if ".." in text.split("/")
+    problem = ("has an absolute path" if text.startswith(("/", "\\"))
+               else "has an absolute path (a drive letter)" if _DRIVE.match(text)
+               else "climbs out of its folder (..)" if ".." in re.split(r"[\\/]", text)
+               else "holds a backslash (a Windows path?)" if "\\" in text
                else "holds a control character" if any(ord(c) < 32 or ord(c) == 127 for c in text) else None)
     if problem is not None:
       encoded = "" if text == name else f" (decoded: {text!r})"
