@@ -17,6 +17,9 @@ import os
 import shutil
 from typing import Any
 
+import jax
+import numpy as np
+
 from elmo_jax.interop import efml
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
@@ -46,13 +49,12 @@ class Model:
 
 def load(spec: str) -> Model:
   """A model spec (`resolve_model`: a released name, a run, a folder, a TF-Hub module, a URL) as a `Model`."""
-  path = os.path.expanduser(spec)
-  if efml.is_efml_dir(path):
+  found = pretrained.resolve_model(spec)
+  if efml.is_efml_dir(os.path.dirname(found.options_file or "")):  # a folder, a file:// URL, an archive's
     raise ConvertError(
         f"{spec}: an ELMoForManyLangs model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "
         "no place for its word embedding, word.dic's vectors beside the char CNN); use the folder as it is "
         f"(--model={spec}), or a biLM trained here: a run's export/ (training/export) is bilm-tf's layout")
-  found = pretrained.resolve_model(spec)
   if found.tfhub_dir is not None:
     module = tfhub.load(found.tfhub_dir)
     mix = ", ".join(f"{v:.9g}" for v in module.mix["weights"].tolist())
@@ -87,6 +89,10 @@ def _check_format(fmt: str) -> None:
 def write(model: Model, folder: str, fmt: str = "bilm-hdf5") -> None:
   """Writes `model` into `folder` (replaced whole, atomically) in format `fmt`."""
   _check_format(fmt)
+  weights = sum(np.asarray(a).nbytes for a in jax.tree_util.tree_leaves([model.params, model.softmax or {}]))
+  weights += weights // 100 + (1 << 20)  # HDF5's headers: well under 1% and a MiB
+  vocab = os.path.getsize(model.vocab_file) if model.vocab_file is not None else 0
+  files.check_room(folder, weights + vocab + (1 << 16), weights, "--to")
   with files.atomic_dir(folder) as tmp:
     options_lib.save(model.options, os.path.join(tmp, OPTIONS_FILE))
     weights_lib.save_hdf5(os.path.join(tmp, WEIGHTS_FILE), model.params, model.options, softmax=model.softmax)

@@ -292,6 +292,22 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
     raise UnsafeOutputError(f"{what}={raw}: {existing} is not writable ({e.strerror})") from None
 
 
+def check_room(folder: str | os.PathLike, need: int, largest: int, what: str) -> None:
+  """Refuses (UnsafeOutputError, one line) a write of about `need` bytes into `folder` (its largest file
+  `largest`) that the disk's free space or the file-size limit (ulimit -f) cannot take: checked before the
+  first byte, since a library that writes in place (HDF5) cannot recover from a full disk."""
+  import resource  # pylint: disable=g-import-not-at-top
+  where = _nearest_existing(os.path.abspath(os.fspath(folder)))
+  free = shutil.disk_usage(where).free
+  if free < need:
+    raise UnsafeOutputError(f"{what}={os.fspath(folder)}: needs about {human_bytes(need)} free in {where}, "
+                            f"{human_bytes(free)} are free; make room or write elsewhere")
+  limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+  if limit != resource.RLIM_INFINITY and largest > limit:
+    raise UnsafeOutputError(f"{what}={os.fspath(folder)}: a file of about {human_bytes(largest)} is over this "
+                            f"process's file-size limit ({human_bytes(limit)}, ulimit -f)")
+
+
 def first_difference(saved: dict, wanted: dict, prefix: str = "") -> str:
   """'a.b is 1 there, 2 here' for the first key (nested dicts by dotted path) where two settings differ;
   "" if they agree. For refusing a run whose saved state was made with other settings."""

@@ -137,3 +137,17 @@ def test_perplexity_of_an_efml_release_says_it_carries_no_softmax(tmp_path):
                                        text_file=str(text))
   with pytest.raises(perplexity.NoSoftmax, match=r"an ELMoForManyLangs release carries no LM softmax"):
     perplexity.check(config, None)
+
+
+def test_convert_of_an_efml_zip_says_why_it_cannot(tmp_path, monkeypatch):
+  """It said "missing key 'lstm'" (config.json read as options.json)."""
+  from elmo_jax.interop import convert  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("ELMO_JAX_CACHE", str(tmp_path / "cache"))
+  folder = _folder(tmp_path)
+  path = str(tmp_path / "efml.zip")
+  with zipfile.ZipFile(path, "w") as z:
+    for name in os.listdir(folder):
+      z.write(os.path.join(folder, name), f"model/{name}")
+  for spec in (path, "file://" + path):
+    with pytest.raises(convert.ConvertError, match=r"an ELMoForManyLangs model cannot be held in bilm-tf's layout"):
+      convert.load(spec)

@@ -68,3 +68,17 @@ def test_atomic_dir_failure_keeps_the_old_folder_and_a_dead_writers_leftover_is_
   with files.atomic_dir(tmp_path / "model"):
     pass
   assert sorted(os.listdir(tmp_path)) == ["model"]
+
+
+def test_convert_checks_the_room_before_the_first_byte(tmp_path, monkeypatch):
+  """A full disk during convert was an h5py segfault that left a temp folder: refused in one line first."""
+  import collections  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import convert  # pylint: disable=g-import-not-at-top
+  usage = collections.namedtuple("usage", "total used free")
+  monkeypatch.setattr(files.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
+  model = convert.Model({}, {"w": np.zeros([1 << 20], np.float32)}, None, None, ())
+  with pytest.raises(files.UnsafeOutputError, match=r"--to=.*out: needs about 5\.\d MB free in .*, 1\.0 MB are "
+                     r"free; make room or write elsewhere"):
+    convert.write(model, str(tmp_path / "out"))
+  assert os.listdir(tmp_path) == []
