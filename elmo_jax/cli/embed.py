@@ -122,6 +122,8 @@ def _check_flags(argv: list[str]) -> None:
     raise app.UsageError("give --model, or --options_file and --weight_file (or --workdir)")
   if FLAGS.top + FLAGS.average + FLAGS.all > 1:
     raise app.UsageError("give at most one of --all, --top, --average")
+  if FLAGS.module_output and FLAGS.stateful:
+    raise app.UsageError(embed.STATEFUL_MODULE_OUTPUT.format(FLAGS.module_output))
   if FLAGS.module_output and FLAGS.top + FLAGS.average + FLAGS.all:
     raise app.UsageError(f"--module_output={FLAGS.module_output} is the output; drop --all/--top/--average")
 

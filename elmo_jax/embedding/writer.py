@@ -110,6 +110,12 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike | JobInput, out
     job.release()
 
 
+# A TF-Hub module computes its outputs for each call from a zero state; --stateful's would be other numbers.
+STATEFUL_MODULE_OUTPUT = ("--module_output={} is what the TF-Hub module computes for each batch from a zero state; "
+                          "--stateful carries the LSTM state between batches, which the module does not, so the "
+                          "output would differ from the module's: drop --stateful, or use --all/--top/--average")
+
+
 def _cut(embedder: Embedder) -> tuple[Any, str]:
   """(token -> whether the model's char ids cut it, the cut in words): bilm-tf's ids keep 48 UTF-8 bytes
   (`chars.is_cut`), an ELMoForManyLangs lexicon its code points (`LexiconIds.is_cut`)."""
@@ -129,6 +135,8 @@ def _checked_args(embedder: Embedder, batch_size: int | None, output: str, outpu
   if output not in ("all", "top", "average", *tfhub.OUTPUTS) or output_dtype not in ("float32", "float16"):
     raise ValueError(f"output must be all/top/average (or a TF-Hub module's {'/'.join(tfhub.OUTPUTS)}) and "
                      f"output_dtype float32/float16, got {output!r}, {output_dtype!r}")
+  if output in tfhub.OUTPUTS and embedder.stateful:
+    raise EmbedInputError(STATEFUL_MODULE_OUTPUT.format(output))
   if output in tfhub.OUTPUTS[3:] and embedder.module_mix is None:
     raise EmbedInputError(f"'{output}' is a TF-Hub module's learned mix of the layers; this model has none "
                           "(give the module's folder as the model)")
