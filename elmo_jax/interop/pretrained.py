@@ -147,6 +147,16 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
     return ResolvedModel(workdir=path, checkpoints=(os.path.join(path, CHECKPOINTS), None), path=path)
   if text in MODELS:
     found = _released(MODELS[text], fetch)
+  elif storage.is_remote(text) and use in ("model", "bilm"):  # e.g. what `convert --to=gs://...` wrote
+    if not fetch:
+      return ResolvedModel()
+    if storage.isdir(storage.join(text, EXPORT_DIR)):  # a training run: its export, not its checkpoints
+      return _run(text, fetch)
+    try:
+      local = storage.local(text)
+    except FileNotFoundError as e:
+      raise download.DownloadError(str(e)) from None
+    found = dataclasses.replace(resolve_model(local, use=use), path=text)
   elif archive.is_archive(text) and not os.path.isdir(path):  # a folder named `x.zip` is a folder
     found = _from_archive(text, use) if fetch else ResolvedModel()
   elif download.is_url(text):

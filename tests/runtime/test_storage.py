@@ -211,3 +211,19 @@ def test_a_bucket_object_named_out_of_its_folder_is_refused_not_written_outside_
   with pytest.raises(storage.StorageError, match=r"bucket object .* (climbs out|backslash)"):
     storage.local(bucket + "/corp")
   assert not [p for p in tmp_path.rglob("escaped.txt")]
+
+
+def test_a_model_that_convert_wrote_to_a_bucket_is_read_back_by_model(bucket):
+  """`--model=gs://...` refused what `convert --to=gs://...` had just written."""
+  from elmo_jax.interop import convert  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
+  from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  local = os.path.join(os.environ["ELMO_JAX_CACHE"], "..", "src")
+  os.makedirs(local)
+  shutil.copy(FIXTURE_OPTIONS, os.path.join(local, "options.json"))
+  shutil.copy(FIXTURE_WEIGHTS, os.path.join(local, "weights.hdf5"))
+  convert.convert(local, bucket + "/model")
+  found = pretrained.resolve_model(bucket + "/model")
+  assert found.path == bucket + "/model" and os.path.basename(found.weight_file) == "weights.hdf5"
+  assert pretrained.load(bucket + "/model")[0] == pretrained.load(local)[0]
