@@ -205,7 +205,7 @@ def _embed(output_file: str) -> str:
       raise embed_files.EmbedInputError(f"--vocab_file={source} {problem}")
     embed_files.check_output_path(output_file, _run_inputs(), "--output_file")
   else:  # the job's checks, once, and its input read once (a pipe spooled into the job folder)
-    job_input = embed_files.check_job(source, output_file, _run_inputs(), logging.warning)
+    job_input = embed_files.check_job(source, output_file, _run_inputs(), logging.warning, "--input_file")
   try:
     return _load_and_embed(source, output_file, job_input)
   finally:

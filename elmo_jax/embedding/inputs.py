@@ -150,7 +150,7 @@ class JobInput:
 
 
 def check_job(input_file: str | os.PathLike, output_file: str | os.PathLike, inputs: Any = (),
-              warn: Callable[[str], Any] | None = None, flag: str = "--input_file") -> JobInput:
+              warn: Callable[[str], Any] | None = None, flag: str | None = None) -> JobInput:
   """Every check of an embedding job, once, before the model loads: the output path against the run's `inputs`
   (`check_output_path`), the job folder (`Job.check_folder`), dead writers' temps removed (`warn`ed), and the
   input read once: a regular file for its lines and sha256 (after `text_input_problem`), a stream (`is_stream`)
@@ -160,7 +160,9 @@ def check_job(input_file: str | os.PathLike, output_file: str | os.PathLike, inp
   stream = is_stream(source)
   if not stream and not os.path.exists(source):
     raise EmbedInputError(f"{source}: input file not found")
-  check_output_path(output_file, [p for p in (source, *inputs) if p and p != STDIN and not is_stream(p)], flag)
+  named = f"{flag}={source} " if flag else f"{source}: "  # the command names its flag, a library call the file
+  check_output_path(output_file, [p for p in (source, *inputs) if p and p != STDIN and not is_stream(p)],
+                    "--output_file" if flag else "output_file")
   embed_job.Job.check_folder(output_file)
   for name in remove_stale_temps(output_file):
     (warn or (lambda m: None))(f"removed {name}, left by an embedding run that was killed")
@@ -169,13 +171,13 @@ def check_job(input_file: str | os.PathLike, output_file: str | os.PathLike, inp
   try:
     problem = text_input_problem(path)
     if problem is not None:
-      raise EmbedInputError(f"{flag}={source} {problem}")
+      raise EmbedInputError(f"{named}{problem}")
     digest = CountedDigest()  # of the (decompressed) text: the job's identity, read in the same pass
     job_input.lines = count_lines(path, validate=True, digest=digest, name=source)
     job_input.sha256, job_input.bytes = digest.hexdigest(), digest.bytes
     if not digest.bytes:
       why = "a pipe that was already read, or gave nothing" if stream else "an empty file"
-      raise EmbedInputError(f"{flag}={source}: read 0 bytes ({why}); nothing to embed")
+      raise EmbedInputError(f"{named.rstrip(': ')}: read 0 bytes ({why}); nothing to embed")
   except BaseException:
     job_input.discard()
     raise

@@ -181,3 +181,9 @@ def test_stateful_module_outputs_are_refused_not_mislabelled(hub, tmp_path, monk
                      r"each batch from a zero state; --stateful carries"):
     writer.embed_file(hub, text, tmp_path / "out.hdf5", output=output, progress_every=None)
   assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_a_file_url_of_a_module_folder_is_the_module():
+  """It said "expected one *options*.json" for file:// of a TF-Hub (or EFML) folder."""
+  found = pretrained.resolve_model("file://" + TFHUB_MODULE)
+  assert found.tfhub_dir == TFHUB_MODULE and found.path == "file://" + TFHUB_MODULE
