@@ -148,15 +148,7 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
   if text in MODELS:
     found = _released(MODELS[text], fetch)
   elif storage.is_remote(text) and use in ("model", "bilm"):  # e.g. what `convert --to=gs://...` wrote
-    if not fetch:
-      return ResolvedModel()
-    if storage.isdir(storage.join(text, EXPORT_DIR)):  # a training run: its export, not its checkpoints
-      return _run(text, fetch)
-    try:
-      local = storage.local(text)
-    except FileNotFoundError as e:
-      raise download.DownloadError(str(e)) from None
-    found = dataclasses.replace(resolve_model(local, use=use), path=text)
+    found = _from_bucket(text, use) if fetch else ResolvedModel()
   elif archive.is_archive(text) and not os.path.isdir(path):  # a folder named `x.zip` is a folder
     found = _from_archive(text, use) if fetch else ResolvedModel()
   elif download.is_url(text):
@@ -211,6 +203,17 @@ def _url_pair(url: str) -> tuple[str, str]:
     return url, url[:at] + WEIGHTS_FILE + url[at + len(OPTIONS_FILE):]
   raise download.DownloadError(f"{url}: give the URL of an options.json, of a folder (ending in /) holding "
                                "options.json and weights.hdf5, or of an archive (.zip, .tar.gz, .tar.bz2)")
+
+
+def _from_bucket(url: str, use: str) -> ResolvedModel:
+  """A model folder in a bucket, read from its local copy (a training run there: its export only)."""
+  if storage.isdir(storage.join(url, EXPORT_DIR)):
+    return _run(url, fetch=True)
+  try:
+    local = storage.local(url)
+  except FileNotFoundError as e:
+    raise download.DownloadError(str(e)) from None
+  return dataclasses.replace(resolve_model(local, use=use), path=url)
 
 
 def _one_model_in(folder: str) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import gzip
 import os
-import threading
 
 import pytest
+
+import stream_util
 
 from elmo_jax.data.sources import TextSource
 from elmo_jax.training import preflight
@@ -15,20 +16,9 @@ from elmo_jax.training import preflight
 TEXT = b"the cat sat\n\nthe dog ran\n"
 
 
-def _fifo(tmp_path, data: bytes, name: str = "text.fifo") -> str:
-  path = str(tmp_path / name)
-  os.mkfifo(path)
-
-  def fill():
-    with open(path, "wb") as f:
-      f.write(data)
-  threading.Thread(target=fill, daemon=True).start()
-  return path
-
-
 @pytest.mark.parametrize("gzipped", [False, True])
 def test_a_text_source_reads_a_fifo_once(tmp_path, gzipped):
-  source = TextSource(_fifo(tmp_path, gzip.compress(TEXT) if gzipped else TEXT))
+  source = TextSource(stream_util.fifo(tmp_path, gzip.compress(TEXT) if gzipped else TEXT))
   assert [source[i] for i in range(len(source))] == ["the cat sat", "the dog ran"]
   assert source.skipped == {"invalid_utf8": 0, "empty": 1}
 

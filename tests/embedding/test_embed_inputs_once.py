@@ -8,11 +8,12 @@ import gzip
 import os
 import subprocess
 import sys
-import threading
 
 import h5py
 import numpy as np
 import pytest
+
+import stream_util
 
 from elmo_jax.data import chars
 from elmo_jax.embedding import inputs as embed_files
@@ -34,25 +35,13 @@ def _arrays(path) -> dict[str, np.ndarray]:
     return {k: f[k][...] for k in f if k != "sentence_to_index"}
 
 
-def _fifo(tmp_path, data: bytes) -> str:
-  """A FIFO that a thread fills once (a reader that opened it twice would find it empty the second time)."""
-  path = str(tmp_path / "in.fifo")
-  os.mkfifo(path)
-
-  def fill():
-    with open(path, "wb") as f:
-      f.write(data)
-  threading.Thread(target=fill, daemon=True).start()
-  return path
-
-
 @pytest.mark.parametrize("gzipped", [False, True])
 def test_a_fifo_input_is_read_once_and_gives_the_regular_files_output(tmp_path, embedder, gzipped):
   text = "".join(line + "\n" for line in LINES).encode()
   regular = tmp_path / "in.txt"
   regular.write_bytes(text)
   embed.embed_file(embedder, regular, tmp_path / "want.hdf5", batch_size=2, progress_every=None)
-  fifo = _fifo(tmp_path, gzip.compress(text) if gzipped else text)
+  fifo = stream_util.fifo(tmp_path, gzip.compress(text) if gzipped else text)
   stats = embed.embed_file(embedder, fifo, tmp_path / "got.hdf5", batch_size=2, progress_every=None)
   assert stats["lines"] == len(LINES)
   want, got = _arrays(tmp_path / "want.hdf5"), _arrays(tmp_path / "got.hdf5")
@@ -61,7 +50,7 @@ def test_a_fifo_input_is_read_once_and_gives_the_regular_files_output(tmp_path, 
 
 
 def test_an_input_that_holds_nothing_is_refused_in_one_line(tmp_path):
-  fifo = _fifo(tmp_path, b"")
+  fifo = stream_util.fifo(tmp_path, b"")
   with pytest.raises(embed_files.EmbedInputError, match=r"in\.fifo: read 0 bytes \(a pipe that was already read, "
                      r"or gave nothing\); nothing to embed"):
     embed_files.check_job(fifo, tmp_path / "out.hdf5")
