@@ -27,6 +27,10 @@ class Format:
   use_sentence_keys: bool = False
   mix: dict[str, Any] | None = None  # a TF-Hub module's (weights, scaling) for its outputs `elmo`/`default`
 
+  def __post_init__(self):
+    if self.mix is not None:  # as the job's settings.json holds it
+      self.mix = {k: np.asarray(v).tolist() for k, v in self.mix.items()}
+
 
 class PartWriter:
   """Writes batches into the job's part files from a background thread.

@@ -19,7 +19,6 @@ import time
 from typing import Any, Callable, TextIO
 
 import h5py
-import numpy as np
 from absl import logging
 
 from elmo_jax.data import chars
@@ -34,10 +33,8 @@ from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.interop import tfhub
 
 def embed_file(embedder: Embedder, input_file: str | os.PathLike | JobInput, output_file: str | os.PathLike,
-               batch_size: int | None = None, *, chunk_size: int = 4096,
-               part_sentences: int | None = None,
-               progress_every: float | None = 5.0,
-               progress_stream: TextIO | None = None,
+               batch_size: int | None = None, *, chunk_size: int = 4096, part_sentences: int | None = None,
+               progress_every: float | None = 5.0, progress_stream: TextIO | None = None,
                warn: Callable[[str], Any] = logging.warning, output: str = "all",
                sentence_vectors: bool = False, output_dtype: str = "float32", use_sentence_keys: bool = False,
                forget_sentences: bool = False, tokenize: Callable[[str], list[str]] | None = None,
@@ -51,24 +48,18 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike | JobInput, out
   Args:
     embedder: the model; its `stateful` flag decides the batching (see `Embedder`).
     input_file: UTF-8 text, one whitespace-tokenized sentence per line (gzip too; a pipe, FIFO or `-` is
-      spooled into the job folder); or the `JobInput` of `embed_files.check_job`, which the command calls
-      before it loads the model (the job's checks are then not made again).
+      spooled into the job folder), or `embed_files.check_job`'s `JobInput` (the command checks its job
+      once, before it loads the model).
     output_file: HDF5 to write; replaced only once everything succeeded.
     batch_size: sentences per batch (None: `embedder.default_batch_size`, 64 per device).
-    chunk_size: lines read (and held) at once; rounded up to a multiple of `batch_size` so stateful
-      batches are the same consecutive groups of lines however the file is chunked.
-    part_sentences: sentences per part file (rounded up to whole batches; None: 8 batches): the most a
-      kill can lose, and how long the token table lives.
-    progress_every: seconds between progress lines (None: none).
-    progress_stream: where progress goes (default stderr).
-    warn: called with a message for empty lines.
-    output: "all" `(n_layers + 1, n_tokens, 2P)`, "top" or "average" `(n_tokens, 2P)` (`allennlp elmo`), or
-      a TF-Hub module's output (`tfhub.OUTPUTS`: "word_emb" `(n_tokens, P)`, "lstm_outputs1"/"lstm_outputs2",
-      "elmo" `(n_tokens, 2P)`, "default" `(2P,)`; "elmo" and "default" need the module's mix).
-    sentence_vectors: write the mean over each line's tokens instead (`(n_layers + 1, 2P)` or `(2P,)`).
+    chunk_size: lines read at once; rounded up to whole batches (stateful batches: the same groups of lines).
+    part_sentences: sentences per part file (whole batches; None: 8 batches): what a kill can lose.
+    progress_every, progress_stream: seconds between progress lines (None: none), and where (stderr).
+    warn: called with a message for empty lines and cut tokens.
+    output: "all", "top", "average" or a TF-Hub module's output (`tfhub.OUTPUTS`); shapes: `cli/embed.py`.
+    sentence_vectors: write the mean over each line's tokens instead.
     output_dtype: "float32" or "float16".
-    use_sentence_keys: name each dataset by the line's text (AllenNLP); no `sentence_to_index`.
-    forget_sentences: do not write `sentence_to_index`.
+    use_sentence_keys, forget_sentences: name datasets by the line (AllenNLP); no `sentence_to_index`.
     tokenize: `str -> tokens` for raw text (default: split on whitespace).
     process_index, process_count: this process's share (default: JAX's process index and count).
 
@@ -77,35 +68,28 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike | JobInput, out
      "long_tokens", "seconds", "wrote" (whether this process wrote the output)}.
 
   Raises:
-    EmbedInputError: missing input file or output directory, invalid UTF-8 (names the line), a job folder
-      of another run (`embed_job.JobError`), or `--stateful` over several processes;
-      `embed_files.EmbedOutputError` (also a `files.UnsafeOutputError`) for an output path that is, or
-      links to, the input or one of the embedder's files, or lies in a trained run's checkpoints/export.
+    EmbedInputError (one line): a bad input (names the line), an output that would destroy an input
+    (`EmbedOutputError`), a job folder of another run (`embed_job.JobError`), `--stateful` over processes.
   """
   output_file = os.fspath(output_file)
   batch_size, process_index, process_count = _checked_args(embedder, batch_size, output, output_dtype,
                                                            process_index, process_count)
   if not isinstance(input_file, JobInput):  # the job's checks, once (the command made them before loading)
     input_file = embed_files.check_job(input_file, output_file, embedder.input_files, warn)
-  mix = embedder.module_mix if output in tfhub.OUTPUTS[3:] else None
   fmt = parts.Format(output, sentence_vectors, output_dtype, use_sentence_keys,
-                     None if mix is None else {k: np.asarray(v).tolist() for k, v in mix.items()})
+                     embedder.module_mix if output in tfhub.OUTPUTS[3:] else None)
   job = _open_job(embedder, input_file, output_file, fmt, tokenize, not (use_sentence_keys or forget_sentences),
                   (batch_size, chunk_size, part_sentences), process_index)
-  # the lines of sentence_to_index
-  index_from = None if use_sentence_keys or forget_sentences else input_file
+  index_from = None if use_sentence_keys or forget_sentences else input_file  # sentence_to_index's lines
   try:
-    share = job.layout.share(process_index, process_count)
-    job.verified_parts([(c, g) for c in share for g in range(job.layout.parts(c))], warn)
-    progress = _progress(job, output_file, warn, progress_every if process_index == 0 else None, progress_stream,
-                         process_count > 1)
-    lines = InputLines(input_file.source, input_file.path, _cut(embedder), warn)
-    return _run_job(embedder, job, fmt, lines, progress, tokenize, (process_index, process_count), output_file,
-                    index_from)
-  except OSError as e:
-    if space.no_space(e) is None:
-      raise
-    raise space.NoSpaceError(space.message(job, e)) from None
+    with space.named(job):  # a full disk: one line naming the folder and the room the job needs
+      share = job.layout.share(process_index, process_count)
+      job.verified_parts([(c, g) for c in share for g in range(job.layout.parts(c))], warn)
+      progress = _progress(job, output_file, warn, progress_every if process_index == 0 else None,
+                           progress_stream, process_count > 1)
+      lines = InputLines(input_file.source, input_file.path, _cut(embedder), warn)
+      return _run_job(embedder, job, fmt, lines, progress, tokenize, (process_index, process_count), output_file,
+                      index_from)
   finally:
     job.release()
 
@@ -279,20 +263,16 @@ def _write_output(job: embed_job.Job, output_file: str, index_from: JobInput | N
   index = None if index_from is None else json.dumps(
       {text: str(i) for i, text in read_lines(index_from.path, index_from.source)})
   space.check_room(job, 0 if index is None else len(index.encode()))
-  try:
-    with files.atomic_path(output_file, prefix=embed_files.temp_prefix(output_file)) as tmp:
-      ACTIVE_TEMPS.add(tmp)
-      try:
-        with h5py.File(tmp, "w") as fout:
-          job.merge(fout)
-          if index is not None:  # later duplicates win, as in AllenNLP
-            fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))[0] = index
-      finally:
-        ACTIVE_TEMPS.discard(tmp)
-  except OSError as e:
-    if space.no_space(e) is None:
-      raise
-    raise space.NoSpaceError(space.message(job, e, merging=True)) from None
+  with space.named(job, merging=True), files.atomic_path(output_file,
+                                                         prefix=embed_files.temp_prefix(output_file)) as tmp:
+    ACTIVE_TEMPS.add(tmp)
+    try:
+      with h5py.File(tmp, "w") as fout:
+        job.merge(fout)
+        if index is not None:  # later duplicates win, as in AllenNLP
+          fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))[0] = index
+    finally:
+      ACTIVE_TEMPS.discard(tmp)
   job.remove()
 
 
