@@ -61,7 +61,8 @@ def define_flags() -> None:
                       "once into $ELMO_JAX_CACHE), a folder or a URL; instead of --options_file/--weight_file.")
   flags.DEFINE_string("workdir", None, "A training run's directory (uses export/options.json and "
                       "export/weights.hdf5); instead of --options_file/--weight_file.")
-  flags.DEFINE_string("input_file", None, "One whitespace-tokenized sentence per line (UTF-8; .gz ok).")
+  flags.DEFINE_string("input_file", None, "One whitespace-tokenized sentence per line (UTF-8; .gz ok; a pipe, "
+                      "FIFO or - for stdin is kept in the job folder OUTPUT.partial/ for the job's passes).")
   flags.DEFINE_string("output_file", None, "Output hdf5.")
   flags.DEFINE_bool("all", False, "Write all layers, (n_layers + 1, n_tokens, 2P) per line (the default).")
   flags.DEFINE_bool("top", False, "Write the top layer only, (n_tokens, 2P) per line.")
@@ -121,6 +122,8 @@ def _check_flags(argv: list[str]) -> None:
     raise app.UsageError("give --model, or --options_file and --weight_file (or --workdir)")
   if FLAGS.top + FLAGS.average + FLAGS.all > 1:
     raise app.UsageError("give at most one of --all, --top, --average")
+  if FLAGS.module_output and FLAGS.stateful:
+    raise app.UsageError(embed.STATEFUL_MODULE_OUTPUT.format(FLAGS.module_output))
   if FLAGS.module_output and FLAGS.top + FLAGS.average + FLAGS.all:
     raise app.UsageError(f"--module_output={FLAGS.module_output} is the output; drop --all/--top/--average")
 
@@ -192,19 +195,26 @@ def main(argv: list[str]) -> int:
 def _embed(output_file: str) -> str:
   """The work of `main`, writing to `output_file` (local); returns the line that reports it."""
   source = storage.local(FLAGS.vocab_file if FLAGS.dump_token_embeddings else FLAGS.input_file)
-  if not os.path.exists(source):  # fail before spending time on loading the model
-    kind = "vocab" if FLAGS.dump_token_embeddings else "input"
-    raise embed_files.EmbedInputError(f"{source}: {kind} file not found")
-  # a directory, an HDF5 file (e.g. the weights) or other binary data: one line naming the flag
-  problem = (files.text_problem(source) if FLAGS.dump_token_embeddings else embed_files.text_input_problem(source))
-  if problem is not None:
-    flag = "vocab_file" if FLAGS.dump_token_embeddings else "input_file"
-    raise embed_files.EmbedInputError(f"--{flag}={source} {problem}")
-  embed_files.check_output_path(output_file, _run_inputs(), "--output_file")
-  if not FLAGS.dump_token_embeddings:
-    embed_job.Job.check_folder(output_file)
-  for name in embed_files.remove_stale_temps(output_file):
-    logging.warning("removed %s, left by an embedding run that was killed", name)
+  job_input = None
+  if FLAGS.dump_token_embeddings:  # fail before spending time on loading the model
+    source = "/dev/stdin" if source == embed_files.STDIN else source
+    if not os.path.exists(source):
+      raise embed_files.EmbedInputError(f"{source}: vocab file not found")
+    problem = None if embed_files.is_stream(source) else files.text_problem(source)  # a pipe is read once
+    if problem is not None:
+      raise embed_files.EmbedInputError(f"--vocab_file={source} {problem}")
+    embed_files.check_output_path(output_file, _run_inputs(), "--output_file")
+  else:  # the job's checks, once, and its input read once (a pipe spooled into the job folder)
+    job_input = embed_files.check_job(source, output_file, _run_inputs(), logging.warning, "--input_file")
+  try:
+    return _load_and_embed(source, output_file, job_input)
+  finally:
+    if job_input is not None:
+      job_input.discard()  # a spool the job did not adopt (it failed before opening its folder)
+
+
+def _load_and_embed(source: str, output_file: str, job_input: embed_files.JobInput | None) -> str:
+  """`_embed` past the checks: the backend, the model, the work; returns the line that reports it."""
   # Before anything touches a JAX backend: initialize() must come first in every process.
   try:
     distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
@@ -226,7 +236,7 @@ def _embed(output_file: str) -> str:
   if FLAGS.tokenize:
     from elmo_jax.data.tokenize import Tokenizer  # pylint: disable=g-import-not-at-top
     tokenize = Tokenizer()
-  stats = embed.embed_file(embedder, source, output_file, FLAGS.batch_size,
+  stats = embed.embed_file(embedder, job_input, output_file, FLAGS.batch_size,
                            chunk_size=FLAGS.chunk_size,
                            progress_every=FLAGS.progress_every if FLAGS.progress else None,
                            output=FLAGS.module_output or ("top" if FLAGS.top else "average" if FLAGS.average

@@ -45,6 +45,17 @@ def token_to_ids(token: str, max_chars: int = MAX_CHARS) -> np.ndarray:
   return ids + 1
 
 
+def is_cut(token: str, max_chars: int = MAX_CHARS, max_token_chars: int | None = None) -> bool:
+  """Whether the model sees less than `token`: `token_to_ids` keeps `max_chars - 2` UTF-8 bytes, not characters
+  (a Chinese character is 3 bytes: 17 of them are cut), after a cut to `max_token_chars` characters (the
+  trainer's `data.max_token_chars`), if given."""
+  if token in (BOS_TOKEN, EOS_TOKEN):
+    return False
+  if max_token_chars is not None and len(token) > max_token_chars:
+    return True
+  return len(token.encode("utf-8", "ignore")) > max_chars - 2
+
+
 # ELMoForManyLangs (EFML): a token's ids come from its model's char.dic and word.dic, one id per Unicode code point.
 EFML_BOS, EFML_EOS, EFML_OOV, EFML_PAD = "<bos>", "<eos>", "<oov>", "<pad>"
 
@@ -52,15 +63,20 @@ EFML_BOS, EFML_EOS, EFML_OOV, EFML_PAD = "<bos>", "<eos>", "<oov>", "<pad>"
 def read_dic(path: str) -> dict[str, int]:
   """An EFML `char.dic` / `word.dic` (`token<TAB>id` lines) exactly as its `Embedder.get_model` reads it: the
   line stripped, a line left with the id alone is U+3000 (an ideographic space: strip() removes it), a later
-  line of the same token wins. ValueError naming the line for any other line."""
+  line of the same token wins. ValueError naming the line for any other line (not UTF-8, an id that is not
+  ASCII digits: `²` or a negative one)."""
   out: dict[str, int] = {}
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, 1):
+  with open(path, "rb") as f:
+    for n, raw in enumerate(f, 1):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{n}: not UTF-8 (byte {e.start} is {raw[e.start:e.start + 1]!r}; Latin-1?)") from None
       parts = line.strip().split("\t")
       if len(parts) == 1:
         parts.insert(0, "\u3000")
-      if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
-        raise ValueError(f"{path}:{n}: expected 'token<TAB>id', got {line.rstrip()[:60]!r}")
+      if len(parts) != 2 or not (parts[1].isascii() and parts[1].isdigit()):
+        raise ValueError(f"{path}:{n}: expected 'token<TAB>id' with a non-negative id, got {line.rstrip()[:60]!r}")
       out[parts[0]] = int(parts[1])
   return out
 
@@ -86,6 +102,10 @@ class LexiconIds:
     self.pad_id = char2id[EFML_PAD] + 1
     self._begin, self._end = char2id["<eow>"] + 1, char2id["<bow>"] + 1  # sic, see above
     self._oov = char2id[EFML_OOV] + 1
+
+  def is_cut(self, token: str) -> bool:
+    """Whether `__call__` cuts `token` (its code points past `max_chars - 2`)."""
+    return len(token) + 2 > self.max_chars
 
   def __call__(self, token: str) -> np.ndarray:
     if len(token) + 2 > self.max_chars:

@@ -191,8 +191,11 @@ def _check_manifest(path: str, manifest: Any) -> dict[str, Any]:
       raise _damaged(path, f"lists no sha256 of {name}")
   sizes = manifest.get("sizes", {})  # absent in manifests written before sizes were recorded
   for name, digest in digests.items():
-    if os.path.basename(name) != name or name in ("", ".", "..") or not (
-        isinstance(digest, str) and len(digest) == 64):
+    try:  # a name from the manifest is a file of the folder, never a path out of it
+      outside = files.name_parts(name, "a file name") != [name]
+    except files.OutsideNameError:
+      outside = True
+    if outside or not (isinstance(digest, str) and len(digest) == 64):
       raise _damaged(path, f"has sha256[{json.dumps(name)[:60]}] = {json.dumps(digest)[:70]}, not a file's sha256")
     if not isinstance(sizes, dict) or not isinstance(sizes.get(name, 0), int):
       raise _damaged(path, f"has no byte count of {name} in 'sizes'")

@@ -10,7 +10,7 @@ import grain
 import numpy as np
 
 from elmo_jax.data.batches import LMIterator, stream_order
-from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, token_to_ids
+from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, is_cut, token_to_ids
 from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.data.vocab import Vocab
 
@@ -61,7 +61,7 @@ class TextTypes:
       if i is None:  # e.g. URLs or tables glued into one token are cut; they would only be <UNK> anyway
         cut = token[:self._limit]
         i = self._index[token] = self._append(token_to_ids(cut, self._width), self._vocab.id(cut),
-                                              len(token) > self._limit)
+                                              is_cut(token, self._width, self._limit))
       ids[k] = i
     return ids
 

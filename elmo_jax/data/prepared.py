@@ -14,6 +14,7 @@ import numpy as np
 from elmo_jax.runtime import log
 from elmo_jax.runtime import storage
 from elmo_jax.data.batches import LMIterator, stream_order
+from elmo_jax.data.chars import is_cut
 from elmo_jax.data.manifest import AGAIN, MANIFEST, PreparedCorpusError, open_verified
 from elmo_jax.data.vocab import Vocab
 
@@ -65,11 +66,13 @@ class PreparedCorpus:
     self.lengths = np.diff(self.offsets).astype(np.int64)
     self.skipped = dict(manifest.get("skipped_lines", {}))
     limit = self.settings["max_token_chars"]
-    self._truncated = np.fromiter((len(t) > limit for t in self.types), bool, count=len(self.types))
+    # what the model's char ids cut (UTF-8 bytes past width - 2, `chars.is_cut`)
+    self._truncated = np.fromiter((is_cut(t, width, limit) for t in self.types), bool, count=len(self.types))
     if "n_truncated_tokens" in counts:  # the type table is hashed, the manifest cannot be: they must agree
       type_counts = self._load("type_counts.npy", np.int64, (n_types,))
       found = int(type_counts[self._truncated].sum())
-      if found != counts["n_truncated_tokens"]:
+      by_chars = np.fromiter((len(t) > limit for t in self.types), bool, count=len(self.types))
+      if counts["n_truncated_tokens"] not in (found, int(type_counts[by_chars].sum())):  # older manifests: chars
         raise PreparedCorpusError(
             f"{self.directory}/{MANIFEST} has settings.max_token_chars = {limit}, which cuts {found:,} tokens of "
             f"types.txt, but counts.n_truncated_tokens = {counts['n_truncated_tokens']:,} (the manifest was "
@@ -111,7 +114,7 @@ class PreparedCorpus:
     return vocab.encode([t[:limit] for t in self.types])
 
   def truncated(self) -> np.ndarray:
-    """bool [n_types]: types longer than max_token_chars (counted in `truncated_tokens`)."""
+    """bool [n_types]: types the char ids cut (`chars.is_cut`; counted in `truncated_tokens`)."""
     return self._truncated.copy()
 
   def sentence(self, index: int) -> list[str]:

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import glob
-import gzip
 import logging
 import os
 from typing import Sequence
 
 import numpy as np
 
+from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def expand_paths(paths_or_globs: str | Sequence[str]) -> list[str]:
     for path in matches:
       if os.path.isdir(path):
         raise FileNotFoundError(f"{path} is a directory, not a text file")
-      if not os.path.isfile(path):
+      if not os.path.isfile(path) and not files.is_stream(path):  # a pipe is read once, by TextSource
         broken = os.path.islink(path)  # a link to nothing, or a loop of links
         raise FileNotFoundError(f"{path}: " + ("a symbolic link to no file (broken, or a loop of links)"
                                                if broken else "file not found"))
@@ -83,18 +83,19 @@ _CR_HEAD = 1 << 20  # how much of a file is looked at for its line endings
 _CR_MIN = 1000  # a shorter file without a newline may well be one sentence
 
 
-def _refuse_cr_only(path: str) -> None:
-  """A file (over 1000 bytes) whose first MiB holds carriage returns but no newline has old-Mac line endings:
-  read line by line it would be one huge sentence. Refused (ValueError, one line) with the fix."""
-  with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-    head = f.read(_CR_HEAD)
+def _refuse_cr_only(path: str, first_line: bytes) -> None:
+  """A file (over 1000 bytes) whose first MiB holds carriage returns but no newline (its first line, as read)
+  has old-Mac line endings: read line by line it would be one huge sentence. Refused (ValueError, one line)
+  with the fix."""
+  head = first_line[:_CR_HEAD]
   if len(head) > _CR_MIN and b"\r" in head and b"\n" not in head:
     raise ValueError(f"{path} uses CR-only line endings (old Mac), it would be read as one line; convert with "
                      "tr '\\r' '\\n'")
 
 
 class TextSource:
-  """Plain or gzip text files (`.gz` by extension), one sentence (or paragraph) per line.
+  """Plain or gzip text files (gzip by its magic number), one sentence (or paragraph) per line, each read once
+  (a pipe or FIFO works).
 
   Everything is read into one bytes buffer at construction (random access into gzip is otherwise
   impossible); a compact buffer + offsets costs ~1 byte per character instead of a Python str per line.
@@ -111,12 +112,12 @@ class TextSource:
     chunks: list[bytes] = []
     lengths: list[int] = []
     for path in self.paths:
-      opener = gzip.open if path.endswith(".gz") else open
       kept, invalid, first_invalid = len(lengths), self.skipped["invalid_utf8"], ""
       try:
-        _refuse_cr_only(path)
-        with opener(path, "rb") as f:
+        with files.open_text(path) as f:  # opened once: a pipe or FIFO works
           for lineno, raw in enumerate(f, start=1):
+            if lineno == 1:
+              _refuse_cr_only(path, raw)
             line = raw.strip()
             reason = None
             if not line:

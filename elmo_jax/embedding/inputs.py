@@ -8,7 +8,9 @@ import dataclasses
 import gzip
 import hashlib
 import os
+import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -40,7 +42,7 @@ def open_binary(path: str | os.PathLike):
   return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
-def count_lines(path: str | os.PathLike, validate: bool = False, digest: Any = None) -> int:
+def count_lines(path: str | os.PathLike, validate: bool = False, digest: Any = None, name: str | None = None) -> int:
   """Number of lines (a last line without newline counts), by a fast binary scan; `validate`: also checks
   that the text is UTF-8 (`EmbedInputError` naming the line, as `read_lines` would, before any work);
   `digest` (a hashlib object) is updated with the text's bytes in the same pass."""
@@ -58,9 +60,9 @@ def count_lines(path: str | os.PathLike, validate: bool = False, digest: Any = N
       if validate:
         decoder.decode(b"", final=True)
     except (OSError, EOFError) as e:  # a damaged .gz
-      raise EmbedInputError(f"{path}:{n + 1}: cannot read the file further ({e})") from None
+      raise EmbedInputError(f"{name or path}:{n + 1}: cannot read the file further ({e})") from None
     except UnicodeDecodeError:
-      for _ in read_lines(path):  # raises at the line
+      for _ in read_lines(path, name):  # raises at the line
         pass
   return n + (last != b"\n")
 
@@ -79,14 +81,16 @@ class CountedDigest:
     return self._sha.hexdigest()
 
 
-def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-  """Yields (0-based line index, stripped text); stops with `EmbedInputError` at invalid UTF-8.
+def read_lines(path: str | os.PathLike, name: str | None = None) -> Iterator[tuple[int, str]]:
+  """Yields (0-based line index, stripped text); stops with `EmbedInputError` at invalid UTF-8, naming the line
+  of `name` (default `path`: a spooled input is named as the user gave it).
 
   Decoded line by line (binary mode) so the error can name the line, which text mode cannot.
   """
   if not os.path.exists(path):
     raise EmbedInputError(f"{path}: input file not found")
-  with open_binary(path) as f:
+  path_read, path = path, name or path
+  with open_binary(path_read) as f:
     i = -1
     while True:
       try:
@@ -102,6 +106,100 @@ def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
         raise EmbedInputError(
             f"{path}:{i + 1}: invalid UTF-8 at byte {e.start} of the line ({e.reason})") from None
       yield i, text.strip()
+
+
+STDIN = "-"  # --input_file=- : the standard input
+SPOOL = "input"  # in the job folder: a piped input, kept for the passes and reruns of its job
+
+
+def is_stream(path: str) -> bool:
+  """`-` (stdin), a pipe (`<(zcat x.gz)`), a FIFO or a device: bytes that can be read once."""
+  return path == STDIN or files.is_stream(path)
+
+
+@dataclasses.dataclass
+class JobInput:
+  """The input of one embedding job, checked once before the model loads (`check_job`): `source` as the user
+  named it, `path` the regular file every pass reads (the input itself, or a stream spooled into the job
+  folder once: a job reads its input several times and a rerun compares it), and what one pass learned:
+  its lines and the sha256 and bytes of its (decompressed) text."""
+  source: str
+  path: str
+  lines: int
+  sha256: str
+  bytes: int
+  spooled: bool = False
+
+  def adopt(self, folder: str) -> None:
+    """Once the job folder is this job's (locked, same settings): a spool becomes the folder's `SPOOL`."""
+    if self.spooled and os.path.dirname(self.path) == folder and os.path.basename(self.path) != SPOOL:
+      final = os.path.join(folder, SPOOL)
+      os.replace(self.path, final)
+      ACTIVE_TEMPS.discard(self.path)
+      self.path = final
+
+  def discard(self) -> None:
+    """A spool not adopted (the job was refused) is removed."""
+    if self.spooled and os.path.basename(self.path) != SPOOL and os.path.exists(self.path):
+      os.remove(self.path)
+      ACTIVE_TEMPS.discard(self.path)
+      try:  # the job folder, if the spool was all it held
+        os.rmdir(os.path.dirname(self.path))
+      except OSError:
+        pass
+
+
+def check_job(input_file: str | os.PathLike, output_file: str | os.PathLike, inputs: Any = (),
+              warn: Callable[[str], Any] | None = None, flag: str | None = None) -> JobInput:
+  """Every check of an embedding job, once, before the model loads: the output path against the run's `inputs`
+  (`check_output_path`), the job folder (`Job.check_folder`), dead writers' temps removed (`warn`ed), and the
+  input read once: a regular file for its lines and sha256 (after `text_input_problem`), a stream (`is_stream`)
+  spooled into the job folder first. An input that holds nothing is refused: a run never ends with 0 lines
+  written because its pipe was already read. Raises EmbedInputError (one line)."""
+  source, output_file = os.fspath(input_file), os.fspath(output_file)
+  stream = is_stream(source)
+  if not stream and not os.path.exists(source):
+    raise EmbedInputError(f"{source}: input file not found")
+  named = f"{flag}={source} " if flag else f"{source}: "  # the command names its flag, a library call the file
+  check_output_path(output_file, [p for p in (source, *inputs) if p and p != STDIN and not is_stream(p)],
+                    "--output_file" if flag else "output_file")
+  embed_job.Job.check_folder(output_file)
+  for name in remove_stale_temps(output_file):
+    (warn or (lambda m: None))(f"removed {name}, left by an embedding run that was killed")
+  path = _spool(source, output_file + embed_job.SUFFIX) if stream else source
+  job_input = JobInput(source, path, 0, "", 0, spooled=stream)
+  try:
+    problem = text_input_problem(path)
+    if problem is not None:
+      raise EmbedInputError(f"{named}{problem}")
+    digest = CountedDigest()  # of the (decompressed) text: the job's identity, read in the same pass
+    job_input.lines = count_lines(path, validate=True, digest=digest, name=source)
+    job_input.sha256, job_input.bytes = digest.hexdigest(), digest.bytes
+    if not digest.bytes:
+      why = "a pipe that was already read, or gave nothing" if stream else "an empty file"
+      raise EmbedInputError(f"{named.rstrip(': ')}: read 0 bytes ({why}); nothing to embed")
+  except BaseException:
+    job_input.discard()
+    raise
+  return job_input
+
+
+def _spool(source: str, folder: str) -> str:
+  """The stream `source` copied, read once, into a temp file of the job folder; its path."""
+  os.makedirs(folder, exist_ok=True)
+  with _TEMPS_LOCK:
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp", prefix=f".input.{socket.gethostname()}.{os.getpid()}.")
+    ACTIVE_TEMPS.add(tmp)
+  try:
+    with os.fdopen(fd, "wb") as out, (open(sys.stdin.fileno(), "rb", closefd=False) if source == STDIN
+                                      else open(source, "rb")) as src:
+      shutil.copyfileobj(src, out, 1 << 20)
+  except OSError as e:
+    os.remove(tmp)
+    ACTIVE_TEMPS.discard(tmp)
+    raise EmbedInputError(f"--input_file={source}: cannot keep the stream in {folder} for the job's passes "
+                          f"({e.strerror or e}); write it to a file and give that") from None
+  return tmp
 
 
 def temp_prefix(output_file: str) -> str:
@@ -132,39 +230,14 @@ def new_part_temp(directory: str) -> str:
 
 
 def remove_stale_temps(output_file: str | os.PathLike) -> list[str]:
-  """Removes temp files of writers on this host that no longer run: outputs for `output_file` and parts of
-  its job folder (`embed_job`); returns their names."""
+  """Removes temp files of writers on this host that no longer run: outputs for `output_file`, parts and input
+  spools of its job folder (`embed_job`); returns their names."""
   output_file = os.fspath(output_file)
-  host = socket.gethostname()
-  return (_remove_dead_temps(os.path.dirname(os.path.abspath(output_file)),
-                             f".{os.path.basename(output_file)}.{host}.") +
-          _remove_dead_temps(os.path.join(output_file + embed_job.SUFFIX, "parts"), f".part.{host}."))
-
-
-def _remove_dead_temps(directory: str, head: str) -> list[str]:
-  removed = []
-  for name in (os.listdir(directory) if os.path.isdir(directory) else []):
-    if not (name.startswith(head) and name.endswith(".tmp")):
-      continue
-    pid = name[len(head):].split(".", 1)[0]
-    if not pid.isdigit() or _alive(int(pid)):
-      continue
-    try:
-      os.remove(os.path.join(directory, name))
-      removed.append(name)
-    except OSError:
-      pass
-  return removed
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
+  host, folder = socket.gethostname(), output_file + embed_job.SUFFIX
+  return (files.remove_dead_temps(os.path.dirname(os.path.abspath(output_file)),
+                                  f".{os.path.basename(output_file)}.{host}.") +
+          files.remove_dead_temps(os.path.join(folder, "parts"), f".part.{host}.") +
+          files.remove_dead_temps(folder, f".input.{host}."))
 
 
 def text_input_problem(path: str | os.PathLike) -> str | None:
@@ -196,11 +269,12 @@ def chunks(lines: Iterator[tuple[int, str]], size: int) -> Iterator[list[tuple[i
     yield chunk
 
 
-def check_sentence_keys(input_file: str) -> None:
+def check_sentence_keys(input_file: str, name: str | None = None) -> None:
   """Every line's text as an HDF5 dataset name: unique, non-empty, and not the group of another line's name
   (h5py nests a name holding '/' in groups: `x` and `x/y z` cannot both be datasets); before any device work."""
   seen: dict[tuple[str, ...], tuple[int, str]] = {}  # a name's path as HDF5 reads it ('//' is '/') -> line, text
-  for i, text in read_lines(input_file):
+  input_file, path_read = name or input_file, input_file
+  for i, text in read_lines(path_read, input_file):
     where, path = f"{input_file}:{i + 1}", tuple(c for c in text.split("/") if c)
     if not text:
       raise EmbedInputError(f"{where}: an empty line cannot name an HDF5 dataset; drop --use_sentence_keys")
@@ -221,9 +295,12 @@ def check_sentence_keys(input_file: str) -> None:
 
 @dataclasses.dataclass
 class InputLines:
-  """What reading the input learned: empty lines, over-long tokens (warned about as `embed_file` meets them)."""
+  """What reading the input learned: empty lines, tokens the model's char ids cut (warned about as
+  `embed_file` meets them). `input_file` names the input in messages, `path` is the file read; `cut`:
+  (token -> whether the ids cut it, the cut in words, e.g. '48 UTF-8 bytes')."""
   input_file: str
-  max_chars: int
+  path: str
+  cut: tuple[Callable[[str], bool], str]
   warn: Callable[[str], Any]
   empty: list[int] = dataclasses.field(default_factory=list)
   long_tokens: int = 0
@@ -232,7 +309,7 @@ class InputLines:
   def tokens(self, i: int, text: str, tokenize: Callable[[str], list[str]] | None) -> list[str]:
     """Line i's tokens; warns about an empty line."""
     tokens = tokenize(text) if tokenize is not None else text.split()
-    n_long = sum(len(t) > self.max_chars for t in tokens)
+    n_long = sum(map(self.cut[0], tokens))
     if n_long:
       self.long_tokens += n_long
       self.first_long = self.first_long or f"{self.input_file}:{i + 1}"
@@ -248,5 +325,5 @@ class InputLines:
       self.warn(f"{self.input_file}: {len(self.empty)} empty lines in all (warned about the first "
                 f"{_MAX_EMPTY_WARNINGS})")
     if self.long_tokens:  # bilm-tf cuts them silently; say so once per run
-      self.warn(f"{self.input_file}: {self.long_tokens} tokens longer than {self.max_chars} characters were "
-                f"cut to their first {self.max_chars} (as bilm-tf does); the first at {self.first_long}")
+      self.warn(f"{self.input_file}: {self.long_tokens} tokens longer than {self.cut[1]} were cut to their "
+                f"first {self.cut[1]} by the model's char ids; the first at {self.first_long}")

@@ -119,8 +119,7 @@ class Job:
     Raises:
       JobError: the folder is another job's, or another live command holds it (the folder is left as it was).
     """
-    cls.check_folder(output_file)
-    job = cls(output_file, layout)
+    job = cls(output_file, layout)  # (`check_folder` was made once, before the model loaded: `check_job`)
     existed = os.path.isdir(job.folder)
     os.makedirs(job.folder, exist_ok=True)
     try:

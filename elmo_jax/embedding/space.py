@@ -9,11 +9,13 @@ writes in place and cannot recover from a failed write, starts only if its file 
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import resource
 import shutil
+from typing import Iterator
 
 from elmo_jax.embedding.job import Job, JobError
 from elmo_jax.runtime.files import human_bytes
@@ -46,6 +48,18 @@ def estimate(job: Job) -> tuple[int, int]:
   size, text = (done_bytes, done_text) if done_text else job.attempted
   left = max(job.input_bytes - done_text, 0) * size / max(text, 1)
   return int(left), int(done_bytes + left)
+
+
+@contextlib.contextmanager
+def named(job: Job, merging: bool = False) -> Iterator[None]:
+  """Turns a write the disk or a file-size limit stopped (`no_space`) into `NoSpaceError`'s one line
+  (`message`); other errors pass."""
+  try:
+    yield
+  except OSError as e:
+    if no_space(e) is None:
+      raise
+    raise NoSpaceError(message(job, e, merging=merging)) from None
 
 
 def check_room(job: Job, extra: int = 0) -> None:

@@ -15,162 +15,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import queue
-import threading
 import time
 from typing import Any, Callable, TextIO
 
 import h5py
-import numpy as np
 from absl import logging
 
+from elmo_jax.data import chars
 from elmo_jax.embedding import inputs as embed_files
 from elmo_jax.embedding import job as embed_job
+from elmo_jax.embedding import parts
 from elmo_jax.embedding import space
 from elmo_jax.runtime import files
-from elmo_jax.embedding.inputs import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, InputLines, check_output_path,
-                                      count_lines, read_lines, remove_stale_temps, text_input_problem)
-from elmo_jax.embedding.args import select_layers
+from elmo_jax.embedding.inputs import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, InputLines, JobInput,
+                                      check_output_path, read_lines)
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.interop import tfhub
 
-@dataclasses.dataclass
-class _Format:
-  """What each dataset holds and how it is named (see `embed_file`'s arguments)."""
-  output: str = "all"
-  sentence_vectors: bool = False
-  dtype: str = "float32"
-  use_sentence_keys: bool = False
-  mix: dict[str, Any] | None = None  # a TF-Hub module's (weights, scaling) for its outputs `elmo`/`default`
-
-
-class _Writer:
-  """Writes batches into the job's part files from a background thread.
-
-  The device computes batch k+1 (and the main thread reads and prepares the next ones) while batch k is cut
-  to its lengths, converted and written. The queue holds at most `depth` batches, so memory stays bounded
-  when the disk is slower than the device. A part is built in memory (at most `part_sentences` sentences'
-  datasets) and, once its last batch is in, written whole to a temp file and committed (`Job.commit`). An
-  error in the thread is raised by the next `put` or `close`.
-  """
-
-  def __init__(self, job: embed_job.Job, fmt: _Format, where: str, warn: Callable[[str], Any], depth: int = 2):
-    self.job, self.fmt, self.where, self.warn = job, fmt, where, warn
-    self.error: BaseException | None = None
-    self.fout: h5py.File | None = None  # the part being built (in memory)
-    self._counts = [0, 0, 0]  # its sentences, tokens and bytes of their text
-    self._keys: list[str] = []  # its datasets' names, for its record
-    self._slash_warned = False
-    self._queue: queue.Queue = queue.Queue(maxsize=depth)
-    self._thread = threading.Thread(target=self._run, name="embed-hdf5-writer", daemon=True)
-    self._thread.start()
-
-  def put(self, layers: np.ndarray, lines: list[tuple[int, str, int]]) -> None:
-    """Queues one batch: layers `[rows, n_layers + 1, time, 2P]` and (line index, text, n_tokens) per row."""
-    self._put(("batch", layers, lines))
-
-  def commit(self, part: tuple[int, int], state=None) -> None:
-    """Queues the end of `part` (its batches were `put` before); `state`: the LSTM state after it."""
-    self._put(("commit", part, state))
-
-  def _put(self, item) -> None:
-    while True:
-      self._raise()
-      try:
-        self._queue.put(item, timeout=0.1)
-        return
-      except queue.Full:
-        if not self._thread.is_alive():
-          self._raise()
-          raise RuntimeError("the HDF5 writer thread stopped")
-
-  def close(self, abort: bool = False) -> None:
-    """Waits for the queued batches to be written; raises the thread's error (not if `abort`: the main
-    thread failed, and its error is the one to report). The queued batches are written even then (at most
-    `depth`: the parts they finish are kept for the rerun)."""
-    self._queue.put(None)
-    self._thread.join()
-    self._drop_part()
-    if not abort:
-      self._raise()
-
-  def _raise(self) -> None:
-    if self.error is not None:
-      raise self.error
-
-  def _run(self) -> None:
-    while (item := self._queue.get()) is not None:
-      if self.error is not None:
-        continue  # drain until close()
-      try:
-        if item[0] == "batch":
-          self._write_batch(*item[1:])
-        else:
-          self._commit(*item[1:])
-      except BaseException as e:  # pylint: disable=broad-except
-        self.error = e
-
-  def _write_batch(self, layers: np.ndarray, lines: list[tuple[int, str, int]]) -> None:
-    if self.fout is None:  # built in memory: HDF5 never meets a full disk (it cannot recover from that);
-      # grown 16 MiB at a time (HDF5's default 64 KiB copies a large part over and over)
-      self.fout = h5py.File(f"part-{id(self)}", "w", driver="core", backing_store=False, block_size=1 << 24)
-    for row, (i, text, n) in enumerate(lines):
-      self._write(i, text, layers[row, :, :n])
-      self._counts[0] += 1
-      self._counts[1] += n
-      self._counts[2] += len(text.encode()) + 1
-
-  def _commit(self, part: tuple[int, int], state) -> None:
-    """The part's file written whole from its in-memory image (a full disk is a plain OSError here), then
-    committed with its record."""
-    self.fout.flush()
-    image = self.fout.id.get_file_image()
-    self._drop_part()
-    tmp = embed_files.new_part_temp(self.job.parts_dir)
-    try:
-      self.job.commit(part, tmp, image, tuple(self._counts), self._keys, state=state)
-    finally:
-      if os.path.exists(tmp):
-        os.remove(tmp)
-      ACTIVE_TEMPS.discard(tmp)
-    self._counts, self._keys = [0, 0, 0], []
-
-  def _drop_part(self) -> None:
-    """The part being built is dropped (committed, or a failed run: committed parts stay for the rerun)."""
-    if self.fout is not None:
-      self.fout.close()
-      self.fout = None
-
-  def _write(self, i: int, text: str, layers: np.ndarray) -> None:
-    if self.fmt.output in tfhub.OUTPUTS:
-      mix = None if self.fmt.mix is None else {k: np.asarray(v, np.float32) for k, v in self.fmt.mix.items()}
-      data = tfhub.output(layers, self.fmt.output, mix)
-    else:
-      data = select_layers(layers, self.fmt.output)
-    if self.fmt.sentence_vectors and self.fmt.output != "default":
-      n = layers.shape[1]
-      data = data.mean(axis=-2) if n else np.zeros(data.shape[:-2] + data.shape[-1:], np.float32)
-    if not self.fmt.use_sentence_keys:
-      self.fout.create_dataset(str(i), data=data, dtype=self.fmt.dtype)
-      self._keys.append(str(i))
-      return
-    if "/" in text and not self._slash_warned:  # h5py nests such names in groups, as AllenNLP's files do
-      self._slash_warned = True
-      self.warn(f"{self.where}:{i + 1}: a sentence key holds '/'; read it back with f[sentence], not by "
-                "listing the file's keys")
-    try:
-      self.fout.create_dataset(text, data=data, dtype=self.fmt.dtype)
-      self._keys.append(text)
-    except (ValueError, KeyError, TypeError) as e:
-      raise EmbedInputError(f"{self.where}:{i + 1}: {text!r} cannot name an HDF5 dataset ({e}); "
-                            "drop --use_sentence_keys") from None
-
-
-def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: str | os.PathLike,
-               batch_size: int | None = None, *, chunk_size: int = 4096,
-               part_sentences: int | None = None,
-               progress_every: float | None = 5.0,
-               progress_stream: TextIO | None = None,
+def embed_file(embedder: Embedder, input_file: str | os.PathLike | JobInput, output_file: str | os.PathLike,
+               batch_size: int | None = None, *, chunk_size: int = 4096, part_sentences: int | None = None,
+               progress_every: float | None = 5.0, progress_stream: TextIO | None = None,
                warn: Callable[[str], Any] = logging.warning, output: str = "all",
                sentence_vectors: bool = False, output_dtype: str = "float32", use_sentence_keys: bool = False,
                forget_sentences: bool = False, tokenize: Callable[[str], list[str]] | None = None,
@@ -183,23 +47,19 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
 
   Args:
     embedder: the model; its `stateful` flag decides the batching (see `Embedder`).
-    input_file: UTF-8 text, one whitespace-tokenized sentence per line.
+    input_file: UTF-8 text, one whitespace-tokenized sentence per line (gzip too; a pipe, FIFO or `-` is
+      spooled into the job folder), or `embed_files.check_job`'s `JobInput` (the command checks its job
+      once, before it loads the model).
     output_file: HDF5 to write; replaced only once everything succeeded.
     batch_size: sentences per batch (None: `embedder.default_batch_size`, 64 per device).
-    chunk_size: lines read (and held) at once; rounded up to a multiple of `batch_size` so stateful
-      batches are the same consecutive groups of lines however the file is chunked.
-    part_sentences: sentences per part file (rounded up to whole batches; None: 8 batches): the most a
-      kill can lose, and how long the token table lives.
-    progress_every: seconds between progress lines (None: none).
-    progress_stream: where progress goes (default stderr).
-    warn: called with a message for empty lines.
-    output: "all" `(n_layers + 1, n_tokens, 2P)`, "top" or "average" `(n_tokens, 2P)` (`allennlp elmo`), or
-      a TF-Hub module's output (`tfhub.OUTPUTS`: "word_emb" `(n_tokens, P)`, "lstm_outputs1"/"lstm_outputs2",
-      "elmo" `(n_tokens, 2P)`, "default" `(2P,)`; "elmo" and "default" need the module's mix).
-    sentence_vectors: write the mean over each line's tokens instead (`(n_layers + 1, 2P)` or `(2P,)`).
+    chunk_size: lines read at once; rounded up to whole batches (stateful batches: the same groups of lines).
+    part_sentences: sentences per part file (whole batches; None: 8 batches): what a kill can lose.
+    progress_every, progress_stream: seconds between progress lines (None: none), and where (stderr).
+    warn: called with a message for empty lines and cut tokens.
+    output: "all", "top", "average" or a TF-Hub module's output (`tfhub.OUTPUTS`); shapes: `cli/embed.py`.
+    sentence_vectors: write the mean over each line's tokens instead.
     output_dtype: "float32" or "float16".
-    use_sentence_keys: name each dataset by the line's text (AllenNLP); no `sentence_to_index`.
-    forget_sentences: do not write `sentence_to_index`.
+    use_sentence_keys, forget_sentences: name datasets by the line (AllenNLP); no `sentence_to_index`.
     tokenize: `str -> tokens` for raw text (default: split on whitespace).
     process_index, process_count: this process's share (default: JAX's process index and count).
 
@@ -208,94 +68,100 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike, output_file: s
      "long_tokens", "seconds", "wrote" (whether this process wrote the output)}.
 
   Raises:
-    EmbedInputError: missing input file or output directory, invalid UTF-8 (names the line), a job folder
-      of another run (`embed_job.JobError`), or `--stateful` over several processes;
-      `embed_files.EmbedOutputError` (also a `files.UnsafeOutputError`) for an output path that is, or
-      links to, the input or one of the embedder's files, or lies in a trained run's checkpoints/export.
+    EmbedInputError (one line): a bad input (names the line), an output that would destroy an input
+    (`EmbedOutputError`), a job folder of another run (`embed_job.JobError`), `--stateful` over processes.
   """
-  input_file, output_file = os.fspath(input_file), os.fspath(output_file)
-  batch_size, process_index, process_count = _checked_args(embedder, input_file, output_file, batch_size, output,
-                                                           output_dtype, process_index, process_count)
-  mix = embedder.module_mix if output in tfhub.OUTPUTS[3:] else None
-  fmt = _Format(output, sentence_vectors, output_dtype, use_sentence_keys,
-                None if mix is None else {k: np.asarray(v).tolist() for k, v in mix.items()})
-  index_from = None if use_sentence_keys or forget_sentences else input_file  # the lines of sentence_to_index
-  job = _open_job(embedder, input_file, output_file, fmt, tokenize, index_from is not None,
+  output_file = os.fspath(output_file)
+  batch_size, process_index, process_count = _checked_args(embedder, batch_size, output, output_dtype,
+                                                           process_index, process_count)
+  if not isinstance(input_file, JobInput):  # the job's checks, once (the command made them before loading)
+    input_file = embed_files.check_job(input_file, output_file, embedder.input_files, warn)
+  fmt = parts.Format(output, sentence_vectors, output_dtype, use_sentence_keys,
+                     embedder.module_mix if output in tfhub.OUTPUTS[3:] else None)
+  job = _open_job(embedder, input_file, output_file, fmt, tokenize, not (use_sentence_keys or forget_sentences),
                   (batch_size, chunk_size, part_sentences), process_index)
+  index_from = None if use_sentence_keys or forget_sentences else input_file  # sentence_to_index's lines
   try:
-    share = job.layout.share(process_index, process_count)
-    job.verified_parts([(c, g) for c in share for g in range(job.layout.parts(c))], warn)
-    progress = _progress(job, output_file, warn, progress_every if process_index == 0 else None, progress_stream,
-                         process_count > 1)
-    # bilm-tf's ids leave room for the begin/end-of-word marks
-    lines = InputLines(input_file, embedder.config.max_characters_per_token - 2, warn)
-    return _run_job(embedder, job, fmt, lines, progress, tokenize, (process_index, process_count), output_file,
-                    index_from)
-  except OSError as e:
-    if space.no_space(e) is None:
-      raise
-    raise space.NoSpaceError(space.message(job, e)) from None
+    with space.named(job):  # a full disk: one line naming the folder and the room the job needs
+      share = job.layout.share(process_index, process_count)
+      job.verified_parts([(c, g) for c in share for g in range(job.layout.parts(c))], warn)
+      progress = _progress(job, output_file, warn, progress_every if process_index == 0 else None,
+                           progress_stream, process_count > 1)
+      lines = InputLines(input_file.source, input_file.path, _cut(embedder), warn)
+      return _run_job(embedder, job, fmt, lines, progress, tokenize, (process_index, process_count), output_file,
+                      index_from)
   finally:
     job.release()
 
 
-def _checked_args(embedder: Embedder, input_file: str, output_file: str, batch_size: int | None, output: str,
-                  output_dtype: str, process_index: int | None,
-                  process_count: int | None) -> tuple[int, int, int]:
-  """`embed_file`'s checks before any work, in order; returns the batch size and this process's index and
-  count (None: JAX's)."""
-  if not os.path.exists(input_file):
-    raise EmbedInputError(f"{input_file}: input file not found")
-  problem = text_input_problem(input_file)
-  if problem is not None:
-    raise EmbedInputError(f"{input_file}: {problem}")
+# A TF-Hub module computes its outputs for each call from a zero state; --stateful's would be other numbers.
+STATEFUL_MODULE_OUTPUT = ("--module_output={} is what the TF-Hub module computes for each batch from a zero state; "
+                          "--stateful carries the LSTM state between batches, which the module does not, so the "
+                          "output would differ from the module's: drop --stateful, or use --all/--top/--average")
+
+
+def _cut(embedder: Embedder) -> tuple[Any, str]:
+  """(token -> whether the model's char ids cut it, the cut in words): bilm-tf's ids keep 48 UTF-8 bytes
+  (`chars.is_cut`), an ELMoForManyLangs lexicon its code points (`LexiconIds.is_cut`)."""
+  if embedder.token_ids is not None:
+    return embedder.token_ids.is_cut, f"{embedder.token_ids.max_chars - 2} characters"
+  width = embedder.config.max_characters_per_token
+  return (lambda token: chars.is_cut(token, width)), f"{width - 2} UTF-8 bytes"
+
+
+def _checked_args(embedder: Embedder, batch_size: int | None, output: str, output_dtype: str,
+                  process_index: int | None, process_count: int | None) -> tuple[int, int, int]:
+  """`embed_file`'s checks of its arguments before any work, in order; returns the batch size and this
+  process's index and count (None: JAX's)."""
   batch_size = embedder.default_batch_size if batch_size is None else batch_size
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   if output not in ("all", "top", "average", *tfhub.OUTPUTS) or output_dtype not in ("float32", "float16"):
     raise ValueError(f"output must be all/top/average (or a TF-Hub module's {'/'.join(tfhub.OUTPUTS)}) and "
                      f"output_dtype float32/float16, got {output!r}, {output_dtype!r}")
+  if output in tfhub.OUTPUTS and embedder.stateful:
+    raise EmbedInputError(STATEFUL_MODULE_OUTPUT.format(output))
   if output in tfhub.OUTPUTS[3:] and embedder.module_mix is None:
     raise EmbedInputError(f"'{output}' is a TF-Hub module's learned mix of the layers; this model has none "
                           "(give the module's folder as the model)")
-  # the text, the model's files: an output path that is one of them would destroy it
-  check_output_path(output_file, [input_file, *embedder.input_files])
   if process_index is None or process_count is None:
     import jax  # pylint: disable=g-import-not-at-top
     process_index, process_count = jax.process_index(), jax.process_count()
   if embedder.stateful and process_count > 1:
-    raise EmbedInputError(f"--stateful carries each batch row's state through {input_file} in order, so it "
-                          f"runs in one process (this job has {process_count})")
+    raise EmbedInputError(f"--stateful carries each batch row's state through the input in order, so it runs "
+                          f"in one process (this job has {process_count})")
   return batch_size, process_index, process_count
 
 
-def _open_job(embedder: Embedder, input_file: str, output_file: str, fmt: _Format,
+def _open_job(embedder: Embedder, job_input: JobInput, output_file: str, fmt: parts.Format,
               tokenize: Callable[[str], list[str]] | None, sentence_to_index: bool,
               sizes: tuple[int, int, int | None], process_index: int) -> embed_job.Job:
   """The job folder of this run, locked for this process (created, or an earlier run's to resume:
-  `embed_job.Job.open` checks that its settings are these), the input read once for its line count and sha256;
-  clears what an earlier run of this process left (its failure report, dead temp files). `sizes`: batch_size,
-  chunk_size, part_sentences."""
+  `embed_job.Job.open` checks that its settings are these: the input's lines and sha256 from `check_job`'s
+  one pass), a spooled input moved in (`JobInput.adopt`), an earlier failure report of this process
+  cleared. `sizes`: batch_size, chunk_size, part_sentences."""
   batch_size, chunk_size, part_sentences = sizes
   for name, value in (("chunk_size", chunk_size), ("part_sentences", part_sentences)):  # before any read
     if value is not None and value < 1:
       raise ValueError(f"{name} must be >= 1, got {value}")
-  digest = embed_files.CountedDigest()  # of the (decompressed) text: the job's identity, read in the same pass
-  n_lines = count_lines(input_file, validate=True, digest=digest)
   if fmt.use_sentence_keys:
-    embed_files.check_sentence_keys(input_file)
-  layout = embed_job.Layout(n_lines, -(-chunk_size // batch_size) * batch_size, batch_size,
+    embed_files.check_sentence_keys(job_input.path, job_input.source)
+  layout = embed_job.Layout(job_input.lines, -(-chunk_size // batch_size) * batch_size, batch_size,
                             -(-part_sentences // batch_size) if part_sentences else embed_job.DEFAULT_PART_BATCHES)
-  settings = {"input": {"lines": n_lines, "sha256": digest.hexdigest()},
+  settings = {"input": {"lines": job_input.lines, "sha256": job_input.sha256},
               "model": embedder.fingerprint(), "devices": len(embedder.devices),
               "layout": dataclasses.asdict(layout), "format": dataclasses.asdict(fmt),
               "tokenize": None if tokenize is None else type(tokenize).__name__,
               "sentence_to_index": sentence_to_index}
-  job = embed_job.Job.open(output_file, settings, layout, process_index)  # locked: one command per job
-  job.input_bytes = digest.bytes
   try:
+    job = embed_job.Job.open(output_file, settings, layout, process_index)  # locked: one command per job
+  except BaseException:
+    job_input.discard()
+    raise
+  job.input_bytes = job_input.bytes
+  try:
+    job_input.adopt(job.folder)
     job.clear_failure(process_index)  # an earlier run's report of this process
-    remove_stale_temps(output_file)
   except BaseException:
     job.release()
     raise
@@ -312,16 +178,17 @@ def _progress(job: embed_job.Job, output_file: str, warn: Callable[[str], Any], 
   return embed_job.Progress(job.layout.lines, every, stream, done=resumed, poll=job.done_counts if poll else None)
 
 
-def _run_job(embedder: Embedder, job: embed_job.Job, fmt: _Format, lines: InputLines,
+def _run_job(embedder: Embedder, job: embed_job.Job, fmt: parts.Format, lines: InputLines,
              progress: embed_job.Progress, tokenize: Callable[[str], list[str]] | None,
-             process: tuple[int, int], output_file: str, index_from: str | None) -> dict[str, Any]:
+             process: tuple[int, int], output_file: str, index_from: JobInput | None) -> dict[str, Any]:
   """Embeds this process's share of `job` (a failure on a process other than 0 is recorded for process 0);
   process 0 then waits for every part and writes the output. Returns `embed_file`'s stats."""
   index, count = process
   ACTIVE_JOBS.add(job.folder)
   try:
     try:
-      _embed_share(embedder, job, lines, _Writer(job, fmt, lines.input_file, lines.warn), progress, tokenize,
+      _embed_share(embedder, job, lines, parts.PartWriter(job, fmt, lines.input_file, lines.warn), progress,
+                   tokenize,
                    job.layout.share(index, count))
     except BaseException as e:
       if index > 0:
@@ -339,7 +206,7 @@ def _run_job(embedder: Embedder, job: embed_job.Job, fmt: _Format, lines: InputL
           "seconds": time.perf_counter() - progress.start, "wrote": index == 0}
 
 
-def _embed_share(embedder: Embedder, job: embed_job.Job, lines: InputLines, writer: _Writer,
+def _embed_share(embedder: Embedder, job: embed_job.Job, lines: InputLines, writer: parts.PartWriter,
                  progress: embed_job.Progress, tokenize: Callable[[str], list[str]] | None,
                  share: range) -> None:
   """Reads this process's chunks, embeds their unfinished parts with `Embedder.batches` and hands the
@@ -352,7 +219,7 @@ def _embed_share(embedder: Embedder, job: embed_job.Job, lines: InputLines, writ
   """
   layout, todo = job.layout, _unfinished(job, embedder, share)
   try:
-    for c, chunk in enumerate(embed_files.chunks(read_lines(lines.input_file), layout.chunk_size)):
+    for c, chunk in enumerate(embed_files.chunks(read_lines(lines.path, lines.input_file), layout.chunk_size)):
       if c >= share.stop:
         break
       if c not in todo:
@@ -388,27 +255,24 @@ def _unfinished(job: embed_job.Job, embedder: Embedder, share: range) -> dict[in
   return out
 
 
-def _write_output(job: embed_job.Job, output_file: str, index_from: str | None) -> None:
+def _write_output(job: embed_job.Job, output_file: str, index_from: JobInput | None) -> None:
   """Process 0, once every part is committed: the parts checked (`Job.check_parts`) and merged into the
   output (atomically, if it has room: `space.check_room`), then the job folder removed. `index_from`: the
   input, whose lines make `sentence_to_index`."""
   job.check_parts()
-  index = None if index_from is None else json.dumps({text: str(i) for i, text in read_lines(index_from)})
+  index = None if index_from is None else json.dumps(
+      {text: str(i) for i, text in read_lines(index_from.path, index_from.source)})
   space.check_room(job, 0 if index is None else len(index.encode()))
-  try:
-    with files.atomic_path(output_file, prefix=embed_files.temp_prefix(output_file)) as tmp:
-      ACTIVE_TEMPS.add(tmp)
-      try:
-        with h5py.File(tmp, "w") as fout:
-          job.merge(fout)
-          if index is not None:  # later duplicates win, as in AllenNLP
-            fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))[0] = index
-      finally:
-        ACTIVE_TEMPS.discard(tmp)
-  except OSError as e:
-    if space.no_space(e) is None:
-      raise
-    raise space.NoSpaceError(space.message(job, e, merging=True)) from None
+  with space.named(job, merging=True), files.atomic_path(output_file,
+                                                         prefix=embed_files.temp_prefix(output_file)) as tmp:
+    ACTIVE_TEMPS.add(tmp)
+    try:
+      with h5py.File(tmp, "w") as fout:
+        job.merge(fout)
+        if index is not None:  # later duplicates win, as in AllenNLP
+          fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))[0] = index
+    finally:
+      ACTIVE_TEMPS.discard(tmp)
   job.remove()
 
 
@@ -416,7 +280,7 @@ def dump_token_embeddings(embedder: Embedder, vocab_file: str | os.PathLike, out
                           batch_size: int = 4096) -> int:
   """bilm-tf's `dump_token_embeddings`: the char-CNN output of every word of `vocab_file`; returns the count."""
   from elmo_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
-  if os.path.exists(vocab_file):
+  if os.path.exists(vocab_file) and not embed_files.is_stream(os.fspath(vocab_file)):  # a pipe is read once
     problem = files.text_problem(vocab_file)
     if problem is not None:
       raise EmbedInputError(f"{os.fspath(vocab_file)}: {problem}")

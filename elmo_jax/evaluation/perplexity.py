@@ -257,6 +257,10 @@ def check(task_config: PerplexityConfig, workdir: str | None) -> None:
   train_config = read_train_config(workdir) if workdir else {}
   text_file, _, _ = resolve_text(task_config, workdir, train_config)
   paths = model_files(task_config, workdir, check_vocab=False)
+  from elmo_jax.interop import efml  # pylint: disable=g-import-not-at-top
+  if os.path.basename(paths["weight_file"]) == efml.ENCODER:  # an ELMoForManyLangs release
+    raise NoSoftmax(f"{os.path.dirname(paths['weight_file'])}: an ELMoForManyLangs release carries no LM softmax "
+                    "(only the encoder and token embedder), so it cannot be scored for perplexity")
   try:
     with h5py.File(paths["weight_file"], "r") as f:
       has_softmax = "softmax/W" in f and "softmax/b" in f

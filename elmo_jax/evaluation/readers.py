@@ -186,9 +186,9 @@ def _lines(path: str) -> Iterator[tuple[int, str]]:
   refused first (`files.text_problem`)."""
   if not path:
     raise InputError("no input file given")
-  if not os.path.isfile(path):
+  if not os.path.isfile(path) and not files.is_stream(path):
     raise InputError(f"{path}: file not found")
-  problem = files.text_problem(path)
+  problem = None if files.is_stream(path) else files.text_problem(path)  # a pipe is read once, below
   if problem is not None:
     raise InputError(f"{path}: {problem}")
   try:

@@ -31,7 +31,6 @@ import gzip
 import json
 import lzma
 import os
-import re
 import shutil
 import stat
 import struct
@@ -170,14 +169,12 @@ def _stem(path: str) -> str:
 
 
 def _member_path(archive: str, name: str) -> list[str]:
-  """The path parts a member `name` writes below the unpack folder; refuses names that leave it."""
-  parts = re.split(r"[\\/]+", name)
-  if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
-    raise ArchiveError(f"{archive}: member {name!r} has an absolute path; refusing to unpack the archive")
-  if ".." in parts:
-    raise ArchiveError(f"{archive}: member {name!r} climbs out of the folder (..); refusing to unpack "
-                       "the archive")
-  return [p for p in parts if p not in ("", ".")]
+  """The path parts a member `name` writes below the unpack folder (`files.name_parts`: the one check of a
+  name from outside); refuses names that leave it."""
+  try:
+    return files.name_parts(name, f"{archive}: member")
+  except files.OutsideNameError as e:
+    raise ArchiveError(f"{e}; refusing to unpack the archive") from None
 
 
 def _members(archive: str) -> Iterator[tuple[list[str], bool, contextlib.AbstractContextManager[IO[bytes]]]]:

@@ -15,6 +15,9 @@ from __future__ import annotations
 import os
 import shutil
 
+import jax
+import numpy as np
+
 from elmo_jax.interop import loaded
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
@@ -61,6 +64,10 @@ def _check_format(fmt: str) -> None:
 def write(model: loaded.LoadedModel, folder: str, fmt: str = "bilm-hdf5") -> None:
   """Writes `model` into `folder` (replaced whole, atomically) in format `fmt`."""
   _check_format(fmt)
+  weights = sum(np.asarray(a).nbytes for a in jax.tree_util.tree_leaves([model.params, model.softmax or {}]))
+  weights += weights // 100 + (1 << 20)  # HDF5's headers: well under 1% and a MiB
+  vocab = os.path.getsize(model.vocab_file) if model.vocab_file is not None else 0
+  files.check_room(folder, weights + vocab + (1 << 16), weights, "--to")
   with files.atomic_dir(folder) as tmp:
     options_lib.save(model.options, os.path.join(tmp, OPTIONS_FILE))
     weights_lib.save_hdf5(os.path.join(tmp, WEIGHTS_FILE), model.params, model.options, softmax=model.softmax)

@@ -22,10 +22,12 @@ from typing import Any
 import numpy as np
 
 from elmo_jax.data import chars
+from elmo_jax.interop import checks
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import torch_pickle
 from elmo_jax.interop import weights as weights_lib
 from elmo_jax.interop.weights import WeightFileError
+from elmo_jax.runtime import files
 from elmo_jax.runtime import log
 
 FORMAT = "elmoformanylangs"
@@ -53,6 +55,23 @@ def is_efml_dir(path: str | os.PathLike) -> bool:
   return os.path.isdir(path) and all(os.path.isfile(os.path.join(path, n)) for n in (CONFIG, ENCODER, TOKEN_EMBEDDER))
 
 
+def folder_problem(path: str | os.PathLike) -> str | None:
+  """Why a folder that holds ELMoForManyLangs files (two or more of its five names) is not one it can load
+  ('encoder.pkl is missing', 'config.json is a directory'), in one line naming the folder; None for a complete
+  folder or one that holds no EFML files (another format's, then)."""
+  path = os.fspath(path)
+  names = (CONFIG, CHAR_DIC, WORD_DIC, ENCODER, TOKEN_EMBEDDER)
+  present = [n for n in names if os.path.lexists(os.path.join(path, n))]
+  if not os.path.isdir(path) or len(present) < 2 or (is_efml_dir(path) and CHAR_DIC in present):
+    return None
+  missing = [n for n in (CONFIG, CHAR_DIC, ENCODER, TOKEN_EMBEDDER) if n not in present]
+  not_files = [n for n in present if not os.path.isfile(os.path.join(path, n))]
+  what = "; ".join([f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing"] * bool(missing) +
+                   [f"{n} is {files.looks_like(os.path.join(path, n))}, not a file" for n in not_files])
+  return (f"{path}: an ELMoForManyLangs model folder (it has {', '.join(present)}), but {what}; it needs "
+          f"{CONFIG}, {CHAR_DIC}, {ENCODER} and {TOKEN_EMBEDDER} (and {WORD_DIC} with a word embedding)")
+
+
 def model_files(folder: str) -> dict[str, str]:
   """{name: path} of the folder's files that a load reads (what an output must not overwrite)."""
   return {n: os.path.join(folder, n) for n in (CONFIG, CHAR_DIC, WORD_DIC, ENCODER, TOKEN_EMBEDDER)
@@ -61,39 +80,74 @@ def model_files(folder: str) -> dict[str, str]:
 
 def architecture(folder: str) -> dict[str, Any]:
   """The architecture JSON that config.json's `config_path` names, looked for where elmoformanylangs looks
-  (beside config.json's path, then by file name in the folder); missing: the published default."""
+  (beside config.json's path, then by file name in the folder) but never outside the folder (`files.inside`:
+  releases name `../configs/X.json`); missing: the published default."""
   config_file = os.path.join(folder, CONFIG)
   try:
     with open(config_file, encoding="utf-8") as f:
       config = json.load(f)
   except (OSError, ValueError) as e:
-    raise EFMLError(f"{config_file}: not a readable JSON file ({e})") from None
+    raise EFMLError(f"{config_file}: not a readable JSON file ({checks.one_line(e)})") from None
   named = config.get("config_path") if isinstance(config, dict) else None
   if not isinstance(named, str):
     raise EFMLError(f"{config_file}: has no 'config_path' (the architecture JSON's name)")
-  for path in (os.path.join(folder, named), os.path.join(folder, os.path.basename(named))):
+  candidates = []
+  for name in (named, named.replace("\\", "/").rsplit("/", 1)[-1]):
+    try:
+      candidates.append(files.inside(folder, name, f"{config_file}: config_path"))
+    except files.OutsideNameError as e:
+      if name != named:
+        raise EFMLError(str(e)) from None
+  for path in candidates:
     if os.path.isfile(path):
       try:
         with open(path, encoding="utf-8") as f:
           return json.load(f)
       except (OSError, ValueError) as e:
-        raise EFMLError(f"{path}: not a readable architecture JSON ({e})") from None
+        raise EFMLError(f"{path}: not a readable architecture JSON ({checks.one_line(e)})") from None
   log.info(f"{config_file}: its architecture {named} is not in {folder}; using the published default "
            f"{DEFAULT_ARCHITECTURE} shape (as elmoformanylangs does)")
   return json.loads(json.dumps(_DEFAULT))
 
 
+def _sections(arch: Any, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(token_embedder, encoder) of an architecture JSON, each key the load reads checked: one line naming the
+  file and the key for a JSON that is not an object, lacks a key, or holds a value of the wrong kind."""
+  if not isinstance(arch, dict):
+    raise EFMLError(f"{where}: the architecture is a JSON {type(arch).__name__}, not an object with "
+                    "'token_embedder' and 'encoder'")
+  out = []
+  for section, keys in (("token_embedder", ("char_dim", "max_characters_per_token", "filters")),
+                        ("encoder", ("dim", "n_layers", "projection_dim"))):
+    value = arch.get(section, {})
+    if not isinstance(value, dict):
+      raise EFMLError(f"{where}: '{section}' is a JSON {type(value).__name__}, not an object")
+    for key in keys + ("word_dim", "n_highway"):
+      v = value.get(key)
+      if v is None and key in ("word_dim", "n_highway"):
+        continue
+      if key == "filters":
+        ok = isinstance(v, list) and v and all(isinstance(f, list) and len(f) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in f) for f in v)
+        if not ok:
+          raise EFMLError(f"{where}: '{section}.filters' is {json.dumps(v)[:60]}, not a list of [width, count] "
+                          "pairs of positive integers")
+      elif v is None:
+        raise EFMLError(f"{where}: '{section}' has no '{key}'")
+      elif isinstance(v, bool) or not isinstance(v, int) or v < (0 if key in ("word_dim", "n_highway") else 1):
+        raise EFMLError(f"{where}: '{section}.{key}' is {json.dumps(v)[:40]}, not a positive integer")
+    out.append(value)
+  return out[0], out[1]
+
+
 def load(folder: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any], chars.LexiconIds]:
   """(options, `BiLM` params as float32 numpy, token ids) of an ELMoForManyLangs folder; EFMLError, one line."""
   folder = os.fspath(folder)
-  arch = architecture(folder)
-  emb, enc = arch.get("token_embedder", {}), arch.get("encoder", {})
+  emb, enc = _sections(architecture(folder), f"{folder}: architecture")
   where = f"{folder}: architecture"
-  if emb.get("name", "cnn").lower() != "cnn" or enc.get("name", "elmo").lower() != "elmo":
+  if str(emb.get("name", "cnn")).lower() != "cnn" or str(enc.get("name", "elmo")).lower() != "elmo":
     raise EFMLError(f"{where} token_embedder.name={emb.get('name')!r}, encoder.name={enc.get('name')!r}: only "
                     "the 'cnn' token embedder with the 'elmo' encoder (every released model) is supported")
-  if not emb.get("char_dim"):
-    raise EFMLError(f"{where} token_embedder.char_dim is 0 (a word-only model), which is not supported")
   char2id = _dic(folder, CHAR_DIC)
   word2id = _dic(folder, WORD_DIC) if emb.get("word_dim") else None
   try:
@@ -118,13 +172,23 @@ def load(folder: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any], cha
 
 
 def _dic(folder: str, name: str) -> dict[str, int]:
+  """A dictionary's {token: id}, its ids 0..n-1 (the rows of its embedding table): one line naming the file
+  and line for anything else (`chars.read_dic`: not UTF-8, not 'token<TAB>id', a negative id)."""
   path = os.path.join(folder, name)
   if not os.path.isfile(path):
     raise EFMLError(f"{path}: not found (an ELMoForManyLangs model has {CHAR_DIC} and {WORD_DIC})")
   try:
-    return chars.read_dic(path)
-  except (ValueError, UnicodeDecodeError) as e:
-    raise EFMLError(str(e) if isinstance(e, ValueError) else f"{path}: not UTF-8 text") from None
+    out = chars.read_dic(path)
+  except ValueError as e:
+    raise EFMLError(str(e)) from None
+  if not out:
+    raise EFMLError(f"{path}: holds no entries")
+  ids = set(out.values())
+  gap = next((i for i in range(len(ids)) if i not in ids), None)
+  if gap is not None:
+    raise EFMLError(f"{path}: its ids skip {gap} (ids run to {max(ids)} over {len(out)} entries); an "
+                    "ELMoForManyLangs dictionary numbers its entries 0..n-1")
+  return out
 
 
 def _state(folder: str, name: str) -> dict[str, np.ndarray]:

@@ -111,14 +111,19 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
     return ResolvedModel(workdir=path, checkpoints=(os.path.join(path, CHECKPOINTS), None), path=path)
   if text in MODELS:
     found = _released(MODELS[text], fetch)
-  elif archive.is_archive(text):
+  elif storage.is_remote(text) and use in ("model", "bilm"):  # e.g. what `convert --to=gs://...` wrote
+    found = _from_bucket(text, use) if fetch else ResolvedModel()
+  elif archive.is_archive(text) and not os.path.isdir(path):  # a folder named `x.zip` is a folder
     found = _from_archive(text, use) if fetch else ResolvedModel()
   elif download.is_url(text):
     found = _from_url(text) if fetch else ResolvedModel()
   elif use == "init_from":
     found = _init_source(text)
   elif os.path.isdir(path) and tfhub.is_module(path):
+    _one_model_in(path)
     found = ResolvedModel(path=path, tfhub_dir=path)
+  elif efml.folder_problem(path) is not None:
+    raise download.DownloadError(efml.folder_problem(path))
   elif efml.is_efml_dir(path):
     found = loaded.efml_folder(path)
   elif os.path.isdir(path):
@@ -164,9 +169,32 @@ def _url_pair(url: str) -> tuple[str, str]:
                                "options.json and weights.hdf5, or of an archive (.zip, .tar.gz, .tar.bz2)")
 
 
+def _from_bucket(url: str, use: str) -> ResolvedModel:
+  """A model folder in a bucket, read from its local copy (a training run there: its export only)."""
+  if storage.isdir(storage.join(url, EXPORT_DIR)):
+    return _run(url, fetch=True)
+  try:
+    local = storage.local(url)
+  except FileNotFoundError as e:
+    raise download.DownloadError(str(e)) from None
+  return dataclasses.replace(resolve_model(local, use=use), path=url)
+
+
+def _one_model_in(folder: str) -> None:
+  """Refuses a TF-Hub module folder that also holds another model's files, naming both (which one is meant?)."""
+  other = ("an ELMoForManyLangs model" if any(os.path.exists(os.path.join(folder, n)) for n in (efml.ENCODER,
+                                                                                              efml.CONFIG))
+           else "an options.json + weights.hdf5 pair" if glob.glob(os.path.join(glob.escape(folder), "*.hdf5"))
+           else None)
+  if other is not None:
+    raise download.DownloadError(f"{folder}: holds a TF-Hub module (variables/) and {other}; which one is meant "
+                                 "is ambiguous: give a folder that holds one model")
+
+
 def _from_url(url: str) -> ResolvedModel:
   if urllib.parse.urlparse(url).scheme == "file" and os.path.isdir(download.cached_path(url)):
-    return ResolvedModel(*_pair_in_folder(download.cached_path(url)), path=url)
+    # a file:// folder is that folder, whatever model it holds (TF-Hub, ELMoForManyLangs, a pair)
+    return dataclasses.replace(resolve_model(download.cached_path(url)), path=url)
   options_url, weight_url = _url_pair(url)
   return ResolvedModel(download.cached_path(options_url, kind="options"),
                        download.cached_path(weight_url, kind="hdf5"), path=url)
@@ -175,6 +203,12 @@ def _from_url(url: str) -> ResolvedModel:
 def _from_archive(spec: str, use: str) -> ResolvedModel:
   """An archive, unpacked once into the cache (`archive.model_folder`), read as the local folder it holds."""
   folder = archive.model_folder(spec)
+  models = sorted(e.name + "/" for e in os.scandir(folder) if e.is_dir() and (
+      tfhub.is_module(e.path) or efml.is_efml_dir(e.path) or glob.glob(os.path.join(glob.escape(e.path), "*.json"))
+      and glob.glob(os.path.join(glob.escape(e.path), "*.hdf5"))))
+  if len(models) > 1:
+    raise archive.ArchiveError(f"{spec}: holds {len(models)} model folders ({', '.join(models[:3])}); which one is "
+                               f"meant is ambiguous: give one of them as the model, in {folder}")
   try:
     found = resolve_model(folder, use=use)
   except (download.DownloadError, SourceError) as e:

@@ -6,8 +6,12 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
+import stat
 import tempfile
+import urllib.parse
 from typing import Any, Iterator
 
 import numpy as np
@@ -44,27 +48,109 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp", prefix: str | Non
     raise
 
 
+# The mark in the names of the temporary folders `atomic_dir` creates (hidden, beside the target, with the host
+# and process that own them): nothing else is ever named so, so a killed writer's leftovers are known as such.
+WRITER_MARK = "elmo-jax-writing"
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[str]:
   """`atomic_path` for a folder: yields an empty folder beside `path`, swapped in for `path` on success.
 
-  A reader sees the old folder or the new one, never a mix; on failure the temporary folder is removed. One
-  writer per folder: `path.tmp` left by a killed writer is cleared first.
+  A reader sees the old folder or the new one, never a mix; on failure the temporary folder is removed. The
+  temporary names belong to this writer (`.NAME.elmo-jax-writing-HOST.PID.xxxx` and its `-old` twin): a
+  user's `NAME.tmp/` or `NAME.old/` beside `path` is never touched, and only a dead writer's leftovers of this
+  very name are cleared.
   """
   final = os.path.abspath(path)
-  tmp, old = final + ".tmp", final + ".old"
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
+  parent, name = os.path.dirname(final), os.path.basename(final)
+  head = f".{name}.{WRITER_MARK}-{socket.gethostname()}."
+  os.makedirs(parent, exist_ok=True)
+  remove_dead_temps(parent, head, "")
+  tmp = tempfile.mkdtemp(dir=parent, prefix=f"{head}{os.getpid()}.")
+  old = tmp + "-old"
   try:
     yield tmp
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(final):
+    if os.path.lexists(final):
       os.replace(final, old)
     os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
+  shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_dead_temps(directory: str, head: str, tail: str = ".tmp") -> list[str]:
+  """Removes the entries of `directory` named `HEAD<pid>.<anything>TAIL` whose process `pid` (on this host:
+  `head` names it) no longer runs, files or folders; returns their names. What a killed writer left."""
+  removed = []
+  for entry in (os.listdir(directory) if os.path.isdir(directory) else []):
+    if not (entry.startswith(head) and entry.endswith(tail)):
+      continue
+    pid = entry[len(head):].split(".", 1)[0]
+    if not pid.isdigit() or _alive(int(pid)):
+      continue
+    path = os.path.join(directory, entry)
+    try:
+      if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+      else:
+        os.remove(path)
+      removed.append(entry)
+    except OSError:
+      pass
+  return removed
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+class OutsideNameError(ValueError):
+  """A name that came from outside (a bucket object, an archive member, a config's path, a manifest entry)
+  that is not a plain name under its folder; one line naming it."""
+
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def name_parts(name: Any, what: str = "a name") -> list[str]:
+  """The path parts of `name`, a name that came from outside (`/`-separated; empty and `.` parts dropped);
+  refuses (OutsideNameError, one line) whatever could leave the folder it is put under: `..`, an absolute
+  path, a drive letter (`C:`), a backslash, a control character, or any of them percent-encoded (`%2e%2e`)."""
+  if not isinstance(name, str) or not name.strip("/."):
+    raise OutsideNameError(f"{what} {name!r} is not a file name")
+  seen = [name]
+  while (step := urllib.parse.unquote(seen[-1])) not in seen:  # `%252e` is `%2e` is `.`
+    seen.append(step)
+  for text in seen:
+    problem = ("has an absolute path" if text.startswith(("/", "\\"))
+               else "has an absolute path (a drive letter)" if _DRIVE.match(text)
+               else "climbs out of its folder (..)" if ".." in re.split(r"[\\/]", text)
+               else "holds a backslash (a Windows path?)" if "\\" in text
+               else "holds a control character" if any(ord(c) < 32 or ord(c) == 127 for c in text) else None)
+    if problem is not None:
+      encoded = "" if text == name else f" (decoded: {text!r})"
+      raise OutsideNameError(f"{what} {name!r}{encoded} {problem}: a name from outside must stay in its folder")
+  return [p for p in name.split("/") if p not in ("", ".")]
+
+
+def inside(root: str | os.PathLike, name: Any, what: str = "a name") -> str:
+  """The path under `root` that the outside `name` means (`name_parts`' checks), also refused when a link
+  already under `root` would lead it out. The one way a name from a bucket, an archive, a config or a
+  manifest becomes a local path."""
+  root = os.fspath(root)
+  path = os.path.join(root, *name_parts(name, what))
+  real_root = os.path.realpath(root)
+  if not _within(os.path.realpath(path), real_root):
+    raise OutsideNameError(f"{what} {name!r} leads out of {root} through a link")
+  return path
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -107,7 +193,9 @@ def text_problem(path: str | os.PathLike) -> str | None:
   if os.path.isdir(path):
     return "is a directory, not a text file"
   try:
-    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+    with open(path, "rb") as f:
+      gzipped = f.read(2) == b"\x1f\x8b"  # by its magic number, whatever its name (a spooled pipe has none)
+    with (gzip.open if gzipped else open)(path, "rb") as f:
       head = f.read(4096)
   except (OSError, EOFError) as e:
     return f"cannot be read ({e})"
@@ -121,6 +209,25 @@ def text_problem(path: str | os.PathLike) -> str | None:
     if e.start < len(head) - 4:  # not just a character cut at the block boundary
       return f"is not UTF-8 text (byte {e.start} is {head[e.start:e.start + 1]!r}): binary data?"
   return None
+
+
+def is_stream(path: str | os.PathLike) -> bool:
+  """A pipe (`<(zcat x.gz)`), a FIFO or a device: bytes that can be read once (a command that must read its
+  input twice spools it or refuses it in one line)."""
+  try:
+    mode = os.stat(path).st_mode
+  except OSError:
+    return False
+  return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def open_text(path: str | os.PathLike):
+  """The file's bytes opened once, decompressed when they are gzip (by the magic number, peeked: a pipe is not
+  read twice)."""
+  f = open(path, "rb")  # pylint: disable=consider-using-with
+  if f.peek(2)[:2] == b"\x1f\x8b":
+    return gzip.GzipFile(fileobj=f, mode="rb")
+  return f
 
 
 class UnsafeOutputError(ValueError):
@@ -183,6 +290,22 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
     os.rmdir(tempfile.mkdtemp(dir=existing, prefix=WRITE_PROBE_PREFIX))
   except OSError as e:
     raise UnsafeOutputError(f"{what}={raw}: {existing} is not writable ({e.strerror})") from None
+
+
+def check_room(folder: str | os.PathLike, need: int, largest: int, what: str) -> None:
+  """Refuses (UnsafeOutputError, one line) a write of about `need` bytes into `folder` (its largest file
+  `largest`) that the disk's free space or the file-size limit (ulimit -f) cannot take: checked before the
+  first byte, since a library that writes in place (HDF5) cannot recover from a full disk."""
+  import resource  # pylint: disable=g-import-not-at-top
+  where = _nearest_existing(os.path.abspath(os.fspath(folder)))
+  free = shutil.disk_usage(where).free
+  if free < need:
+    raise UnsafeOutputError(f"{what}={os.fspath(folder)}: needs about {human_bytes(need)} free in {where}, "
+                            f"{human_bytes(free)} are free; make room or write elsewhere")
+  limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+  if limit != resource.RLIM_INFINITY and largest > limit:
+    raise UnsafeOutputError(f"{what}={os.fspath(folder)}: a file of about {human_bytes(largest)} is over this "
+                            f"process's file-size limit ({human_bytes(limit)}, ulimit -f)")
 
 
 def first_difference(saved: dict, wanted: dict, prefix: str = "") -> str:

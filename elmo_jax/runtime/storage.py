@@ -7,10 +7,7 @@ of file gets there (the README's "Workdirs in a bucket" section has the costs):
   path. A copy is kept with each object's generation: a rerun (a resume) downloads only what changed in the
   bucket, and a download is checked against the object's crc32c before it replaces the old copy. What the
   copy must be (a prepared corpus's sha256s, a vocab) is checked by the reader, as for a local file.
-- a run's workdir: `Mirror` keeps a local copy that process 0 writes; `push` uploads what changed (each file
-  one object, so a reader sees an old or a new file, never half of one), `pull` brings the bucket's state
-  back (the bucket wins: a file written after the last upload is rolled back, as a restore rolls back).
-  Orbax writes checkpoints to the bucket itself (`training/checkpoint.py`).
+- a run's workdir: `runtime/mirror.Mirror` keeps a local copy and uploads what changed.
 - outputs (evaluate's folder, embed's HDF5, plan's HLO): `staged_output(url)` yields a local path and
   uploads it once the command succeeded, so nothing partial reaches the bucket.
 
@@ -22,27 +19,22 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
-import functools
 import hashlib
 import json
-import logging
 import os
 import shutil
-import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
 
 from elmo_jax.runtime import cache
 from elmo_jax.runtime import files
+from elmo_jax.runtime import gcs
+from elmo_jax.runtime.gcs import StorageError, check_url  # noqa: F401  (callers name them storage.X)
 from elmo_jax.runtime.run_layout import CONFIG_FILE, RUN_FOLDERS
 
-SCHEME = "gs://"
+SCHEME = gcs.SCHEME
 RECORD = ".bucket-copy.json"  # in a local copy: {relative path: [generation, size, mtime_ns]}
 _SKIP_SUFFIXES = (".tmp", ".old", ".partial", ".part")  # local work in progress, never uploaded
-
-
-class StorageError(OSError):
-  """A bucket cannot be read or written (no client library, no such bucket, refused); one line."""
 
 
 def is_remote(path: Any) -> bool:
@@ -55,73 +47,16 @@ def join(base: str, *parts: str) -> str:
   return os.path.join(base, *parts)
 
 
-@functools.lru_cache(maxsize=None)
-def _filesystem():
-  try:
-    import gcsfs  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise StorageError("gs:// paths need gcsfs: pip install gcsfs google-cloud-storage "
-                       "(requirements.txt has them)") from None
-  # gcsfs retries a failed request 6 times with backoff, logging a traceback when it gives up; the error
-  # reaches the user as one line (`_call`) instead.
-  logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
-  # No listing cache: another process (a pod neighbour, a resumed run) may have written since.
-  return gcsfs.GCSFileSystem(use_listings_cache=False, skip_instance_cache=True)
-
-
-# Characters of a bucket path that a client reads as syntax, not as part of the name: refused in every path
-# handed to a client (`check_url`), before anything is written.
-_GLOB = "gcsfs reads a glob pattern (a move or delete would take other objects)"
-_SPECIAL = {"#": "tensorstore (Orbax's checkpoints) ends the path there, so the arrays would go elsewhere",
-            "?": "tensorstore reads a query from there, and gcsfs a glob pattern", "*": _GLOB, "[": _GLOB, "]": _GLOB}
-
-
-def check_url(url: str, what: str = "") -> None:
-  """Raises StorageError (one line naming `what` and the character) for a bucket URL that a client would not
-  take as a plain name: a `_SPECIAL` character, a control character (GCS refuses CR and LF) or bytes that are
-  not UTF-8. Percent signs, spaces and other characters are names to every client, and pass."""
-  name = f"{what}={url}" if what else url
-  for ch in url:
-    if ch in _SPECIAL:
-      raise StorageError(f"{name}: {ch!r} in a bucket path: {_SPECIAL[ch]}; use a name without "
-                         f"{' '.join(sorted(_SPECIAL))}")
-    if ord(ch) < 32 or ord(ch) == 127:
-      raise StorageError(f"{name}: a control character ({ch!r}) in a bucket path; use another name")
-  try:
-    url.encode("utf-8")
-  except UnicodeEncodeError:
-    raise StorageError(f"{name.encode('utf-8', 'backslashreplace').decode()}: a bucket path must be UTF-8 "
-                       "(an object name is UTF-8); use another name") from None
-
-
-def _key(url: str) -> str:
-  check_url(url)  # every path a client is given
-  return url[len(SCHEME):].rstrip("/")
-
-
-def _call(what: str, fn, *args, **kwargs):
-  """fn(*args) with a bucket's errors as one-line StorageErrors naming `what`."""
-  try:
-    return fn(*args, **kwargs)
-  except FileNotFoundError:
-    raise
-  except StorageError:
-    raise
-  except Exception as e:  # noqa: BLE001 - gcsfs/aiohttp/google-auth raise many types
-    text = " ".join(str(e).split())[:200]
-    raise StorageError(f"{what}: {type(e).__name__}: {text}") from None
-
-
 def exists(path: str) -> bool:
-  return _call(path, _filesystem().exists, _key(path)) if is_remote(path) else os.path.exists(path)
+  return gcs.call(path, gcs.filesystem().exists, gcs.key(path)) if is_remote(path) else os.path.exists(path)
 
 
 def isdir(path: str) -> bool:
-  return _call(path, _filesystem().isdir, _key(path)) if is_remote(path) else os.path.isdir(path)
+  return gcs.call(path, gcs.filesystem().isdir, gcs.key(path)) if is_remote(path) else os.path.isdir(path)
 
 
 def isfile(path: str) -> bool:
-  return _call(path, _filesystem().isfile, _key(path)) if is_remote(path) else os.path.isfile(path)
+  return gcs.call(path, gcs.filesystem().isfile, gcs.key(path)) if is_remote(path) else os.path.isfile(path)
 
 
 def listdir(path: str) -> list[str]:
@@ -129,10 +64,10 @@ def listdir(path: str) -> list[str]:
   if not is_remote(path):
     return os.listdir(path) if os.path.isdir(path) else []
   try:
-    entries = _call(path, _filesystem().ls, _key(path), detail=False)
+    entries = gcs.call(path, gcs.filesystem().ls, gcs.key(path), detail=False)
   except FileNotFoundError:
     return []
-  names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != _key(path)}
+  names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != gcs.key(path)}
   return sorted(n for n in names if not _is_write_probe(n))
 
 
@@ -151,7 +86,7 @@ def top_level_kinds(path: str) -> dict[str, set[str]]:
       return {}
     return {e.name: {"folder" if e.is_dir() else "file"} for e in os.scandir(path)}
   kinds: dict[str, set[str]] = {}
-  for rel in _objects(path):
+  for rel in list_objects(path):
     top, _, rest = rel.partition("/")
     if top:  # "": `path` itself is an object (refused as a workdir before this is asked)
       kinds.setdefault(top, set()).add("folder" if rest else "file")
@@ -160,7 +95,7 @@ def top_level_kinds(path: str) -> dict[str, set[str]]:
 
 def read_bytes(path: str) -> bytes:
   if is_remote(path):
-    return _call(path, _filesystem().cat_file, _key(path))
+    return gcs.call(path, gcs.filesystem().cat_file, gcs.key(path))
   with open(path, "rb") as f:
     return f.read()
 
@@ -168,7 +103,7 @@ def read_bytes(path: str) -> bytes:
 def write_bytes(path: str, data: bytes) -> None:
   """Atomic: a bucket object is replaced whole by one upload; a local file by a rename."""
   if is_remote(path):
-    _call(path, _filesystem().pipe_file, _key(path), data)
+    gcs.call(path, gcs.filesystem().pipe_file, gcs.key(path), data)
     return
   with files.atomic_path(path) as tmp, open(tmp, "wb") as f:
     f.write(data)
@@ -185,7 +120,7 @@ def makedirs(path: str) -> None:
 
 def remove(path: str) -> None:
   if is_remote(path):
-    _call(path, _filesystem().rm, _key(path))
+    gcs.call(path, gcs.filesystem().rm, gcs.key(path))
   else:
     os.remove(path)
 
@@ -193,18 +128,18 @@ def remove(path: str) -> None:
 def move(src: str, dst: str) -> None:
   """A file or folder to a new name (a bucket copies each object, then deletes it)."""
   if is_remote(src):
-    _call(src, _filesystem().mv, _key(src), _key(dst), recursive=True)
+    gcs.call(src, gcs.filesystem().mv, gcs.key(src), gcs.key(dst), recursive=True)
   else:
     os.replace(src, dst)
 
 
-def _objects(url: str) -> dict[str, dict[str, Any]]:
+def list_objects(url: str) -> dict[str, dict[str, Any]]:
   """{relative path: object info} of every object under the prefix `url` (one object: {"": info}), write probes
   left out (`_is_write_probe`)."""
-  fs, key = _filesystem(), _key(url)
-  found = _call(url, fs.find, key, detail=True)
-  if not found and _call(url, fs.isfile, key):
-    found = {key: _call(url, fs.info, key)}
+  fs, key = gcs.filesystem(), gcs.key(url)
+  found = gcs.call(url, fs.find, key, detail=True)
+  if not found and gcs.call(url, fs.isfile, key):
+    found = {key: gcs.call(url, fs.info, key)}
   return {("" if name == key else name[len(key) + 1:]): dict(info, url=SCHEME + name)
           for name, info in found.items()
           if info.get("type") != "directory" and not _is_write_probe(name)}
@@ -213,7 +148,7 @@ def _objects(url: str) -> dict[str, dict[str, Any]]:
 def object_identity(url: str) -> dict[str, Any]:
   """{"path": url, "size", "crc32c"} of one bucket object, from its metadata (nothing downloaded): what a
   resume compares, the content (a same-size edit too) and not the generation (an unchanged re-upload)."""
-  info = _objects(url).get("")
+  info = list_objects(url).get("")
   if info is None:
     raise FileNotFoundError(f"{url}: no such object in the bucket")
   return {"path": url, "size": int(info["size"]), "crc32c": info.get("crc32c")}
@@ -223,7 +158,7 @@ def tree_digests(directory: str, algorithm: str) -> dict[str, str]:
   """{relative path: digest} of every file under `directory`: "sha256" (local files) or "crc32c" (what a
   bucket keeps for every object, so checking a checkpoint there downloads nothing)."""
   if is_remote(directory):
-    objects = _objects(directory)
+    objects = list_objects(directory)
     if algorithm == "crc32c":
       return dict(sorted((rel, info["crc32c"]) for rel, info in objects.items()))
     return dict(sorted((rel, hashlib.sha256(read_bytes(join(directory, rel))).hexdigest()) for rel in objects))
@@ -253,7 +188,10 @@ def cache_root() -> str:
 def copy_path(url: str, area: str = "copies") -> str:
   """Where `local(url)` keeps its copy: `$ELMO_JAX_CACHE/bucket/copies/<bucket>/<object path>` (other areas:
   "workdirs" for a run's `Mirror`, "staged" for outputs on their way up)."""
-  return os.path.join(cache_root(), area, *_key(url).split("/"))
+  try:
+    return files.inside(os.path.join(cache_root(), area), gcs.key(url), f"the bucket path {url}")
+  except files.OutsideNameError as e:
+    raise StorageError(str(e)) from None
 
 
 def local(path: str | os.PathLike, names: Iterable[str] | None = None) -> str:
@@ -264,20 +202,20 @@ def local(path: str | os.PathLike, names: Iterable[str] | None = None) -> str:
   if not is_remote(text):
     return text
   target = copy_path(text)
-  objects = _objects(text)
+  objects = list_objects(text)
   if names is not None:
     names = set(names)
     objects = {rel: info for rel, info in objects.items() if rel.split("/")[0] in names}
   if not objects:
     raise FileNotFoundError(f"{text}: no such object or folder in the bucket")
   if "" in objects:  # a single object
-    _sync(os.path.dirname(target), {os.path.basename(target): objects[""]})
+    sync(os.path.dirname(target), {os.path.basename(target): objects[""]})
   else:
-    _sync(target, objects, delete=lambda top: names is None or top in names)
+    sync(target, objects, delete=lambda top: names is None or top in names)
   return target
 
 
-def _read_record(folder: str) -> dict[str, list]:
+def read_record(folder: str) -> dict[str, list]:
   try:
     with open(os.path.join(folder, RECORD)) as f:
       record = json.load(f)
@@ -286,7 +224,7 @@ def _read_record(folder: str) -> dict[str, list]:
     return {}
 
 
-def _stamp(path: str) -> list[int]:
+def file_stamp(path: str) -> list[int]:
   st = os.stat(path)
   return [st.st_size, st.st_mtime_ns]
 
@@ -296,31 +234,34 @@ def _unchanged(folder: str, rel: str, generation: Any, record: dict[str, list]) 
   path = os.path.join(folder, rel)
   entry = record.get(rel)
   return (isinstance(entry, list) and len(entry) == 3 and entry[0] == str(generation) and os.path.isfile(path)
-          and _stamp(path) == entry[1:])
+          and file_stamp(path) == entry[1:])
 
 
-def _sync(folder: str, objects: dict[str, dict[str, Any]],
+def sync(folder: str, objects: dict[str, dict[str, Any]],
           delete: Callable[[str], bool] | None = None) -> None:
-  """Makes `folder` hold `objects` (relative path -> info, from `_objects`): downloads what is new or
+  """Makes `folder` hold `objects` (relative path -> info, from `list_objects`): downloads what is new or
   changed, each checked against its crc32c before it replaces the old copy; removes the local files the
   bucket does not have whose top-level name `delete(name)` says is the bucket's to decide."""
   os.makedirs(folder, exist_ok=True)
-  record = _read_record(folder)
-  fs = _filesystem()
+  record = read_record(folder)
+  fs = gcs.filesystem()
   for rel, info in sorted(objects.items()):
     if _unchanged(folder, rel, info.get("generation"), record):
       continue
-    target = os.path.join(folder, *rel.split("/"))
+    try:  # an object's name is a name: `corp/../../x` must not land outside the copy
+      target = files.inside(folder, rel, f"the bucket object {info['url']}:")
+    except files.OutsideNameError as e:
+      raise StorageError(str(e)) from None
     with files.atomic_path(target, suffix=".part") as tmp:
-      _call(info["url"], fs.get_file, _key(info["url"]), tmp)
+      gcs.call(info["url"], fs.get_file, gcs.key(info["url"]), tmp)
       if "crc32c" in info and _crc32c_file(tmp) != info["crc32c"]:
         raise StorageError(f"{info['url']}: the download does not match the object's crc32c; run again")
       if isinstance(info.get("mtime"), datetime.datetime):  # the object's time: the same copy on every host
         stamp = int(info["mtime"].timestamp() * 1e9)
         os.utime(tmp, ns=(stamp, stamp))
-    record[rel] = [str(info.get("generation")), *_stamp(target)]
+    record[rel] = [str(info.get("generation")), *file_stamp(target)]
   if delete is not None:
-    for path in list(_local_files(folder)):
+    for path in list(local_files(folder)):
       rel = os.path.relpath(path, folder).replace(os.sep, "/")
       if rel not in objects and delete(rel.split("/")[0]):
         os.remove(path)
@@ -329,74 +270,27 @@ def _sync(folder: str, objects: dict[str, dict[str, Any]],
 
 
 def upload(local_path: str, url: str) -> None:
-  """A local file, or every file under a local folder, to `url` (one object per file)."""
-  fs = _filesystem()
+  """A local file, or every file under a local folder (`local_files`), to `url` (one object per file)."""
+  fs = gcs.filesystem()
   if os.path.isfile(local_path):
-    _call(url, fs.put_file, local_path, _key(url))
+    gcs.call(url, fs.put_file, local_path, gcs.key(url))
     return
-  for root, _, names in os.walk(local_path):
-    for name in sorted(names):
-      if not name.endswith(_SKIP_SUFFIXES) and name != RECORD:
-        path = os.path.join(root, name)
-        target = join(url, *os.path.relpath(path, local_path).split(os.sep))
-        _call(target, fs.put_file, path, _key(target))
+  for path in local_files(local_path):
+    target = join(url, *os.path.relpath(path, local_path).split(os.sep))
+    gcs.call(target, fs.put_file, path, gcs.key(target))
 
 
-class Mirror:
-  """A local folder kept as a copy of a bucket folder that this process writes (a run's workdir).
-
-  `pull()` makes the local folder the bucket's (top-level names in `skip`, e.g. checkpoints/, stay in the
-  bucket only); `push(*names)` uploads those local files or folders, only the files changed since the last
-  push or pull.
-  """
-
-  def __init__(self, url: str, folder: str, skip: Iterable[str] = ()):
-    self.url, self.folder, self.skip = url.rstrip("/"), folder, tuple(skip)
-    self._lock = threading.Lock()  # one push at a time (a background one and the loop's), one record
-
-  def pull(self, *names: str) -> None:
-    """The bucket's state of `names` (default: everything but `skip`) into the local folder."""
-    wanted = lambda top: top not in self.skip and (not names or top in names)  # noqa: E731
-    _sync(self.folder, {rel: info for rel, info in _objects(self.url).items() if wanted(rel.split("/")[0])},
-          delete=wanted)
-
-  def push(self, *names: str) -> None:
-    with self._lock:
-      self._push(names)
-
-  def _push(self, names: Iterable[str]) -> None:
-    record = _read_record(self.folder)
-    fs = _filesystem()
-    changed = False
-    for name in names:
-      for path in _local_files(os.path.join(self.folder, name)):
-        rel = os.path.relpath(path, self.folder).replace(os.sep, "/")
-        entry = record.get(rel)
-        stamp = _stamp(path)
-        if isinstance(entry, list) and len(entry) == 3 and stamp == entry[1:]:
-          continue
-        target = join(self.url, rel)
-        if rel.endswith(".jsonl"):  # appended to while this uploads: whole records only, the rest next time
-          with open(path, "rb") as f:
-            data = f.read()
-          _call(target, fs.pipe_file, _key(target), data[:data.rfind(b"\n") + 1])
-        else:
-          _call(target, fs.put_file, path, _key(target))
-        # The stamp from before the upload: a file written meanwhile differs from it and goes up next time.
-        record[rel] = [str(_call(target, fs.info, _key(target)).get("generation")), *stamp]
-        changed = True
-    if changed:
-      files.write_json(os.path.join(self.folder, RECORD), record)
-
-
-def _local_files(path: str) -> Iterator[str]:
+def local_files(path: str) -> Iterator[str]:
+  """Every file under `path` (or `path` itself) that a bucket should hold: work in progress (`_SKIP_SUFFIXES`,
+  an atomic writer's folders) and the copy's record left out."""
   if os.path.isfile(path):
     yield path
     return
+  skip = lambda name: name.endswith(_SKIP_SUFFIXES) or files.WRITER_MARK in name  # noqa: E731
   for root, dirs, names in os.walk(path):
-    dirs[:] = sorted(d for d in dirs if not d.endswith(_SKIP_SUFFIXES))
+    dirs[:] = sorted(d for d in dirs if not skip(d))
     for name in sorted(names):
-      if not name.endswith(_SKIP_SUFFIXES) and name != RECORD:
+      if not skip(name) and name != RECORD:
         yield os.path.join(root, name)
 
 
@@ -436,17 +330,17 @@ def check_remote_output(url: str, what: str, *, inputs: Iterable[Any] = (), dire
     if parts[i] in run_folders and exists(join(run, CONFIG_FILE)):
       raise StorageError(f"{what}={url} is inside the trained run {run}'s {parts[i]}/ folder, which other "
                          "commands read; write elsewhere")
-  bucket = _key(url).split("/")[0]
+  bucket = gcs.key(url).split("/")[0]
   if not bucket:
     raise StorageError(f"{what}={url}: no bucket named")
-  fs = _filesystem()
-  if not _call(f"{what}={url}", fs.exists, bucket):
+  fs = gcs.filesystem()
+  if not gcs.call(f"{what}={url}", fs.exists, bucket):
     raise StorageError(f"{what}={url}: the bucket gs://{bucket} does not exist (or is not visible to these "
                        "credentials)")
   folder = target if directory else target.rsplit("/", 1)[0]
   probe = join(folder, f"{files.WRITE_PROBE_PREFIX}{os.getpid()}-{time.time_ns()}")
-  _call(f"{what}={url}: the bucket refuses writes", fs.pipe_file, _key(probe), b"")
-  _call(f"{what}={url}", fs.rm, _key(probe))
+  gcs.call(f"{what}={url}: the bucket refuses writes", fs.pipe_file, gcs.key(probe), b"")
+  gcs.call(f"{what}={url}", fs.rm, gcs.key(probe))
 
 
 @contextlib.contextmanager

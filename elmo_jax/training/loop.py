@@ -225,7 +225,7 @@ def _log_and_eval(config, done: int, started: float, start_step: int, log_window
     log.info(f"step {done}: biLM unfrozen (config.freeze_bilm_steps={done}); everything trains from here")
   if _every(done, config.log_every_steps, last):
     record = log_window.record(done)
-    record = {**record, **perf.fields(record["tokens_per_sec"]),
+    record = {**record, **perf.fields(record.get("tokens_per_sec")),
               "learning_rate": optimizer_lib.learning_rate_at(config, done),
               "elapsed_sec": time.time() - started, "data_wait_share": pacer.wait_share()}
     writer.write(record)

@@ -144,8 +144,9 @@ class LogWindow:
     self.flush()
     s, n = self.sums, max(self.sums["n"], 1)
     record = {"step": step, "train_loss": s["loss"] / n, "train_ppl_forward": math.exp(s["loss_f"] / n),
-              "train_ppl_backward": math.exp(s["loss_b"] / n), "grad_norm": s["grad_norm"] / n,
-              "tokens_per_sec": s["tok"] / max(s["sec"], 1e-9)}
+              "train_ppl_backward": math.exp(s["loss_b"] / n), "grad_norm": s["grad_norm"] / n}
+    if s["sec"] > 0:  # a window that timed no step (all paused, e.g. behind an eval) has no rate, not 0.0
+      record["tokens_per_sec"] = s["tok"] / s["sec"]
     self.sums = self._zero()
     return record
 
@@ -163,7 +164,8 @@ def progress_line(step: int, total: int, record: dict[str, Any], started: float,
   eta = elapsed / done * (total - step)
   return (f"step {step}/{total}  loss {record['train_loss']:.3f}  "
           f"ppl fwd {record['train_ppl_forward']:.1f} bwd {record['train_ppl_backward']:.1f}  "
-          f"{record['tokens_per_sec']:,.0f} tok/s{_rates(record)}  elapsed {format_duration(elapsed)}  "
+          f"{format(record['tokens_per_sec'], ',.0f') if 'tokens_per_sec' in record else '-'} tok/s{_rates(record)}  "
+          f"elapsed {format_duration(elapsed)}  "
           f"ETA {format_duration(eta)}")
 
 

@@ -25,7 +25,7 @@ from elmo_jax.runtime import storage
 from elmo_jax.runtime import log
 from elmo_jax.data.sources import LIST_HINT, expand_paths, split_paths
 from elmo_jax.training.workdir import Workdir
-from elmo_jax.runtime.run_layout import TOP_FILES, TOP_FOLDERS, VOCAB_FILE
+from elmo_jax.runtime.run_layout import RUN_FOLDERS, TOP_FILES, TOP_FOLDERS, VOCAB_FILE
 
 _BLOCK = 1 << 20
 
@@ -66,6 +66,7 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
       storage.check_output(config.profile_dir, "config.profile_dir", directory=True)
     except files.UnsafeOutputError as e:
       raise PreflightError(str(e)) from None
+    _check_profile_dir(config.profile_dir, workdir)
   data = config.data
   if data.prepared_dir:
     check_prepared_dir("config.data.prepared_dir", data.prepared_dir, config)
@@ -237,6 +238,20 @@ def _changed_train_file(saved, config: ml_collections.ConfigDict) -> str:
   return ""
 
 
+def _check_profile_dir(profile_dir: str, workdir: str) -> None:
+  """A trace inside this run's own `checkpoints/` or `export/` would be deleted when the run replaces them (at
+  its next save): refused before anything is written, on a fresh run too (`check_output` knows other runs)."""
+  def resolved(path: str) -> str:
+    return path.rstrip("/") if storage.is_remote(path) else os.path.realpath(path)
+  target = resolved(profile_dir)
+  for folder in RUN_FOLDERS:
+    own = resolved(storage.join(workdir, folder))
+    if target == own or target.startswith(own + ("/" if storage.is_remote(own) else os.sep)):
+      raise PreflightError(f"config.profile_dir={profile_dir} is inside this run's {folder}/ folder, which the run "
+                           "replaces whole (the trace would be deleted): give another folder (default: "
+                           "WORKDIR/profile)")
+
+
 def check_text_files(key: str, value: str) -> list[str]:
   """Every comma-separated path/glob of `value` (`sources.split_paths`) names text files holding at least one
   non-blank line."""
@@ -245,6 +260,10 @@ def check_text_files(key: str, value: str) -> list[str]:
   except (FileNotFoundError, ValueError) as e:
     raise PreflightError(f"{key}: {e} ({LIST_HINT})") from None
   for path in paths:
+    if files.is_stream(path):
+      raise PreflightError(f"{key}: {path} is a pipe or FIFO, which can be read once; training reads its text "
+                           "more than once (its sha256 for the resume check, then the text): write it to a file "
+                           "first, or prepare it (python -m elmo_jax prepare)")
     problem = files.text_problem(path)
     if problem:
       raise PreflightError(f"{key}: {path} {problem}")

@@ -84,9 +84,16 @@ class Profiler:
       compile_step()
       drain()
       stack = contextlib.ExitStack()
-      self._local = stack.enter_context(storage.staged_output(self._dir, "config.profile_dir", directory=True))
-      os.makedirs(self._local, exist_ok=True)
-      jax.profiler.start_trace(self._local, create_perfetto_trace=True)
+      try:
+        self._local = stack.enter_context(storage.staged_output(self._dir, "config.profile_dir", directory=True))
+        os.makedirs(self._local, exist_ok=True)
+        jax.profiler.start_trace(self._local, create_perfetto_trace=True)
+      except (OSError, ValueError, RuntimeError) as e:  # a diagnostic: never the end of the run
+        stack.__exit__(type(e), e, e.__traceback__)  # nothing staged is uploaded
+        self._range = None
+        log.info(f"warning: no profile: {self._dir} cannot be written ({' '.join(str(e).split())[:200]}); the "
+                 "run goes on without it", all_processes=True)
+        return
       self._stack = stack  # a trace runs: close() stops it whatever happens next
     self._traced_to = step
     # Step boundaries for the profile plugin's step-time view.
@@ -111,17 +118,26 @@ class Profiler:
     if self._stack is not None:
       self._stop(raise_error=False)
 
-  def _stop(self, raise_error: bool) -> None:
-    jax.profiler.stop_trace()
-    runs = os.path.join(self._local, "plugins", "profile")
-    newest = max(os.listdir(runs), default="") if os.path.isdir(runs) else ""
+  def _stop(self, raise_error: bool) -> None:  # pylint: disable=unused-argument
+    """Stops the trace and writes it; a trace that cannot be written (a full or read-only disk, a refused
+    upload) is a warning, never the end of the run, and is never reported as written."""
     stack, self._stack = self._stack, None
     try:
+      jax.profiler.stop_trace()
+      runs = os.path.join(self._local, "plugins", "profile")
+      newest = max(os.listdir(runs), default="") if os.path.isdir(runs) else ""
+      if not newest or not any(n.endswith(".xplane.pb") for n in os.listdir(os.path.join(runs, newest))):
+        raise OSError(f"no trace file in {runs}")
+    except (OSError, RuntimeError, ValueError) as e:
+      stack.__exit__(type(e), e, e.__traceback__)  # nothing staged is uploaded
+      log.info(f"warning: the profile could not be written to {self._dir} ({' '.join(str(e).split())[:200]}); "
+               "the run goes on", all_processes=True)
+      return
+    try:
       stack.close()  # a bucket profile_dir: uploaded here
-    except storage.StorageError as e:
-      if raise_error:
-        raise
-      log.info(f"warning: the profile could not be uploaded to {self._dir} ({e})", all_processes=True)
+    except (storage.StorageError, OSError) as e:
+      log.info(f"warning: the profile could not be uploaded to {self._dir} ({e}); the run goes on",
+               all_processes=True)
       return
     first, last = self._range[0], self._traced_to
     where = storage.join(self._dir, "plugins", "profile", newest)

@@ -54,13 +54,16 @@ class Throughput:
     self.flops_per_token = flops_lib.train_flops_per_token(config, options, vocab_size, rows)["train"]
     self._local = [d for d in self.devices if d.process_index == jax.process_index()]
 
-  def fields(self, tokens_per_sec: float) -> dict[str, float]:
-    """The record's rates per device, its TFLOP/s, MFU (a known chip) and HBM (a backend with memory stats)."""
-    per_device = tokens_per_sec / self.n
-    flops = per_device * self.flops_per_token
-    out = {"tokens_per_sec_per_device": per_device, "tflops_per_sec_per_device": flops / 1e12}
-    if self.chip is not None:
-      out["mfu"] = flops / self.chip.peak_flops
+  def fields(self, tokens_per_sec: float | None) -> dict[str, float]:
+    """The record's rates per device, its TFLOP/s, MFU (a known chip) and HBM (a backend with memory stats);
+    no rates for a window that timed no step (`tokens_per_sec` None)."""
+    out = {}
+    if tokens_per_sec is not None:
+      per_device = tokens_per_sec / self.n
+      flops = per_device * self.flops_per_token
+      out = {"tokens_per_sec_per_device": per_device, "tflops_per_sec_per_device": flops / 1e12}
+      if self.chip is not None:
+        out["mfu"] = flops / self.chip.peak_flops
     out.update(memory_fields(self._local))
     return out
 

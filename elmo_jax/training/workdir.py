@@ -2,7 +2,7 @@
 
 Every file of the run is written to `local` first. For a local workdir that is the workdir itself and
 `push`/`pull` do nothing. For a bucket workdir `local` is a copy in `$ELMO_JAX_CACHE/bucket/` that process 0
-writes (`storage.Mirror`): `push(names)` uploads the files that changed, each as one object, after every
+writes (`mirror.Mirror`): `push(names)` uploads the files that changed, each as one object, after every
 write of the loop (metrics and TensorBoard at log and eval steps, the export and config at saves); `pull()`
 makes the copy the bucket's at the start, so a resumed run rewinds the bucket's `metrics.jsonl`, not a
 local file a killed run wrote after its last upload. Checkpoints are not copied: Orbax writes
@@ -14,6 +14,7 @@ import os
 import threading
 
 from elmo_jax.runtime import log
+from elmo_jax.runtime import mirror
 from elmo_jax.runtime import storage
 
 from elmo_jax.runtime.run_layout import BUCKET_ONLY, CHECKPOINTS
@@ -28,7 +29,7 @@ class Workdir:
     self.path = text.rstrip("/") if self.remote else os.path.abspath(text)
     self.local = storage.copy_path(self.path, "workdirs") if self.remote else self.path
     self.checkpoints = storage.join(self.path, CHECKPOINTS)
-    self._mirror = storage.Mirror(self.path, self.local, skip=BUCKET_ONLY) if self.remote else None
+    self._mirror = mirror.Mirror(self.path, self.local, skip=BUCKET_ONLY) if self.remote else None
     self._wake = threading.Condition()
     self._pending: set[str] = set()
     self._busy, self._error, self._uploader = False, None, None

@@ -133,4 +133,4 @@ def test_over_long_tokens_are_counted_and_reported_once(tmp_path, emb):
   warnings = []
   stats = embed.embed_file(emb, inp, tmp_path / "o.hdf5", batch_size=2, progress_every=None, warn=warnings.append)
   assert stats["long_tokens"] == 3 and len(warnings) == 1
-  assert "3 tokens longer than 48 characters were cut" in warnings[0] and f"{inp}:2" in warnings[0]
+  assert "3 tokens longer than 48 UTF-8 bytes were cut" in warnings[0] and f"{inp}:2" in warnings[0]

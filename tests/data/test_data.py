@@ -295,6 +295,16 @@ def test_raw_text_dedupe_is_by_content_so_a_resumed_stream_gives_the_same_tables
       np.testing.assert_array_equal(b["token_chars"][shard_of_row, b[f"{d}_index"]], a[f"{d}_chars"])
 
 
+def test_tokens_the_char_ids_cut_are_counted_by_utf8_bytes():
+  """bilm-tf's ids keep 48 UTF-8 bytes: 17 Chinese characters (51 bytes) are cut, 16 are not; the count says
+  what the model cannot see (it said 0 for whitespace-split Chinese)."""
+  sentences = ["中" * 17 + " " + "中" * 16 + " ok"]
+  it = make_lm_iterator(sentences, _vocab(["ok"]), PRETOK, batch_size=1, unroll_steps=8, seed=0, shuffle=False,
+                        num_epochs=1, process_index=0, process_count=1, max_token_chars=50)
+  next(it)
+  assert it.counters["truncated_tokens"] == 1
+
+
 def test_long_tokens_truncated_and_counted():
   sentences = ["ok " + "x" * 80, "fine"]
   vocab = _vocab(["ok fine " + "x" * 10])

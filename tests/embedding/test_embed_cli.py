@@ -14,6 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
+from elmo_jax.embedding import inputs as embed_files
+from elmo_jax.embedding import parts
 from elmo_jax.embedding import writer as embed
 from elmo_jax.embedding.embedder import Embedder
 from embed_util import SENTENCES, error_lines, model_args, stop_at_launch, write_lines
@@ -255,7 +257,7 @@ def test_count_lines(tmp_path):
   (tmp_path / "a").write_bytes(b"x\ny\n")
   (tmp_path / "b").write_bytes(b"x\ny")
   (tmp_path / "c").write_bytes(b"")
-  assert [embed.count_lines(tmp_path / n) for n in "abc"] == [2, 2, 0]
+  assert [embed_files.count_lines(tmp_path / n) for n in "abc"] == [2, 2, 0]
 
 
 def test_missing_output_directory(tmp_path, embedder):
@@ -270,7 +272,7 @@ def test_writer_thread_error_propagates_and_leaves_nothing(tmp_path, embedder, m
   out = tmp_path / "out.hdf5"
   path = write_lines(tmp_path / "in.txt", SENTENCES[1] * 3)
   written = []
-  real = embed._Writer._write  # pylint: disable=protected-access
+  real = parts.PartWriter._write  # pylint: disable=protected-access
 
   def failing(self, i, text, layers):
     if len(written) == 7:
@@ -278,13 +280,13 @@ def test_writer_thread_error_propagates_and_leaves_nothing(tmp_path, embedder, m
     written.append(i)
     return real(self, i, text, layers)
 
-  monkeypatch.setattr(embed._Writer, "_write", failing)  # pylint: disable=protected-access
+  monkeypatch.setattr(parts.PartWriter, "_write", failing)  # pylint: disable=protected-access
   with pytest.raises(OSError, match="disk full"):
     embed.embed_file(embedder, path, out, batch_size=2, chunk_size=4, progress_every=None)
   assert len(written) == 7
   assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5.partial"]
-  parts = sorted(os.listdir(tmp_path / "out.hdf5.partial" / "parts"))
-  assert parts == ["000000-0000.hdf5", "000000-0000.json"], parts  # chunk 1's unfinished part: removed
+  kept = sorted(os.listdir(tmp_path / "out.hdf5.partial" / "parts"))
+  assert kept == ["000000-0000.hdf5", "000000-0000.json"], kept  # chunk 1's unfinished part: removed
 
 
 def test_output_gets_the_umask_permissions(tmp_path, embedder):

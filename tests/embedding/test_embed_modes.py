@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
+from elmo_jax.embedding import inputs as embed_files
 from elmo_jax.embedding import writer as embed
 from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.embedding.embedder import Embedder
@@ -66,7 +67,7 @@ def test_output_layouts(tmp_path, embedder, reference, output):
 def test_sentence_keys_float16_gzip_sentence_vectors(tmp_path, embedder, reference):
   out = tmp_path / "o.hdf5"
   path = write(tmp_path / "in.txt.gz", LINES, gz=True)
-  assert embed.count_lines(path) == len(LINES)
+  assert embed_files.count_lines(path) == len(LINES)
   embed.embed_file(embedder, path, out, output="top", output_dtype="float16", use_sentence_keys=True,
                    sentence_vectors=True, progress_every=None)
   assert "sentence_to_index" not in read(out)  # AllenNLP: keys are the sentences

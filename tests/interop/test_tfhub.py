@@ -168,3 +168,22 @@ def test_embed_command_writes_the_module_outputs(hub, ref, tmp_path):
   with pytest.raises(EmbedInputError, match=r"^'elmo' is a TF-Hub module's learned mix of the layers; this "
                      r"model has none \(give the module's folder as the model\)$"):
     writer.embed_file(ref, text, tmp_path / "no.hdf5", output="elmo")
+
+
+@pytest.mark.parametrize("output", ["elmo", "lstm_outputs1", "default"])
+def test_stateful_module_outputs_are_refused_not_mislabelled(hub, tmp_path, monkeypatch, output):
+  """`--stateful --module_output=elmo` wrote outputs labelled as the module's that differ from it (the module
+  starts every call from a zero state): refused in one line, before anything is read or written."""
+  text = tmp_path / "in.txt"
+  text.write_text("a river bank\n")
+  monkeypatch.setattr(hub, "stateful", True)
+  with pytest.raises(EmbedInputError, match=rf"^--module_output={output} is what the TF-Hub module computes for "
+                     r"each batch from a zero state; --stateful carries"):
+    writer.embed_file(hub, text, tmp_path / "out.hdf5", output=output, progress_every=None)
+  assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_a_file_url_of_a_module_folder_is_the_module():
+  """It said "expected one *options*.json" for file:// of a TF-Hub (or EFML) folder."""
+  found = pretrained.resolve_model("file://" + TFHUB_MODULE)
+  assert found.tfhub_dir == TFHUB_MODULE and found.path == "file://" + TFHUB_MODULE

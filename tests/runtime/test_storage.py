@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from elmo_jax.runtime import gcs
+from elmo_jax.runtime import mirror
 from elmo_jax.runtime import storage
 import gcs_util
 
@@ -37,16 +39,16 @@ def test_local_copy_downloads_once_and_follows_the_bucket(bucket, tmp_path):
 
 
 def test_mirror_push_uploads_changes_and_pull_rolls_back(bucket, tmp_path):
-  mirror = storage.Mirror(bucket + "/run", str(tmp_path / "m"), skip=("checkpoints",))
-  mirror.pull()
+  copy = mirror.Mirror(bucket + "/run", str(tmp_path / "m"), skip=("checkpoints",))
+  copy.pull()
   (tmp_path / "m" / "metrics.jsonl").write_text('{"step": 1}\n')
-  mirror.push("metrics.jsonl")
+  copy.push("metrics.jsonl")
   assert storage.read_bytes(bucket + "/run/metrics.jsonl") == b'{"step": 1}\n'
   with open(tmp_path / "m" / "metrics.jsonl", "a") as f:
     f.write('{"step": 2}\n')  # written, never pushed (the process was killed)
   (tmp_path / "m" / "stray.txt").write_text("x")
   storage.write_bytes(bucket + "/run/checkpoints/1/x", b"ckpt")
-  mirror.pull()
+  copy.pull()
   assert (tmp_path / "m" / "metrics.jsonl").read_text() == '{"step": 1}\n'
   assert not (tmp_path / "m" / "stray.txt").exists()
   assert not (tmp_path / "m" / "checkpoints").exists()
@@ -57,8 +59,8 @@ def test_another_process_write_probe_is_never_pulled_or_listed(bucket, tmp_path)
   while process 0 pulls it: the probe is not content. (A pull that listed it, then found it gone, failed.)"""
   storage.write_bytes(bucket + "/run/config.json", b"{}")
   storage.write_bytes(bucket + "/run/.write-test-123-456", b"")  # listed here, as if caught mid-check
-  mirror = storage.Mirror(bucket + "/run", str(tmp_path / "m"))
-  mirror.pull()
+  copy = mirror.Mirror(bucket + "/run", str(tmp_path / "m"))
+  copy.pull()
   assert sorted(n for n in os.listdir(tmp_path / "m") if n != storage.RECORD) == ["config.json"]
   assert storage.listdir(bucket + "/run") == ["config.json"]
   storage.check_output(bucket + "/run/out", "--output")  # its own probe leaves nothing behind either
@@ -122,12 +124,12 @@ def test_tfds_data_dir_in_a_bucket_reads_like_the_local_one(bucket, tmp_path):
 def test_without_gcsfs_a_bucket_path_is_one_line(monkeypatch):
   import sys
   monkeypatch.setitem(sys.modules, "gcsfs", None)  # import fails as when it is not installed
-  storage._filesystem.cache_clear()  # pylint: disable=protected-access
+  gcs.filesystem.cache_clear()  # pylint: disable=protected-access
   try:
     with pytest.raises(storage.StorageError, match=r"gs:// paths need gcsfs: pip install gcsfs"):
       storage.exists("gs://bucket/run")
   finally:
-    storage._filesystem.cache_clear()  # pylint: disable=protected-access
+    gcs.filesystem.cache_clear()  # pylint: disable=protected-access
   assert storage.exists(__file__)  # local paths never touch it
 
 
@@ -146,7 +148,7 @@ def test_text_files_in_a_bucket_read_like_local_ones(bucket, tmp_path):
 def test_a_bucket_path_a_client_reads_as_syntax_is_refused_before_anything_is_written(bucket, tmp_path):
   """'#' would cut tensorstore's URL (the arrays of every step in an OCDBT database at a parent prefix), '?' starts
   its query, '*?[]' are gcsfs's globs (a move takes other objects): refused in one line naming the flag and the
-  character, by the preflight's first check, and by every client call (`storage._key`) and checkpoint."""
+  character, by the preflight's first check, and by every client call (`gcs.key`) and checkpoint."""
   import tiny
   from elmo_jax.training import preflight
   from elmo_jax.training.checkpoint import Checkpointer
@@ -179,7 +181,7 @@ def test_a_bucket_checkpoint_keeps_every_object_a_restore_reads_in_its_step_fold
   try:
     ckpt.save(1, {"w": jnp.arange(12.0).reshape(4, 3)}, {"x": 1})
     ckpt.wait()
-    every = sorted(storage._objects(bucket))  # pylint: disable=protected-access
+    every = sorted(storage.list_objects(bucket))  # pylint: disable=protected-access
     prefix = "odd dir %41 ü/run/checkpoints/"
     assert all(name.startswith(prefix) for name in every), every
     record = json.loads(storage.read_bytes(run + "/checkpoints/checksums/1.json"))["crc32c"]
@@ -192,3 +194,36 @@ def test_a_bucket_checkpoint_keeps_every_object_a_restore_reads_in_its_step_fold
     assert ckpt.verify(1) == f"file {arrays[0]} is missing"
   finally:
     ckpt.manager.close()
+
+
+@pytest.mark.parametrize("name", ["corp/../../../../escaped.txt", "corp/%2e%2e/%2e%2e/%2e%2e/escaped.txt",
+                                  "corp/..\\..\\escaped.txt"])
+def test_a_bucket_object_named_out_of_its_folder_is_refused_not_written_outside_the_cache(
+    gcs_server, bucket, tmp_path, name):
+  """An object's name is a name (`files.inside`): copying the folder `corp` refuses one whose name climbs
+  out, in one line, and writes nothing outside `$ELMO_JAX_CACHE`."""
+  import urllib.parse
+  import urllib.request
+  for obj in ("corp/ok.txt", name):  # the JSON API takes any name (gcsfs would normalise it)
+    url = (f"{gcs_server.url}/upload/storage/v1/b/{bucket[len('gs://'):]}/o?uploadType=media&name="
+           f"{urllib.parse.quote(obj, safe='')}")
+    urllib.request.urlopen(urllib.request.Request(url, data=b"x\n", method="POST")).read()
+  with pytest.raises(storage.StorageError, match=r"bucket object .* (climbs out|backslash)"):
+    storage.local(bucket + "/corp")
+  assert not [p for p in tmp_path.rglob("escaped.txt")]
+
+
+def test_a_model_that_convert_wrote_to_a_bucket_is_read_back_by_model(bucket):
+  """`--model=gs://...` refused what `convert --to=gs://...` had just written."""
+  from elmo_jax.interop import convert  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
+  from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  local = os.path.join(os.environ["ELMO_JAX_CACHE"], "..", "src")
+  os.makedirs(local)
+  shutil.copy(FIXTURE_OPTIONS, os.path.join(local, "options.json"))
+  shutil.copy(FIXTURE_WEIGHTS, os.path.join(local, "weights.hdf5"))
+  convert.convert(local, bucket + "/model")
+  found = pretrained.resolve_model(bucket + "/model")
+  assert found.path == bucket + "/model" and os.path.basename(found.weight_file) == "weights.hdf5"
+  assert pretrained.load(bucket + "/model")[0] == pretrained.load(local)[0]

@@ -69,7 +69,7 @@ def life(gcs_server, tmp_path_factory):
     seen["eval_first"] = _evaluate(url, valid, os.path.join(root, "eval-cache1"))
     seen["resumed"] = start("--config.num_train_steps=6")
     seen["checkpoints_resumed"] = storage.listdir(url + "/checkpoints")
-    objects = storage._objects(url + "/checkpoints/6")  # pylint: disable=protected-access
+    objects = storage.list_objects(url + "/checkpoints/6")  # pylint: disable=protected-access
     name = max((rel for rel in objects if rel.startswith("state/")), key=lambda rel: objects[rel]["size"])
     data = bytearray(storage.read_bytes(f"{url}/checkpoints/6/{name}"))
     data[len(data) // 2] ^= 0xFF  # same size, other bytes

@@ -78,7 +78,7 @@ def test_bucket_workdir_holds_the_run_and_no_debris(runs):
   assert "train.lock" not in names  # released at the end
   assert storage.listdir(runs["b"] + "/checkpoints") == ["12", "8", "checksums"]  # keep_checkpoints=2
   assert storage.listdir(runs["b"] + "/export") == ["options.json", "vocab.txt", "weights.hdf5"]
-  every = storage._objects(runs["b"])  # pylint: disable=protected-access
+  every = storage.list_objects(runs["b"])  # pylint: disable=protected-access
   assert not [n for n in every if n.endswith((".tmp", ".part", ".partial", storage.RECORD))]
   assert any(n.startswith("tensorboard/events.out.tfevents") for n in every)
   digests = json.loads(storage.read_bytes(runs["b"] + "/checkpoints/checksums/12.json"))

@@ -93,3 +93,35 @@ def test_two_steps_are_traced_and_a_resume_past_them_traces_nothing(tmp_path, ca
   _train(tmp_path, plain, 6, capsys)
   assert launch_util.records(run) == launch_util.records(plain)
   assert [r["step"] for r in launch_util.records(run) if "train_loss" in r] == [2, 4, 6]
+
+
+@pytest.mark.parametrize("inside", ["export", "checkpoints", "export/trace"])
+def test_a_profile_dir_inside_the_runs_own_replaced_folders_is_refused_on_a_fresh_run(tmp_path, inside):
+  """The next export deleted the trace the log said was written: refused before anything is written."""
+  run = str(tmp_path / "run")
+  config = tiny.train_config(_corpus(tmp_path), profile_steps="2:2", profile_dir=os.path.join(run, inside))
+  before = sorted(os.listdir(tmp_path))
+  with pytest.raises(preflight.PreflightError, match=rf"config\.profile_dir=.*{inside} is inside this run's "
+                     rf"{inside.split('/')[0]}/ folder, which the run replaces whole"):
+    preflight.check(config, run)
+  assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_trace_that_cannot_be_written_is_a_warning_not_the_end_and_not_written(tmp_path, capsys, monkeypatch):
+  def refuse(*args, **kwargs):
+    raise RuntimeError("cannot write the trace (injected)")
+  monkeypatch.setattr(jax.profiler, "stop_trace", lambda: (_ for _ in ()).throw(RuntimeError("disk full (injected)")))
+  prof = profile.Profiler(tiny.train_config(_corpus(tmp_path), profile_steps="1:1"), str(tmp_path / "run"), 0, 3)
+  monkeypatch.setattr(jax.profiler, "start_trace", lambda *a, **k: None)
+  prof.before(1, lambda: None, lambda: None)
+  prof.after(1, lambda: None)
+  out = capsys.readouterr().out
+  assert "warning: the profile could not be written to" in out and "disk full (injected)" in out
+  assert "written to" not in out.replace("could not be written to", "")
+  prof = profile.Profiler(tiny.train_config(_corpus(tmp_path), profile_steps="1:1"), str(tmp_path / "run"), 0, 3)
+  monkeypatch.setattr(jax.profiler, "start_trace", refuse)
+  prof.before(1, lambda: None, lambda: None)
+  prof.after(1, lambda: None)
+  prof.close()
+  out = capsys.readouterr().out
+  assert "warning: no profile:" in out and "the run goes on without it" in out and "written to" not in out

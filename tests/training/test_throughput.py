@@ -122,3 +122,20 @@ def test_on_a_chip_with_a_peak_the_run_states_the_prediction_and_logs_mfu(tmp_pa
   for r in records:
     assert r["mfu"] == pytest.approx(r["tflops_per_sec_per_device"] * 1e12 / chips_lib.CHIPS["cpu"].peak_flops)
   assert "MFU" in out
+
+
+def test_a_log_window_that_timed_no_step_has_no_rate_not_zero():
+  """metrics.jsonl said tokens_per_sec 0.0 for a window whose only step was the one waited for (after an eval
+  or a save): the field is left out, and the log line says '-'."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import metrics  # pylint: disable=g-import-not-at-top
+  window = metrics.LogWindow()
+  step = {"loss": np.float32(2.0), "loss_forward": np.float32(2.0), "loss_backward": np.float32(2.0),
+          "grad_norm": np.float32(1.0), "n_tokens": np.float32(64)}
+  window.add(1, step)  # waited for, not timed
+  record = window.record(1)
+  assert "tokens_per_sec" not in record and record["train_loss"] == 2.0
+  assert " - tok/s" in metrics.progress_line(1, 10, record, 0.0, 0)
+  window.add(2, step)
+  window.add(3, step)  # timed
+  assert window.record(3)["tokens_per_sec"] > 0

@@ -45,7 +45,7 @@ import numpy as np
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.runtime import log
-from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, token_to_ids
+from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, is_cut, token_to_ids
 from elmo_jax.data.manifest import (PARTIAL, PrepareError, describe_source, read_manifest, settings_difference,
                                     settings_of, verify_files, write_manifest)
 from elmo_jax.data.prepare_inputs import check_inputs, check_numbers, check_vocab_file, open_source, source_spec
@@ -214,7 +214,7 @@ def _merge(work: str, out: str, n_chunks: int, n_sentences: int, settings: dict,
     vocab = _build_vocab(types, counts, n_sentences, settings["vocab"]["max_size"], settings["vocab"]["min_count"])
   vocab.save(out)
   n_empty = int(np.count_nonzero(np.diff(offsets) == 0))
-  n_truncated = int(sum(c for t, c in zip(types, counts.tolist()) if len(t) > limit))
+  n_truncated = int(sum(c for t, c in zip(types, counts.tolist()) if is_cut(t, max_chars, limit)))
   return {"n_sentences": n_sentences, "n_empty_sentences": n_empty, "n_tokens": n_tokens,
           "n_types": len(types), "n_truncated_tokens": n_truncated, "vocab_size": len(vocab),
           "vocab_sha256": vocab.sha256(), "oov_tokens": int(counts.sum() - sum(
