@@ -3,10 +3,13 @@
     convert.convert("elmo_3/", "elmo_3_bilm/")        # a TF-Hub module -> options.json + weights.hdf5, exact
     convert.convert("runs/default", "shared/model/")   # a run's export (+ its vocab.txt and softmax), same bits
 
-The one writable format is bilm-tf's (`FORMATS`): options.json + weights.hdf5 (`weights.save_hdf5`, the exact
+Two formats are written (`FORMATS`): bilm-tf's options.json + weights.hdf5 (`weights.save_hdf5`, the exact
 writer; the softmax too where the source has one) + vocab.txt where the source has one (a run's, or one beside
-the weights). Read back, every tensor has the bits it was read with. An ELMoForManyLangs model is refused: its
-word embedding has no place there.
+the weights), and an ELMoForManyLangs release folder (`efml_export`: config.json, the architecture JSON,
+char.dic, word.dic, the two state dicts in PyTorch's zip format, written without torch). Read back, every
+tensor has the bits it was read with. A model is refused, in one line, in a format that cannot hold it
+(`format_problem`): EFML's word embedding and code-point chars have no place in bilm-tf's layout, bilm-tf's
+byte char ids none in an EFML folder.
 The output folder is built beside `to` and renamed onto it (`files.atomic_dir`); a `to` that holds files, or
 holds or is one of the source's files, is refused first (`storage.check_output`), so a refusal writes nothing.
 """
@@ -18,6 +21,7 @@ import shutil
 from typing import Any
 
 from elmo_jax.interop import efml
+from elmo_jax.interop import efml_export
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
 from elmo_jax.interop import tfhub
@@ -26,7 +30,8 @@ from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
 
-FORMATS = ("bilm-hdf5",)
+FORMATS = ("bilm-hdf5", "efml")
+EFML = "efml"
 
 
 class ConvertError(ValueError):
@@ -42,16 +47,37 @@ class Model:
   vocab_file: str | None
   files: tuple[str, ...]
   note: str | None = None  # what the output cannot hold (a module's mix)
+  lexicon: tuple[dict[str, int], dict[str, int] | None] | None = None  # EFML's (char2id, word2id)
+  arch_name: str | None = None  # EFML: the architecture JSON's name (config.json's config_path)
+
+  @property
+  def format(self) -> str:
+    """The format that holds this model as it is: "efml" for EFML's shape, else "bilm-hdf5"."""
+    return EFML if efml_export.is_efml_variant(self.options) else "bilm-hdf5"
+
+
+def format_problem(options: dict[str, Any], fmt: str) -> str | None:
+  """Why a model of these options cannot be written as `fmt` (one line), else None."""
+  if fmt not in FORMATS:
+    return f"the formats written are {', '.join(FORMATS)}"
+  is_efml = efml_export.is_efml_variant(options)
+  if fmt == "bilm-hdf5" and is_efml:
+    return ("an ELMoForManyLangs-shaped model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "
+            "no place for its word embedding, word.dic's vectors beside the char CNN, nor its char.dic); write "
+            "it as efml")
+  if fmt == EFML and not is_efml:
+    return ("a bilm-tf-shaped model (byte char ids, TF's cell) cannot be held in an ELMoForManyLangs folder "
+            "(char.dic code points, AllenNLP's cell); write it as bilm-hdf5")
+  return None
 
 
 def load(spec: str) -> Model:
   """A model spec (`resolve_model`: a released name, a run, a folder, a TF-Hub module, a URL) as a `Model`."""
   path = os.path.expanduser(spec)
   if efml.is_efml_dir(path):
-    raise ConvertError(
-        f"{spec}: an ELMoForManyLangs model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "
-        "no place for its word embedding, word.dic's vectors beside the char CNN); use the folder as it is "
-        f"(--model={spec}), or a biLM trained here: a run's export/ (training/export) is bilm-tf's layout")
+    options, params, token_ids = efml.load(path)
+    return Model(options, params, None, None, tuple(efml.model_files(path).values()),
+                 lexicon=(token_ids.char2id, token_ids.word2id), arch_name=efml_export.arch_name_of(path))
   found = pretrained.resolve_model(spec)
   if found.tfhub_dir is not None:
     module = tfhub.load(found.tfhub_dir)
@@ -79,14 +105,23 @@ def check_target(to: str, inputs: tuple[str, ...] = ()) -> None:
     raise files.UnsafeOutputError(f"--to={to} already holds {', '.join(taken[:3])}; give a new or empty folder")
 
 
-def _check_format(fmt: str) -> None:
+def _check_format(fmt: str, model: Model | None = None, spec: str = "") -> None:
   if fmt not in FORMATS:
     raise ConvertError(f"--format={fmt}: the formats written are {', '.join(FORMATS)}")
+  problem = None if model is None else format_problem(model.options, fmt)
+  if problem:
+    raise ConvertError(f"--format={fmt}: {spec + ': ' if spec else ''}{problem}")
 
 
 def write(model: Model, folder: str, fmt: str = "bilm-hdf5") -> None:
   """Writes `model` into `folder` (replaced whole, atomically) in format `fmt`."""
-  _check_format(fmt)
+  _check_format(fmt, model)
+  if fmt == EFML:
+    if model.lexicon is None:
+      raise ConvertError("--format=efml: the model has no char.dic / word.dic to write")
+    with files.atomic_dir(folder) as tmp:
+      efml_export.write(tmp, model.options, model.params, *model.lexicon, arch_name=model.arch_name)
+    return
   with files.atomic_dir(folder) as tmp:
     options_lib.save(model.options, os.path.join(tmp, OPTIONS_FILE))
     weights_lib.save_hdf5(os.path.join(tmp, WEIGHTS_FILE), model.params, model.options, softmax=model.softmax)
@@ -98,8 +133,14 @@ def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> Model:
   """Reads `spec`, checks `to`, writes it there (a bucket `to`: staged locally, uploaded once written).
   Returns what was read. Raises ConvertError, files.UnsafeOutputError and the loaders' one-line errors."""
   _check_format(fmt)
+  if fmt == "bilm-hdf5" and efml.is_efml_dir(os.path.expanduser(spec)):  # before reading its weights
+    raise ConvertError(
+        f"{spec}: an ELMoForManyLangs model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "
+        "no place for its word embedding, word.dic's vectors beside the char CNN); write it as an EFML folder "
+        f"(--format=efml), use the folder as it is (--model={spec}), or a biLM trained here: a run's export/")
   check_target(to)  # before loading (a download): a taken folder costs nothing
   model = load(spec)
+  _check_format(fmt, model, spec)
   check_target(to, model.files)
   with storage.staged_output(to, "--to", directory=True, inputs=model.files) as local:
     write(model, local, fmt)
