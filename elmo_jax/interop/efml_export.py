@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from elmo_jax.data.lexicon import dic_text
 from elmo_jax.interop import efml
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import torch_save
@@ -109,11 +110,6 @@ def encoder_state(options: dict[str, Any], params: dict[str, Any]) -> dict[str, 
       out[f"{name}.state_linearity.bias"] = _f32(np.asarray(p["B"])[order])
       out[f"{name}.state_projection.weight"] = _f32(np.asarray(p["W_P_0"]).T)
   return out
-
-
-def dic_text(vocab: dict[str, int]) -> str:
-  """A char.dic / word.dic as EFML writes it: `token<TAB>id` lines by id."""
-  return "".join(f"{token}\t{i}\n" for token, i in sorted(vocab.items(), key=lambda kv: kv[1]))
 
 
 def check(options: dict[str, Any], params: dict[str, Any], char2id: dict[str, int],

@@ -225,6 +225,8 @@ def _run(workdir: str, fetch: bool) -> ResolvedModel:
   if fetch:
     workdir = storage.local(workdir, names=RUN_FILES)
   options_file, weight_file = (os.path.join(workdir, rel) for rel in export_files())
+  if efml.is_efml_dir(os.path.join(workdir, EXPORT_DIR)):  # an EFML-style run exports an EFML folder
+    options_file, weight_file = (os.path.join(workdir, EXPORT_DIR, n) for n in (efml.CONFIG, efml.ENCODER))
   vocab = os.path.join(workdir, VOCAB_FILE)
   if fetch and not os.path.exists(vocab):
     vocab = None

@@ -22,7 +22,7 @@ from elmo_jax.model import BiLM, make_model, zero_state
 from elmo_jax.runtime import files, log, storage
 from elmo_jax.runtime.run_layout import (CONFIG_FILE, EXPORT_DIR, METRICS_FILE, START_FILES,
                                          VOCAB_COUNTS_FILE)
-from elmo_jax.training import init_from, lm_eval, optimizer as optimizer_lib, resume, step as step_lib
+from elmo_jax.training import init_from, lm_eval, optimizer as optimizer_lib, resume, step as step_lib, variant
 from elmo_jax.training import input as input_lib
 from elmo_jax.training.config import with_global_batch
 from elmo_jax.training.checkpoint import (Checkpointer, IncompatibleCheckpointError, abstract_like,
@@ -258,6 +258,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   SIGTERM/SIGINT finish the current step, save and return normally.
   """
   # --- setup ---------------------------------------------------------------------------------------------
+  config = variant.resolve(config, workdir)  # the model: options (from init_from), EFML lexicons, export format
   config = with_global_batch(config, jax.device_count())  # before anything is written; raises BatchSizeError
   run, options, data = open_run(config, workdir)
   is_main, n_proc, vocab = jax.process_index() == 0, jax.process_count(), data.vocab
@@ -283,7 +284,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if is_main:
       cancel = checkpointer.deadline(f"the export of step {step}")  # an upload that hangs ends the run too
       try:
-        export_model(run.local, state.params, options)
+        export_model(run.local, state.params, options, config.export_format or "bilm-hdf5")
         run.push(EXPORT_DIR)
       finally:
         cancel()
