@@ -32,8 +32,9 @@ BUILD = "build"
 
 
 def _unset(options: dict[str, Any]) -> bool:
-  """True when the config leaves the model's shape to `init_from` (configs/finetune.py's placeholders)."""
-  return options.get("lstm", {}).get("dim") is None
+  """True when the config leaves the model's shape to `init_from` (configs/finetune.py: placeholders, and no
+  char CNN filters, which no flag can set)."""
+  return "filters" not in options.get("char_cnn", {})
 
 
 def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
