@@ -80,6 +80,15 @@ def _saved_options(workdir: str) -> dict[str, Any] | None:
   return options if isinstance(options, dict) and not _unset(options) else None
 
 
+def _run_lexicon(path: str) -> str | None:
+  """The lexicon folder of a run (its workdir, checkpoints/ or a step) that has one, else None."""
+  path = os.path.abspath(os.path.expanduser(path))
+  for folder in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+    if os.path.isfile(os.path.join(folder, LEXICON_DIR, lexicon_lib.CHAR_DIC)):
+      return os.path.join(folder, LEXICON_DIR)
+  return None
+
+
 def resolve(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
   """A copy of `config` with the run's model settled: options (from init_from where the config leaves them
   unset), `data.lexicon` (an EFML source's folder), the EFML lexicon sizes (`lexicon="build"`), and
@@ -101,6 +110,8 @@ def resolve(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.C
     released = init_from.released_source(c.init_from)
     if released is not None and released[0] == init_from.EFML:
       c.data.lexicon = released[1]
+  if c.init_from and not c.data.get('lexicon', ''):  # an EFML-style run as the source: its lexicons
+    c.data.lexicon = _run_lexicon(c.init_from) or ""
   if efml_export.is_efml_variant(options):
     options = _with_lexicon(options, c, local)
   elif c.data.get('lexicon', ''):
