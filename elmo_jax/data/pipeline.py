@@ -34,7 +34,7 @@ class TextTypes:
       self._width = token_ids.width
     self._index: dict[str, int] = {}  # token -> type id (<S> and </S> have none: a literal "<S>" is a word)
     self._n = 0
-    self._chars = np.zeros([1024, max_characters_per_token], np.int32)
+    self._chars = np.zeros([1024, self._width], np.int32)
     self._targets = np.zeros([1024], np.int32)
     self._truncated = np.zeros([1024], bool)
     bos, eos = ((token_ids.bos, token_ids.eos) if token_ids is not None else
