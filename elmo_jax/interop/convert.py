@@ -15,16 +15,14 @@ holds or is one of the source's files, is refused first (`storage.check_output`)
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from typing import Any
 
-from elmo_jax.interop import efml
 from elmo_jax.interop import efml_export
+from elmo_jax.interop import loaded
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
-from elmo_jax.interop import tfhub
 from elmo_jax.interop import weights as weights_lib
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
@@ -36,24 +34,6 @@ EFML = "efml"
 
 class ConvertError(ValueError):
   """A conversion that cannot be done; one line, nothing written."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Model:
-  """What a conversion reads: options, `BiLM` params, the softmax and vocabulary where there are, its files."""
-  options: dict[str, Any]
-  params: dict[str, Any]
-  softmax: dict[str, Any] | None
-  vocab_file: str | None
-  files: tuple[str, ...]
-  note: str | None = None  # what the output cannot hold (a module's mix)
-  lexicon: tuple[dict[str, int], dict[str, int] | None] | None = None  # EFML's (char2id, word2id)
-  arch_name: str | None = None  # EFML: the architecture JSON's name (config.json's config_path)
-
-  @property
-  def format(self) -> str:
-    """The format that holds this model as it is: "efml" for EFML's shape, else "bilm-hdf5"."""
-    return EFML if efml_export.is_efml_variant(self.options) else "bilm-hdf5"
 
 
 def format_problem(options: dict[str, Any], fmt: str) -> str | None:
@@ -71,27 +51,10 @@ def format_problem(options: dict[str, Any], fmt: str) -> str | None:
   return None
 
 
-def load(spec: str) -> Model:
-  """A model spec (`resolve_model`: a released name, a run, a folder, a TF-Hub module, a URL) as a `Model`."""
-  path = os.path.expanduser(spec)
-  if efml.is_efml_dir(path):
-    options, params, token_ids = efml.load(path)
-    return Model(options, params, None, None, tuple(efml.model_files(path).values()),
-                 lexicon=(token_ids.char2id, token_ids.word2id), arch_name=efml_export.arch_name_of(path))
-  found = pretrained.resolve_model(spec)
-  if found.tfhub_dir is not None:
-    module = tfhub.load(found.tfhub_dir)
-    mix = ", ".join(f"{v:.9g}" for v in module.mix["weights"].tolist())
-    return Model(module.options, module.params, None, None, module.files,
-                 note=f"the module's learned mix has no place in bilm-tf's layout and is not written: "
-                      f"aggregation/weights=[{mix}], aggregation/scaling={float(module.mix['scaling']):.9g}")
-  options_file, weight_file = found.checked().files
-  options = options_lib.load(options_file)
-  loaded = weights_lib.load_hdf5(weight_file, options)
-  beside = os.path.join(os.path.dirname(weight_file), VOCAB_FILE)  # the softmax's words, as a run exports them
-  vocab = found.vocab_file or (beside if os.path.isfile(beside) else None)
-  return Model(options, loaded["params"], loaded["softmax"], vocab,
-               tuple(p for p in (options_file, weight_file, vocab) if p))
+def load(spec: str) -> loaded.LoadedModel:
+  """A model spec (`resolve_model`: a released name, a run, a folder, a TF-Hub module, a URL, an EFML folder),
+  read by `loaded.load_model`."""
+  return loaded.load_model(pretrained.resolve_model(spec))
 
 
 def check_target(to: str, inputs: tuple[str, ...] = ()) -> None:
@@ -105,7 +68,7 @@ def check_target(to: str, inputs: tuple[str, ...] = ()) -> None:
     raise files.UnsafeOutputError(f"--to={to} already holds {', '.join(taken[:3])}; give a new or empty folder")
 
 
-def _check_format(fmt: str, model: Model | None = None, spec: str = "") -> None:
+def _check_format(fmt: str, model: loaded.LoadedModel | None = None, spec: str = "") -> None:
   if fmt not in FORMATS:
     raise ConvertError(f"--format={fmt}: the formats written are {', '.join(FORMATS)}")
   problem = None if model is None else format_problem(model.options, fmt)
@@ -113,14 +76,16 @@ def _check_format(fmt: str, model: Model | None = None, spec: str = "") -> None:
     raise ConvertError(f"--format={fmt}: {spec + ': ' if spec else ''}{problem}")
 
 
-def write(model: Model, folder: str, fmt: str = "bilm-hdf5") -> None:
+def write(model: loaded.LoadedModel, folder: str, fmt: str = "bilm-hdf5") -> None:
   """Writes `model` into `folder` (replaced whole, atomically) in format `fmt`."""
   _check_format(fmt, model)
   if fmt == EFML:
-    if model.lexicon is None:
+    if model.token_ids is None:
       raise ConvertError("--format=efml: the model has no char.dic / word.dic to write")
+    folder_in = model.source.efml_dir if model.source is not None else None
     with files.atomic_dir(folder) as tmp:
-      efml_export.write(tmp, model.options, model.params, *model.lexicon, arch_name=model.arch_name)
+      efml_export.write(tmp, model.options, model.params, model.token_ids.char2id, model.token_ids.word2id,
+                        arch_name=efml_export.arch_name_of(folder_in) if folder_in else None)
     return
   with files.atomic_dir(folder) as tmp:
     options_lib.save(model.options, os.path.join(tmp, OPTIONS_FILE))
@@ -129,11 +94,11 @@ def write(model: Model, folder: str, fmt: str = "bilm-hdf5") -> None:
       shutil.copyfile(model.vocab_file, os.path.join(tmp, VOCAB_FILE))
 
 
-def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> Model:
+def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> loaded.LoadedModel:
   """Reads `spec`, checks `to`, writes it there (a bucket `to`: staged locally, uploaded once written).
   Returns what was read. Raises ConvertError, files.UnsafeOutputError and the loaders' one-line errors."""
   _check_format(fmt)
-  if fmt == "bilm-hdf5" and efml.is_efml_dir(os.path.expanduser(spec)):  # before reading its weights
+  if fmt == "bilm-hdf5" and efml_export.efml.is_efml_dir(os.path.expanduser(spec)):  # before reading its weights
     raise ConvertError(
         f"{spec}: an ELMoForManyLangs model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "
         "no place for its word embedding, word.dic's vectors beside the char CNN); write it as an EFML folder "
@@ -141,7 +106,7 @@ def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> Model:
   check_target(to)  # before loading (a download): a taken folder costs nothing
   model = load(spec)
   _check_format(fmt, model, spec)
-  check_target(to, model.files)
-  with storage.staged_output(to, "--to", directory=True, inputs=model.files) as local:
+  check_target(to, model.input_files)
+  with storage.staged_output(to, "--to", directory=True, inputs=model.input_files) as local:
     write(model, local, fmt)
   return model

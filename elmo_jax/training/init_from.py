@@ -16,6 +16,8 @@ import jax
 import numpy as np
 
 from elmo_jax.interop import efml
+from elmo_jax.interop import loaded
+from elmo_jax.interop.resolved import ResolvedModel
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
 from elmo_jax.interop import tfhub
@@ -61,19 +63,17 @@ def released_source(path: str) -> tuple[str, str] | None:
     return None
   if found.tfhub_dir is not None:
     return TFHUB, found.tfhub_dir
-  if found.weight_file and found.weight_file.endswith(".pkl") and efml.is_efml_dir(os.path.dirname(found.weight_file)):
-    return EFML, os.path.dirname(found.weight_file)
+  if found.efml_dir is not None:
+    return EFML, found.efml_dir
   return None
 
 
 def _load_released(kind: str, folder: str, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """(options, biLM params) of an EFML folder or a TF-Hub module; InitFromError, one line."""
+  found = loaded.efml_folder(folder) if kind == EFML else ResolvedModel(path=folder, tfhub_dir=folder)
   try:
-    if kind == EFML:
-      options, params, _ = efml.load(folder)
-      return options, params
-    module = tfhub.load(folder)
-    return module.options, module.params
+    model = loaded.load_model(found)  # the one load of every format
+    return model.options, model.params
   except (weights_lib.WeightFileError, ValueError, OSError) as e:
     raise InitFromError(f"config.init_from={path}: {str(e).splitlines()[0]}") from None
 
@@ -207,21 +207,21 @@ def load(path: str, options: dict[str, Any], vocab_sha256: str) -> tuple[dict[st
 
 def _load_elmo_files(source: pretrained.ResolvedModel, options: dict[str, Any], vocab_sha256: str
                      ) -> tuple[dict[str, Any], dict | None, str]:
-  """The ELMo files' biLM, and their softmax when the vocab.txt beside them is this run's vocabulary."""
+  """The ELMo files' biLM (`loaded.load_model`), and their softmax when the vocab.txt beside them is this run's
+  vocabulary."""
   path, (options_file, weight_file) = source.path, source.files
-  saved = options_lib.validate(options_lib.load(options_file), options_file)
-  diff = options_difference(saved, options)
+  model = loaded.load_model(source)
+  diff = options_difference(options_lib.validate(model.options, options_file), options)
   if diff is not None:
     raise InitFromError(f"config.init_from={path}: model shape differs from config.options: {diff} "
                         f"({options_file})")
-  loaded = weights_lib.load_hdf5(weight_file, saved)
   softmax = None
-  if loaded["softmax"] is not None and source.vocab_file is not None:
+  if model.softmax is not None and source.vocab_file is not None:
     from elmo_jax.data import Vocab
     if Vocab.load(source.vocab_file).sha256() == vocab_sha256:
-      softmax = loaded["softmax"]
-  return loaded["params"], softmax, (f"ELMo weights {weight_file} "
-                                     f"({'with its softmax' if softmax is not None else NEW_SOFTMAX})")
+      softmax = model.softmax
+  return model.params, softmax, (f"ELMo weights {weight_file} "
+                                 f"({'with its softmax' if softmax is not None else NEW_SOFTMAX})")
 
 
 def apply(path: str, state: Any, options: dict[str, Any], vocab_sha256: str, optimizer,
