@@ -71,8 +71,8 @@ def train(workdir: str, config: str, *flags_: str) -> float:
   return time.time() - started
 
 
-def perplexity(workdir: str, eval_file: str) -> dict[str, float]:
-  """The run's newest checkpoint scored on `eval_file` with the trainer's eval step, the run's vocabulary,
+def perplexity(workdir: str, eval_file: str, step: int | None = None) -> dict[str, float]:
+  """The run's newest checkpoint (or `step`'s) scored on `eval_file` with the trainer's eval step, the run's vocabulary,
   lexicons, batch size and unroll length (what its `eval_ppl` records measure on its own eval split)."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import init_from, loop, variant  # pylint: disable=g-import-not-at-top
@@ -85,7 +85,7 @@ def perplexity(workdir: str, eval_file: str) -> dict[str, float]:
     c = variant.resolve(c, scratch)
     data = make_input(c, scratch, c.batch_size)
     steps, _ = loop.make_steps(c, c.options.to_dict(), len(data.vocab))
-    params, _, step = init_from._restore_params(os.path.join(workdir, "checkpoints"), None)  # pylint: disable=protected-access
+    params, _, step = init_from._restore_params(os.path.join(workdir, "checkpoints"), step)  # pylint: disable=protected-access
     result = loop.evaluate(c, data, steps, params)
   return {"step": step, "ppl": result["eval_ppl"], "ppl_forward": result["eval_ppl_forward"],
           "ppl_backward": result["eval_ppl_backward"], "tokens": result["eval_tokens"]}
@@ -122,6 +122,7 @@ def main(argv):
                     f"--config.data.eval_files={text('web', 'valid')}", f"--config.num_train_steps={_STEPS_A.value}",
                     *(f"--config.{kv}" for kv in _SIZE.value))
   before = {d: perplexity(a, text(d, "valid")) for d in ("web", "wiki")}
+  half = {d: perplexity(a, text(d, "valid"), _STEPS_A.value // 2) for d in ("web", "wiki")}
   agreement = efml_vs_ours(a, text("web", "test"))
   seconds_b = train(b, os.path.join(REPO, "configs", "finetune.py"), f"--config.init_from={a}",
                     f"--config.data.train_files={text('wiki', 'train')}", f"--config.data.eval_files={text('wiki', 'valid')}",
@@ -135,7 +136,7 @@ def main(argv):
   results = {"corpus": "PyPI turkish-treebanks==1.0.0 (Turkish Web Treebank, Apache-2.0), split by domain",
              "sentences": counts, "steps": {"a": _STEPS_A.value, "b": _STEPS_B.value},
              "train_seconds": {"a": seconds_a, "b": seconds_b}, "size_overrides": _SIZE.value,
-             "efml_vs_ours": agreement, "perplexity_valid": {"a_web": before, "b_wiki": after},
+             "efml_vs_ours": agreement, "perplexity_valid": {"a_web": before, "a_web_half": half, "b_wiki": after},
              "export": sorted(os.listdir(os.path.join(a, "export")))}
   with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
     json.dump(results, f, indent=1)
