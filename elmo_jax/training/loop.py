@@ -120,9 +120,11 @@ def restore_or_init(config, run: Workdir, checkpointer, state, train_iter, check
     state, source = init_from.apply(config.init_from, state, options, vocab.sha256(), optimizer, shardings)
     log.info(f"initialised from {source}; fresh optimizer")
     if source.endswith(init_from.NEW_SOFTMAX + ")") and not config.freeze_bilm_steps:
+      released = "no softmax in the release" in source  # EFML, TF-Hub: no vocabulary brings one back
       log.info("init_from gave no softmax for this vocabulary: a random softmax's first gradients reach the "
-               "pretrained biLM; consider --config.freeze_bilm_steps=200 (softmax alone first), or "
-               "--config.data.vocab_file=<the source run's vocab.txt> to keep its softmax")
+               "pretrained biLM; consider --config.freeze_bilm_steps=200 (softmax alone first)"
+               + ("" if released else ", or --config.data.vocab_file=<the source run's vocab.txt> to keep its "
+                  "softmax"))
   # A start from step 0 over an earlier start's records (killed before its first checkpoint, or whose
   # checkpoints were all set aside): they go, as a resume drops those after its step.
   if jax.process_index() == 0 and (dropped := resume.rewind_metrics(run.local, -1)):
