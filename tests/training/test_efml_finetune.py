@@ -95,6 +95,19 @@ def test_export_format_that_cannot_hold_the_model_is_refused(source, tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def test_efml_folder_in_an_archive_is_a_source(source, tmp_path, monkeypatch):
+  """An EFML release as its zip (how EFML publishes them): unpacked once into the cache, its options and its
+  lexicons become the run's."""
+  monkeypatch.setenv("ELMO_JAX_CACHE", str(tmp_path / "cache"))
+  archive = shutil.make_archive(str(tmp_path / "tiny.model"), "zip", os.path.dirname(source),
+                                os.path.basename(source))
+  kind, folder = init_from.released_source(archive)
+  assert kind == init_from.EFML and folder.startswith(str(tmp_path / "cache"))
+  resolved = variant.resolve(_finetune_config(archive), str(tmp_path / "run"))
+  assert resolved.data.lexicon == folder and resolved.options.char_cnn.char_vocab_size == len(efml_util.CHARS)
+  assert resolved.options.char_cnn.word_embedding.n_words == len(efml_util.WORDS)
+
+
 @pytest.mark.slow
 def test_train_py_refuses_in_one_line_and_writes_nothing(source, tmp_path):
   proc = subprocess.run([sys.executable, "train.py", f"--workdir={tmp_path / 'run'}", f"--config={FINETUNE}",
