@@ -14,6 +14,7 @@ Refusals (`InitFromError`) are one line naming the config field.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from typing import Any
 
@@ -23,6 +24,7 @@ from elmo_jax.data import lexicon as lexicon_lib
 from elmo_jax.interop import convert
 from elmo_jax.interop import efml_export
 from elmo_jax.interop import options as options_lib
+from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import CONFIG_FILE
 from elmo_jax.training import init_from
 from elmo_jax.training.init_from import InitFromError
@@ -59,19 +61,16 @@ def _merge_source(given: dict[str, Any], source: dict[str, Any], path: str) -> d
 
 
 def _json(value: Any) -> str:
-  import json
   return json.dumps(value)
 
 
 def _plain(value: Any) -> Any:
   """JSON's view of a value (tuples as lists; 3 == 3.0 as in options.json)."""
-  import json
   return json.loads(json.dumps(value))
 
 
 def _saved_options(workdir: str) -> dict[str, Any] | None:
   """The options of the workdir's config.json (a run that started already), else None."""
-  import json
   try:
     with open(os.path.join(workdir, CONFIG_FILE), encoding="utf-8") as f:
       options = json.load(f).get("options")
@@ -95,7 +94,7 @@ def resolve(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.C
   `export_format`. Raises InitFromError (one line) before anything is written."""
   c = ml_collections.ConfigDict(config.to_dict())
   options = c.options.to_dict()
-  local = workdir if not workdir.startswith("gs://") else None
+  local = None if storage.is_remote(workdir) else workdir
   if _unset(options):
     if not c.init_from:
       raise InitFromError("config.options leaves the model's shape to config.init_from, which is empty: give "
