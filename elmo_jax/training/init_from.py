@@ -49,8 +49,10 @@ EFML, TFHUB = "elmoformanylangs", "tfhub"
 def released_source(path: str) -> tuple[str, str] | None:
   """(EFML or TFHUB, local folder) when `path` (a folder, or a URL or archive holding one) is an
   ELMoForManyLangs folder or a TF-Hub module; None for what `resolve_model(use="init_from")` reads."""
-  local = os.path.abspath(os.path.expanduser(path)) if not storage.is_remote(path) else None
-  if local is not None and os.path.isdir(local):
+  if storage.is_remote(path):  # a bucket holds runs (checkpoints) and ELMo files, read as before
+    return None
+  local = os.path.abspath(os.path.expanduser(path))
+  if os.path.isdir(local):
     if efml.is_efml_dir(local):
       return EFML, local
     return (TFHUB, local) if tfhub.is_module(local) else None
