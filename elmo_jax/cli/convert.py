@@ -3,12 +3,14 @@
     python -m elmo_jax convert --from=elmo_3/ --to=elmo_3_bilm/             # a TF-Hub module, exact
     python -m elmo_jax convert --from=runs/default --to=gs://bucket/model/   # a run's export, uploaded
     python -m elmo_jax convert --from=https://host/m/options.json --to=model/ --format=bilm-hdf5
+    python -m elmo_jax convert --from=zhs.model/ --to=zhs_again/ --format=efml     # an EFML folder, same bits
 
 `--from` is anything `--model=` takes (a released name, a run, a folder of options.json + weights.hdf5, a
 TF-Hub `elmo/3`-layout module folder, a URL); `--to` a new or empty folder, written whole or not at all:
 options.json + weights.hdf5 (+ the softmax, and vocab.txt, where the source has them), every tensor with the
-bits it was read with (the work: `elmo_jax.interop.convert`). An ELMoForManyLangs model is refused in one line:
-bilm-tf's layout has no place for its word embedding.
+bits it was read with (the work: `elmo_jax.interop.convert`); or, `--format=efml`, an ELMoForManyLangs release
+folder written without torch. A format that cannot hold the model is refused in one line (EFML's word embedding
+has no place in bilm-tf's layout).
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ def define_flags() -> None:
                       "or a TF-Hub elmo/3-layout module), or a URL.")
   flags.DEFINE_string("to", None, "A new or empty folder (local or gs://) to write the model into.")
   flags.DEFINE_enum("format", "bilm-hdf5", list(convert_lib.FORMATS),
-                    "bilm-hdf5: bilm-tf's / AllenNLP's options.json + weights.hdf5.")
+                    "bilm-hdf5: bilm-tf's / AllenNLP's options.json + weights.hdf5; efml: an "
+                    "ELMoForManyLangs release folder (config.json, char.dic, word.dic, *.pkl) that its Embedder loads.")
 
 
 def main(argv: list[str]) -> int:

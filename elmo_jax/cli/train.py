@@ -48,10 +48,13 @@ def main(argv, after_step=None):
   if not FLAGS.progress:
     progress.set_enabled(False)
   from elmo_jax.training import preflight  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import variant  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training.init_from import InitFromError  # pylint: disable=g-import-not-at-top
   from elmo_jax.runtime.storage import StorageError  # pylint: disable=g-import-not-at-top
   try:  # a user's mistake is refused in one line, before anything is written (also by the checks below)
-    preflight.check(FLAGS.config, FLAGS.workdir)
-  except (preflight.PreflightError, StorageError) as e:
+    config = variant.resolve(FLAGS.config, FLAGS.workdir)  # the model's options, lexicons, export format
+    preflight.check(config, FLAGS.workdir)
+  except (preflight.PreflightError, StorageError, InitFromError) as e:
     sys.exit(f"train: error: {e}")
   # Before anything touches a JAX backend: initialize() must come first in every process.
   try:
@@ -65,7 +68,7 @@ def main(argv, after_step=None):
   devices.announce()
   try:
     import jax  # pylint: disable=g-import-not-at-top
-    preflight.check_run(FLAGS.config, FLAGS.workdir, jax.device_count(), jax.process_count())
+    preflight.check_run(config, FLAGS.workdir, jax.device_count(), jax.process_count())
   except (preflight.PreflightError, StorageError) as e:
     sys.exit(f"train: error: {e}")
   lock, error = None, "process 0 could not lock the workdir: another trainer holds it"
@@ -77,7 +80,7 @@ def main(argv, after_step=None):
     sys.exit(f"train: error: {error}")
   failure = None
   try:
-    train_and_evaluate(FLAGS.config, FLAGS.workdir, after_step=after_step)
+    train_and_evaluate(config, FLAGS.workdir, after_step=after_step)
   except KeyboardInterrupt:  # before the step loop (which saves on Ctrl-C), e.g. while preparing the corpus
     lock.release()
     sys.stderr.write("train: interrupted; rerunning the same command resumes\n")

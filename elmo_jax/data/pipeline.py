@@ -25,16 +25,26 @@ class TextTypes:
   stable_ids = False
 
   def __init__(self, source: Sequence[str], tokenizer: Tokenizer, vocab: Vocab, max_token_chars: int,
-               max_characters_per_token: int = MAX_CHARS):
+               max_characters_per_token: int = MAX_CHARS, token_ids=None):
     self._source, self._tokenizer, self._vocab = source, tokenizer, vocab
     self._limit, self._width = max_token_chars, max_characters_per_token
+    # An EFML-style model's ids (`lexicon.TokenIds`: word id, then char-lexicon ids) instead of bilm-tf's bytes
+    self._ids_of = token_ids or (lambda token: token_to_ids(token, self._width))
+    # what the model's char ids cut: UTF-8 bytes for bilm-tf's ids, code points for a lexicon's
+    lexicon_ids = token_ids.lexicon.ids() if token_ids is not None else None
+    self._is_cut = ((lambda token: len(token) > self._limit or lexicon_ids.is_cut(token)) if lexicon_ids
+                    else (lambda token: is_cut(token, self._width, self._limit)))
+    if token_ids is not None:
+      self._width = token_ids.width
     self._index: dict[str, int] = {}  # token -> type id (<S> and </S> have none: a literal "<S>" is a word)
     self._n = 0
-    self._chars = np.zeros([1024, max_characters_per_token], np.int32)
+    self._chars = np.zeros([1024, self._width], np.int32)
     self._targets = np.zeros([1024], np.int32)
     self._truncated = np.zeros([1024], bool)
-    self._append(token_to_ids(BOS_TOKEN, self._width), vocab.bos, False)
-    self._append(token_to_ids(EOS_TOKEN, self._width), vocab.eos, False)
+    bos, eos = ((token_ids.bos, token_ids.eos) if token_ids is not None else
+                (token_to_ids(BOS_TOKEN, self._width), token_to_ids(EOS_TOKEN, self._width)))
+    self._append(bos, vocab.bos, False)
+    self._append(eos, vocab.eos, False)
 
   @property
   def skipped(self) -> dict[str, int]:
@@ -60,8 +70,7 @@ class TextTypes:
       i = self._index.get(token)
       if i is None:  # e.g. URLs or tables glued into one token are cut; they would only be <UNK> anyway
         cut = token[:self._limit]
-        i = self._index[token] = self._append(token_to_ids(cut, self._width), self._vocab.id(cut),
-                                              is_cut(token, self._width, self._limit))
+        i = self._index[token] = self._append(self._ids_of(cut), self._vocab.id(cut), self._is_cut(token))
       ids[k] = i
     return ids
 
@@ -87,6 +96,7 @@ def make_lm_iterator(
     shard: str = "sentences",
     dedupe_shards: int | None = None,
     dedupe_by: str = "type",
+    token_ids=None,
 ) -> LMIterator:
   """Builds the bilm-tf batch iterator for this process's shard of `source`.
 
@@ -110,6 +120,8 @@ def make_lm_iterator(
       (what a 1-process run would see), at no extra cost since the stream is random access.
     dedupe_shards, dedupe_by: batches deduplicated for this many devices (`batches.LMIterator`; raw text's
       tables always go by content).
+    token_ids: an EFML-style model's `lexicon.TokenIds` (ids [1 + max_chars] through its lexicons); None:
+      bilm-tf's byte ids.
 
   Returns:
     A `batches.LMIterator` yielding `{"fwd_chars": int32 [b, U, 50], "fwd_targets": int32 [b, U],
@@ -123,5 +135,5 @@ def make_lm_iterator(
       shuffle=shuffle, num_epochs=num_epochs, process_index=process_index, process_count=process_count,
       shard=shard, vocab=vocab, pretokenized=getattr(tokenizer, "pretokenized", None),
       max_token_chars=max_token_chars, max_characters_per_token=max_characters_per_token)
-  types = TextTypes(source, tokenizer, vocab, max_token_chars, max_characters_per_token)
+  types = TextTypes(source, tokenizer, vocab, max_token_chars, max_characters_per_token, token_ids)
   return LMIterator(types, order, config, batch_size, unroll_steps, stride, first_row, dedupe_shards, dedupe_by)

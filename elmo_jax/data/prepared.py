@@ -117,6 +117,20 @@ class PreparedCorpus:
     """bool [n_types]: types the char ids cut (`chars.is_cut`; counted in `truncated_tokens`)."""
     return self._truncated.copy()
 
+  def lexicon_chars(self, token_ids) -> np.ndarray:
+    """int32 [n_types, 1 + max_chars]: every type's ids through an EFML-style model's lexicons
+    (`lexicon.TokenIds`), cut to max_token_chars like the raw path; types 0 and 1 are `<S>` and `</S>`."""
+    limit = self.settings["max_token_chars"]
+    rows = [token_ids.bos, token_ids.eos] + [token_ids(t[:limit]) for t in self.types[2:]]
+    return np.stack(rows).astype(np.int32)
+
+  def type_counts(self) -> np.ndarray | None:
+    """int64 [n_types]: each type's count in the corpus, where the directory has them."""
+    try:
+      return self._load("type_counts.npy", np.int64, (len(self.types),))
+    except PreparedCorpusError:
+      return None
+
   def sentence(self, index: int) -> list[str]:
     return [self.types[i] for i in self.tokens[self.offsets[index] : self.offsets[index + 1]]]
 
@@ -125,9 +139,10 @@ class _CorpusTypes:
   """`batches.SentenceTypes` of a prepared corpus under a vocabulary (the softmax ids of its types)."""
   stable_ids = True  # the corpus's own numbering
 
-  def __init__(self, corpus: PreparedCorpus, vocab: Vocab):
+  def __init__(self, corpus: PreparedCorpus, vocab: Vocab, token_ids=None):
     self.corpus, self.skipped = corpus, corpus.skipped
-    self._tables = (corpus.type_chars, corpus.targets(vocab), corpus.truncated())
+    chars = corpus.type_chars if token_ids is None else corpus.lexicon_chars(token_ids)
+    self._tables = (chars, corpus.targets(vocab), corpus.truncated())
     # A plain view of the memory map (nothing read): its slices skip np.memmap's per-slice bookkeeping.
     self._tokens, self._offsets = np.asarray(corpus.tokens), corpus.offsets
 
@@ -144,13 +159,20 @@ class _CorpusTypes:
 def make_prepared_iterator(corpus: PreparedCorpus, vocab: Vocab, *, batch_size: int, unroll_steps: int, seed: int,
                            shuffle: bool = True, num_epochs: int | None = None, process_index: int | None = None,
                            process_count: int | None = None, shard: str = "sentences",
-                           dedupe_shards: int | None = None, dedupe_by: str = "type") -> LMIterator:
-  """`make_lm_iterator`'s arguments and stream, from a `PreparedCorpus` (tokenizer settings come from it)."""
+                           dedupe_shards: int | None = None, dedupe_by: str = "type", token_ids=None,
+                           types: "_CorpusTypes | None" = None) -> LMIterator:
+  """`make_lm_iterator`'s arguments and stream, from a `PreparedCorpus` (tokenizer settings come from it);
+  `token_ids`: an EFML-style model's (`lexicon.TokenIds`); `types`: the corpus's tables made once (`corpus_types`)."""
   settings = corpus.settings
   order, stride, first_row, config = stream_order(
       grain.MapDataset.range(len(corpus)), batch_size=batch_size, unroll_steps=unroll_steps, seed=seed,
       shuffle=shuffle, num_epochs=num_epochs, process_index=process_index, process_count=process_count,
       shard=shard, vocab=vocab, pretokenized=settings["tokenizer"]["pretokenized"],
       max_token_chars=settings["max_token_chars"], max_characters_per_token=settings["max_characters_per_token"])
-  return LMIterator(_CorpusTypes(corpus, vocab), order, config, batch_size, unroll_steps, stride, first_row,
-                    dedupe_shards, dedupe_by)
+  types = types or _CorpusTypes(corpus, vocab, token_ids)
+  return LMIterator(types, order, config, batch_size, unroll_steps, stride, first_row, dedupe_shards, dedupe_by)
+
+
+def corpus_types(corpus: PreparedCorpus, vocab: Vocab, token_ids=None) -> _CorpusTypes:
+  """The type tables of `corpus` under `vocab` (and an EFML-style model's `token_ids`), to share among iterators."""
+  return _CorpusTypes(corpus, vocab, token_ids)

@@ -3,10 +3,13 @@
     convert.convert("elmo_3/", "elmo_3_bilm/")        # a TF-Hub module -> options.json + weights.hdf5, exact
     convert.convert("runs/default", "shared/model/")   # a run's export (+ its vocab.txt and softmax), same bits
 
-The one writable format is bilm-tf's (`FORMATS`): options.json + weights.hdf5 (`weights.save_hdf5`, the exact
+Two formats are written (`FORMATS`): bilm-tf's options.json + weights.hdf5 (`weights.save_hdf5`, the exact
 writer; the softmax too where the source has one) + vocab.txt where the source has one (a run's, or one beside
-the weights). Read back, every tensor has the bits it was read with. An ELMoForManyLangs model is refused: its
-word embedding has no place there.
+the weights), and an ELMoForManyLangs release folder (`efml_export`: config.json, the architecture JSON,
+char.dic, word.dic, the two state dicts in PyTorch's zip format, written without torch). Read back, every
+tensor has the bits it was read with. A model is refused, in one line, in a format that cannot hold it
+(`format_problem`): EFML's word embedding and code-point chars have no place in bilm-tf's layout, bilm-tf's
+byte char ids none in an EFML folder.
 The output folder is built beside `to` and renamed onto it (`files.atomic_dir`); a `to` that holds files, or
 holds or is one of the source's files, is refused first (`storage.check_output`), so a refusal writes nothing.
 """
@@ -14,10 +17,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Any
 
 import jax
 import numpy as np
 
+from elmo_jax.interop import efml_export
 from elmo_jax.interop import loaded
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
@@ -26,23 +31,33 @@ from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
 
-FORMATS = ("bilm-hdf5",)
+FORMATS = ("bilm-hdf5", "efml")
+EFML = "efml"
 
 
 class ConvertError(ValueError):
   """A conversion that cannot be done; one line, nothing written."""
 
 
+def format_problem(options: dict[str, Any], fmt: str) -> str | None:
+  """Why a model of these options cannot be written as `fmt` (one line), else None."""
+  if fmt not in FORMATS:
+    return f"the formats written are {', '.join(FORMATS)}"
+  is_efml = efml_export.is_efml_variant(options)
+  if fmt == "bilm-hdf5" and is_efml:
+    return ("an ELMoForManyLangs-shaped model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "
+            "no place for its word embedding, word.dic's vectors beside the char CNN, nor its char.dic); write "
+            "it as efml")
+  if fmt == EFML and not is_efml:
+    return ("a bilm-tf-shaped model (byte char ids, TF's cell) cannot be held in an ELMoForManyLangs folder "
+            "(char.dic code points, AllenNLP's cell); write it as bilm-hdf5")
+  return None
+
+
 def load(spec: str) -> loaded.LoadedModel:
-  """A model spec (`resolve_model`: a released name, a run, a folder, a TF-Hub module, a URL), read by
-  `loaded.load_model`; an ELMoForManyLangs folder is refused (ConvertError, one line) before it is read."""
-  found = pretrained.resolve_model(spec)
-  if found.efml_dir is not None:
-    raise ConvertError(
-        f"{spec}: an ELMoForManyLangs model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "
-        "no place for its word embedding, word.dic's vectors beside the char CNN); use the folder as it is "
-        f"(--model={spec}), or a biLM trained here: a run's export/ (training/export) is bilm-tf's layout")
-  return loaded.load_model(found)
+  """A model spec (`resolve_model`: a released name, a run, a folder, a TF-Hub module, a URL, an EFML folder),
+  read by `loaded.load_model`."""
+  return loaded.load_model(pretrained.resolve_model(spec))
 
 
 def check_target(to: str, inputs: tuple[str, ...] = ()) -> None:
@@ -56,14 +71,25 @@ def check_target(to: str, inputs: tuple[str, ...] = ()) -> None:
     raise files.UnsafeOutputError(f"--to={to} already holds {', '.join(taken[:3])}; give a new or empty folder")
 
 
-def _check_format(fmt: str) -> None:
+def _check_format(fmt: str, model: loaded.LoadedModel | None = None, spec: str = "") -> None:
   if fmt not in FORMATS:
     raise ConvertError(f"--format={fmt}: the formats written are {', '.join(FORMATS)}")
+  problem = None if model is None else format_problem(model.options, fmt)
+  if problem:
+    raise ConvertError(f"--format={fmt}: {spec + ': ' if spec else ''}{problem}")
 
 
 def write(model: loaded.LoadedModel, folder: str, fmt: str = "bilm-hdf5") -> None:
   """Writes `model` into `folder` (replaced whole, atomically) in format `fmt`."""
-  _check_format(fmt)
+  _check_format(fmt, model)
+  if fmt == EFML:
+    if model.token_ids is None:
+      raise ConvertError("--format=efml: the model has no char.dic / word.dic to write")
+    folder_in = model.source.efml_dir if model.source is not None else None
+    with files.atomic_dir(folder) as tmp:
+      efml_export.write(tmp, model.options, model.params, model.token_ids.char2id, model.token_ids.word2id,
+                        arch_name=efml_export.arch_name_of(folder_in) if folder_in else None)
+    return
   weights = sum(np.asarray(a).nbytes for a in jax.tree_util.tree_leaves([model.params, model.softmax or {}]))
   weights += weights // 100 + (1 << 20)  # HDF5's headers: well under 1% and a MiB
   vocab = os.path.getsize(model.vocab_file) if model.vocab_file is not None else 0
@@ -79,8 +105,14 @@ def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> loaded.LoadedModel:
   """Reads `spec`, checks `to`, writes it there (a bucket `to`: staged locally, uploaded once written).
   Returns what was read. Raises ConvertError, files.UnsafeOutputError and the loaders' one-line errors."""
   _check_format(fmt)
+  if fmt == "bilm-hdf5" and efml_export.efml.is_efml_dir(os.path.expanduser(spec)):  # before reading its weights
+    raise ConvertError(
+        f"{spec}: an ELMoForManyLangs model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "
+        "no place for its word embedding, word.dic's vectors beside the char CNN); write it as an EFML folder "
+        f"(--format=efml), use the folder as it is (--model={spec}), or a biLM trained here: a run's export/")
   check_target(to)  # before loading (a download): a taken folder costs nothing
   model = load(spec)
+  _check_format(fmt, model, spec)
   check_target(to, model.input_files)
   with storage.staged_output(to, "--to", directory=True, inputs=model.input_files) as local:
     write(model, local, fmt)

@@ -223,10 +223,14 @@ def _run(workdir: str, fetch: bool) -> ResolvedModel:
   if fetch:
     workdir = storage.local(workdir, names=RUN_FILES)
   options_file, weight_file = (os.path.join(workdir, rel) for rel in export_files())
+  export = os.path.join(workdir, EXPORT_DIR)
+  efml_dir = export if efml.is_efml_dir(export) else None  # an EFML-style run exports an EFML folder
+  if efml_dir is not None:
+    options_file, weight_file = (os.path.join(export, n) for n in (efml.CONFIG, efml.ENCODER))
   vocab = os.path.join(workdir, VOCAB_FILE)
   if fetch and not os.path.exists(vocab):
     vocab = None
-  return ResolvedModel(options_file, weight_file, vocab, workdir=workdir, path=workdir)
+  return ResolvedModel(options_file, weight_file, vocab, workdir=workdir, path=workdir, efml_dir=efml_dir)
 
 
 def _pair_in_folder(folder: str) -> tuple[str, str]:

@@ -62,6 +62,9 @@ def base_config() -> ml_collections.ConfigDict:
   # trains. Use it when init_from brings no softmax (a new vocabulary, or released ELMo files, which have
   # none): a random softmax's first gradients would otherwise flow into the pretrained biLM. 0 = off.
   c.freeze_bilm_steps = 0
+  # The export's format (WORKDIR/export/): "" = the model's own ("efml" for an ELMoForManyLangs-style model:
+  # a release folder its Embedder loads; else "bilm-hdf5"); a format that cannot hold the model is refused.
+  c.export_format = ""
   _profile_keys(c)
   return c
 
@@ -134,6 +137,9 @@ def _data_config() -> ml_collections.ConfigDict:
   d.vocab_max_size = 100_000  # including <S>, </S>, <UNK>
   d.vocab_min_count = 1
   d.max_token_chars = 50
+  # An ELMoForManyLangs-style model's char.dic + word.dic: their folder, or "build" (from the training text,
+  # data/lexicon.py); set from an EFML init_from by itself. "" for bilm-tf's byte ids.
+  d.lexicon = ""
   # How processes split the training data: "sentences" (process p reads sentences p::P) or "rows" (all
   # processes walk one global stream, each producing its rows of the global batch: the batches are then
   # the same for any process count).

@@ -1,4 +1,6 @@
-"""Exports a trained biLM in the original layout: `export/{options.json,weights.hdf5,vocab.txt}`."""
+"""Exports a trained biLM in its format (`config.export_format`): bilm-tf's `export/{options.json,weights.hdf5,
+vocab.txt}`, or an ELMoForManyLangs release folder (`efml_export`) for an EFML-style model, with the run's
+lexicons (`variant.LEXICON_DIR`)."""
 from __future__ import annotations
 
 import os
@@ -14,13 +16,25 @@ from elmo_jax.interop import weights as weights_lib
 from elmo_jax.runtime.run_layout import EXPORT_DIR, OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
 
 
-def export_model(workdir: str, params: dict[str, Any], options: dict[str, Any]) -> str:
-  """Writes options.json + weights.hdf5 (with the softmax) + vocab.txt atomically; returns the folder.
+def export_model(workdir: str, params: dict[str, Any], options: dict[str, Any], fmt: str = "bilm-hdf5") -> str:
+  """Writes options.json + weights.hdf5 (with the softmax) + vocab.txt atomically, or (`fmt="efml"`) an EFML
+  folder (config.json, the architecture JSON, char.dic, word.dic, token_embedder.pkl, encoder.pkl: the
+  release holds no softmax); returns the folder.
 
   The folder is built beside the old one and swapped in, so a reader never sees a mix of two exports.
   """
   final = os.path.join(workdir, EXPORT_DIR)
   host = jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x), np.float32), params)
+  if fmt == "efml":
+    from elmo_jax.data import lexicon as lexicon_lib  # pylint: disable=g-import-not-at-top
+    from elmo_jax.interop import efml_export  # pylint: disable=g-import-not-at-top
+    from elmo_jax.training.variant import LEXICON_DIR  # pylint: disable=g-import-not-at-top
+    cnn = options["char_cnn"]
+    lex = lexicon_lib.read(os.path.join(workdir, LEXICON_DIR), int(cnn["max_characters_per_token"]),
+                           bool(cnn.get("word_embedding", {}).get("dim")))
+    with files.atomic_dir(final) as tmp:
+      efml_export.write(tmp, options, host["bilm"], lex.char2id, lex.word2id)
+    return final
   with files.atomic_dir(final) as tmp:
     options_lib.save(options, os.path.join(tmp, OPTIONS_FILE))
     weights_lib.save_hdf5(os.path.join(tmp, WEIGHTS_FILE), host["bilm"], options, softmax=host["softmax"])

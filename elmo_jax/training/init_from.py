@@ -1,7 +1,10 @@
-"""`config.init_from`: start a new run from another run's checkpoint or from an original ELMo hdf5.
+"""`config.init_from`: start a new run from another run's checkpoint or from any released ELMo.
 
 This is bilm-tf's restart / fine-tune-on-a-new-domain use: the biLM weights are taken over, the softmax
-only when the vocabulary is the same (its rows are per word), and the optimizer starts fresh.
+only when the vocabulary is the same (its rows are per word), and the optimizer starts fresh. Sources: a run,
+its checkpoints or a step; options.json + hdf5 (bilm-tf, AllenNLP, NLPL archives); an ELMoForManyLangs folder
+(`interop/efml.py`: its word embedding is taken over too; its releases hold no softmax); a TF-Hub `elmo/3`
+module folder (`interop/tfhub.py`); each also by released name, URL or archive.
 """
 from __future__ import annotations
 
@@ -12,9 +15,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from elmo_jax.interop import efml
 from elmo_jax.interop import loaded
+from elmo_jax.interop.resolved import ResolvedModel
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
+from elmo_jax.interop import tfhub
 from elmo_jax.runtime import storage
 from elmo_jax.interop import weights as weights_lib
 from elmo_jax.training.checkpoint import Checkpointer, newest_meta
@@ -37,12 +43,79 @@ def _resolve(path: str) -> pretrained.ResolvedModel:
     raise InitFromError(f"config.init_from={e}") from None
 
 
+EFML, TFHUB = "elmoformanylangs", "tfhub"
+
+
+def released_source(path: str) -> tuple[str, str] | None:
+  """(EFML or TFHUB, local folder) when `path` (a folder, or a URL or archive holding one) is an
+  ELMoForManyLangs folder or a TF-Hub module; None for what `resolve_model(use="init_from")` reads."""
+  if storage.is_remote(path):  # a bucket holds runs (checkpoints) and ELMo files, read as before
+    return None
+  local = os.path.abspath(os.path.expanduser(path))
+  if os.path.isdir(local):
+    if efml.is_efml_dir(local):
+      return EFML, local
+    return (TFHUB, local) if tfhub.is_module(local) else None
+  from elmo_jax.interop import archive, download  # pylint: disable=g-import-not-at-top
+  if path in pretrained.MODELS or not (archive.is_archive(path) or download.is_url(path)):
+    return None
+  try:
+    found = pretrained.resolve_model(path)
+  except (download.DownloadError, pretrained.SourceError):
+    return None
+  if found.tfhub_dir is not None:
+    return TFHUB, found.tfhub_dir
+  if found.efml_dir is not None:
+    return EFML, found.efml_dir
+  return None
+
+
+def _load_released(kind: str, folder: str, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(options, biLM params) of an EFML folder or a TF-Hub module; InitFromError, one line."""
+  found = loaded.efml_folder(folder) if kind == EFML else ResolvedModel(path=folder, tfhub_dir=folder)
+  try:
+    model = loaded.load_model(found)  # the one load of every format
+    return model.options, model.params
+  except (weights_lib.WeightFileError, ValueError, OSError) as e:
+    raise InitFromError(f"config.init_from={path}: {str(e).splitlines()[0]}") from None
+
+
+def source_options(path: str) -> tuple[dict[str, Any], str | None]:
+  """(the model options of `path`, its EFML folder or None): what `configs/finetune.py` takes over."""
+  released = released_source(path)
+  if released is not None:
+    return _load_released(*released, path)[0], released[1] if released[0] == EFML else None
+  source = _resolve(path)
+  if source.checkpoints is not None:
+    found = source.checkpoints
+    newest = newest_meta(found[0]) if found[1] is None else None
+    if found[1] is not None:
+      try:
+        newest = found[1], json.loads(storage.read_bytes(storage.join(source.path, "meta", "metadata")))
+      except (OSError, ValueError):
+        newest = None
+    if newest is None:
+      raise InitFromError(f"config.init_from={path}: no readable checkpoint there")
+    return newest[1].get("config", {}).get("options", {}), None
+  try:
+    return options_lib.load(source.files[0]), None
+  except (OSError, ValueError) as e:
+    raise InitFromError(f"config.init_from={path}: {str(e).splitlines()[0]}") from None
+
+
 def check(path: str, options: dict[str, Any]) -> None:
   """What `load` would refuse, found from the files' names, JSON and HDF5 metadata alone (no weights read,
   nothing downloaded), for the trainer's preflight: a missing path, a checkpoint or ELMo files of another
   model shape, a weight file lacking a dataset or holding one of another shape. Released names and URLs are
   checked when they are loaded. Raises InitFromError."""
   if pretrained.is_model_spec(path):
+    return
+  released = released_source(path)
+  if released is not None:  # reads the weights too: an EFML folder's word.dic must agree with them
+    saved = _load_released(*released, path)[0]
+    diff = options_difference(saved, options)
+    if diff is not None:
+      raise InitFromError(f"config.init_from={path}: model shape differs from config.options: {diff}")
     return
   source = _resolve(path)
   path, found = source.path, source.checkpoints
@@ -110,6 +183,16 @@ def load(path: str, options: dict[str, Any], vocab_sha256: str) -> tuple[dict[st
   `path` may also be a released ELMo name (`small`, `original`, ...) or a URL (`elmo_jax.interop.pretrained`).
   Raises InitFromError if the model shape there differs from `options` (naming the first differing key).
   """
+  released = released_source(path)
+  if released is not None:
+    saved, params = _load_released(*released, path)
+    diff = options_difference(saved, options)
+    if diff is not None:
+      raise InitFromError(f"config.init_from={path}: model shape differs from config.options: {diff}")
+    what = ("ELMoForManyLangs folder" if released[0] == EFML else "TF-Hub module") + f" {released[1]}"
+    words = options["char_cnn"].get("word_embedding", {}).get("n_words", 0)
+    taken = "char CNN" + (f", word embedding ({words:,} words)" if words else "") + ", highways, projection, biLM"
+    return params, None, f"{what}: took over its {taken}; no softmax in the release: a new one ({NEW_SOFTMAX})"
   source = _resolve(path)
   path, found = source.path, source.checkpoints
   if found is not None:

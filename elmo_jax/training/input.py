@@ -26,7 +26,7 @@ from elmo_jax.data import manifest
 from elmo_jax.data import prepare as prepare_lib
 from elmo_jax.data.prepare_inputs import source_spec
 from elmo_jax.data.sources import split_paths
-from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
+from elmo_jax.data.prepared import PreparedCorpus, corpus_types, make_prepared_iterator
 from elmo_jax.runtime.progress import progress
 from elmo_jax.runtime.run_layout import PREPARED_DIR, VOCAB_FILE
 from elmo_jax.training import checkpoint
@@ -151,9 +151,37 @@ def _run_vocab(config, run: Workdir, build: Callable[[], Vocab]) -> Vocab:
   return vocab
 
 
+def _token_ids(config, run: Workdir):
+  """An EFML-style run's `lexicon.TokenIds` (its lexicons saved into the workdir by process 0), else None."""
+  from elmo_jax.data import lexicon as lexicon_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.training import variant  # pylint: disable=g-import-not-at-top
+  lex = variant.lexicon(config, run.local)
+  if lex is None:
+    return None
+  if jax.process_index() == 0:
+    variant.save_lexicon(lex, run.local)
+  return lambda: lexicon_lib.TokenIds(lex)
+
+
+def _report_unknown(name: str, corpus: PreparedCorpus, token_ids) -> None:
+  """One line: the tokens of a prepared split that EFML's lexicons map to `<oov>` (a word, or a char)."""
+  counts = corpus.type_counts()
+  limit = corpus.settings["max_token_chars"]
+  flags = [token_ids.is_unknown(t[:limit]) for t in corpus.types[3:]]  # past <S>, </S>, <UNK>
+  if counts is None or not flags:
+    return
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  words, chars_ = (np.asarray([f[i] for f in flags], bool) for i in (0, 1))
+  n = int(counts[3:].sum())
+  log.info(f"{name} data through the EFML lexicons: {int(counts[3:][words].sum()):,} of {n:,} tokens "
+           f"({int(words.sum()):,} types) have no word.dic entry (<oov>); {int(counts[3:][chars_].sum()):,} tokens "
+           f"({int(chars_.sum()):,} types) hold a char outside char.dic (<oov>)")
+
+
 def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
   """Opens the run's data: a prepared corpus (config.data.prepared_dir or auto-prepared) or raw sources."""
   run = Workdir.of(workdir)
+  new_ids = _token_ids(config, run)
   workdir = run.local
   data = config.data
   train_dir, eval_dir = data.prepared_dir, data.prepared_eval_dir
@@ -169,10 +197,17 @@ def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
     eval_corpus = PreparedCorpus(eval_dir) if eval_dir else None
     _report_skipped("train", corpus)
     vocab = _run_vocab(config, run, corpus.vocab)
-    train = lambda dedupe_shards=None: make_prepared_iterator(corpus, vocab, shard=shard,
+    ids = new_ids() if new_ids else None
+    types = corpus_types(corpus, vocab, ids)
+    eval_types = None if eval_corpus is None else corpus_types(eval_corpus, vocab, ids)
+    if ids is not None and jax.process_index() == 0:
+      for name, c in (("train", corpus), ("eval", eval_corpus)):
+        if c is not None:
+          _report_unknown(name, c, ids)
+    train = lambda dedupe_shards=None: make_prepared_iterator(corpus, vocab, shard=shard, types=types,
                                                               dedupe_shards=dedupe_shards, **common)
     evals = None if eval_corpus is None else (
-        lambda **kw: make_prepared_iterator(eval_corpus, vocab, **once, **kw))
+        lambda **kw: make_prepared_iterator(eval_corpus, vocab, types=eval_types, **once, **kw))
     return TrainInput(vocab, train, evals, f"prepared corpus {train_dir}",
                       len(eval_corpus) if eval_corpus is not None else 0)
 
@@ -193,10 +228,12 @@ def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
 
   vocab = _run_vocab(config, run, build)
   raw = dict(max_token_chars=data.max_token_chars, **common)
+  # raw text: unknown words and chars are counted per token type as the text is read (`lexicon.TokenIds`)
   train = lambda dedupe_shards=None: make_lm_iterator(train_source, vocab, tokenizer, shard=shard,
-                                                      dedupe_shards=dedupe_shards, **raw)
+                                                      dedupe_shards=dedupe_shards,
+                                                      token_ids=new_ids() if new_ids else None, **raw)
   evals = None if eval_source is None else (
       lambda **kw: make_lm_iterator(eval_source, vocab, tokenizer, max_token_chars=data.max_token_chars, **once,
-                                    **kw))
+                                    token_ids=new_ids() if new_ids else None, **kw))
   return TrainInput(vocab, train, evals, f"raw text {train_source!r}",
                     len(eval_source) if eval_source is not None else 0)

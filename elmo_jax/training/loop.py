@@ -22,7 +22,7 @@ from elmo_jax.model import BiLM, make_model, zero_state
 from elmo_jax.runtime import files, log, storage
 from elmo_jax.runtime.run_layout import (CONFIG_FILE, EXPORT_DIR, METRICS_FILE, START_FILES,
                                          VOCAB_COUNTS_FILE)
-from elmo_jax.training import init_from, lm_eval, optimizer as optimizer_lib, resume, step as step_lib
+from elmo_jax.training import init_from, lm_eval, optimizer as optimizer_lib, resume, step as step_lib, variant
 from elmo_jax.training import input as input_lib
 from elmo_jax.training.config import with_global_batch
 from elmo_jax.training.checkpoint import (Checkpointer, IncompatibleCheckpointError, abstract_like,
@@ -120,9 +120,11 @@ def restore_or_init(config, run: Workdir, checkpointer, state, train_iter, check
     state, source = init_from.apply(config.init_from, state, options, vocab.sha256(), optimizer, shardings)
     log.info(f"initialised from {source}; fresh optimizer")
     if source.endswith(init_from.NEW_SOFTMAX + ")") and not config.freeze_bilm_steps:
+      released = "no softmax in the release" in source  # EFML, TF-Hub: no vocabulary brings one back
       log.info("init_from gave no softmax for this vocabulary: a random softmax's first gradients reach the "
-               "pretrained biLM; consider --config.freeze_bilm_steps=200 (softmax alone first), or "
-               "--config.data.vocab_file=<the source run's vocab.txt> to keep its softmax")
+               "pretrained biLM; consider --config.freeze_bilm_steps=200 (softmax alone first)"
+               + ("" if released else ", or --config.data.vocab_file=<the source run's vocab.txt> to keep its "
+                  "softmax"))
   # A start from step 0 over an earlier start's records (killed before its first checkpoint, or whose
   # checkpoints were all set aside): they go, as a resume drops those after its step.
   if jax.process_index() == 0 and (dropped := resume.rewind_metrics(run.local, -1)):
@@ -259,7 +261,7 @@ def _saver(config: ml_collections.ConfigDict, run: Workdir, checkpointer: Checkp
     if jax.process_index() == 0:
       cancel = checkpointer.deadline(f"the export of step {step}")  # an upload that hangs ends the run too
       try:
-        export_model(run.local, state.params, options)
+        export_model(run.local, state.params, options, config.export_format or "bilm-hdf5")
         run.push(EXPORT_DIR)
       finally:
         cancel()
@@ -302,6 +304,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   SIGTERM/SIGINT finish the current step, save and return normally.
   """
   # --- setup ---------------------------------------------------------------------------------------------
+  config = variant.resolve(config, workdir)  # the model: options (from init_from), EFML lexicons, export format
   config = with_global_batch(config, jax.device_count())  # before anything is written; raises BatchSizeError
   run, options, data = open_run(config, workdir)
   is_main, n_proc, vocab = jax.process_index() == 0, jax.process_count(), data.vocab

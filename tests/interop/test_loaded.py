@@ -72,7 +72,8 @@ def test_efml_folder_with_its_char_ids(tmp_path):
   with pytest.raises(efml.EFMLError, match=r"an ELMoForManyLangs model; Embedder.from_pretrained loads it"):
     pretrained.load(folder)
   with pytest.raises(convert.ConvertError, match="cannot be held in bilm-tf's layout"):
-    convert.load(folder)
+    convert.convert(folder, str(tmp_path / "out"), "bilm-hdf5")  # read, and written as --format=efml
+  assert convert.load(folder).format == "efml" and not (tmp_path / "out").exists()
 
 
 def test_a_run_without_its_export_says_so_in_one_line(tmp_path):

@@ -137,7 +137,13 @@ def test_every_shipped_config_passes_the_value_checks():
     spec = importlib.util.spec_from_file_location("_cfg", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    preflight.check_values(module.get_config())
+    config = module.get_config()
+    if os.path.basename(path) == "finetune.py":  # its shape comes from init_from: here the TF-Hub fixture's
+      from elmo_jax.training import variant  # pylint: disable=g-import-not-at-top
+      from paths import TFHUB_MODULE  # pylint: disable=g-import-not-at-top
+      config.init_from = TFHUB_MODULE
+      config = variant.resolve(config, "/nonexistent-workdir")
+    preflight.check_values(config)
 
 
 def test_a_prepared_corpus_for_another_char_width_is_refused_and_unused_settings_are_named(tmp_path, capsys,
