@@ -3,15 +3,14 @@
     emb = Embedder.from_files("options.json", "weights.hdf5")
     layers = emb.embed_sentences([["The", "bank", "flooded", "."]])  # [(n_layers + 1, 4, 2P) float32]
 
-Speed: sentences are sorted by length and padded to a few time buckets; every distinct token runs through the
-char CNN once (exact: the CNN sees one token at a time) into an on-device token table that outlives the batch
-(`token_cache.TokenRows`), and each batch gathers its tokens from it. Short tokens run through the CNN over fewer
-char positions (`embed_step.CHAR_WIDTHS`, exact, see `embed_step.char_widths`), in fixed chunks of
-`embed_step.CNN_ROWS` tokens, so the CNN compiles one shape per width. Batch k+1 is prepared on the host and
-dispatched before batch k is copied back (JAX dispatches asynchronously), and JAX's persistent compilation cache
-(`compile_cache.enable_compilation_cache`) makes a second process start fast. Every batch is split over all of
-this process's devices by default (`devices=`; the compiled functions are in `embed_step`); stateful, the LSTM
-state each row carries is kept by `row_state`.
+Speed: sentences are sorted by length and padded to a few time buckets (`host_batch`); every distinct token
+runs through the char CNN once (exact: the CNN sees one token at a time), over fewer char positions when short
+(`embed_step.char_widths`), in fixed chunks, into an on-device token table that outlives the batch
+(`token_cache.TokenRows`); the biLM gathers its tokens from it in the same program. Batch k+1 is prepared and
+dispatched before batch k is copied back. A warm Embedder (the default) compiles every shape at load, or reads
+it from JAX's persistent compilation cache (`compile_cache`), so no call compiles. Every batch is split over
+this process's devices (`devices=`; the programs are in `embed_step`); stateful, `row_state` keeps each row's
+LSTM state.
 """
 from __future__ import annotations
 
@@ -23,8 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.data import chars
-from elmo_jax.interop import download
-from elmo_jax.interop import efml
 from elmo_jax.embedding import host_batch
 from elmo_jax.embedding import row_state
 from elmo_jax.embedding.host_batch import bucket  # noqa: F401  (part of this module's API)
@@ -34,11 +31,11 @@ from elmo_jax.embedding.compile_cache import enable_compilation_cache
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.runtime import memory
+from elmo_jax.interop import loaded
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
 from elmo_jax.interop import tfhub
 from elmo_jax.embedding import token_cache as token_cache_lib
-from elmo_jax.interop import weights as weights_lib
 from elmo_jax.model import BiLM, BiLMConfig
 from elmo_jax.runtime.progress import progress
 
@@ -145,26 +142,14 @@ class Embedder:
   def from_files(cls, options_file: str | os.PathLike, weight_file: str | os.PathLike, **kwargs) -> "Embedder":
     """Local paths, `file://` or `http(s)://` URLs (downloaded once into the cache, see `elmo_jax.interop.download`;
     a download must be a valid options.json and a readable HDF5 file, whatever the URL's name). An
-    ELMoForManyLangs folder's config.json and a .pkl (what `pretrained.resolve` gives for one): `from_efml`."""
-    if str(weight_file).endswith(".pkl") and efml.is_efml_dir(os.path.dirname(os.fspath(options_file))):
-      return cls.from_efml(os.path.dirname(os.fspath(options_file)), **kwargs)
-    options_path = download.cached_path(options_file, kind="options")
-    weight_path = download.cached_path(weight_file, kind="hdf5")
-    options = options_lib.load(options_path)
-    emb = cls(options, weights_lib.load_hdf5(weight_path, options)["params"], **kwargs)
-    emb.model_files = (os.fspath(options_path), os.fspath(weight_path))
-    return emb
+    ELMoForManyLangs folder's config.json and a .pkl (what `pretrained.resolve` gives for one): as `from_efml`."""
+    return cls.from_model(loaded.resolve_files(options_file, weight_file), **kwargs)
 
   @classmethod
   def from_efml(cls, folder: str | os.PathLike, **kwargs) -> "Embedder":
     """An ELMoForManyLangs model folder (`interop/efml.py`): the same layers as its `sents2elmo(...,
     output_layer=-2)` gives for a batch it starts with a fresh state (see the README)."""
-    options, params, token_ids = efml.load(folder)
-    emb = cls(options, params, token_ids=token_ids, **kwargs)
-    paths = efml.model_files(os.fspath(folder))
-    emb.model_files = tuple(paths[k] for k in (efml.CONFIG, efml.ENCODER))  # what pretrained.resolve names
-    emb.extra_model_files = tuple(p for k, p in paths.items() if k not in (efml.CONFIG, efml.ENCODER))
-    return emb
+    return cls.from_model(loaded.efml_folder(folder), **kwargs)
 
   @classmethod
   def from_pretrained(cls, name_or_path: str, **kwargs) -> "Embedder":
@@ -181,14 +166,17 @@ class Embedder:
 
   @classmethod
   def from_model(cls, model: pretrained.ResolvedModel, **kwargs) -> "Embedder":
-    """What `pretrained.resolve_model` found; a run's vocabulary becomes one of its `input_files`."""
-    kwargs.setdefault("vocab_file", model.vocab_file)
-    if model.tfhub_dir is not None:
-      module = tfhub.load(model.tfhub_dir)
-      emb = cls(module.options, module.params, **kwargs)
-      emb.model_files, emb.module_mix = module.files, module.mix
-      return emb
-    return cls.from_files(*model.checked().files, **kwargs)
+    """What `pretrained.resolve_model` found, read by `loaded.load_model` (the one load of every format); its
+    vocabulary becomes one of its `input_files`, an EFML folder's char ids its `token_ids`."""
+    found = loaded.load_model(model)
+    kwargs.setdefault("vocab_file", found.vocab_file)
+    if found.token_ids is not None:
+      kwargs.setdefault("token_ids", found.token_ids)
+    emb = cls(found.options, found.params, **kwargs)
+    emb.model_files, emb.module_mix = found.files, found.mix
+    if found.format == loaded.EFML:  # config.json and encoder.pkl (what pretrained.resolve names), then the rest
+      emb.model_files, emb.extra_model_files = found.files[:2], found.files[2:]
+    return emb
 
   @classmethod
   def random(cls, options: dict[str, Any], seed: int = 0, **kwargs) -> "Embedder":

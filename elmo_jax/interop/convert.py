@@ -12,15 +12,12 @@ holds or is one of the source's files, is refused first (`storage.check_output`)
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
-from typing import Any
 
-from elmo_jax.interop import efml
+from elmo_jax.interop import loaded
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
-from elmo_jax.interop import tfhub
 from elmo_jax.interop import weights as weights_lib
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
@@ -33,39 +30,16 @@ class ConvertError(ValueError):
   """A conversion that cannot be done; one line, nothing written."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Model:
-  """What a conversion reads: options, `BiLM` params, the softmax and vocabulary where there are, its files."""
-  options: dict[str, Any]
-  params: dict[str, Any]
-  softmax: dict[str, Any] | None
-  vocab_file: str | None
-  files: tuple[str, ...]
-  note: str | None = None  # what the output cannot hold (a module's mix)
-
-
-def load(spec: str) -> Model:
-  """A model spec (`resolve_model`: a released name, a run, a folder, a TF-Hub module, a URL) as a `Model`."""
-  path = os.path.expanduser(spec)
-  if efml.is_efml_dir(path):
+def load(spec: str) -> loaded.LoadedModel:
+  """A model spec (`resolve_model`: a released name, a run, a folder, a TF-Hub module, a URL), read by
+  `loaded.load_model`; an ELMoForManyLangs folder is refused (ConvertError, one line) before it is read."""
+  found = pretrained.resolve_model(spec)
+  if found.efml_dir is not None:
     raise ConvertError(
         f"{spec}: an ELMoForManyLangs model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "
         "no place for its word embedding, word.dic's vectors beside the char CNN); use the folder as it is "
         f"(--model={spec}), or a biLM trained here: a run's export/ (training/export) is bilm-tf's layout")
-  found = pretrained.resolve_model(spec)
-  if found.tfhub_dir is not None:
-    module = tfhub.load(found.tfhub_dir)
-    mix = ", ".join(f"{v:.9g}" for v in module.mix["weights"].tolist())
-    return Model(module.options, module.params, None, None, module.files,
-                 note=f"the module's learned mix has no place in bilm-tf's layout and is not written: "
-                      f"aggregation/weights=[{mix}], aggregation/scaling={float(module.mix['scaling']):.9g}")
-  options_file, weight_file = found.checked().files
-  options = options_lib.load(options_file)
-  loaded = weights_lib.load_hdf5(weight_file, options)
-  beside = os.path.join(os.path.dirname(weight_file), VOCAB_FILE)  # the softmax's words, as a run exports them
-  vocab = found.vocab_file or (beside if os.path.isfile(beside) else None)
-  return Model(options, loaded["params"], loaded["softmax"], vocab,
-               tuple(p for p in (options_file, weight_file, vocab) if p))
+  return loaded.load_model(found)
 
 
 def check_target(to: str, inputs: tuple[str, ...] = ()) -> None:
@@ -84,7 +58,7 @@ def _check_format(fmt: str) -> None:
     raise ConvertError(f"--format={fmt}: the formats written are {', '.join(FORMATS)}")
 
 
-def write(model: Model, folder: str, fmt: str = "bilm-hdf5") -> None:
+def write(model: loaded.LoadedModel, folder: str, fmt: str = "bilm-hdf5") -> None:
   """Writes `model` into `folder` (replaced whole, atomically) in format `fmt`."""
   _check_format(fmt)
   with files.atomic_dir(folder) as tmp:
@@ -94,13 +68,13 @@ def write(model: Model, folder: str, fmt: str = "bilm-hdf5") -> None:
       shutil.copyfile(model.vocab_file, os.path.join(tmp, VOCAB_FILE))
 
 
-def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> Model:
+def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> loaded.LoadedModel:
   """Reads `spec`, checks `to`, writes it there (a bucket `to`: staged locally, uploaded once written).
   Returns what was read. Raises ConvertError, files.UnsafeOutputError and the loaders' one-line errors."""
   _check_format(fmt)
   check_target(to)  # before loading (a download): a taken folder costs nothing
   model = load(spec)
-  check_target(to, model.files)
-  with storage.staged_output(to, "--to", directory=True, inputs=model.files) as local:
+  check_target(to, model.input_files)
+  with storage.staged_output(to, "--to", directory=True, inputs=model.input_files) as local:
     write(model, local, fmt)
   return model

@@ -23,11 +23,11 @@ from typing import Any, Sequence
 from elmo_jax.interop import archive
 from elmo_jax.interop import download
 from elmo_jax.interop import efml
-from elmo_jax.runtime import files
-from elmo_jax.interop import options as options_lib
+from elmo_jax.interop import loaded
 from elmo_jax.interop import tfhub
+from elmo_jax.interop.resolved import ResolvedModel
+from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
-from elmo_jax.interop import weights as weights_lib
 from elmo_jax.runtime.run_layout import (CHECKPOINTS, EXPORT_DIR, OPTIONS_FILE, RUN_FILES, VOCAB_FILE, WEIGHTS_FILE,
                                  export_files)
 
@@ -71,43 +71,6 @@ MODELS: dict[str, Released] = {m.name: m for m in (
     Released("original_5.5B", "2x4096_512_2048cnn_2xhighway_5.5B", 93.6, 374.4,
              "as original, trained on 5.5B tokens (Wikipedia + WMT news 2008-2012)"),
 )}
-
-
-@dataclasses.dataclass(frozen=True)
-class ResolvedModel:
-  """What a model spec names, as paths (`resolve_model`); None where the spec has no such part.
-
-  Attributes:
-    options_file, weight_file: the ELMo pair (None for a run with checkpoints only, so far).
-    vocab_file: the vocabulary of the weights' softmax where there is one: a run's vocab.txt (`init_from`:
-      the vocab.txt beside the weights).
-    workdir: a training run's folder (of a bucket run: the local copy of `run_layout.RUN_FILES`).
-    checkpoints: (checkpoints folder, step or None = the newest) of a run, its checkpoints/ or one step; a
-      bucket run's stay in the bucket (Orbax reads them there).
-    path: the spec as a path: a name or URL as given, a local path user-expanded (`init_from`: absolute), a
-      bucket one as given (`init_from` ELMo files there: their local copy).
-    tfhub_dir: a TF-Hub `elmo/3`-layout module folder (`interop/tfhub.py`; no options or weight file then).
-  """
-  options_file: str | None = None
-  weight_file: str | None = None
-  vocab_file: str | None = None
-  workdir: str | None = None
-  checkpoints: tuple[str, int | None] | None = None
-  path: str | None = None
-  tfhub_dir: str | None = None
-
-  @property
-  def files(self) -> tuple[str, str]:
-    """(options_file, weight_file)."""
-    return self.options_file, self.weight_file  # type: ignore[return-value]
-
-  def checked(self) -> "ResolvedModel":
-    """Itself, once a run's export is there to load (FileNotFoundError, one line, if not)."""
-    if self.workdir is not None and self.options_file is not None:
-      for path in self.files:
-        if not os.path.exists(path):
-          raise FileNotFoundError(f"{path}: not found (has {self.workdir} finished a checkpoint?)")
-    return self
 
 
 class SourceError(ValueError):
@@ -156,7 +119,7 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
   elif os.path.isdir(path) and tfhub.is_module(path):
     found = ResolvedModel(path=path, tfhub_dir=path)
   elif efml.is_efml_dir(path):
-    found = ResolvedModel(os.path.join(path, efml.CONFIG), os.path.join(path, efml.ENCODER), path=path)
+    found = loaded.efml_folder(path)
   elif os.path.isdir(path):
     try:
       found = ResolvedModel(*_pair_in_folder(path), path=path)
@@ -313,17 +276,19 @@ def is_model_spec(text: str) -> bool:
 
 
 def load(name_or_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """(options, biLM params as numpy) of a released name, folder (a TF-Hub module's too) or URL."""
-  if efml.is_efml_dir(os.path.expanduser(name_or_path)):  # its char ids are not bilm-tf's (chars.LexiconIds)
-    raise efml.EFMLError(f"{name_or_path}: an ELMoForManyLangs model; Embedder.from_pretrained loads it, "
+  """(options, biLM params as numpy) of a released name, folder (a TF-Hub module's too) or URL
+  (`loaded.load_model`, whose `LoadedModel` also holds the softmax, vocabulary and a module's mix)."""
+  model = loaded.load_model(_bilm_tf_ids(name_or_path, resolve_model(name_or_path)))
+  return model.options, model.params
+
+
+def _bilm_tf_ids(spec: str, found: ResolvedModel) -> ResolvedModel:
+  """`found`, unless its char ids are not bilm-tf's (an EFML folder's are `chars.LexiconIds`): `Elmo` would
+  take bilm-tf's ids and give a wrong model, so it is refused in one line."""
+  if found.efml_dir is not None:
+    raise efml.EFMLError(f"{spec}: an ELMoForManyLangs model; Embedder.from_pretrained loads it, "
                          "load_elmo / load do not yet")
-  model = resolve_model(name_or_path)
-  if model.tfhub_dir is not None:
-    module = tfhub.load(model.tfhub_dir)
-    return module.options, module.params
-  options_file, weight_file = model.checked().files
-  options = options_lib.load(options_file)
-  return options, weights_lib.load_hdf5(weight_file, options)["params"]
+  return found
 
 
 def load_elmo(name_or_path: str, *, vocab_to_cache: Sequence[str] | None = None, **elmo_kwargs):

@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from elmo_jax.interop import loaded
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
 from elmo_jax.runtime import storage
@@ -125,21 +126,21 @@ def load(path: str, options: dict[str, Any], vocab_sha256: str) -> tuple[dict[st
 
 def _load_elmo_files(source: pretrained.ResolvedModel, options: dict[str, Any], vocab_sha256: str
                      ) -> tuple[dict[str, Any], dict | None, str]:
-  """The ELMo files' biLM, and their softmax when the vocab.txt beside them is this run's vocabulary."""
+  """The ELMo files' biLM (`loaded.load_model`), and their softmax when the vocab.txt beside them is this run's
+  vocabulary."""
   path, (options_file, weight_file) = source.path, source.files
-  saved = options_lib.validate(options_lib.load(options_file), options_file)
-  diff = options_difference(saved, options)
+  model = loaded.load_model(source)
+  diff = options_difference(options_lib.validate(model.options, options_file), options)
   if diff is not None:
     raise InitFromError(f"config.init_from={path}: model shape differs from config.options: {diff} "
                         f"({options_file})")
-  loaded = weights_lib.load_hdf5(weight_file, saved)
   softmax = None
-  if loaded["softmax"] is not None and source.vocab_file is not None:
+  if model.softmax is not None and source.vocab_file is not None:
     from elmo_jax.data import Vocab
     if Vocab.load(source.vocab_file).sha256() == vocab_sha256:
-      softmax = loaded["softmax"]
-  return loaded["params"], softmax, (f"ELMo weights {weight_file} "
-                                     f"({'with its softmax' if softmax is not None else NEW_SOFTMAX})")
+      softmax = model.softmax
+  return model.params, softmax, (f"ELMo weights {weight_file} "
+                                 f"({'with its softmax' if softmax is not None else NEW_SOFTMAX})")
 
 
 def apply(path: str, state: Any, options: dict[str, Any], vocab_sha256: str, optimizer,

@@ -1,0 +1,120 @@
+"""The one load of a model: what `pretrained.resolve_model` found (a `ResolvedModel`) -> a `LoadedModel`.
+
+    found = pretrained.resolve_model("small")      # which files a spec names (downloads once)
+    model = loaded.load_model(found)               # options + BiLM params (+ softmax, vocab, mix, char ids)
+
+Every loader goes through `load_model`: the Embedder (`from_model`, `from_files`, `from_efml`), `load_elmo` and
+`pretrained.load`, conversion (`convert.load`), `config.init_from`'s ELMo files, `evaluate.py --model` and the
+task models. Three formats (`FORMATS`): bilm-tf's options.json + weights.hdf5 (a run's export too), an
+ELMoForManyLangs folder (`efml`: its char ids are `chars.LexiconIds`, not bilm-tf's bytes) and a TF-Hub
+`elmo/3`-layout module (`tfhub`: its learned mix). Errors are the readers' own, one line naming the file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+from elmo_jax.data import chars
+from elmo_jax.interop import download
+from elmo_jax.interop import efml
+from elmo_jax.interop import options as options_lib
+from elmo_jax.interop import tfhub
+from elmo_jax.interop import weights as weights_lib
+from elmo_jax.interop.resolved import ResolvedModel
+from elmo_jax.runtime.run_layout import VOCAB_FILE
+
+BILM_HDF5, EFML, TFHUB = "bilm-hdf5", "efml", "tfhub"
+FORMATS = (BILM_HDF5, EFML, TFHUB)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+  """A model read into memory (numpy, on the host).
+
+  Attributes:
+    options: options.json's content (inferred for a TF-Hub module and an EFML folder).
+    params: the `BiLM` params (float32 numpy).
+    format: which of `FORMATS` it was read from.
+    files: every model file it was read from, the (options, weights) pair first where the format has one (what
+      an output must never overwrite).
+    softmax: the LM's softmax params where the weights hold one (bilm-hdf5), else None.
+    vocab_file: the softmax's words: a run's vocab.txt, or the one beside the weights; None if none.
+    mix: a TF-Hub module's learned `elmo` mix ({"weights": [n_layers + 1], "scaling": []}), else None.
+    token_ids: an EFML folder's token -> char ids (`chars.LexiconIds`); None: bilm-tf's UTF-8 bytes.
+    note: what bilm-tf's layout (options.json + weights.hdf5) cannot hold of it, in one line; None if nothing.
+    source: what `resolve_model` found.
+  """
+  options: dict[str, Any]
+  params: dict[str, Any]
+  format: str
+  files: tuple[str, ...]
+  softmax: dict[str, Any] | None = None
+  vocab_file: str | None = None
+  mix: dict[str, np.ndarray] | None = None
+  token_ids: chars.LexiconIds | None = None
+  note: str | None = None
+  source: ResolvedModel | None = None
+
+  @property
+  def input_files(self) -> tuple[str, ...]:
+    """`files` and the vocabulary: everything an output must not overwrite."""
+    return (*self.files, self.vocab_file) if self.vocab_file else self.files
+
+
+def resolve_files(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> ResolvedModel:
+  """An explicit (options, weights) pair as `resolve_model` would give it: local paths, `file://` or `http(s)://`
+  URLs (downloaded once, each checked to be an options.json and a readable HDF5 file), or an EFML folder's
+  config.json and a .pkl (what `pretrained.resolve` gives for one)."""
+  options_file, weight_file = os.fspath(options_file), os.fspath(weight_file)
+  folder = os.path.dirname(options_file)
+  if weight_file.endswith(".pkl") and efml.is_efml_dir(folder):
+    return ResolvedModel(options_file, weight_file, path=folder, efml_dir=folder)
+  return ResolvedModel(download.cached_path(options_file, kind="options"),
+                       download.cached_path(weight_file, kind="hdf5"), path=options_file)
+
+
+def load_model(found: ResolvedModel) -> LoadedModel:
+  """Reads what `found` names: a TF-Hub module, an EFML folder, or an options.json + weights.hdf5 pair (a run's
+  export: FileNotFoundError, one line, until it has one). Raises the readers' one-line errors
+  (options.OptionsError, weights.WeightFileError, efml.EFMLError, tf_bundle.BundleError)."""
+  if found.tfhub_dir is not None:
+    return _tfhub(found)
+  if found.efml_dir is not None:
+    return _efml(found)
+  options_file, weight_file = found.checked().files
+  options = options_lib.load(options_file)
+  weights = weights_lib.load_hdf5(weight_file, options)
+  beside = os.path.join(os.path.dirname(weight_file), VOCAB_FILE)  # the softmax's words, as a run exports them
+  vocab = found.vocab_file or (beside if os.path.isfile(beside) else None)
+  return LoadedModel(options, weights["params"], BILM_HDF5, (options_file, weight_file), softmax=weights["softmax"],
+                     vocab_file=vocab, source=found)
+
+
+def _tfhub(found: ResolvedModel) -> LoadedModel:
+  module = tfhub.load(found.tfhub_dir)
+  mix = ", ".join(f"{v:.9g}" for v in module.mix["weights"].tolist())
+  note = (f"the module's learned mix has no place in bilm-tf's layout and is not written: "
+          f"aggregation/weights=[{mix}], aggregation/scaling={float(module.mix['scaling']):.9g}")
+  return LoadedModel(module.options, module.params, TFHUB, module.files, vocab_file=found.vocab_file,
+                     mix=module.mix, note=note, source=found)
+
+
+def _efml(found: ResolvedModel) -> LoadedModel:
+  folder = found.efml_dir
+  options, params, token_ids = efml.load(folder)
+  paths = efml.model_files(folder)
+  main = (efml.CONFIG, efml.ENCODER)  # what `pretrained.resolve` names, first
+  read = tuple(paths[k] for k in main if k in paths) + tuple(p for k, p in paths.items() if k not in main)
+  note = ("options.json + weights.hdf5 has no place for its word embedding (word.dic's vectors beside the char "
+          "CNN) nor for its char ids (char.dic)")
+  return LoadedModel(options, params, EFML, read, token_ids=token_ids, note=note, source=found)
+
+
+def efml_folder(folder: str | os.PathLike) -> ResolvedModel:
+  """An ELMoForManyLangs folder as `resolve_model` names it (`load_model` then reads it, or says why not)."""
+  folder = os.fspath(folder)
+  return ResolvedModel(os.path.join(folder, efml.CONFIG), os.path.join(folder, efml.ENCODER), path=folder,
+                       efml_dir=folder)
