@@ -81,6 +81,7 @@ class AllenNLPElmo:
   def layers(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
     """Each sentence's biLM layers `[n_layers + 1, n_tokens, 2P]` (AllenNLP's `_elmo_lstm` activations)."""
     with self.torch.no_grad():
-      bilm = self.elmo._elmo_lstm(self.module.batch_to_ids([list(s) for s in sentences]))  # pylint: disable=protected-access
+      ids = self.module.batch_to_ids([list(s) for s in sentences])
+      bilm = self.elmo._elmo_lstm(ids)  # pylint: disable=protected-access
       acts = [a.numpy() for a in bilm["activations"]]  # [batch, time + 2, 2P] each, with <S>, </S>
     return [np.stack([a[i, 1:1 + len(s)] for a in acts]) for i, s in enumerate(sentences)]

@@ -70,10 +70,10 @@ class Embedder:
     token_ids: token -> ids where they are not bilm-tf's UTF-8 bytes (`chars.LexiconIds` of an
       ELMoForManyLangs model, `from_efml`).
     warm: compile at load every program a call runs (`warm_shapes`; from the persistent compilation cache
-      when it has them), so no call compiles: time buckets `host_batch.WARM_TIME_BUCKETS`, sentences up to the longest
-      (a longer one is refused in one line, `LengthError`), batches up to `default_batch_size`. False
-      (scripts that embed one file, the embed command): each shape compiles when first met, over the finer
-      `host_batch.TIME_BUCKETS`, with no length limit.
+      when it has them), so no call compiles: time buckets `host_batch.WARM_TIME_BUCKETS`, sentences up to the
+      longest (a longer one: `LengthError`, one line), batches up to `default_batch_size`. False (scripts, the
+      embed command): each shape compiles when first met, over `host_batch.TIME_BUCKETS`, no length limit.
+    batch_size: sentences per device in a batch (`default_batch_size`); fewer: fewer shapes to warm.
   """
 
   def __init__(self, options: dict[str, Any], params: dict[str, Any], *,
@@ -81,14 +81,13 @@ class Embedder:
                token_embedding_file: str | os.PathLike | None = None, token_vocab_file: str | None = None,
                compilation_cache: bool = True, cnn_cache_tokens: int = _CNN_CACHE_TOKENS,
                devices: int | Sequence[Any] | None = None, token_ids: chars.LexiconIds | None = None,
-               warm: bool = True):
+               warm: bool = True, batch_size: int = DEFAULT_BATCH_SIZE):
     if compilation_cache:
       enable_compilation_cache()
-    self.options = options
+    self.options, self.batch_size = options, batch_size
     self.config = BiLMConfig.from_options(options)
     self.mesh = embed_step.local_mesh(devices)
-    self.vocab_file = vocab_file
-    self.stateful = stateful
+    self.vocab_file, self.stateful = vocab_file, stateful
     self.model = BiLM(self.config, dtype=dtype)
     self._steps = embed_step.steps(self.model, self.mesh)
     self.params = jax.device_put(jax.tree_util.tree_map(jnp.asarray, params), self._steps.replicated)
@@ -112,8 +111,7 @@ class Embedder:
     self.extra_model_files: tuple[str, ...] = ()  # the other files of its model (from_efml: char.dic, ...)
     self._pinned = np.asarray(pinned, np.float32)
     self._table = self._new_table(self._pinned.shape[0])
-    self.warm = warm
-    self._time_buckets = host_batch.WARM_TIME_BUCKETS if warm else host_batch.TIME_BUCKETS
+    self.warm, self._time_buckets = warm, host_batch.WARM_TIME_BUCKETS if warm else host_batch.TIME_BUCKETS
     if warm:
       self.warm_shapes()
 
@@ -133,9 +131,8 @@ class Embedder:
     state = None
     if self.stateful:
       rows, state = [batch], row_state.grown(None, self.config, batch)
-    widths = [w for w in embed_step.CHAR_WIDTHS if w < self.config.token_width] + [self.config.token_width]
     self._table = self._steps.warm(self.params, self._table, rows, self._time_buckets,
-                                   sorted(set(widths)), state)
+                                   embed_step.widths(self.config.token_width), state)
 
   # --- construction -------------------------------------------------------------------------------------
   @classmethod
@@ -215,9 +212,9 @@ class Embedder:
 
   @property
   def default_batch_size(self) -> int:
-    """What `batch_size=None` means: 64 sentences per device, so each device gets the rows one device
-    would; stateful, 64 whatever the devices (the batch rows are the state's rows, part of the result)."""
-    return DEFAULT_BATCH_SIZE if self.stateful else DEFAULT_BATCH_SIZE * self.mesh.size
+    """What `batch_size=None` means: `batch_size` (64) sentences per device, so each device gets the rows one
+    device would; stateful, 64 whatever the devices (the batch rows are the state's rows, part of the result)."""
+    return self.batch_size if self.stateful else self.batch_size * self.mesh.size
 
   def reset_state(self) -> None:
     self._state = None

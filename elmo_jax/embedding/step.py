@@ -63,6 +63,11 @@ def local_mesh(devices: int | Sequence[Any] | None = None) -> Mesh:
   return Mesh(np.array(chosen), (AXIS,))
 
 
+def widths(max_chars: int) -> list[int]:
+  """The char CNN's input widths for tokens of `max_chars` ids: `CHAR_WIDTHS` below it, and itself."""
+  return [w for w in CHAR_WIDTHS if w < max_chars] + [max_chars]
+
+
 def char_widths(ids: np.ndarray, max_width: int, pad_id: int = PAD_ID, lead: int = 0) -> np.ndarray:
   """Char positions each token `ids [U, max_chars]` needs for an exact char CNN: `[U]` (ids kept, `lead`
   word ids before the chars included; `pad_id`: the padding char's id, bilm-tf's or a char vocabulary's).
@@ -73,9 +78,9 @@ def char_widths(ids: np.ndarray, max_width: int, pad_id: int = PAD_ID, lead: int
   over all max_chars positions), hence the max over positions -- the CNN's output -- is unchanged.
   """
   max_chars = ids.shape[1]
-  widths = np.array([w for w in CHAR_WIDTHS if w < max_chars] + [max_chars])
+  cuts = np.array(widths(max_chars))
   need = lead + np.count_nonzero(ids[:, lead:] != pad_id, axis=1) + max_width
-  return widths[np.minimum(np.searchsorted(widths, need), len(widths) - 1)]
+  return cuts[np.minimum(np.searchsorted(cuts, need), len(cuts) - 1)]
 
 
 def width_chunks(ids: np.ndarray, rows: np.ndarray, max_width: int, pad_id: int = PAD_ID,

@@ -104,8 +104,8 @@ def char_cnn_outputs(steps: embed_step.Steps, params: Any, dim: int, char_ids: A
     part = tokens[start:start + batch_size]
     shares = [part[d * per_device:(d + 1) * per_device] for d in range(n_dev)]  # device d's tokens
     table = put(np.zeros((n_dev, per_device, dim), np.float32))
-    chunks = [embed_step.width_chunks(char_ids.many(share, keep=False), np.arange(len(share), dtype=np.int32), max_width, **pad)
-              for share in shares]
+    chunks = [embed_step.width_chunks(char_ids.many(share, keep=False), np.arange(len(share), dtype=np.int32),
+                                      max_width, **pad) for share in shares]
     for ids, dest in zip(*embed_step.stack_chunks(chunks)):
       table = steps.cnn_into(params, table, put(ids), put(dest))
     out[start:start + len(part)] = np.concatenate([t[:len(sh)] for t, sh in zip(np.asarray(table), shares)])
