@@ -59,6 +59,9 @@ def import_elmo(path: str) -> Any:
   sys.path.append(path)
   sys.meta_path.append(_StubFinder())
   import allennlp.modules.elmo as elmo_module  # pylint: disable=g-import-not-at-top
+  import allennlp.modules.elmo_lstm as lstm_module  # pylint: disable=g-import-not-at-top
+  for module in (elmo_module, lstm_module):  # local files: what AllenNLP's cached_path returns for them
+    module.cached_path = lambda path, *args, **kwargs: path
   return elmo_module
 
 

@@ -99,7 +99,8 @@ def _main_path(emb: Embedder, sentences, batch_size: int, stateful: bool) -> lis
   return out
 
 
-@pytest.mark.parametrize("stateful", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("stateful", [False, True])
 def test_warm_path_outputs_are_bit_identical_to_mains_programs(params, warm, stateful):
   sentences = [_sentence(n, n) for n in (3, 17, 1, 40, 9, 0, 25, 130, 2, 8, 33, 16, 5)]
   reference = Embedder(tiny_options(), params, stateful=stateful, warm=False, batch_size=_BATCH)
