@@ -11,7 +11,7 @@ data/ (nothing outside the repository). Per preset and batch size:
     median of --passes timed passes: tokens/s, FLOP/s executed and `mfu` = that over the matmul peak
     measured in the same run (`matmul_peak_flops`);
   * `split`: one synchronous pass timing each phase per batch -- host prep (char ids, dedupe, padding), char
-    CNN + highway + projection of the tokens not yet in the token table and the gather, biLSTM, device->host copy, HDF5 write -- with each phase's share,
+    CNN + highway + projection of the tokens not yet in the token table, gather + biLSTM (one program), device->host copy, HDF5 write -- with each phase's share,
     FLOPs executed and GFLOP/s (the split's total is slower than `steady`, which overlaps them);
   * `embed_file`: the end-to-end CLI function, text in, HDF5 out (second call; the first, which compiles
     the CLI's full-row last batches, as `first_seconds`).
@@ -133,7 +133,7 @@ def random_embedder(preset: str, seed: int, devices: int = 1) -> Embedder:
   options = options_lib.validate(options_lib.preset(preset))
   dummy = np.zeros((1, 1, options["char_cnn"]["max_characters_per_token"]), np.int32)
   params = jax.jit(BiLM(BiLMConfig.from_options(options)).init)(jax.random.key(seed), dummy)["params"]
-  return Embedder(options, params, devices=devices)
+  return Embedder(options, params, devices=devices, warm=False)  # as the embed command loads it
 
 
 # --- passes ---------------------------------------------------------------------------------------------
@@ -165,9 +165,11 @@ def split_pass(embedder: Embedder, sentences, batch_size: int) -> dict[str, Any]
       prepared = embedder._prepare([sentences[i] for i in chunk], rows)  # pylint: disable=protected-access
       t.append(time.perf_counter())
       # pylint: disable=protected-access
-      emb = jax.block_until_ready(embedder._token_embeddings(prepared))
-      t.append(time.perf_counter())
-      layers = jax.block_until_ready(embedder._steps.bilm(embedder.params, emb, embedder._steps.put_rows(prepared.mask)))
+      embedder._write_new_tokens(prepared)
+      positions = embedder._steps.put_rows(prepared.positions)
+      jax.block_until_ready(embedder._table)
+      t.append(time.perf_counter())  # the gather runs with the biLM, in one program
+      layers = jax.block_until_ready(embedder._steps.layers(embedder.params, embedder._table, positions))
       # pylint: enable=protected-access
       t.append(time.perf_counter())
       host = np.asarray(layers)[:len(chunk)]
@@ -206,7 +208,7 @@ def bench(preset: str, sentences: list[list[str]], batch_sizes: Sequence[int], p
     r["memory_mb"]["first_pass_output_held"] = memory_mb()
     del held
     r["compiled_shapes"] = {name: getattr(embedder._steps, name)._cache_size()  # pylint: disable=protected-access
-                            for name in ("cnn_into", "gather", "bilm")}
+                            for name in ("cnn_into", "layers")}
     embedder.clear_token_table()
     split, flops = split_pass(embedder, sentences, bs) if FLAGS.split else ({}, None)
     secs = [timed(lambda: embedder.embed_sentences(sentences, batch_size=bs), embedder)

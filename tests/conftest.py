@@ -103,3 +103,11 @@ def pytest_xdist_make_scheduler(config, log):
       return "concurrent-processes" if path in CONCURRENT_PROCESS_FILES else path
 
   return FileScheduling(config, log)
+
+
+# An Embedder compiles every shape it can run when it loads (warm=True, the product's default, for a user's
+# first call): the suite's many Embedders would each pay for shapes they never run. Off in the suite's
+# process; tests/embedding/test_embed_latency.py checks the warm path (no compile after load, the same bits).
+from elmo_jax.embedding.embedder import Embedder as _Embedder  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+_Embedder.__init__.__kwdefaults__["warm"] = False

@@ -145,7 +145,8 @@ def _run_inputs() -> list[str]:
 
 def _load_embedder() -> Embedder:
   kwargs = {"stateful": FLAGS.stateful, "token_embedding_file": FLAGS.token_embedding_file,
-            "compilation_cache": FLAGS.compilation_cache, "devices": FLAGS.devices}
+            "compilation_cache": FLAGS.compilation_cache, "devices": FLAGS.devices,
+            "warm": False}  # one file, its lengths compiled when first met (no refusal of long sentences)
   if FLAGS.workdir:
     return Embedder.from_workdir(FLAGS.workdir, **kwargs)
   if FLAGS.model:

@@ -205,11 +205,11 @@ def load_models_from_flags() -> tasks_lib.Models:
 
   if _WORKDIR.value:
     workdir = _local_workdir()
-    emb = Embedder.from_workdir(workdir)
+    emb = Embedder.from_workdir(workdir, warm=False)  # a script: each shape compiles when first met
     key = features.model_key_from_workdir(workdir)
     description = {"workdir": _WORKDIR.value}
   elif _OPTIONS.value:
-    emb = Embedder.from_files(_OPTIONS.value, _WEIGHTS.value)
+    emb = Embedder.from_files(_OPTIONS.value, _WEIGHTS.value, warm=False)
     key = features.model_key_from_files(_OPTIONS.value, _WEIGHTS.value)
     description = {"options_file": _OPTIONS.value, "weight_file": _WEIGHTS.value}
   else:

@@ -56,6 +56,25 @@ def is_cut(token: str, max_chars: int = MAX_CHARS, max_token_chars: int | None =
   return len(token.encode("utf-8", "ignore")) > max_chars - 2
 
 
+def tokens_to_ids(tokens: Sequence[str], max_chars: int = MAX_CHARS) -> np.ndarray:
+  """Tokens -> `[len(tokens), max_chars]` int32, each row `token_to_ids(token)`, byte for byte; no Python
+  loop per character: the tokens' UTF-8 bytes are joined once and scattered into place with numpy."""
+  out = np.full((len(tokens), max_chars), PAD_CHAR + 1, np.int32)
+  if not len(tokens):
+    return out
+  encoded = [t.encode("utf-8", "ignore")[:max_chars - 2] for t in tokens]
+  lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+  rows = np.repeat(np.arange(len(encoded)), lengths)
+  cols = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1
+  out[rows, cols] = np.frombuffer(b"".join(encoded), np.uint8).astype(np.int32) + 1
+  out[:, 0] = BOW_CHAR + 1
+  out[np.arange(len(encoded)), lengths + 1] = EOW_CHAR + 1
+  for i, token in enumerate(tokens):  # the two sentence boundaries are not their bytes
+    if token in (BOS_TOKEN, EOS_TOKEN):
+      out[i] = _special(BOS_CHAR if token == BOS_TOKEN else EOS_CHAR, max_chars)
+  return out
+
+
 # ELMoForManyLangs (EFML): a token's ids come from its model's char.dic and word.dic, one id per Unicode code point.
 EFML_BOS, EFML_EOS, EFML_OOV, EFML_PAD = "<bos>", "<eos>", "<oov>", "<pad>"
 
@@ -135,8 +154,24 @@ class CharIdCache:
   def __init__(self, max_chars: int = MAX_CHARS, max_size: int = 1_000_000, ids_of=None):
     self.max_chars = max_chars
     self.max_size = max_size
+    self._bytes = ids_of is None  # bilm-tf's byte ids: `many` builds them vectorised
     self.ids_of = ids_of or (lambda token: token_to_ids(token, max_chars))
     self._cache: dict[str, np.ndarray] = {}
+
+  def many(self, tokens: Sequence[str], keep: bool = True) -> np.ndarray:
+    """`[len(tokens), width]`: row i is `self(tokens[i])`; bilm-tf's ids of the tokens not cached yet are
+    built at once (`tokens_to_ids`), an `ids_of`'s one token at a time; `keep=False`: not cached (a
+    vocabulary met once)."""
+    missing = [t for t in dict.fromkeys(tokens) if t not in self._cache]
+    made = dict(zip(missing, tokens_to_ids(missing, self.max_chars) if self._bytes else map(self.ids_of, missing)))
+    for token, ids in made.items() if keep else ():
+      if len(self._cache) >= self.max_size:
+        break
+      self._cache[token] = ids
+    if not len(tokens):
+      return np.zeros((0, self.max_chars if self._bytes else len(self.ids_of(BOS_TOKEN))), np.int32)
+    get = self._cache.get
+    return np.stack([made[t] if t in made else get(t) for t in tokens])
 
   def __call__(self, token: str) -> np.ndarray:
     ids = self._cache.get(token)
@@ -169,10 +204,12 @@ def batch_to_ids(
       raise ValueError(f"pad_to={pad_to} is shorter than the longest sentence ({max_len} tokens)")
     max_len = pad_to
   out = np.zeros([len(batch), max_len, max_chars], dtype=np.int32)
-  for b, sentence in enumerate(batch):
-    tokens = list(sentence)
-    if add_bos_eos:
-      tokens = [BOS_TOKEN] + tokens + [EOS_TOKEN]
-    for t, token in enumerate(tokens):
-      out[b, t] = cache(token)
+  sentences = [([BOS_TOKEN, *s, EOS_TOKEN] if add_bos_eos else list(s)) for s in batch]
+  index: dict[str, int] = {}
+  flat = [index.setdefault(t, len(index)) for s in sentences for t in s]
+  if flat:  # each distinct token's ids once (`CharIdCache.many`), then one scatter into the batch
+    lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
+    rows = np.repeat(np.arange(len(sentences)), lengths)
+    out[rows, np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = \
+        cache.many(list(index))[np.asarray(flat)]
   return out

@@ -76,7 +76,7 @@ def load_bilm(spec: str, init: str = "trained", seed: int = 0) -> Bilm:
   if model.checkpoints is not None:
     emb, description = _from_checkpoint(model.workdir)
   else:
-    emb = Embedder.from_model(model)
+    emb = Embedder.from_model(model, warm=False)  # a script: each shape compiles when first met
     options_file, weight_file = emb.model_files
     description = {"options_file": options_file, "weight_file": weight_file,
                    "weights_sha256": files.sha256_file(weight_file),
@@ -104,8 +104,9 @@ def _from_checkpoint(workdir: str) -> tuple[Any, dict[str, Any]]:
   digest = hashlib.sha256()
   for leaf in jax.tree_util.tree_leaves(params):  # the weights' identity (a checkpoint is many files)
     digest.update(np.ascontiguousarray(leaf, np.float32).tobytes())
-  return Embedder(options, params), {"checkpoint": where.split(" (")[0], "weights_sha256": digest.hexdigest(),
-                                     "weights_sha256_of": "float32 bytes of the biLM params, in tree order"}
+  emb = Embedder(options, params, warm=False)  # a script: each shape compiles when first met
+  return emb, {"checkpoint": where.split(" (")[0], "weights_sha256": digest.hexdigest(),
+               "weights_sha256_of": "float32 bytes of the biLM params, in tree order"}
 
 
 def cache_layers(embedder: Any, split: data_lib.Encoded, dtype: str, batch_size: int, desc: str) -> np.ndarray:

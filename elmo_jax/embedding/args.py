@@ -72,3 +72,15 @@ def select_layers(layers: np.ndarray, layer: str | int | Sequence[float]) -> np.
   if weights.shape != layers.shape[:1]:
     raise ValueError(f"{len(weights)} layer weights for {layers.shape[0]} layers")
   return np.tensordot(weights, layers, axes=(0, 0))
+
+
+def sentence_means(per_sentence: Sequence[np.ndarray], layer: str | int | Sequence[float], n_layers: int,
+                   dim: int) -> np.ndarray:
+  """Each sentence's layers `[n_layers, n_tokens, dim]` -> the mean over its tokens of `select_layers(layer)`
+  (no tokens: zeros), `[n, ...]` float32."""
+  shape = select_layers(np.zeros((n_layers, 1, dim), np.float32), layer)[..., 0, :].shape
+  out = np.zeros((len(per_sentence),) + shape, np.float32)
+  for i, layers in enumerate(per_sentence):
+    if layers.shape[1]:  # unpadded per sentence, so the mean sees only its real tokens
+      out[i] = select_layers(layers, layer).mean(axis=-2, dtype=np.float64)
+  return out

@@ -3,19 +3,17 @@
     emb = Embedder.from_files("options.json", "weights.hdf5")
     layers = emb.embed_sentences([["The", "bank", "flooded", "."]])  # [(n_layers + 1, 4, 2P) float32]
 
-Speed: sentences are sorted by length and padded to a few time buckets; every distinct token runs through the
-char CNN once (exact: the CNN sees one token at a time) into an on-device token table that outlives the batch
-(`token_cache.TokenRows`), and each batch gathers its tokens from it. Short tokens run through the CNN over fewer
-char positions (`embed_step.CHAR_WIDTHS`, exact, see `embed_step.char_widths`), in fixed chunks of
-`embed_step.CNN_ROWS` tokens, so the CNN compiles one shape per width. Batch k+1 is prepared on the host and
-dispatched before batch k is copied back (JAX dispatches asynchronously), and JAX's persistent compilation cache
-(`compile_cache.enable_compilation_cache`) makes a second process start fast. Every batch is split over all of
-this process's devices by default (`devices=`; the compiled functions are in `embed_step`); stateful, the LSTM
-state each row carries is kept by `row_state`.
+Speed: sentences are sorted by length and padded to a few time buckets (`host_batch`); every distinct token
+runs through the char CNN once (exact: the CNN sees one token at a time), over fewer char positions when short
+(`embed_step.char_widths`), in fixed chunks, into an on-device token table that outlives the batch
+(`token_cache.TokenRows`); the biLM gathers its tokens from it in the same program. Batch k+1 is prepared and
+dispatched before batch k is copied back. A warm Embedder (the default) compiles every shape at load, or reads
+it from JAX's persistent compilation cache (`compile_cache`), so no call compiles. Every batch is split over
+this process's devices (`devices=`; the programs are in `embed_step`); stateful, `row_state` keeps each row's
+LSTM state.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -24,9 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.data import chars
+from elmo_jax.embedding import host_batch
 from elmo_jax.embedding import row_state
+from elmo_jax.embedding.host_batch import bucket  # noqa: F401  (part of this module's API)
 from elmo_jax.embedding import step as embed_step
-from elmo_jax.embedding.args import check_sentences, select_layers
+from elmo_jax.embedding.args import check_sentences, sentence_means
 from elmo_jax.embedding.compile_cache import enable_compilation_cache
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
@@ -36,33 +36,16 @@ from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import pretrained
 from elmo_jax.interop import tfhub
 from elmo_jax.embedding import token_cache as token_cache_lib
-from elmo_jax.embedding.step import width_chunks
 from elmo_jax.model import BiLM, BiLMConfig
 from elmo_jax.runtime.progress import progress
 
 _TRIM_EVERY_BATCHES = 32  # freed batch copies go back to the OS this often (elmo_jax/runtime/memory.py)
-_TIME_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _CNN_CACHE_TOKENS = 1 << 15
 DEFAULT_BATCH_SIZE = 64  # sentences per device (stateless) or per batch (stateful: it defines the rows)
 
 
-def bucket(n: int, buckets: Sequence[int] = _TIME_BUCKETS) -> int:
-  """Smallest bucket >= n; beyond the table, the next multiple of the largest bucket."""
-  for b in buckets:
-    if n <= b:
-      return b
-  top = buckets[-1]
-  return -(-n // top) * top
-
-
-@dataclasses.dataclass
-class _Prepared:
-  """One batch on the host: sentences [n], `positions`/`mask` [rows, time] and char-CNN input chunks."""
-  n: int
-  positions: np.ndarray
-  mask: np.ndarray
-  chunks: list[np.ndarray]  # [devices * CNN_ROWS, width]: char ids of tokens not yet in their device's table
-  dests: list[np.ndarray]  # [devices * CNN_ROWS] each: their table rows (out of range for padding: dropped)
+class LengthError(ValueError):
+  """A sentence longer than a warm Embedder's longest compiled length; the message says what to do."""
 
 
 class Embedder:
@@ -86,20 +69,25 @@ class Embedder:
       computes as a one-device Embedder would, so the outputs equal one device's.
     token_ids: token -> ids where they are not bilm-tf's UTF-8 bytes (`chars.LexiconIds` of an
       ELMoForManyLangs model, `from_efml`).
+    warm: compile at load every program a call runs (`warm_shapes`; from the persistent compilation cache
+      when it has them), so no call compiles: time buckets `host_batch.WARM_TIME_BUCKETS`, sentences up to the
+      longest (a longer one: `LengthError`, one line), batches up to `default_batch_size`. False (scripts, the
+      embed command): each shape compiles when first met, over `host_batch.TIME_BUCKETS`, no length limit.
+    batch_size: sentences per device in a batch (`default_batch_size`); fewer: fewer shapes to warm.
   """
 
   def __init__(self, options: dict[str, Any], params: dict[str, Any], *,
                vocab_file: str | None = None, stateful: bool = False, dtype: Any = jnp.float32,
                token_embedding_file: str | os.PathLike | None = None, token_vocab_file: str | None = None,
                compilation_cache: bool = True, cnn_cache_tokens: int = _CNN_CACHE_TOKENS,
-               devices: int | Sequence[Any] | None = None, token_ids: chars.LexiconIds | None = None):
+               devices: int | Sequence[Any] | None = None, token_ids: chars.LexiconIds | None = None,
+               warm: bool = True, batch_size: int = DEFAULT_BATCH_SIZE):
     if compilation_cache:
       enable_compilation_cache()
-    self.options = options
+    self.options, self.batch_size = options, batch_size
     self.config = BiLMConfig.from_options(options)
     self.mesh = embed_step.local_mesh(devices)
-    self.vocab_file = vocab_file
-    self.stateful = stateful
+    self.vocab_file, self.stateful = vocab_file, stateful
     self.model = BiLM(self.config, dtype=dtype)
     self._steps = embed_step.steps(self.model, self.mesh)
     self.params = jax.device_put(jax.tree_util.tree_map(jnp.asarray, params), self._steps.replicated)
@@ -121,8 +109,30 @@ class Embedder:
     self.model_files: tuple[str, ...] = ()  # the local options and weight files it was read from (from_files)
     self.module_mix: dict[str, np.ndarray] | None = None  # a TF-Hub module's `elmo` mix (from_model)
     self.extra_model_files: tuple[str, ...] = ()  # the other files of its model (from_efml: char.dic, ...)
-    self._table = jax.device_put(np.repeat(np.asarray(pinned, np.float32)[None], self.mesh.size, axis=0),
-                                 self._steps.by_rows)
+    self._pinned = np.asarray(pinned, np.float32)
+    self._table = self._new_table(self._pinned.shape[0])
+    self.warm, self._time_buckets = warm, host_batch.WARM_TIME_BUCKETS if warm else host_batch.TIME_BUCKETS
+    if warm:
+      self.warm_shapes()
+
+  def _new_table(self, capacity: int) -> jax.Array:
+    """Each device's table `[devices, capacity, P]`, the pinned rows first, built on the host (no compile)."""
+    table = np.zeros((self.mesh.size, capacity, self.config.projection_dim), np.float32)
+    table[:, :self._pinned.shape[0]] = self._pinned
+    return self._steps.put_rows(table)
+
+  def warm_shapes(self) -> None:
+    """Compiles every program a call runs (or loads it from the persistent compilation cache): the char CNN
+    at each width, and the biLM of each time bucket for each row count `batches` pads to with batch sizes
+    up to `default_batch_size` (stateful: that many rows)."""
+    self._table = self._new_table(max(rows.capacity for rows in self._token_rows))
+    batch = self.default_batch_size
+    rows = sorted({embed_step.round_rows(min(batch, 1 << k), self.mesh) for k in range(batch.bit_length())})
+    state = None
+    if self.stateful:
+      rows, state = [batch], row_state.grown(None, self.config, batch)
+    self._table = self._steps.warm(self.params, self._table, rows, self._time_buckets,
+                                   embed_step.widths(self.config.token_width), state)
 
   # --- construction -------------------------------------------------------------------------------------
   @classmethod
@@ -178,7 +188,7 @@ class Embedder:
   def untrained_twin(self, seed: int = 0) -> "Embedder":
     """Same options, random init: the control for probing experiments."""
     return Embedder.random(self.options, seed=seed, stateful=self.stateful, devices=self.devices,
-                           token_ids=self.token_ids)
+                           token_ids=self.token_ids, warm=self.warm)
 
   # --- properties ---------------------------------------------------------------------------------------
   @property
@@ -202,9 +212,9 @@ class Embedder:
 
   @property
   def default_batch_size(self) -> int:
-    """What `batch_size=None` means: 64 sentences per device, so each device gets the rows one device
-    would; stateful, 64 whatever the devices (the batch rows are the state's rows, part of the result)."""
-    return DEFAULT_BATCH_SIZE if self.stateful else DEFAULT_BATCH_SIZE * self.mesh.size
+    """What `batch_size=None` means: `batch_size` (64) sentences per device, so each device gets the rows one
+    device would; stateful, 64 whatever the devices (the batch rows are the state's rows, part of the result)."""
+    return self.batch_size if self.stateful else self.batch_size * self.mesh.size
 
   def reset_state(self) -> None:
     self._state = None
@@ -239,55 +249,45 @@ class Embedder:
   # --- embedding ----------------------------------------------------------------------------------------
   def embed_batch(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None = None) -> np.ndarray:
     """One padded batch -> `[batch, n_layers + 1, time_bucket, 2P]` float32 (zeros past each length)."""
+    self._check_lengths(sentences)
     prepared = self._prepare(sentences, pad_batch_to)
     return np.asarray(self._launch(prepared))[:prepared.n]
 
-  def _prepare(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None) -> _Prepared:
-    """Host side of a batch: token positions, mask, and the distinct tokens' char ids by char width, each
-    device's rows against its own token table."""
-    n = len(sentences)
-    rows = embed_step.round_rows(max(n, pad_batch_to or 0), self.mesh)
-    per_device = rows // self.mesh.size
-    time = bucket(max((len(s) for s in sentences), default=1) or 1)
-    positions = np.zeros((rows, time), np.int32)
-    mask = np.zeros((rows, time), bool)
-    chunks = []
-    for d, token_rows in enumerate(self._token_rows):
-      block = slice(d * per_device, (d + 1) * per_device)
-      index: dict[str, int] = {}
-      for b in range(block.start, min(block.stop, n)):
-        for t, token in enumerate(sentences[b]):
-          positions[b, t] = index.setdefault(token, len(index))
-          mask[b, t] = True
-      tokens = list(index)
-      row, new = token_rows.assign(tokens)
-      ids = (np.stack([self._char_ids(tokens[u]) for u in new]) if len(new)
-             else np.zeros((0, self.config.token_width), np.int32))
-      chunks.append(width_chunks(ids, row[new], self._max_width, **self._pad))
-      if len(row):
-        positions[block] = row[positions[block]]  # padded slots point at some token; the mask zeroes them
-    return _Prepared(n, positions, mask, *embed_step.stack_chunks(chunks))
+  def _check_lengths(self, sentences: Sequence[Sequence[str]]) -> None:
+    """`LengthError` for a sentence longer than a warm Embedder's longest compiled length (no stall)."""
+    top = self._time_buckets[-1]
+    long = next((i for i, s in enumerate(sentences) if len(s) > top), None) if self.warm else None
+    if long is not None:
+      raise LengthError(f"sentence {long} has {len(sentences[long])} tokens, more than {top}, the longest a warm "
+                        "Embedder compiles at load: split it, or load with warm=False (longer lengths then "
+                        "compile when first met)")
 
-  def _token_embeddings(self, prepared: _Prepared) -> jax.Array:
-    """The batch's char-CNN outputs `[rows, time, P]`, on device: the new tokens into the table, then a gather.
-    Runs right after the batch's `_prepare` (whose row assignment it writes), as `batches` does."""
-    grow = max(rows.capacity for rows in self._token_rows) - self._table.shape[1]
-    if grow > 0:  # first use, or a batch with more new tokens than a table held
-      self._table = jax.device_put(jnp.pad(self._table, ((0, 0), (0, grow), (0, 0))), self._steps.by_rows)
+  def _prepare(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None) -> host_batch.Prepared:
+    """Host side of a batch (`host_batch.prepare`), each device's rows against its own token table."""
+    rows = embed_step.round_rows(max(len(sentences), pad_batch_to or 0), self.mesh)
+    return host_batch.prepare(sentences, rows, self._token_rows, self._char_ids, self._time_buckets,
+                              self._max_width, self._pad)
+
+  def _write_new_tokens(self, prepared: host_batch.Prepared) -> None:
+    """The batch's new tokens through the char CNN into the table (on device). Runs right after the batch's
+    `_prepare` (whose row assignment it writes), as `batches` does."""
+    capacity = max(rows.capacity for rows in self._token_rows)
+    if capacity > self._table.shape[1]:  # first use, or a batch with more new tokens than a table held:
+      self._table = self._new_table(capacity)  # the rows assigned so far were just cleared (`TokenRows`)
     put = self._steps.put_rows
     for chunk, dest in zip(prepared.chunks, prepared.dests):
       self._table = self._steps.cnn_into(self.params, self._table, put(chunk), put(dest))
-    return self._steps.gather(self._table, put(prepared.positions))
 
-  def _launch(self, prepared: _Prepared) -> jax.Array:
+  def _launch(self, prepared: host_batch.Prepared) -> jax.Array:
     """Dispatches a prepared batch (asynchronously); returns the device array of its layers."""
-    emb, mask = self._token_embeddings(prepared), self._steps.put_rows(prepared.mask)
+    self._write_new_tokens(prepared)
+    positions = self._steps.put_rows(prepared.positions)
     if not self.stateful:
-      return self._steps.bilm(self.params, emb, mask)
-    n_rows = prepared.mask.shape[0]
+      return self._steps.layers(self.params, self._table, positions)
+    n_rows = prepared.positions.shape[0]
     self._state = row_state.grown(self._state, self.config, n_rows)
     state = jax.device_put(row_state.first_rows(self._state, n_rows), self._steps.state_sharding)
-    layers, state = self._steps.bilm_stateful(self.params, emb, mask, state)
+    layers, state = self._steps.layers_stateful(self.params, self._table, positions, state)
     self._state = row_state.advanced(self._state, state, prepared.n)  # the rows that held sentences move on
     return layers
 
@@ -309,6 +309,7 @@ class Embedder:
     so a token's char-CNN output depends on the tokens it was first computed with; a resumed or many-process
     job would otherwise differ from an uninterrupted one in the last bits.)"""
     batch_size = batch_size or self.default_batch_size
+    self._check_lengths(sentences)
     order = list(range(len(sentences)))
     if not self.stateful:
       order.sort(key=lambda i: len(sentences[i]))
@@ -373,35 +374,14 @@ class Embedder:
         (e.g. a learned scalar mix's `gamma * softmax(w)`) -> `[n, 2P]`.
     """
     sentences = check_sentences(sentences, self.default_batch_size if batch_size is None else batch_size,
-                                 "sentence_vectors")
-    shape = select_layers(np.zeros((self.n_layers, 1, self.output_dim), np.float32), layer)[..., 0, :].shape
-    out = np.zeros((len(sentences),) + shape, np.float32)
-    for i, layers in enumerate(self.embed_sentences(sentences, batch_size)):
-      if layers.shape[1]:  # unpadded per sentence, so the mean sees only its real tokens
-        out[i] = select_layers(layers, layer).mean(axis=-2, dtype=np.float64)
-    return out
+                                "sentence_vectors")
+    return sentence_means(self.embed_sentences(sentences, batch_size), layer, self.n_layers, self.output_dim)
 
   def token_embeddings(self, tokens: Sequence[str], batch_size: int = 4096,
                        on_batch: Callable[[int], Any] | None = None) -> np.ndarray:
-    """The char-CNN output of each token, `[len(tokens), P]` float32: the token table's path, a fresh table
-    of `batch_size` rows at a time; `on_batch(n_tokens)` after each (progress)."""
-    out = np.zeros((len(tokens), self.config.projection_dim), np.float32)
-    n_dev, put = self.mesh.size, self._steps.put_rows
-    per_device = -(-batch_size // n_dev)
-    for start in range(0, len(tokens), batch_size):
-      part = tokens[start:start + batch_size]
-      shares = [part[d * per_device:(d + 1) * per_device] for d in range(n_dev)]  # device d's tokens
-      table = put(np.zeros((n_dev, per_device, self.config.projection_dim), np.float32))
-      chunks = [width_chunks(np.stack([self._char_ids.ids_of(t) for t in share])
-                             if share else np.zeros((0, self.config.token_width), np.int32),
-                             np.arange(len(share), dtype=np.int32), self._max_width, **self._pad)
-                for share in shares]
-      for ids, dest in zip(*embed_step.stack_chunks(chunks)):
-        table = self._steps.cnn_into(self.params, table, put(ids), put(dest))
-      out[start:start + len(part)] = np.concatenate([t[:len(sh)] for t, sh in zip(np.asarray(table), shares)])
-      if on_batch is not None:
-        on_batch(len(part))
-    return out
+    """The char-CNN output of each token, `[len(tokens), P]` float32 (`token_cache.char_cnn_outputs`)."""
+    return token_cache_lib.char_cnn_outputs(self._steps, self.params, self.config.projection_dim, self._char_ids,
+                                            tokens, batch_size, on_batch, self._max_width, self._pad)
 
   def dump_token_embeddings(self, vocab: Sequence[str], output_file: str | os.PathLike,
                             batch_size: int = 4096) -> None:

@@ -63,6 +63,11 @@ def local_mesh(devices: int | Sequence[Any] | None = None) -> Mesh:
   return Mesh(np.array(chosen), (AXIS,))
 
 
+def widths(max_chars: int) -> list[int]:
+  """The char CNN's input widths for tokens of `max_chars` ids: `CHAR_WIDTHS` below it, and itself."""
+  return [w for w in CHAR_WIDTHS if w < max_chars] + [max_chars]
+
+
 def char_widths(ids: np.ndarray, max_width: int, pad_id: int = PAD_ID, lead: int = 0) -> np.ndarray:
   """Char positions each token `ids [U, max_chars]` needs for an exact char CNN: `[U]` (ids kept, `lead`
   word ids before the chars included; `pad_id`: the padding char's id, bilm-tf's or a char vocabulary's).
@@ -73,9 +78,9 @@ def char_widths(ids: np.ndarray, max_width: int, pad_id: int = PAD_ID, lead: int
   over all max_chars positions), hence the max over positions -- the CNN's output -- is unchanged.
   """
   max_chars = ids.shape[1]
-  widths = np.array([w for w in CHAR_WIDTHS if w < max_chars] + [max_chars])
+  cuts = np.array(widths(max_chars))
   need = lead + np.count_nonzero(ids[:, lead:] != pad_id, axis=1) + max_width
-  return widths[np.minimum(np.searchsorted(widths, need), len(widths) - 1)]
+  return cuts[np.minimum(np.searchsorted(cuts, need), len(cuts) - 1)]
 
 
 def width_chunks(ids: np.ndarray, rows: np.ndarray, max_width: int, pad_id: int = PAD_ID,
@@ -127,6 +132,9 @@ class Steps:
   gather: Callable[..., jax.Array]  # (tables, positions [rows, time]) -> [rows, time, P]
   bilm: Callable[..., Any]  # (params, emb, mask [rows, time]) -> layers [rows, n_layers + 1, time, 2P]
   bilm_stateful: Callable[..., Any]  # (params, emb, mask, state) -> (layers, state)
+  # gather + bilm in one program (one dispatch): (params, tables, positions [rows, time], -1 = no token)
+  layers: Callable[..., Any]  # -> layers [rows, n_layers + 1, time, 2P]
+  layers_stateful: Callable[..., Any]  # (..., state) -> (layers, state)
 
   @property
   def replicated(self) -> NamedSharding:
@@ -143,6 +151,24 @@ class Steps:
   def put_rows(self, x: np.ndarray) -> jax.Array:
     """A host array `[rows, ...]` onto the devices, each its own block (one copy per device, no broadcast)."""
     return jax.device_put(x, self.by_rows)
+
+  def warm(self, params, table: jax.Array, rows: Sequence[int], times: Sequence[int], widths: Sequence[int],
+           state: Any = None) -> jax.Array:
+    """Compiles (or loads from the persistent compilation cache) every program a call of `rows` x `times`
+    runs, by running each once on empty inputs: no token, so the LSTMs run zero steps and the char CNN's rows
+    are all dropped. `state`: zeros of the stateful rows (then `layers_stateful`, one row count). Returns the
+    table (`cnn_into` donates it)."""
+    put = self.put_rows
+    for width in widths:
+      ids = np.zeros((self.mesh.size * CNN_ROWS, width), np.int32)
+      table = self.cnn_into(params, table, put(ids), put(np.full(len(ids), np.iinfo(np.int32).max, np.int32)))
+    out = []
+    for n, time in ((n, t) for n in rows for t in times):
+      positions = put(np.full((n, time), -1, np.int32))
+      out.append(self.layers(params, table, positions) if state is None else
+                 self.layers_stateful(params, table, positions, jax.device_put(state, self.state_sharding)))
+    jax.block_until_ready((table, out))
+    return table
 
 
 # One set per (model, mesh): `BiLM` is hashable (its config and dtype), so every Embedder of the same model
@@ -164,6 +190,10 @@ def steps(model: BiLM, mesh: Mesh) -> Steps:
     out = model.apply({"params": params}, token_embeddings=emb, mask=mask, state=state, skip_padding=True)
     return out["layers"] if state is None else (out["layers"], out["state"])
 
+  def layers(params, tables, positions, state=None):
+    # the gather's value at a padded slot is never read (the biLM zeroes the slots its mask leaves out)
+    return bilm(params, gather(tables, jnp.maximum(positions, 0)), positions >= 0, state)
+
   # check_vma=False: inference only (no transpose to type), and the LSTM scan's zero initial carry is
   # device-invariant while its body's is per-device.
   by_rows = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
@@ -173,4 +203,7 @@ def steps(model: BiLM, mesh: Mesh) -> Steps:
                        donate_argnums=1),
       gather=jax.jit(by_rows(gather, in_specs=(P(AXIS), P(AXIS)), out_specs=P(AXIS))),
       bilm=jax.jit(by_rows(bilm, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P(AXIS))),
-      bilm_stateful=jax.jit(by_rows(bilm, in_specs=(P(), P(AXIS), P(AXIS), _STATE), out_specs=(P(AXIS), _STATE))))
+      bilm_stateful=jax.jit(by_rows(bilm, in_specs=(P(), P(AXIS), P(AXIS), _STATE), out_specs=(P(AXIS), _STATE))),
+      layers=jax.jit(by_rows(layers, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P(AXIS))),
+      layers_stateful=jax.jit(by_rows(layers, in_specs=(P(), P(AXIS), P(AXIS), _STATE),
+                                      out_specs=(P(AXIS), _STATE))))

@@ -6,11 +6,12 @@ words from its vocab file), plus `tokens` `[n_words]` (variable-length strings) 
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import h5py
 import numpy as np
 
+from elmo_jax.embedding import step as embed_step
 from elmo_jax.runtime import files
 
 
@@ -87,3 +88,27 @@ class TokenRows:
     for i in new:
       self.rows[tokens[i]] = len(self.rows)
     return np.array([self.rows[t] for t in tokens], np.int32), np.array(new, np.int64)
+
+
+def char_cnn_outputs(steps: embed_step.Steps, params: Any, dim: int, char_ids: Any, tokens: Sequence[str],
+                     batch_size: int, on_batch: Callable[[int], Any] | None, max_width: int,
+                     pad: dict[str, int]) -> np.ndarray:
+  """The char-CNN output of each token, `[len(tokens), P]` float32, through an `Embedder`'s `steps` (the token
+  table's path: by char width, in chunks), a fresh table of `batch_size` rows at a time; `on_batch(n_tokens)`
+  after each (progress). `dim`: P; `char_ids`: the Embedder's `chars.CharIdCache` (a vocabulary's words are
+  not kept in it); `max_width`, `pad`: `width_chunks`'."""
+  out = np.zeros((len(tokens), dim), np.float32)
+  n_dev, put = steps.mesh.size, steps.put_rows
+  per_device = -(-batch_size // n_dev)
+  for start in range(0, len(tokens), batch_size):
+    part = tokens[start:start + batch_size]
+    shares = [part[d * per_device:(d + 1) * per_device] for d in range(n_dev)]  # device d's tokens
+    table = put(np.zeros((n_dev, per_device, dim), np.float32))
+    chunks = [embed_step.width_chunks(char_ids.many(share, keep=False), np.arange(len(share), dtype=np.int32),
+                                      max_width, **pad) for share in shares]
+    for ids, dest in zip(*embed_step.stack_chunks(chunks)):
+      table = steps.cnn_into(params, table, put(ids), put(dest))
+    out[start:start + len(part)] = np.concatenate([t[:len(sh)] for t, sh in zip(np.asarray(table), shares)])
+    if on_batch is not None:
+      on_batch(len(part))
+  return out

@@ -74,3 +74,27 @@ def test_cache_returns_same_ids():
   cache = chars.CharIdCache(max_size=1)
   np.testing.assert_array_equal(cache("xy"), chars.token_to_ids("xy"))
   np.testing.assert_array_equal(cache("zz"), chars.token_to_ids("zz"))  # beyond max_size: still correct
+
+
+_MIXED = ["the", "", "<S>", "</S>", "<UNK>", "naïve", "日本語テキスト", "a" * 47, "b" * 48, "c" * 49, "é" * 30,
+          "x\ud800y", "\U0001F600", ".", "<S>x"]
+
+
+@pytest.mark.parametrize("max_chars", [50, 12])
+def test_tokens_to_ids_are_token_to_ids_byte_for_byte(max_chars):
+  want = np.stack([chars.token_to_ids(t, max_chars) for t in _MIXED])
+  np.testing.assert_array_equal(chars.tokens_to_ids(_MIXED, max_chars), want)
+  assert chars.tokens_to_ids([], max_chars).shape == (0, max_chars)
+  cache = chars.CharIdCache(max_chars, max_size=3)  # full after three: the rest still right, not kept
+  np.testing.assert_array_equal(cache.many(_MIXED + _MIXED[:4]), np.concatenate([want, want[:4]]))
+  assert len(cache._cache) == 3  # pylint: disable=protected-access
+
+
+def test_batch_to_ids_is_each_tokens_ids_in_place():
+  batch = [_MIXED[:5], [], _MIXED[5:], ["the", "the"]]
+  got = chars.batch_to_ids(batch, add_bos_eos=True, pad_to=14)
+  want = np.zeros((4, 14, 50), np.int32)
+  for b, sentence in enumerate(batch):
+    for t, token in enumerate(["<S>", *sentence, "</S>"]):
+      want[b, t] = chars.token_to_ids(token)
+  np.testing.assert_array_equal(got, want)

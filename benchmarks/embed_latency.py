@@ -1,0 +1,239 @@
+"""Latency of embedding a sentence (or a few) at a time, next to AllenNLP's `Elmo`; prints one JSON object.
+
+    python benchmarks/embed_latency.py [--presets=small,original] [--calls=300] [--allennlp_path=/tmp/allennlp_pkg]
+
+Random weights of each preset's released shape (latency does not depend on the values), real sentences from
+the corpus in data/. Per preset, two fresh processes share a new persistent compilation cache folder:
+`cold_cache` (empty: the load compiles every shape) and `warm_cache` (the load reads them back). Each reports:
+  * `init_params_s` (random weights, not part of a real load), `load_s` (`Embedder(..., warm=True)`: every
+    shape compiled or read from the cache) and the compiles it counted, `first_call_s`;
+  * per batch size (1, 4, 16 sentences a call): `ms` p50/p95/p99/max/mean over --calls calls after --warmup
+    calls, `max_over_p50`, and AllenNLP's `Elmo` on the same sentences, interleaved call by call
+    (`baseline_ms`, `p50_ratio` = ours / AllenNLP's);
+  * `compiles_after_load`: traces and XLA compiles from the first call to the last (0 when warm works);
+  * `split_ms`: where one sentence's call goes (median of --split_calls): `ids` (host: token rows, char ids,
+    chunks), `dispatch` (handing the programs to the runtime), `device` (waiting for them), `copy` (out);
+  * `stateful_ms`: the stateful Embedder, one sentence a call; `flax_ms`: `load_elmo`'s `Elmo` + a jitted
+    `apply` on `batch_to_ids` padded to the Embedder's warm buckets (the Flax API; `ids` and `apply` split).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Sequence
+
+from absl import app
+from absl import flags
+
+import numpy as np
+
+FLAGS = flags.FLAGS
+_CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "pd-small", "train.txt.gz")
+flags.DEFINE_list("presets", ["small", "original"], "options presets (small | medium | original).")
+flags.DEFINE_string("options_file", None, "an options.json instead of the presets (e.g. a tiny smoke test).")
+flags.DEFINE_integer("calls", 300, "timed calls per batch size.")
+flags.DEFINE_integer("warmup", 50, "untimed calls first (the token table fills with frequent words).")
+flags.DEFINE_list("batch_sizes", ["1", "4", "16"], "sentences per call.")
+flags.DEFINE_integer("split_calls", 50, "single-sentence calls timed phase by phase.")
+flags.DEFINE_string("corpus", _CORPUS, "gzip (or plain) text, one whitespace-tokenized sentence per line.")
+flags.DEFINE_string("allennlp_path", "/tmp/allennlp_pkg", "pip --target folder holding allennlp 2.10.1 "
+                    "(benchmarks/allennlp_baseline.py); empty or missing: no baseline.")
+flags.DEFINE_string("child", None, "internal: measure this preset in this process.")
+flags.DEFINE_bool("latency", True, "internal: measure the latency tables too (else load and first call).")
+
+
+def load_sentences(path: str, n: int, max_len: int = 512) -> list[list[str]]:
+  """The first `n` non-empty lines of `path` of at most `max_len` tokens, whitespace-tokenized."""
+  opener = gzip.open if path.endswith(".gz") else open
+  out = []
+  with opener(path, "rt", encoding="utf-8") as f:
+    for line in f:
+      tokens = line.split()
+      if 0 < len(tokens) <= max_len:
+        out.append(tokens)
+        if len(out) == n:
+          break
+  return out
+
+
+def stats(ms: Sequence[float]) -> dict[str, float]:
+  a = np.asarray(ms)
+  p50 = float(np.percentile(a, 50))
+  return {"p50": round(p50, 2), "p95": round(float(np.percentile(a, 95)), 2),
+          "p99": round(float(np.percentile(a, 99)), 2), "max": round(float(a.max()), 2),
+          "mean": round(float(a.mean()), 2), "max_over_p50": round(float(a.max()) / p50, 2)}
+
+
+def clock(fn: Callable[[], Any]) -> float:
+  start = time.perf_counter()
+  fn()
+  return (time.perf_counter() - start) * 1e3
+
+
+def options_of(preset: str) -> dict[str, Any]:
+  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+  if FLAGS.options_file:
+    return options_lib.load(FLAGS.options_file)
+  return options_lib.validate(options_lib.preset(preset))
+
+
+def baseline(options: dict[str, Any], params: Any, folder: str) -> Any:
+  """AllenNLP's `Elmo` on the same weights, or None (the reason printed to stderr)."""
+  if not FLAGS.allennlp_path:
+    return None
+  from allennlp_baseline import AllenNLPElmo  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  options_file, weight_file = os.path.join(folder, "options.json"), os.path.join(folder, "weights.hdf5")
+  options_lib.save(options, options_file)
+  weights_lib.save_hdf5(weight_file, params, options)
+  try:
+    return AllenNLPElmo(FLAGS.allennlp_path, options_file, weight_file)
+  except ImportError as e:
+    print(f"no AllenNLP baseline: {e}", file=sys.stderr)
+    return None
+
+
+def latency(embed: Callable[[list], Any], other: Callable[[list], Any] | None, groups: list[list]) -> dict:
+  """Warm-up calls, then `--calls` timed ones, each interleaved with `other`'s on the same sentences
+  (which goes first alternates)."""
+  for g in groups[:FLAGS.warmup]:
+    embed(g)
+    if other is not None:
+      other(g)
+  ours, theirs = [], []
+  for k, g in enumerate(groups[FLAGS.warmup:FLAGS.warmup + FLAGS.calls]):
+    if other is not None and k % 2:
+      theirs.append(clock(lambda: other(g)))
+    ours.append(clock(lambda: embed(g)))
+    if other is not None and not k % 2:
+      theirs.append(clock(lambda: other(g)))
+  out = {"ms": stats(ours)}
+  if theirs:
+    out["baseline_ms"] = stats(theirs)
+    out["p50_ratio"] = round(out["ms"]["p50"] / out["baseline_ms"]["p50"], 3)
+  return out
+
+
+def split(emb: Any, sentences: list[list[str]]) -> dict[str, float]:
+  """Median ms of each phase of a single-sentence `embed_sentences`, phase by phase (synchronous)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  phases: dict[str, list[float]] = {"ids": [], "dispatch": [], "device": [], "copy": []}
+  for s in sentences:
+    t0 = time.perf_counter()
+    prepared = emb._prepare([s], 1)  # pylint: disable=protected-access
+    t1 = time.perf_counter()
+    layers = emb._launch(prepared)  # pylint: disable=protected-access
+    t2 = time.perf_counter()
+    jax.block_until_ready(layers)
+    t3 = time.perf_counter()
+    _ = np.array(np.asarray(layers)[0, :, :len(s)])
+    t4 = time.perf_counter()
+    for name, a, b in (("ids", t0, t1), ("dispatch", t1, t2), ("device", t2, t3), ("copy", t3, t4)):
+      phases[name].append((b - a) * 1e3)
+  return {k: round(statistics.median(v), 3) for k, v in phases.items()}
+
+
+def flax_latency(options: dict[str, Any], params: Any, sentences: list[list[str]]) -> dict[str, Any]:
+  """`Elmo` (what `load_elmo` builds) + one jitted `apply` per warm bucket, compiled before the clock."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from elmo_jax.data import chars  # pylint: disable=g-import-not-at-top
+  from elmo_jax.embedding.host_batch import WARM_TIME_BUCKETS, bucket  # pylint: disable=g-import-not-at-top
+  from elmo_jax.model import BiLMConfig, Elmo, elmo_variables  # pylint: disable=g-import-not-at-top
+  elmo = Elmo(BiLMConfig.from_options(options), dropout=0.0)
+  variables = elmo_variables(elmo, params)
+  apply = jax.jit(lambda v, ids: elmo.apply(v, ids)["elmo_representations"][0])
+  width = options["char_cnn"]["max_characters_per_token"]
+  start = time.perf_counter()
+  for t in WARM_TIME_BUCKETS:
+    jax.block_until_ready(apply(variables, np.zeros((1, t, width), np.int32)))
+  compile_s = time.perf_counter() - start
+  ids_ms, apply_ms = [], []
+  for s in sentences:
+    t0 = time.perf_counter()
+    ids = chars.batch_to_ids([s], max_chars=width, pad_to=bucket(len(s), WARM_TIME_BUCKETS))
+    t1 = time.perf_counter()
+    np.asarray(apply(variables, ids))
+    ids_ms.append((t1 - t0) * 1e3)
+    apply_ms.append((time.perf_counter() - t1) * 1e3)
+  return {"compile_s": round(compile_s, 2), "ms": stats([a + b for a, b in zip(ids_ms, apply_ms)]),
+          "split_ms": {"ids": round(statistics.median(ids_ms), 3), "apply": round(statistics.median(apply_ms), 3)}}
+
+
+def measure(preset: str, with_latency: bool) -> dict[str, Any]:
+  """One process: load (compile counted), first call, then (`with_latency`) the latency tables."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top
+  from elmo_jax.model import BiLM, BiLMConfig  # pylint: disable=g-import-not-at-top
+  from elmo_jax.runtime.compile_count import CompileCounter  # pylint: disable=g-import-not-at-top
+  options = options_of(preset)
+  start = time.perf_counter()
+  dummy = np.zeros((1, 1, options["char_cnn"]["max_characters_per_token"]), np.int32)
+  params = jax.device_get(jax.jit(BiLM(BiLMConfig.from_options(options)).init)(jax.random.key(0), dummy)["params"])
+  out: dict[str, Any] = {"preset": preset, "init_params_s": round(time.perf_counter() - start, 2)}
+  with CompileCounter() as load:
+    start = time.perf_counter()
+    emb = Embedder(options, params, warm=True)
+    out["load_s"] = round(time.perf_counter() - start, 2)
+  out["load_compiles"] = load.as_dict()
+  n = max(int(b) for b in FLAGS.batch_sizes) * (FLAGS.warmup + FLAGS.calls)
+  sentences = load_sentences(FLAGS.corpus, n)
+  with CompileCounter() as after:
+    out["first_call_s"] = round(clock(lambda: emb.embed_sentences([sentences[0]])) / 1e3, 3)
+    if with_latency:
+      with tempfile.TemporaryDirectory() as folder:
+        other = baseline(options, params, folder)
+        out["baseline"] = None if other is None else "allennlp==2.10.1 Elmo (benchmarks/allennlp_baseline.py)"
+        for b in map(int, FLAGS.batch_sizes):
+          groups = [sentences[i:i + b] for i in range(0, len(sentences) - b + 1, b)]
+          out[f"batch_{b}"] = latency(emb.embed_sentences, other, groups)
+      out["split_ms"] = split(emb, sentences[:FLAGS.split_calls])
+  out["compiles_after_load"] = after.as_dict()
+  if with_latency:
+    stateful = Embedder(options, params, stateful=True, warm=True)
+    out["stateful_ms"] = latency(stateful.embed_sentences, None, [[s] for s in sentences])["ms"]
+    out["flax_ms"] = flax_latency(options, params, sentences[:FLAGS.calls])
+  out["devices"] = [str(d) for d in jax.local_devices()]
+  return out
+
+
+def run_child(preset: str, cache: str, with_latency: bool) -> dict[str, Any]:
+  argv = [sys.executable, os.path.abspath(__file__), f"--child={preset}", f"--presets={preset}",
+          f"--calls={FLAGS.calls}", f"--warmup={FLAGS.warmup}", f"--batch_sizes={','.join(FLAGS.batch_sizes)}",
+          f"--split_calls={FLAGS.split_calls}", f"--corpus={FLAGS.corpus}",
+          f"--allennlp_path={FLAGS.allennlp_path if with_latency else ''}", f"--latency={with_latency}"]
+  if FLAGS.options_file:
+    argv.append(f"--options_file={FLAGS.options_file}")
+  env = {**os.environ, "ELMO_JAX_CACHE": cache, "JAX_COMPILATION_CACHE_DIR": ""}
+  proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    raise SystemExit(f"{preset}: the measuring process failed:\n{proc.stderr[-3000:]}")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  if FLAGS.child:
+    print(json.dumps(measure(FLAGS.child, FLAGS.latency)))
+    return
+  import platform  # pylint: disable=g-import-not-at-top
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.abspath(__file__)), check=False).stdout.strip()
+  result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "commit": commit,
+                            "calls": FLAGS.calls, "warmup": FLAGS.warmup, "presets": {}}
+  for preset in (["custom"] if FLAGS.options_file else FLAGS.presets):
+    with tempfile.TemporaryDirectory() as cache:
+      cold = run_child(preset, cache, with_latency=False)
+      warm = run_child(preset, cache, with_latency=True)
+    result["presets"][preset] = {"cold_cache": cold, "warm_cache": warm}
+  print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+  app.run(main)
