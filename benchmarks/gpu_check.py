@@ -244,7 +244,9 @@ def main():
     result["embed"] = {"error": f"{type(e).__name__}: {e}"[:500]}
   result["total_s"] = round(time.perf_counter() - t_start, 1)
   print(json.dumps(result, indent=1))
+  failed = [r for r in (*result["train"], result.get("loop") or {}, result["embed"]) if "error" in r]
+  return 1 if failed else 0  # a part that raised fails the check (its error is in the JSON)
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())
