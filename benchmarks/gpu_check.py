@@ -16,7 +16,8 @@ steps (`$GPU_CHECK_PROFILE_DIR`, default <tmp>/elmo_jax_gpu_check_profile; open 
 `Embedder.embed_sentences` of random-weight `original`-size ELMo over synthetic sentences. Compile time is
 reported apart from the timed steps. Budgeted to finish well under 8 minutes on an H100/H200-class GPU.
 On a CPU-only machine it says so (a warning on stderr and `"degraded": true`) and runs tiny sizes, so the
-script itself is still exercised.
+script itself is still exercised. Exit status 1 when a part raised (its error is in the JSON). On a GPU machine
+without internet: scripts/device_check.sh (docs/accelerator-stacks.md).
 """
 from __future__ import annotations
 
