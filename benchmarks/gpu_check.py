@@ -16,7 +16,8 @@ steps (`$GPU_CHECK_PROFILE_DIR`, default <tmp>/elmo_jax_gpu_check_profile; open 
 `Embedder.embed_sentences` of random-weight `original`-size ELMo over synthetic sentences. Compile time is
 reported apart from the timed steps. Budgeted to finish well under 8 minutes on an H100/H200-class GPU.
 On a CPU-only machine it says so (a warning on stderr and `"degraded": true`) and runs tiny sizes, so the
-script itself is still exercised.
+script itself is still exercised. Exit status 1 when a part raised (its error is in the JSON). On a GPU machine
+without internet: scripts/device_check.sh (docs/accelerator-stacks.md).
 """
 from __future__ import annotations
 
@@ -244,7 +245,9 @@ def main():
     result["embed"] = {"error": f"{type(e).__name__}: {e}"[:500]}
   result["total_s"] = round(time.perf_counter() - t_start, 1)
   print(json.dumps(result, indent=1))
+  failed = [r for r in (*result["train"], result.get("loop") or {}, result["embed"]) if "error" in r]
+  return 1 if failed else 0  # a part that raised fails the check (its error is in the JSON)
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -16,13 +16,19 @@ import numpy as np
 
 import tiny
 
+from elmo_jax.runtime import compat
 from elmo_jax.training.throughput import FIELDS as THROUGHPUT_FIELDS
 from paths import REPO_ROOT, TESTS_DIR
 # What differs between identical runs: timings, and the rates and device memory derived from them.
 TIMING_FIELDS = ("tokens_per_sec", "elapsed_sec", "data_wait_share", *THROUGHPUT_FIELDS)
-# The tests' code generation (tests/conftest.py sets it): opt level 0, XLA:CPU's classic fusion emitters.
+# The tests' code generation (tests/conftest.py sets it): opt level 0, XLA:CPU's classic fusion emitters, each
+# only where the running XLA knows it (XLA aborts on an unknown flag; the classic emitters are gone after jaxlib
+# 0.10, where the MLIR ones are the only ones): runtime/compat asks jaxlib once per version, cached in .cache/tests.
+OPT_LEVEL_0 = "--xla_backend_optimization_level=0"
 CLASSIC_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
-TEST_CODEGEN_FLAGS = ("--xla_backend_optimization_level=0", CLASSIC_EMITTERS)
+TEST_CODEGEN_FLAGS = compat.known_xla_flags(
+    (OPT_LEVEL_0, CLASSIC_EMITTERS),
+    os.environ.get("ELMO_JAX_CACHE") or os.path.join(REPO_ROOT, ".cache", "tests"))
 
 
 WORDS = ("the cat sat on a mat dog ran far away under big small red tree house river boat sun "

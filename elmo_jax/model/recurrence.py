@@ -21,18 +21,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from elmo_jax.runtime import compat
+
 
 def scan_into_buffers(step, init, xs, length: int, reverse: bool = False, unroll: int = 1):
   """`lax.scan(step, init, xs, length, reverse, unroll)` with the stacked outputs written into buffers that
   are never zero-filled (`lax.empty`, XLA:TPU's and GPU's AllocateBuffer): `lax.scan` fills its output arrays
   with zeros before the loop overwrites every row, a write of each [T, ...] output per call (4.0 GB of an lm1b
   H200 step at 512 rows). The same values; on CPU `lax.empty` is zeros as before."""
-  varying = tuple(sorted(set().union(*map(_varying_axes, jax.tree_util.tree_leaves((init, xs))))))
+  varying = tuple(sorted(set().union(*map(compat.varying_axes, jax.tree_util.tree_leaves((init, xs))))))
   y_shapes = jax.eval_shape(lambda c, x: step(c, x)[1], init, jax.tree_util.tree_map(lambda a: a[0], xs))
 
   def empty(y):
     buf = jax.lax.empty((length,) + tuple(y.shape), y.dtype)
-    return jax.lax.pcast(buf, varying, to="varying") if varying else buf
+    return compat.pcast_varying(buf, varying) if varying else buf
 
   def body(carry, inputs):
     state, bufs = carry
@@ -44,14 +46,6 @@ def scan_into_buffers(step, init, xs, length: int, reverse: bool = False, unroll
   (final, ys), _ = jax.lax.scan(body, (init, jax.tree_util.tree_map(empty, y_shapes)), (xs, jnp.arange(length)),
                                 reverse=reverse, unroll=unroll)
   return final, ys
-
-
-def _varying_axes(x) -> frozenset:
-  """The shard_map axes `x` varies over (empty outside one): a buffer the loop carries must vary as its updates
-  do. jax 0.10 keeps them in `aval.mat.varying`; later versions also name them `aval.vma`."""
-  aval = jax.typeof(x)
-  vma = getattr(aval, "vma", None)
-  return frozenset(vma if vma is not None else getattr(getattr(aval, "mat", None), "varying", ()))
 
 
 def _by_gate(parts: list[jax.Array]) -> jax.Array:

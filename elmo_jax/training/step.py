@@ -20,6 +20,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax.model import BiLM, zero_state
+from elmo_jax.runtime import compat
 from elmo_jax.training import losses
 
 DATA_AXIS = "data"
@@ -201,7 +202,7 @@ def make_train_step(model: BiLM, optimizer, mesh: Mesh, state_sharding: TrainSta
       # Replicated params become device-varying here, so their gradients come out per device and the
       # cast's transpose sums them over the devices once (a replicated input's gradient is its psum).
       params = jax.tree_util.tree_map(
-          lambda x, spec: jax.lax.pcast(x, DATA_AXIS, to="varying") if _replicated(spec) else x, params, param_specs)
+          lambda x, spec: compat.pcast_varying(x, DATA_AXIS) if _replicated(spec) else x, params, param_specs)
       nll_f, nll_b, new_state = _lm_nll(model, params, batch, lstm_state, key, num_sampled, False, rows,
                                         split_softmax)
       weights = batch["weights"]
