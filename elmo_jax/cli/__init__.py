@@ -32,7 +32,7 @@ COMMANDS = {
     "embed": ("elmo_jax.cli.embed", "a file of sentences into an HDF5 file of ELMo layers (AllenNLP's layout)"),
     "prepare": ("elmo_jax.cli.prepare", "tokenize a large corpus once into shards + vocabulary for training"),
     "plan": ("elmo_jax.cli.plan", "will a config fit a TPU slice or GPU cluster, how fast (compiles without it)"),
-    "convert": ("elmo_jax.cli.convert", "a model (released, run, TF-Hub, URL) into bilm-tf's options.json + hdf5"),
+    "convert": ("elmo_jax.cli.convert", "a model (released, run, TF-Hub, EFML, URL) into bilm-tf's hdf5 or an EFML folder"),
     "downstream": ("elmo_jax.cli.downstream", "a task model (POS, sentiment) with ELMo; `downstream table` sums up runs"),
 }
 _invoked_as: str | None = None  # "elmo-jax embed" while `main` runs a command: its error lines' name

@@ -51,10 +51,11 @@ def main(argv, after_step=None):
   from elmo_jax.training import variant  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.init_from import InitFromError  # pylint: disable=g-import-not-at-top
   from elmo_jax.runtime.storage import StorageError  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop.options import OptionsError  # pylint: disable=g-import-not-at-top
   try:  # a user's mistake is refused in one line, before anything is written (also by the checks below)
     config = variant.resolve(FLAGS.config, FLAGS.workdir)  # the model's options, lexicons, export format
     preflight.check(config, FLAGS.workdir)
-  except (preflight.PreflightError, StorageError, InitFromError) as e:
+  except (preflight.PreflightError, StorageError, InitFromError, OptionsError) as e:
     sys.exit(f"train: error: {e}")
   # Before anything touches a JAX backend: initialize() must come first in every process.
   try:

@@ -105,13 +105,14 @@ def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> loaded.LoadedModel:
   """Reads `spec`, checks `to`, writes it there (a bucket `to`: staged locally, uploaded once written).
   Returns what was read. Raises ConvertError, files.UnsafeOutputError and the loaders' one-line errors."""
   _check_format(fmt)
-  if fmt == "bilm-hdf5" and efml_export.efml.is_efml_dir(os.path.expanduser(spec)):  # before reading its weights
+  check_target(to)  # before loading (a download): a taken folder costs nothing
+  found = pretrained.resolve_model(spec)  # a folder, URL or archive as local files; no weights read yet
+  if fmt == "bilm-hdf5" and found.efml_dir is not None:
     raise ConvertError(
         f"{spec}: an ELMoForManyLangs model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "
         "no place for its word embedding, word.dic's vectors beside the char CNN); write it as an EFML folder "
         f"(--format=efml), use the folder as it is (--model={spec}), or a biLM trained here: a run's export/")
-  check_target(to)  # before loading (a download): a taken folder costs nothing
-  model = load(spec)
+  model = loaded.load_model(found)
   _check_format(fmt, model, spec)
   check_target(to, model.input_files)
   with storage.staged_output(to, "--to", directory=True, inputs=model.input_files) as local:

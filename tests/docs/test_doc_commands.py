@@ -63,6 +63,12 @@ RUN_BY = {
     r"^python -m elmo_jax downstream --task=sentiment --elmo=frozen .*--train=tfds:glue/sst2:train":
         "tests/downstream/test_downstream.py::test_missing_split_is_one_line_naming_the_flag",
     r"^python -m elmo_jax downstream table ": "tests/downstream/test_downstream.py::test_cli_runs_and_tables",
+    r"^python train\.py --config=configs/finetune\.py --config\.init_from=":
+        "tests/training/test_efml_finetune.py::test_frozen_phase_keeps_the_efml_bilm_and_word_embedding_bit_for_bit",
+    r"^python -m elmo_jax convert --from=\S+ --to=\S+ --format=efml":
+        "tests/interop/test_efml_export.py::test_efml_round_trip_same_bits_and_loads_in_efml",
+    r"^python train\.py --config=configs/efml\.py ":
+        "tests/training/test_efml_finetune.py::test_new_language_config_beats_unigram_and_exports_for_efml",
 }
 # command -> why no test runs it
 NOT_RUN = {
@@ -87,6 +93,22 @@ NOT_RUN = {
     r"^bash scripts/reference\.sh ": "research probe data that does not ship, and about two hours",
     r"^python benchmarks/another_language\.py": "downloads turkish-treebanks from PyPI (internet) and trains 21 min; "
         "tests/evaluation/test_another_language.py::test_turkish_bilm_beats_unigram is the same at tiny size",
+    r"^PYTHON=python3\.12 bash scripts/(test|train)\.sh": "installs the Python 3.12 lock (minutes, torch's 4 GB CUDA "
+        "build); .ci/run runs the quick tier on it, tests/runtime/test_stack.py checks the lock is chosen by Python",
+    r"^PYTHON=python3\.12 bash scripts/plan\.sh ": "installs the newest jax's planner compilers (2.5 GB) and "
+        "compiles lm1b for minutes",
+    r"^bash scripts/device_wheels\.sh": "downloads wheels from the package index (internet)",
+    r"^bash scripts/device_check\.sh ": "a GPU machine; its refusals are tests/runtime/test_stack.py's",
+    r"^unshare -n env JAX_PLATFORMS=cpu bash scripts/device_check\.sh ": "the simulated GPU image: a Python 3.12 "
+        "venv of the image's packages plus .whl/ (minutes of installs, then the CPU mode of the GPU check)",
+    r"^python benchmarks/(train|embed)_throughput\.py ": "speed benchmarks: they print JSON, never asserted, minutes",
+    r"^python benchmarks/efml_finetune\.py ": "a turkish-treebanks wheel from PyPI (internet) and about 45 minutes; "
+        "tests/training/test_efml_finetune.py is the same at tiny size",
+    r"^python -c \"from elmo_jax\.embedding\.embedder import Embedder; Embedder\.from_pretrained\('small'\)":
+        "downloads the small model (internet); a warm load is tests/embedding/test_embed_latency.py's",
+    r"^python -m pip install --no-deps --target /tmp/allennlp_pkg ": "internet; the AllenNLP baseline is optional",
+    r"^python benchmarks/embed_latency\.py ": "a latency benchmark (JSON, never asserted); its keys are "
+        "tests/embedding/test_embed_latency.py's smoke run",
 }
 COMMAND_START = re.compile(r"^(python|bash|pip|elmo-jax|tensorboard|gcloud|for )")
 

@@ -75,9 +75,10 @@ def test_convert_checks_the_room_before_the_first_byte(tmp_path, monkeypatch):
   import collections  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from elmo_jax.interop import convert  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import loaded  # pylint: disable=g-import-not-at-top
   usage = collections.namedtuple("usage", "total used free")
   monkeypatch.setattr(files.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
-  model = convert.Model({}, {"w": np.zeros([1 << 20], np.float32)}, None, None, ())
+  model = loaded.LoadedModel({"char_cnn": {}, "lstm": {}}, {"w": np.zeros([1 << 20], np.float32)}, "bilm-hdf5", ())
   with pytest.raises(files.UnsafeOutputError, match=r"--to=.*out: needs about 5\.\d MB free in .*, 1\.0 MB are "
                      r"free; make room or write elsewhere"):
     convert.write(model, str(tmp_path / "out"))
