@@ -156,3 +156,22 @@ def popen_interruptible(cmd, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(cmd, **kwargs)
   finally:
     signal.signal(signal.SIGINT, previous)
+
+
+# A child's script: `python -c DUMP_CHECKPOINT_PARAMS WORKDIR,STEP,OUT.npz ...` writes each checkpoint's params, by
+# their `keystr` paths, where the checkpoints were written (a test's 8-device environment reads them as saved).
+DUMP_CHECKPOINT_PARAMS = """
+import sys, numpy as np, jax
+from elmo_jax.training import init_from
+for spec in sys.argv[1:]:
+  workdir, step, out = spec.split(",")
+  params, _, _ = init_from._restore_params(workdir + "/checkpoints", int(step))
+  np.savez(out, **{jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)})
+"""
+
+
+def flat_params(params) -> dict:
+  """{keystr path: numpy array} of a params tree (what DUMP_CHECKPOINT_PARAMS writes)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}

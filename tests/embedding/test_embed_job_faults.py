@@ -173,6 +173,23 @@ def test_file_size_limit_while_writing_parts_and_merging_is_one_line_and_resumab
 
 
 @pytest.mark.slow
+def _wait_stopped(pid: int, timeout: float = 30.0) -> None:
+  """Until every thread of `pid` is stopped (state T in /proc), so what it has written holds still."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+      try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+          states.append(f.read().rsplit(")", 1)[1].split()[0])
+      except FileNotFoundError:  # a thread that just ended
+        pass
+    if all(s in ("T", "t") for s in states):
+      return
+    time.sleep(0.01)
+  raise AssertionError(f"process {pid} did not stop within {timeout} s")
+
+
 def test_a_second_command_on_a_running_jobs_output_is_refused(tmp_path):
   """Run A paused mid-job, B started on the same output: B is refused in one line and changes nothing; A then
   finishes the file."""
@@ -187,6 +204,7 @@ def test_a_second_command_on_a_running_jobs_output_is_refused(tmp_path):
            and not (parts.exists() and any(n.endswith(".json") for n in os.listdir(parts)))):
       time.sleep(0.02)
     a.send_signal(signal.SIGSTOP)
+    _wait_stopped(a.pid)  # kill() only queues the signal: A may rename a part before it stops
     before = sorted(os.listdir(parts))
     b = subprocess.run(args, env=env(), capture_output=True, text=True, timeout=300)
     assert sorted(os.listdir(parts)) == before  # B wrote nothing, removed nothing (A's temp file included)

@@ -137,29 +137,17 @@ def runs(tmp_path_factory):
   run_g = lu.launch(g, config, f"--config.init_from={s}", f"--config.freeze_bilm_steps={FREEZE}", *ft,
                     log=logs["g"], **kw)
   assert lu.wait([run_g], timeout=900) == [0], lu.read(logs["g"])[-3000:]
-  # The checkpoints' params per step, read where they were written (8 devices; see _DUMP).
+  # The checkpoints' params per step, read where they were written (8 devices; see lu.DUMP_CHECKPOINT_PARAMS).
   wanted = [(s, 4), (r, 2), (r, 3)] + [(w, k) for w in (f, g) for k in range(1, STEPS + 1) if w == f or k >= 3]
   specs = [f"{w},{k},{w}-{k}.npz" for w, k in wanted]
-  done = subprocess.run([sys.executable, "-c", _DUMP, *specs], env=lu.env(devices=8), capture_output=True,
-                        text=True, timeout=900)
+  done = subprocess.run([sys.executable, "-c", lu.DUMP_CHECKPOINT_PARAMS, *specs], env=lu.env(devices=8),
+                        capture_output=True, text=True, timeout=900)
   assert done.returncode == 0, done.stderr[-3000:]
   params = {(w, k): dict(np.load(f"{w}-{k}.npz")) for w, k in wanted}
   return {"s": s, "f": f, "g": g, "r": r, "params": params,
-          "released": _flat({"bilm": source}), **{n + "_log": lu.read(p) for n, p in logs.items()}}
+          "released": lu.flat_params({"bilm": source}), **{n + "_log": lu.read(p) for n, p in logs.items()}}
 
 
-_DUMP = """
-import sys, numpy as np, jax
-from elmo_jax.training import init_from
-for spec in sys.argv[1:]:
-  workdir, step, out = spec.split(",")
-  params, _, _ = init_from._restore_params(workdir + "/checkpoints", int(step))
-  np.savez(out, **{jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)})
-"""
-
-
-def _flat(params) -> dict[str, np.ndarray]:
-  return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
 
 
 def _part(flat: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:

@@ -121,18 +121,6 @@ def test_train_py_refuses_in_one_line_and_writes_nothing(source, tmp_path):
 
 
 # --- end to end: train.py on 8 devices and 1, killed and resumed --------------------------------------------
-_DUMP = """
-import sys, numpy as np, jax
-from elmo_jax.training import init_from
-for spec in sys.argv[1:]:
-  workdir, step, out = spec.split(",")
-  params, _, _ = init_from._restore_params(workdir + "/checkpoints", int(step))
-  np.savez(out, **{jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)})
-"""
-
-
-def _flat(params) -> dict[str, np.ndarray]:
-  return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +148,8 @@ def runs(source, tmp_path_factory):
   assert codes == [0, 0, 0], codes + [lu.read(logs[n])[-2000:] for n in "koh"]
   wanted = [(w["f"], k) for k in range(1, STEPS + 1)] + [(w["h"], 1)]
   specs = [f"{d},{k},{d}-{k}.npz" for d, k in wanted]
-  done = subprocess.run([sys.executable, "-c", _DUMP, *specs], env=lu.env(devices=8), capture_output=True,
-                        text=True, timeout=900)
+  done = subprocess.run([sys.executable, "-c", lu.DUMP_CHECKPOINT_PARAMS, *specs], env=lu.env(devices=8),
+                        capture_output=True, text=True, timeout=900)
   assert done.returncode == 0, done.stderr[-3000:]
   params = {(d, k): dict(np.load(f"{d}-{k}.npz")) for d, k in wanted}
   return {**w, "params": params, **{n + "_log": lu.read(p) for n, p in logs.items()}}
@@ -174,7 +162,7 @@ def _bilm(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 @pytest.mark.slow
 def test_frozen_phase_keeps_the_efml_bilm_and_word_embedding_bit_for_bit(runs, source):
   _, params, _ = efml.load(source)
-  want = _flat({"bilm": params})
+  want = lu.flat_params({"bilm": params})
   assert "['bilm']['char_cnn']['word_embed']" in want
   for k in range(1, FREEZE + 1):
     got = _bilm(runs["params"][(runs["f"], k)])
@@ -203,7 +191,7 @@ def test_export_is_an_efml_folder_that_efml_loads_with_our_layers(runs):
     np.testing.assert_allclose(g, t, atol=1e-5, rtol=0)
   _, exported, _ = efml.load(export)  # the export holds the last step's biLM, bit for bit
   last = _bilm(runs["params"][(runs["f"], STEPS)])
-  for name, value in _flat({"bilm": exported}).items():
+  for name, value in lu.flat_params({"bilm": exported}).items():
     assert value.tobytes() == last[name].tobytes(), name
 
 
@@ -228,7 +216,7 @@ def test_resume_after_kill_is_bit_exact_and_8_devices_equal_1(runs):
 
 @pytest.mark.slow
 def test_tfhub_module_first_step_bilm_is_the_module_bit_for_bit(runs):
-  want = _flat({"bilm": tfhub.load(TFHUB_MODULE, quiet=True).params})
+  want = lu.flat_params({"bilm": tfhub.load(TFHUB_MODULE, quiet=True).params})
   got = _bilm(runs["params"][(runs["h"], 1)])
   assert sorted(got) == sorted(want)
   for name in want:
