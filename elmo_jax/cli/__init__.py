@@ -1,4 +1,4 @@
-"""Every command: train, evaluate, embed, prepare, plan, convert, downstream, started one way:
+"""Every command: train, evaluate, embed, prepare, plan, convert, downstream, serve, started one way:
 `python -m elmo_jax <command>` (`elmo_jax/__main__.py`) or the console script `elmo-jax <command>`, both
 through `main` here. `train.py` and `evaluate.py` are the thin top-level entry points of the first two. The
 old forms (`python -m elmo_jax.{embed,convert,plan,downstream,data.prepare}`) stay one release as aliases
@@ -34,6 +34,7 @@ COMMANDS = {
     "plan": ("elmo_jax.cli.plan", "will a config fit a TPU slice or GPU cluster, how fast (compiles without it)"),
     "convert": ("elmo_jax.cli.convert", "a model (released, run, TF-Hub, EFML, URL) into bilm-tf's hdf5 or an EFML folder"),
     "downstream": ("elmo_jax.cli.downstream", "a task model (POS, sentiment) with ELMo; `downstream table` sums up runs"),
+    "serve": ("elmo_jax.cli.serve", "an HTTP server of ELMo (KServe v2 and OpenAI embeddings), batched and warm"),
 }
 _invoked_as: str | None = None  # "elmo-jax embed" while `main` runs a command: its error lines' name
 

@@ -1,0 +1,163 @@
+"""Dynamic batching: requests from many clients gathered into one `Embedder` call, answered each with its own rows.
+
+    batcher = Batcher(embedder, max_batch_tokens=4096, max_wait_ms=2, max_queue=256)
+    batcher.start()
+    layers = await batcher.submit([["The", "cat", "sat", "."]])   # [(n_layers + 1, 4, 2P) float32]
+
+One thread owns the Embedder (it is not thread-safe, and one program at a time is what the devices run best): it
+takes the oldest request, then every request already queued behind it until `max_batch_tokens`, and runs them as
+one `embed_sentences` call (sorted by length into the warm Embedder's buckets, split over every local device).
+Under load it waits up to `max_wait_ms` for the queue to hold as many requests as the last batch had, so closed-loop
+clients whose answers went out together come back into one batch; a lone client (last batch: one request) never
+waits. Results go back to each request's asyncio future on the event loop, in the order the requests came.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+
+class QueueFull(Exception):
+  """The queue holds `max_queue` requests: the caller answers 503 with Retry-After."""
+
+
+class Draining(Exception):
+  """The server is shutting down: accepted requests are answered, new ones refused (503)."""
+
+
+@dataclasses.dataclass
+class _Request:
+  sentences: list[list[str]]
+  tokens: int
+  future: asyncio.Future
+  loop: asyncio.AbstractEventLoop
+  queued_at: float
+
+
+class Batcher:
+  """A queue of requests and the thread that runs them through `embedder` in batches.
+
+  Args:
+    embedder: a warm `Embedder` (every shape compiled at load): a call never compiles.
+    max_batch_tokens: tokens (over all sentences) one batch gathers at most; a single request larger than this
+      still runs, alone.
+    max_wait_ms: the longest a batch waits for more requests once it has one (only while the last batch held
+      more than one request: see the module docstring).
+    max_queue: requests waiting at most; one more is refused (`QueueFull`).
+    on_batch: called after each batch with (requests, sentences, tokens, seconds) (the server's metrics).
+  """
+
+  def __init__(self, embedder: Any, *, max_batch_tokens: int = 4096, max_wait_ms: float = 2.0,
+               max_queue: int = 256, on_batch: Callable[[int, int, int, float], None] | None = None):
+    self.embedder = embedder
+    self.max_batch_tokens, self.max_wait_s, self.max_queue = max_batch_tokens, max_wait_ms / 1000, max_queue
+    self._max_sentences = embedder.default_batch_size  # the warm shapes' largest row count: no new compile
+    self._on_batch = on_batch
+    self._queue: collections.deque[_Request] = collections.deque()
+    self._cond = threading.Condition()
+    self._last_batch_requests = 1
+    self._stopped = False
+    self._thread = threading.Thread(target=self._run, name="elmo-batcher", daemon=True)
+
+  def start(self) -> None:
+    self._thread.start()
+
+  def stop(self) -> None:
+    """Ends the thread once the queue is empty (what is queued is still answered)."""
+    with self._cond:
+      self._stopped = True
+      self._cond.notify()
+    self._thread.join()
+
+  @property
+  def depth(self) -> int:
+    """Requests waiting (not the batch running)."""
+    return len(self._queue)
+
+  def submit(self, sentences: list[list[str]]) -> asyncio.Future:
+    """Queues one request (its sentences answered together); returns a future of its layers, one
+    `[n_layers + 1, n_tokens, 2P]` array per sentence. Call from the event loop's thread."""
+    loop = asyncio.get_running_loop()
+    request = _Request(sentences, sum(map(len, sentences)), loop.create_future(), loop, time.perf_counter())
+    with self._cond:
+      if self._stopped:
+        raise Draining("the server is shutting down")
+      if len(self._queue) >= self.max_queue:
+        raise QueueFull(f"{len(self._queue)} requests are queued (--max_queue={self.max_queue})")
+      self._queue.append(request)
+      self._cond.notify()
+    return request.future
+
+  def _take(self) -> list[_Request] | None:
+    """The next batch: the oldest request and those behind it within the limits (None: stopped and empty)."""
+    with self._cond:
+      while not self._queue:
+        if self._stopped:
+          return None
+        self._cond.wait()
+      batch = [self._queue.popleft()]
+      deadline = time.perf_counter() + self.max_wait_s
+      want = self._last_batch_requests
+      while True:
+        batch += self._fill(batch)
+        left = deadline - time.perf_counter()
+        if len(batch) >= want or left <= 0 or self._full(batch) or self._stopped:
+          break
+        self._cond.wait(left)
+    self._last_batch_requests = len(batch)
+    return batch
+
+  def _full(self, batch: Sequence[_Request]) -> bool:
+    return (sum(r.tokens for r in batch) >= self.max_batch_tokens
+            or sum(len(r.sentences) for r in batch) >= self._max_sentences)
+
+  def _fill(self, batch: Sequence[_Request]) -> list[_Request]:
+    """Queued requests that fit beside `batch` (the caller holds the lock); skips those already cancelled."""
+    tokens, rows, added = sum(r.tokens for r in batch), sum(len(r.sentences) for r in batch), []
+    while self._queue:
+      nxt = self._queue[0]
+      if nxt.future.cancelled():  # timed out while queued: never run
+        self._queue.popleft()
+        continue
+      if tokens + nxt.tokens > self.max_batch_tokens or rows + len(nxt.sentences) > self._max_sentences:
+        break
+      added.append(self._queue.popleft())
+      tokens, rows = tokens + nxt.tokens, rows + len(nxt.sentences)
+    return added
+
+  def _run(self) -> None:
+    while (batch := self._take()) is not None:
+      batch = [r for r in batch if not r.future.cancelled()]
+      if not batch:
+        continue
+      sentences = [s for r in batch for s in r.sentences]
+      start = time.perf_counter()
+      try:
+        layers = self.embedder.embed_sentences(sentences) if sentences else []
+      except Exception as e:  # pylint: disable=broad-except  (answered to each request; the server stays up)
+        for r in batch:
+          r.loop.call_soon_threadsafe(_settle, r.future, None, e)
+        continue
+      seconds = time.perf_counter() - start
+      at = 0
+      for r in batch:
+        r.loop.call_soon_threadsafe(_settle, r.future, layers[at:at + len(r.sentences)], None)
+        at += len(r.sentences)
+      if self._on_batch is not None:
+        self._on_batch(len(batch), len(sentences), sum(r.tokens for r in batch), seconds)
+
+
+def _settle(future: asyncio.Future, result: list[np.ndarray] | None, error: BaseException | None) -> None:
+  """On the event loop: a request's answer (unless it timed out and was cancelled meanwhile)."""
+  if future.cancelled():
+    return
+  if error is not None:
+    future.set_exception(error)
+  else:
+    future.set_result(result)
