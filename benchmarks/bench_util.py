@@ -1,11 +1,15 @@
-"""What the benchmarks share: the measured matmul peak (MFU denominator) and peak RSS."""
+"""What the benchmarks share: the measured matmul peak (MFU denominator), peak RSS, real sentences, latency
+percentiles."""
 from __future__ import annotations
 
+import gzip
 import resource
 import time
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def peak_rss_mb() -> float:
@@ -36,3 +40,25 @@ def matmul_peak(n: int = 2048, reps: int = 10) -> float:
     f(a, b).block_until_ready()
     best = min(best, time.perf_counter() - t)
   return 2.0 * n ** 3 / best
+
+
+def load_sentences(path: str, n: int, max_len: int = 512) -> list[list[str]]:
+  """The first `n` non-empty lines of `path` of at most `max_len` tokens, whitespace-tokenized."""
+  opener = gzip.open if path.endswith(".gz") else open
+  out = []
+  with opener(path, "rt", encoding="utf-8") as f:
+    for line in f:
+      tokens = line.split()
+      if 0 < len(tokens) <= max_len:
+        out.append(tokens)
+        if len(out) == n:
+          break
+  return out
+
+
+def stats(ms: Sequence[float]) -> dict[str, float]:
+  a = np.asarray(ms)
+  p50 = float(np.percentile(a, 50))
+  return {"p50": round(p50, 2), "p95": round(float(np.percentile(a, 95)), 2),
+          "p99": round(float(np.percentile(a, 99)), 2), "max": round(float(a.max()), 2),
+          "mean": round(float(a.mean()), 2), "max_over_p50": round(float(a.max()) / p50, 2)}

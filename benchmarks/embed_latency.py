@@ -18,7 +18,6 @@ the corpus in data/. Per preset, two fresh processes share a new persistent comp
 """
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import statistics
@@ -30,6 +29,8 @@ from typing import Any, Callable, Sequence
 
 from absl import app
 from absl import flags
+
+from bench_util import load_sentences, stats
 
 import numpy as np
 
@@ -46,28 +47,6 @@ flags.DEFINE_string("allennlp_path", "/tmp/allennlp_pkg", "pip --target folder h
                     "(benchmarks/allennlp_baseline.py); empty or missing: no baseline.")
 flags.DEFINE_string("child", None, "internal: measure this preset in this process.")
 flags.DEFINE_bool("latency", True, "internal: measure the latency tables too (else load and first call).")
-
-
-def load_sentences(path: str, n: int, max_len: int = 512) -> list[list[str]]:
-  """The first `n` non-empty lines of `path` of at most `max_len` tokens, whitespace-tokenized."""
-  opener = gzip.open if path.endswith(".gz") else open
-  out = []
-  with opener(path, "rt", encoding="utf-8") as f:
-    for line in f:
-      tokens = line.split()
-      if 0 < len(tokens) <= max_len:
-        out.append(tokens)
-        if len(out) == n:
-          break
-  return out
-
-
-def stats(ms: Sequence[float]) -> dict[str, float]:
-  a = np.asarray(ms)
-  p50 = float(np.percentile(a, 50))
-  return {"p50": round(p50, 2), "p95": round(float(np.percentile(a, 95)), 2),
-          "p99": round(float(np.percentile(a, 99)), 2), "max": round(float(a.max()), 2),
-          "mean": round(float(a.mean()), 2), "max_over_p50": round(float(a.max()) / p50, 2)}
 
 
 def clock(fn: Callable[[], Any]) -> float:

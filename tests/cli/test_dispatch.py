@@ -12,7 +12,7 @@ from paths import REPO_ROOT
 
 from elmo_jax import cli
 
-COMMANDS = ["train", "evaluate", "embed", "prepare", "plan", "convert", "downstream"]
+COMMANDS = ["train", "evaluate", "embed", "prepare", "plan", "convert", "downstream", "serve"]
 
 
 def _listed(text: str) -> dict[str, str]:
@@ -33,7 +33,7 @@ def test_help_lists_every_command_on_one_line(capsys):
 @pytest.mark.parametrize("argv,want", [
     (["elmo-jax"], "usage: elmo-jax <command>"),
     (["elmo-jax", "bogus"], "elmo-jax: error: unknown command 'bogus'; one of train, evaluate, embed, prepare, plan, "
-                            "convert, downstream (--help for usage)"),
+                            "convert, downstream, serve (--help for usage)"),
 ])
 def test_no_or_unknown_command_exits_2(argv, want, capsys):
   with pytest.raises(SystemExit) as done:

@@ -69,6 +69,8 @@ RUN_BY = {
         "tests/interop/test_efml_export.py::test_efml_round_trip_same_bits_and_loads_in_efml",
     r"^python train\.py --config=configs/efml\.py ":
         "tests/training/test_efml_finetune.py::test_new_language_config_beats_unigram_and_exports_for_efml",
+    r"^curl -sf http://127\.0\.0\.1:8000/": "tests/serving/test_serve_process.py::test_docs_curl_and_python_examples_run",
+    r"^python benchmarks/serve_load\.py --preset=small$": "tests/serving/test_serve_process.py::test_load_benchmark_smoke",
 }
 # command -> why no test runs it
 NOT_RUN = {
@@ -107,10 +109,12 @@ NOT_RUN = {
     r"^python -c \"from elmo_jax\.embedding\.embedder import Embedder; Embedder\.from_pretrained\('small'\)":
         "downloads the small model (internet); a warm load is tests/embedding/test_embed_latency.py's",
     r"^python -m pip install --no-deps --target /tmp/allennlp_pkg ": "internet; the AllenNLP baseline is optional",
+    r"^elmo-jax serve --model=original": "downloads the original model (internet); "
+        "tests/serving/test_serve_process.py serves bilm-tf's fixture folder the same way",
     r"^python benchmarks/embed_latency\.py ": "a latency benchmark (JSON, never asserted); its keys are "
         "tests/embedding/test_embed_latency.py's smoke run",
 }
-COMMAND_START = re.compile(r"^(python|bash|pip|elmo-jax|tensorboard|gcloud|for )")
+COMMAND_START = re.compile(r"^(python|bash|pip|elmo-jax|tensorboard|gcloud|curl|for )")
 
 
 def doc_files() -> list[str]:

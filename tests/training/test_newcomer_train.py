@@ -213,7 +213,8 @@ def test_package_declares_dependencies_extras_and_console_scripts(tmp_path, monk
   assert {"jax", "flax", "optax", "orbax-checkpoint", "grain", "h5py", "tensorboardx", "tqdm"} <= names <= pinned
   extras = project["optional-dependencies"]
   assert extras["cuda12"][0].startswith("jax[cuda12]") and extras["tpu"][0].startswith("jax[tpu]")
-  assert {"notebook", "test"} <= set(extras)
+  assert {"notebook", "test", "serve"} <= set(extras)
+  assert not {"uvicorn", "starlette"} & pinned  # the server's packages: the serve extra, never training's lock
   # the planner's compilers are extras, never dependencies (CI installs neither)
   assert extras["plan-tpu"][0].startswith("jax[tpu]") and extras["plan-gpu"][0].startswith("jax-cuda12-plugin")
   assert project["scripts"] == {"elmo-jax": "elmo_jax.cli:main"}  # one script: `elmo-jax <command>`

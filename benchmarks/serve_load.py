@@ -1,0 +1,252 @@
+"""Load on `elmo-jax serve`: a bounded closed-loop load generator on 127.0.0.1 next to sequential direct calls;
+prints one JSON object.
+
+    python benchmarks/serve_load.py [--preset=small] [--clients=1,4,16] [--requests=600] [--soak_requests=20000]
+
+Random weights of the preset's released shape (speed does not depend on the values) in a temporary model folder,
+real sentences from the corpus in data/, one sentence per request. In order, on one machine:
+  * `direct`: a warm `Embedder` in this process, `embed_sentences([s])` one call after another (`--requests`
+    calls after `--warmup`), with AllenNLP's `Elmo` called the same way interleaved call by call where
+    `--allennlp_path` holds it (`baseline_ms`); sentences per second and ms p50/p95/p99/max;
+  * `serve`: `python -m elmo_jax serve --model=FOLDER` (its load time), then per client count a closed loop —
+    each client one keep-alive connection, its next request sent when its answer came — of `sentence_vector`
+    requests (JSON): sentences per second, ms percentiles, the mean batch (from `/metrics`); at 1 client also
+    `layers` in the binary extension and in JSON (`http_cost_ms`: p50 over `direct`'s);
+  * `soak`: `--soak_requests` more at the highest client count; the server's RSS after the warm-up and after it;
+  * `direct_again`: the direct calls again (the machine's drift between the two);
+  * `compiles_since_ready` from `/metrics` (0: no request compiled), the load average before and after.
+Every loop is bounded by its request count and `--deadline_s`: the generator stops by itself.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from absl import app
+from absl import flags
+import numpy as np
+
+from bench_util import load_sentences, stats
+
+FLAGS = flags.FLAGS
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+flags.DEFINE_string("preset", "small", "options preset (small | medium | original).")
+flags.DEFINE_string("options_file", None, "an options.json instead of the preset (e.g. a tiny smoke test).")
+flags.DEFINE_list("clients", ["1", "4", "16"], "concurrent clients per level.")
+flags.DEFINE_integer("requests", 600, "requests per level (and direct calls).")
+flags.DEFINE_integer("warmup", 50, "untimed requests or calls first.")
+flags.DEFINE_integer("soak_requests", 20000, "requests of the RSS soak at the highest client count (0: none).")
+flags.DEFINE_float("deadline_s", 600, "seconds any one loop may take before it stops.")
+flags.DEFINE_string("corpus", os.path.join(_ROOT, "data", "pd-small", "train.txt.gz"), "one sentence per line.")
+flags.DEFINE_string("allennlp_path", "/tmp/allennlp_pkg", "pip --target folder holding allennlp 2.10.1 "
+                    "(benchmarks/allennlp_baseline.py); empty or missing: no baseline.")
+
+
+def write_model(folder: str) -> tuple[dict[str, Any], Any]:
+  """Random weights of the preset's shape as options.json + weights.hdf5 in `folder`."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.model import BiLM, BiLMConfig  # pylint: disable=g-import-not-at-top
+  options = options_lib.validate(options_lib.load(FLAGS.options_file) if FLAGS.options_file
+                                 else options_lib.preset(FLAGS.preset))
+  dummy = np.zeros((1, 1, options["char_cnn"]["max_characters_per_token"]), np.int32)
+  params = jax.device_get(jax.jit(BiLM(BiLMConfig.from_options(options)).init)(jax.random.key(0), dummy)["params"])
+  options_lib.save(options, os.path.join(folder, "options.json"))
+  weights_lib.save_hdf5(os.path.join(folder, "weights.hdf5"), params, options)
+  return options, params
+
+
+class Fresh:
+  """Hands out sentences no earlier phase used: every timed loop meets new tokens as a real stream does (a
+  token table warm from an earlier loop's sentences would flatter the later one)."""
+
+  def __init__(self, sentences: list[list[str]]):
+    self.sentences, self.at = sentences, 0
+
+  def take(self, n: int) -> list[list[str]]:
+    if self.at + n > len(self.sentences):
+      raise SystemExit(f"--corpus has {len(self.sentences)} usable sentences, fewer than the phases take")
+    self.at += n
+    return self.sentences[self.at - n:self.at]
+
+
+def direct(folder: str, sentences: list[list[str]], with_baseline: bool) -> dict[str, Any]:
+  """Sequential single-sentence calls of a warm Embedder (and AllenNLP's Elmo interleaved): `--warmup` calls,
+  then one timed call per sentence left."""
+  from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top
+  emb = Embedder.from_files(os.path.join(folder, "options.json"), os.path.join(folder, "weights.hdf5"))
+  other = None
+  if with_baseline and FLAGS.allennlp_path and os.path.isdir(FLAGS.allennlp_path):
+    from allennlp_baseline import AllenNLPElmo  # pylint: disable=g-import-not-at-top
+    other = AllenNLPElmo(FLAGS.allennlp_path, os.path.join(folder, "options.json"),
+                         os.path.join(folder, "weights.hdf5"))
+  for s in sentences[:FLAGS.warmup]:
+    emb.embed_sentences([s])
+    if other is not None:
+      other([s])
+  ours, theirs = [], []
+  start = time.perf_counter()
+  for k, s in enumerate(sentences[FLAGS.warmup:]):
+    if other is not None and k % 2:
+      theirs.append(_ms(lambda: other([s])))
+    ours.append(_ms(lambda: emb.embed_sentences([s])))
+    if other is not None and not k % 2:
+      theirs.append(_ms(lambda: other([s])))
+  out = {"ms": stats(ours), "sentences_per_s": round(len(ours) / (sum(ours) / 1e3), 1),
+         "wall_s": round(time.perf_counter() - start, 1)}
+  if theirs:
+    out["baseline"] = "allennlp==2.10.1 Elmo (benchmarks/allennlp_baseline.py), stateful as it defaults"
+    out["baseline_ms"] = stats(theirs)
+    out["baseline_sentences_per_s"] = round(len(theirs) / (sum(theirs) / 1e3), 1)
+  return out
+
+
+def _ms(fn: Callable[[], Any]) -> float:
+  start = time.perf_counter()
+  fn()
+  return (time.perf_counter() - start) * 1e3
+
+
+def _request(kind: str, sentence: Sequence[str]) -> tuple[bytes, dict[str, str]]:
+  """One sentence's inference request: `sentence_vector` (JSON), `layers` binary or JSON."""
+  text = " ".join(sentence)
+  if kind == "layers_binary":
+    raw = len(text.encode()).to_bytes(4, "little") + text.encode()
+    head = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                   "parameters": {"binary_data_size": len(raw)}}],
+                       "outputs": [{"name": "layers", "parameters": {"binary_data": True}}]}).encode()
+    return head + raw, {"Inference-Header-Content-Length": str(len(head))}
+  output = "layers" if kind == "layers_json" else "sentence_vector"
+  return json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
+                     "outputs": [{"name": output}]}).encode(), {}
+
+
+def closed_loop(port: int, sentences: list[list[str]], clients: int, n: int, kind: str = "vector") -> dict:
+  """`clients` threads, each on its own keep-alive connection, `n` requests in all (over `sentences`, cycling);
+  ms and sentences/s."""
+  latencies: list[float] = []
+  failures: list[Any] = []
+  counter = iter(range(n))
+  lock = threading.Lock()
+  deadline = time.perf_counter() + FLAGS.deadline_s
+
+  def client() -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    while time.perf_counter() < deadline:
+      with lock:
+        k = next(counter, None)
+      if k is None:
+        break
+      body, headers = _request(kind, sentences[k % len(sentences)])
+      start = time.perf_counter()
+      conn.request("POST", "/v2/models/elmo/infer", body, headers)
+      response = conn.getresponse()
+      response.read()
+      ms = (time.perf_counter() - start) * 1e3
+      with lock:
+        (latencies if response.status == 200 else failures).append(ms if response.status == 200
+                                                                   else response.status)
+    conn.close()
+
+  threads = [threading.Thread(target=client) for _ in range(clients)]
+  start = time.perf_counter()
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  wall = time.perf_counter() - start
+  return {"clients": clients, "requests": len(latencies), "failures": failures[:10],
+          "sentences_per_s": round(len(latencies) / wall, 1), "ms": stats(latencies)}
+
+
+def _metric(port: int, name: str) -> float:
+  conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+  conn.request("GET", "/metrics")
+  text = conn.getresponse().read().decode()
+  conn.close()
+  return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
+def _rss_mb(pid: int) -> float:
+  with open(f"/proc/{pid}/status", encoding="ascii") as f:
+    return round(int(next(line for line in f if line.startswith("VmRSS")).split()[1]) / 1024, 1)
+
+
+def serve(folder: str, fresh: Fresh) -> dict[str, Any]:
+  """The server's load, each client level, the 1-client layers rows and the soak."""
+  log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+  start = time.perf_counter()
+  proc = subprocess.Popen([sys.executable, "-m", "elmo_jax", "serve", f"--model={folder}", "--port=0",
+                           "--noaccess_log"], cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT)
+  try:
+    while not (found := re.search(r"ready: http://127\.0\.0\.1:(\d+)", open(log.name).read())):
+      if proc.poll() is not None or time.perf_counter() - start > FLAGS.deadline_s:
+        raise SystemExit(f"the server did not start:\n{open(log.name).read()[-3000:]}")
+      time.sleep(0.1)
+    port = int(found.group(1))
+    out: dict[str, Any] = {"ready_s": round(time.perf_counter() - start, 1)}
+    closed_loop(port, fresh.take(FLAGS.warmup * 4), 4, FLAGS.warmup * 4)
+    levels = []
+    for clients in map(int, FLAGS.clients):
+      batches = _metric(port, "elmo_batch_requests_count")
+      level = closed_loop(port, fresh.take(FLAGS.requests), clients, FLAGS.requests)
+      level["mean_batch_requests"] = round(level["requests"] / max(_metric(port, "elmo_batch_requests_count")
+                                                                  - batches, 1), 2)
+      levels.append(level)
+    out["levels"] = levels
+    for kind in ("layers_binary", "layers_json"):
+      out[f"one_client_{kind}"] = closed_loop(port, fresh.take(FLAGS.requests), 1, FLAGS.requests, kind)
+    if FLAGS.soak_requests:
+      top = max(map(int, FLAGS.clients))
+      rss_before = _rss_mb(proc.pid)
+      soak = closed_loop(port, fresh.take(min(FLAGS.soak_requests, 2000)), top, FLAGS.soak_requests)
+      out["soak"] = {**soak, "rss_mb_before": rss_before, "rss_mb_after": _rss_mb(proc.pid)}
+    out["compiles_since_ready"] = _metric(port, "elmo_compiles_since_ready")
+    return out
+  finally:
+    proc.terminate()
+    out_code = proc.wait(120)
+    if out_code:
+      print(f"the server exited {out_code}", file=sys.stderr)
+    os.unlink(log.name)
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  load_before = os.getloadavg()
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=_ROOT,
+                          check=False).stdout.strip()
+  levels = len(FLAGS.clients) + 2  # and the two 1-client layers rows
+  sentences = load_sentences(FLAGS.corpus, FLAGS.warmup * 6 + FLAGS.requests * (levels + 2) + 2000, max_len=120)
+  fresh = Fresh(sentences)
+  result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "commit": commit,
+                            "preset": "custom" if FLAGS.options_file else FLAGS.preset,
+                            "median_tokens": float(np.median([len(s) for s in sentences])),
+                            "load_average_before": [round(x, 2) for x in load_before]}
+  with tempfile.TemporaryDirectory() as folder:
+    write_model(folder)
+    result["direct"] = direct(folder, fresh.take(FLAGS.warmup + FLAGS.requests), with_baseline=True)
+    result["serve"] = serve(folder, fresh)
+    result["direct_again"] = direct(folder, fresh.take(FLAGS.warmup + FLAGS.requests), with_baseline=False)
+  top = result["serve"]["levels"][-1]
+  result["speedup_vs_direct"] = round(top["sentences_per_s"] / result["direct"]["sentences_per_s"], 2)
+  result["http_cost_ms"] = {k: round(result["serve"][k]["ms"]["p50"] - result["direct"]["ms"]["p50"], 2)
+                            for k in ("one_client_layers_binary", "one_client_layers_json")}
+  result["http_cost_ms"]["sentence_vector"] = round(result["serve"]["levels"][0]["ms"]["p50"]
+                                                    - result["direct"]["ms"]["p50"], 2)
+  result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+  print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+  app.run(main)
