@@ -8,7 +8,8 @@ real sentences from the corpus in data/, one sentence per request. In order, on 
   * `direct`: a warm `Embedder` in this process, `embed_sentences([s])` one call after another (`--requests`
     calls after `--warmup`), with AllenNLP's `Elmo` called the same way interleaved call by call where
     `--allennlp_path` holds it (`baseline_ms`); sentences per second and ms p50/p95/p99/max;
-  * `serve`: `python -m elmo_jax serve --model=FOLDER` (its load time), then per client count a closed loop —
+  * `serve`: `python -m elmo_jax serve --model=FOLDER` with its defaults (access log on; `--server_flags` adds
+    flags), its load time, then per client count a closed loop —
     each client one keep-alive connection, its next request sent when its answer came — of `sentence_vector`
     requests (JSON): sentences per second, ms percentiles, the mean batch (from `/metrics`); at 1 client also
     `layers` in the binary extension and in JSON (`http_cost_ms`: p50 over `direct`'s);
@@ -47,6 +48,7 @@ flags.DEFINE_integer("warmup", 50, "untimed requests or calls first.")
 flags.DEFINE_integer("soak_requests", 20000, "requests of the RSS soak at the highest client count (0: none).")
 flags.DEFINE_float("deadline_s", 600, "seconds any one loop may take before it stops.")
 flags.DEFINE_string("corpus", os.path.join(_ROOT, "data", "pd-small", "train.txt.gz"), "one sentence per line.")
+flags.DEFINE_list("server_flags", [], "more flags for the server (e.g. --max_wait_ms=5), comma-separated.")
 flags.DEFINE_string("allennlp_path", "/tmp/allennlp_pkg", "pip --target folder holding allennlp 2.10.1 "
                     "(benchmarks/allennlp_baseline.py); empty or missing: no baseline.")
 
@@ -187,7 +189,7 @@ def serve(folder: str, fresh: Fresh) -> dict[str, Any]:
   log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
   start = time.perf_counter()
   proc = subprocess.Popen([sys.executable, "-m", "elmo_jax", "serve", f"--model={folder}", "--port=0",
-                           "--noaccess_log"], cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT)
+                           *FLAGS.server_flags], cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT)
   try:
     while not (found := re.search(r"ready: http://127\.0\.0\.1:(\d+)", open(log.name).read())):
       if proc.poll() is not None or time.perf_counter() - start > FLAGS.deadline_s:

@@ -7,9 +7,10 @@
 One thread owns the Embedder (it is not thread-safe, and one program at a time is what the devices run best): it
 takes the oldest request, then every request already queued behind it until `max_batch_tokens`, and runs them as
 one `embed_sentences` call (sorted by length into the warm Embedder's buckets, split over every local device).
-Under load it waits up to `max_wait_ms` for the queue to hold as many requests as the last batch had, so closed-loop
-clients whose answers went out together come back into one batch; a lone client (last batch: one request) never
-waits. Results go back to each request's asyncio future on the event loop, in the order the requests came.
+Under load it waits up to `max_wait_ms` for as many requests as were outstanding (queued or running) while the last
+batch ran: closed-loop clients whose answers went out together come back into one batch, and two groups of
+clients that would take turns (each waiting for the other's batch, then its own) merge into one; a lone client
+(one request outstanding) never waits. Results go back to each request's asyncio future on the event loop, in the order the requests came.
 """
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ class Batcher:
     embedder: a warm `Embedder` (every shape compiled at load): a call never compiles.
     max_batch_tokens: tokens (over all sentences) one batch gathers at most; a single request larger than this
       still runs, alone.
-    max_wait_ms: the longest a batch waits for more requests once it has one (only while the last batch held
-      more than one request: see the module docstring).
+    max_wait_ms: the longest a batch waits for more requests once it has one (only while more than one request
+      was outstanding during the last batch: see the module docstring).
     max_queue: requests waiting at most; one more is refused (`QueueFull`).
     on_batch: called after each batch with (requests, sentences, tokens, seconds) (the server's metrics).
   """
@@ -61,7 +62,8 @@ class Batcher:
     self._on_batch = on_batch
     self._queue: collections.deque[_Request] = collections.deque()
     self._cond = threading.Condition()
-    self._last_batch_requests = 1
+    self._outstanding = 0  # submitted, not yet answered
+    self._peak = 1  # the most outstanding at once since the running batch started: what the next batch waits for
     self._stopped = False
     self._thread = threading.Thread(target=self._run, name="elmo-batcher", daemon=True)
 
@@ -91,6 +93,8 @@ class Batcher:
       if len(self._queue) >= self.max_queue:
         raise QueueFull(f"{len(self._queue)} requests are queued (--max_queue={self.max_queue})")
       self._queue.append(request)
+      self._outstanding += 1
+      self._peak = max(self._peak, self._outstanding)
       self._cond.notify()
     return request.future
 
@@ -103,14 +107,14 @@ class Batcher:
         self._cond.wait()
       batch = [self._queue.popleft()]
       deadline = time.perf_counter() + self.max_wait_s
-      want = self._last_batch_requests
+      want = self._peak
       while True:
         batch += self._fill(batch)
         left = deadline - time.perf_counter()
         if len(batch) >= want or left <= 0 or self._full(batch) or self._stopped:
           break
         self._cond.wait(left)
-    self._last_batch_requests = len(batch)
+      self._peak = self._outstanding
     return batch
 
   def _full(self, batch: Sequence[_Request]) -> bool:
@@ -124,6 +128,7 @@ class Batcher:
       nxt = self._queue[0]
       if nxt.future.cancelled():  # timed out while queued: never run
         self._queue.popleft()
+        self._outstanding -= 1
         continue
       if tokens + nxt.tokens > self.max_batch_tokens or rows + len(nxt.sentences) > self._max_sentences:
         break
@@ -133,24 +138,31 @@ class Batcher:
 
   def _run(self) -> None:
     while (batch := self._take()) is not None:
-      batch = [r for r in batch if not r.future.cancelled()]
-      if not batch:
-        continue
-      sentences = [s for r in batch for s in r.sentences]
-      start = time.perf_counter()
       try:
-        layers = self.embedder.embed_sentences(sentences) if sentences else []
-      except Exception as e:  # pylint: disable=broad-except  (answered to each request; the server stays up)
-        for r in batch:
-          r.loop.call_soon_threadsafe(_settle, r.future, None, e)
-        continue
-      seconds = time.perf_counter() - start
-      at = 0
+        self._answer([r for r in batch if not r.future.cancelled()])
+      finally:
+        with self._cond:
+          self._outstanding -= len(batch)
+
+  def _answer(self, batch: list[_Request]) -> None:
+    """Runs one batch and hands each request its own sentences' layers (or the error)."""
+    if not batch:
+      return
+    sentences = [s for r in batch for s in r.sentences]
+    start = time.perf_counter()
+    try:
+      layers = self.embedder.embed_sentences(sentences) if sentences else []
+    except Exception as e:  # pylint: disable=broad-except  (answered to each request; the server stays up)
       for r in batch:
-        r.loop.call_soon_threadsafe(_settle, r.future, layers[at:at + len(r.sentences)], None)
-        at += len(r.sentences)
-      if self._on_batch is not None:
-        self._on_batch(len(batch), len(sentences), sum(r.tokens for r in batch), seconds)
+        r.loop.call_soon_threadsafe(_settle, r.future, None, e)
+      return
+    seconds = time.perf_counter() - start
+    at = 0
+    for r in batch:
+      r.loop.call_soon_threadsafe(_settle, r.future, layers[at:at + len(r.sentences)], None)
+      at += len(r.sentences)
+    if self._on_batch is not None:
+      self._on_batch(len(batch), len(sentences), sum(r.tokens for r in batch), seconds)
 
 
 def _settle(future: asyncio.Future, result: list[np.ndarray] | None, error: BaseException | None) -> None:

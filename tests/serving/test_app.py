@@ -179,3 +179,30 @@ def _wait(condition, timeout: float = 10.0) -> None:
   while not condition():
     assert time.time() < deadline, "timed out"
     time.sleep(0.005)
+
+
+def test_a_batch_waits_for_as_many_as_were_outstanding_and_a_lone_request_never_waits():
+  import asyncio  # pylint: disable=g-import-not-at-top
+  from elmo_jax.serving.batcher import Batcher  # pylint: disable=g-import-not-at-top
+  embedder = FakeEmbedder()
+  batcher = Batcher(embedder, max_wait_ms=5000)
+
+  async def scenario():
+    start = time.perf_counter()
+    await batcher.submit([["alone"]])  # nothing was outstanding before: runs at once, not after max_wait_ms
+    assert time.perf_counter() - start < 2.0
+    embedder.release.clear()  # the next batch blocks while three more requests arrive: three outstanding
+    first = batcher.submit([["a"]])
+    _wait(lambda: len(embedder.calls) == 2)
+    late = [batcher.submit([[w]]) for w in ("b", "c")]
+    embedder.release.set()
+    await first
+    third = batcher.submit([["d"]])  # b, c waited for it: three were outstanding while "a" ran
+    await asyncio.gather(*late, third)
+
+  batcher.start()
+  try:
+    asyncio.run(scenario())
+  finally:
+    batcher.stop()
+  assert embedder.calls == [[["alone"]], [["a"]], [["b"], ["c"], ["d"]]]
