@@ -140,6 +140,7 @@ def main(argv: list[str]) -> int:
   server = DrainingServer(config, service, FLAGS.drain_s)
   host, port = sock.getsockname()[:2]
   service.start()
+  sock.listen(config.backlog)  # from the ready line on, a connection waits in the backlog until uvicorn accepts it
   print(f"ready: http://{host}:{port} serves {FLAGS.model_name!r} ({FLAGS.model}: {embedder.n_layers} layers x "
         f"{embedder.output_dim}, {len(embedder.devices)} device(s), loaded in {time.perf_counter() - start:.1f} s)",
         file=sys.stderr, flush=True)

@@ -24,6 +24,7 @@ from elmo_jax.embedding.embedder import Embedder  # noqa: E402
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT  # noqa: E402
 from serve_util import call, infer_json  # noqa: E402
 import embed_util  # noqa: E402
+import launch_util  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SENTENCES = [s.split() for row in embed_util.SENTENCES for s in row][:12]
@@ -33,12 +34,12 @@ TOLERANCE = 1e-6  # XLA:CPU may round a row by its position in a batch (~1e-7); 
 class ServeProcess:
   """`python -m elmo_jax serve --model=FOLDER --port=0 ...` until it says ready (its port from that line)."""
 
-  def __init__(self, model_dir: str, *flags: str, log: str):
+  def __init__(self, model_dir: str, *flags: str, log: str, devices: int = 1):
     self.log_path = log
     self.log = open(log, "w")
     self.proc = subprocess.Popen([sys.executable, "-m", "elmo_jax", "serve", f"--model={model_dir}", "--port=0",
                                   "--batch_size=16", *flags], cwd=REPO_ROOT, stdout=self.log,
-                                 stderr=subprocess.STDOUT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                                 stderr=subprocess.STDOUT, env=launch_util.env(devices))
     deadline = time.time() + 240
     while not (found := re.search(r"ready: http://127\.0\.0\.1:(\d+)", self.text())):
       assert self.proc.poll() is None and time.time() < deadline, self.text()[-3000:]
@@ -111,6 +112,7 @@ def test_openai_client_gets_the_sentence_vectors(served, reference):
     assert reply.usage.prompt_tokens == sum(map(len, SENTENCES[:4]))
   with pytest.raises(openai.NotFoundError):
     client.embeddings.create(model="text-embedding-3-small", input="x")
+  assert re.search(r'^127\.0\.0\.1:\d+ "POST /v1/embeddings" 404 [\d.]+ ms$', served.text(), re.M)  # access log
 
 
 def test_docs_curl_and_python_examples_run(served):
@@ -153,8 +155,17 @@ def test_64_concurrent_requests_each_get_their_own_sentence_and_nothing_compiles
   assert batches < 64 + 40  # the 64 came in fewer batches than requests (the other tests' requests included)
 
 
-def test_sigterm_answers_the_requests_in_flight_then_exits_0(model_dir, tmp_path):
-  server = ServeProcess(model_dir, "--noaccess_log", log=str(tmp_path / "serve.log"))
+def test_eight_devices_answer_as_one_then_sigterm_drains_and_exits_0(model_dir, reference, tmp_path):
+  """A server over 8 (simulated) devices gives one device's layers; SIGTERM with requests in flight answers
+  them and exits 0."""
+  server = ServeProcess(model_dir, "--noaccess_log", log=str(tmp_path / "serve.log"), devices=8)
+  assert "8 device(s)" in server.text()
+  status, _, body = call(server.port, "POST", "/v2/models/elmo/infer",
+                         infer_json([" ".join(s) for s in SENTENCES[:10]], ("layers",)))
+  out = json.loads(body)["outputs"][0]
+  layers = np.array(out["data"], np.float32).reshape(out["shape"])
+  for i, w in enumerate(reference.embed_sentences(SENTENCES[:10])):
+    np.testing.assert_allclose(layers[i, :, :w.shape[1]], w, atol=TOLERANCE, rtol=0)
   long = " ".join((SENTENCES[0] * 60)[:500])
   outcomes, signalled = [], threading.Event()
 
