@@ -47,9 +47,10 @@ class Service:
       vector; an int layer).
     tokenize: str -> tokens for text inputs (default: split at whitespace).
     max_tokens: the longest sentence accepted (413 past it); at most what the warm Embedder compiled.
-    max_body_bytes, timeout_s: 413 past the body size; 504 past the seconds from arrival.
-    batching: `Batcher`'s keyword arguments (max_batch_tokens, max_wait_ms, max_queue).
+    max_body_bytes: the largest body (413 past it).
+    timeout_s: seconds from a request's arrival to its answer (504 past them).
     access_log: one line per request on stderr.
+    **batching: `Batcher`'s keyword arguments (max_batch_tokens, max_wait_ms, max_queue).
   """
 
   def __init__(self, embedder: Any, *, model_name: str = "elmo", layer: Any = "average",

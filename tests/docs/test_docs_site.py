@@ -64,6 +64,11 @@ def test_mkdocs_build_strict(tmp_path):
     assert (tmp_path / "site" / page.removeprefix("index") / "index.html").exists() or page == "index", page
   notebook = _read(str(tmp_path / "site" / "notebooks" / "downstream_results" / "index.html"))
   assert "data:image/png;base64," in notebook  # the executed copy's figures
+  reference = _read(str(tmp_path / "site" / "reference" / "index.html"))  # generated from the docstrings
+  for anchor in ("embedding.embedder.Embedder.sentence_vectors", "interop.pretrained.load_elmo", "model.elmo.Elmo",
+                 "interop.pretrained.resolve_model", "interop.loaded.load_model", "training.config.base_config"):
+    assert f'id="elmo_jax.{anchor}"' in reference, anchor
+  assert "Runs a <code>BiLM</code> over tokenized sentences." in reference  # Embedder's docstring, rendered
 
 
 def test_executed_notebooks_are_current():
