@@ -1,7 +1,6 @@
-"""Evaluates an ELMo model: `python evaluate.py --task=all --workdir=runs/default [--probe_data_dir=DIR]`.
-
-A thin wrapper around `elmo_jax.cli.evaluate` (also installed as the `elmo-jax-evaluate` console script);
-see `python evaluate.py --help`.
+"""Evaluates an ELMo model: `python evaluate.py --task=all --workdir=runs/default [--probe_data_dir=DIR]`, the same
+command as `elmo-jax evaluate ...` (the console script; `python -m elmo_jax evaluate`). A thin wrapper around
+`elmo_jax.cli.evaluate`; `python evaluate.py --help` lists its flags.
 """
 from elmo_jax.cli.evaluate import config_from_flags, load_models_from_flags, main, run  # noqa: F401
 

@@ -2,7 +2,7 @@
 EFML's special entries and ids) and word lexicon are built from the training text (`data/lexicon.py`), and
 the run exports an EFML release folder that EFML's `Embedder` loads (and ours: `--model=WORKDIR`).
 
-    python train.py --config=configs/efml.py --config.data.train_files=tr/train.txt.gz \
+    elmo-jax train --config=configs/efml.py --config.data.train_files=tr/train.txt.gz \
         --config.data.eval_files=tr/valid.txt.gz --workdir=runs/tr_efml
 
 EFML's shape (`cnn_50_100_512_4096_sample`: char dim 50, word dim 100, 7 filters, 2 highways, 2 x 4096 LSTM

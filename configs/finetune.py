@@ -1,6 +1,6 @@
 """Continue training a released ELMo on your own text: the model's options come from `config.init_from`.
 
-    python train.py --config=configs/finetune.py --config.init_from=SOURCE \
+    elmo-jax train --config=configs/finetune.py --config.init_from=SOURCE \
         --config.data.train_files=my.txt.gz --config.data.eval_files=my_valid.txt.gz --workdir=runs/mine
 
 SOURCE is anything init_from reads: a run, its checkpoints or a step, options.json + weights.hdf5 (bilm-tf,

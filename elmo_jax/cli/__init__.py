@@ -1,8 +1,6 @@
-"""Every command: train, evaluate, embed, prepare, plan, convert, downstream, serve, started one way:
-`python -m elmo_jax <command>` (`elmo_jax/__main__.py`) or the console script `elmo-jax <command>`, both
-through `main` here. `train.py` and `evaluate.py` are the thin top-level entry points of the first two. The
-old forms (`python -m elmo_jax.{embed,convert,plan,downstream,data.prepare}`) stay one release as aliases
-that say the new form on stderr (`run_alias`)."""
+"""Every command: train, evaluate, embed, prepare, plan, convert, downstream, serve, started one way: the
+console script `elmo-jax <command>`, through `main` here (`python -m elmo_jax <command>`, `elmo_jax/__main__.py`,
+is the same). In a clone, `train.py` and `evaluate.py` are the thin top-level entry points of the first two."""
 import functools
 import math
 import os
@@ -42,10 +40,10 @@ _invoked_as: str | None = None  # "elmo-jax embed" while `main` runs a command: 
 def usage() -> str:
   """The dispatcher's `--help`: one line per command."""
   width = max(map(len, COMMANDS))
-  lines = ["usage: elmo-jax <command> [flags]   or   python -m elmo_jax <command> [flags]", "", "commands:"]
+  lines = ["usage: elmo-jax <command> [flags]   (python -m elmo_jax <command>: the same)", "", "commands:"]
   lines += [f"  {name:<{width}}  {line}" for name, (_, line) in COMMANDS.items()]
   lines += ["", "`elmo-jax <command> --help` lists a command's flags.",
-            "`python train.py` and `python evaluate.py` (in a clone) are train and evaluate."]
+            "In a clone, `python train.py` and `python evaluate.py` are train and evaluate."]
   return "\n".join(lines)
 
 
@@ -84,13 +82,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
   if main_module is not None:
     main_module.__doc__ = module.__doc__  # absl's --help prints the __main__ module's docstring
   module.run()
-
-
-def run_alias(old: str, command: str) -> None:
-  """An old entry form (`python -m elmo_jax.embed`), kept one release: says the new form on stderr, then runs it."""
-  print(f"note: `python -m {old}` is now `python -m elmo_jax {command}` (`elmo-jax {command}`); the old form "
-        "goes in the next release", file=sys.stderr)
-  main(["elmo_jax", command, *sys.argv[1:]], prog="elmo_jax")
 
 
 def command_name() -> str:

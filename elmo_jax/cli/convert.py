@@ -1,9 +1,9 @@
-"""The conversion command (`python -m elmo_jax convert`, `elmo-jax convert`): a model in bilm-tf's layout.
+"""The conversion command (`elmo-jax convert`): a model in bilm-tf's layout.
 
-    python -m elmo_jax convert --from=elmo_3/ --to=elmo_3_bilm/             # a TF-Hub module, exact
-    python -m elmo_jax convert --from=runs/default --to=gs://bucket/model/   # a run's export, uploaded
-    python -m elmo_jax convert --from=https://host/m/options.json --to=model/ --format=bilm-hdf5
-    python -m elmo_jax convert --from=zhs.model/ --to=zhs_again/ --format=efml     # an EFML folder, same bits
+    elmo-jax convert --from=elmo_3/ --to=elmo_3_bilm/             # a TF-Hub module, exact
+    elmo-jax convert --from=runs/default --to=gs://bucket/model/   # a run's export, uploaded
+    elmo-jax convert --from=https://host/m/options.json --to=model/ --format=bilm-hdf5
+    elmo-jax convert --from=zhs.model/ --to=zhs_again/ --format=efml     # an EFML folder, same bits
 
 `--from` is anything `--model=` takes (a released name, a run, a folder of options.json + weights.hdf5, a
 TF-Hub `elmo/3`-layout module folder, a URL); `--to` a new or empty folder, written whole or not at all:

@@ -1,11 +1,11 @@
 """Task models with ELMo: train and evaluate a POS tagger or a sentiment classifier.
 
-  python -m elmo_jax downstream --task=pos --elmo=none --data_dir=/path/to/probes --workdir=runs/pos-none
-  python -m elmo_jax downstream --task=pos --elmo=frozen --bilm=runs/ref --data_dir=/path/to/probes \
+  elmo-jax downstream --task=pos --elmo=none --data_dir=/path/to/probes --workdir=runs/pos-none
+  elmo-jax downstream --task=pos --elmo=frozen --bilm=runs/ref --data_dir=/path/to/probes \
       --workdir=runs/pos-frozen-s0 --seed=0
-  python -m elmo_jax downstream --task=sentiment --elmo=finetune --bilm=small \
+  elmo-jax downstream --task=sentiment --elmo=finetune --bilm=small \
       --train=tfds:glue/sst2:train --test=tfds:glue/sst2:validation --workdir=runs/sst2-ft
-  python -m elmo_jax downstream table runs/*/ --output=runs/summary   # the side-by-side table
+  elmo-jax downstream table runs/*/ --output=runs/summary   # the side-by-side table
 
 Writes WORKDIR/results.json (test accuracy of the best-dev epoch, dev curve, settings, hashes) and
 WORKDIR/dev_curve.png. Bad input exits non-zero with one line on stderr.

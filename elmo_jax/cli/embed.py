@@ -1,15 +1,15 @@
-"""The embedding command (`python -m elmo_jax embed`, `elmo-jax embed`): a file of sentences into an HDF5 file of
+"""The embedding command (`elmo-jax embed`): a file of sentences into an HDF5 file of
 ELMo layers, the layout of AllenNLP's `elmo` command (the work: `elmo_jax.embedding.writer.embed_file`).
 
-    python -m elmo_jax embed --options_file=O.json --weight_file=W.hdf5 \
+    elmo-jax embed --options_file=O.json --weight_file=W.hdf5 \
         --input_file=S.txt --output_file=E.hdf5 [--batch_size=N] [--stateful]
-    python -m elmo_jax embed --workdir=DIR --input_file=S.txt --output_file=E.hdf5
-    python -m elmo_jax embed --model=original --input_file=S.txt.gz --output_file=E.hdf5 --top \
+    elmo-jax embed --workdir=DIR --input_file=S.txt --output_file=E.hdf5
+    elmo-jax embed --model=original --input_file=S.txt.gz --output_file=E.hdf5 --top \
         --output_dtype=float16
-    python -m elmo_jax embed --model=small --input_file=raw.txt --tokenize --sentence_vectors \
+    elmo-jax embed --model=small --input_file=raw.txt --tokenize --sentence_vectors \
         --average --output_file=V.hdf5
-    python -m elmo_jax embed --model=small --dump_token_embeddings --vocab_file=V.txt --output_file=T.hdf5
-    python -m elmo_jax embed --model=elmo_3/ --module_output=elmo --input_file=S.txt --output_file=E.hdf5
+    elmo-jax embed --model=small --dump_token_embeddings --vocab_file=V.txt --output_file=T.hdf5
+    elmo-jax embed --model=elmo_3/ --module_output=elmo --input_file=S.txt --output_file=E.hdf5
 
 Input: one whitespace-tokenized sentence per line (UTF-8, gzip if it is gzipped), or raw text with
 `--tokenize` (the trainer's Moses tokenizer). Output: dataset `str(i)` for input line i (0-based) of shape

@@ -1,11 +1,11 @@
 """Evaluates an ELMo model: probing tasks (wsd, pos, sentiment) and perplexity.
 
-  python evaluate.py --task=all --workdir=runs/small --probe_data_dir=DIR   # or: elmo-jax evaluate ...
-  python evaluate.py --task=pos --options_file=O --weight_file=W --output_dir=OUT \
+  elmo-jax evaluate --task=all --workdir=runs/small --probe_data_dir=DIR   # or: python evaluate.py ... in a clone
+  elmo-jax evaluate --task=pos --options_file=O --weight_file=W --output_dir=OUT \
       --max_examples=500
-  python evaluate.py --task=wsd --model=original --output_dir=OUT
-  python evaluate.py --task=perplexity --workdir=runs/small --text_file=test.txt.gz
-  python evaluate.py --task=sentiment --workdir=runs/small --tfds_data_dir=~/tensorflow_datasets \
+  elmo-jax evaluate --task=wsd --model=original --output_dir=OUT
+  elmo-jax evaluate --task=perplexity --workdir=runs/small --text_file=test.txt.gz
+  elmo-jax evaluate --task=sentiment --workdir=runs/small --tfds_data_dir=~/tensorflow_datasets \
       --train_file=tfds:glue/sst2:train --test_file=tfds:glue/sst2:validation
 
 Each task writes OUT/TASK.json and PNG plots and prints a short table; `all`
@@ -88,7 +88,7 @@ _PROBE_LR = flags.DEFINE_float("probe_learning_rate", 1e-2, "Probe Adam learning
 # Perplexity; None means "the workdir's training config, else the built-in default".
 _TEXT = flags.DEFINE_string("text_file", None,
                             "Perplexity text, one sentence per line (.gz ok; comma-separated "
-                            "files) or a directory made by `python -m elmo_jax prepare`; default: "
+                            "files) or a directory made by `elmo-jax prepare`; default: "
                             "the workdir config's data.eval_files.")
 _TFDS_NAME = flags.DEFINE_string("tfds_name", None, "Perplexity on a TFDS dataset (e.g. lm1b).")
 _TFDS_SPLIT = flags.DEFINE_string("tfds_split", "test", "Split of --tfds_name.")

@@ -1,10 +1,10 @@
 """Will a config fit on a TPU slice or GPU cluster, and how fast can it go? Compiles without the hardware.
 
-  python -m elmo_jax plan --config=configs/lm1b.py --target=v5e:8x8 --per_device_batch=256
+  elmo-jax plan --config=configs/lm1b.py --target=v5e:8x8 --per_device_batch=256
   elmo-jax plan --config=configs/lm1b.py --target=h200:1x1x8 --per_device_batch=512 --json
-  python -m elmo_jax plan --config=configs/default.py --target=cpu:8      # no extra package needed
-  python -m elmo_jax plan --config=configs/lm1b.py --target=v5e:16x16     # its per_device_batch_size: 128 rows
-  python -m elmo_jax plan --step=embed --model=original --target=h200:1x1x8   # the Embedder's step
+  elmo-jax plan --config=configs/default.py --target=cpu:8      # no extra package needed
+  elmo-jax plan --config=configs/lm1b.py --target=v5e:16x16     # its per_device_batch_size: 128 rows
+  elmo-jax plan --step=embed --model=original --target=h200:1x1x8   # the Embedder's step
 
 Targets: v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB (TPU chips per axis), h100:/h200:PxHxD (partitions x hosts
 x GPUs per host), cpu:N. TPU targets need libtpu (pip install -e ".[plan-tpu]"), GPU targets the CUDA

@@ -1,4 +1,4 @@
-"""The corpus-preparing command, `python -m elmo_jax prepare --input=... --output_dir=...`.
+"""The corpus-preparing command, `elmo-jax prepare --input=... --output_dir=...`.
 
 The work (and the output directory's layout) is `elmo_jax.data.prepare.prepare`; this reads its flags, stages
 a bucket `--output_dir` locally, and reports a refusal or Ctrl-C in one line.
@@ -64,7 +64,7 @@ def define_flags() -> None:
 
 
 def run() -> None:
-  """Defines the flags and runs `main` under absl (as `python -m elmo_jax prepare` always has)."""
+  """Defines the flags and runs `main` under absl (as `elmo-jax prepare` always has)."""
   from absl import app  # pylint: disable=g-import-not-at-top
   define_flags()
   app.run(main)

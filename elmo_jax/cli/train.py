@@ -1,6 +1,6 @@
 """Trains an ELMo biLM.
 
-  python train.py --workdir=runs/default --config=configs/default.py [--config.key=value ...]
+  elmo-jax train --workdir=runs/default --config=configs/default.py [--config.key=value ...]
   elmo-jax train --workdir=runs/default --config=configs/default.py     # the installed console script
 
 Re-running the same command resumes from the newest good checkpoint in --workdir. SIGTERM / Ctrl-C finish

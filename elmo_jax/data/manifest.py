@@ -367,14 +367,14 @@ def open_verified(directory: str, *, checksums: bool = True, use_cache: bool = T
     raise NotPreparedError(f"{e}: not a prepared corpus") from None
   if not os.path.isdir(directory):
     raise NotPreparedError(f"{directory}: no such directory, not a prepared corpus (run "
-                           "`python -m elmo_jax prepare`)")
+                           "`elmo-jax prepare`)")
   manifest = read_manifest(directory)
   if manifest is None:
     if os.path.isdir(os.path.join(directory, PARTIAL)):
       raise NotPreparedError(f"{directory}/{MANIFEST} not found: its preparation did not finish ({PARTIAL}/ holds "
-                             "it); rerun the same `python -m elmo_jax prepare` command to resume it")
+                             "it); rerun the same `elmo-jax prepare` command to resume it")
     raise NotPreparedError(f"{directory}/{MANIFEST} not found: not a prepared corpus (run "
-                           "`python -m elmo_jax prepare`), or its preparation did not finish")
+                           "`elmo-jax prepare`), or its preparation did not finish")
   verify_files(directory, manifest, checksums=checksums, use_cache=use_cache, log_line=log_line)
   return manifest
 

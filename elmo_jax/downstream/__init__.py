@@ -1,3 +1,3 @@
 """Task models with ELMo (Peters et al. 2018, Table 1): a BiLSTM POS tagger and a sentiment classifier,
 trained without ELMo (baseline), with a frozen biLM's scalar mix, or fine-tuning the biLM.
-Entry point: `python -m elmo_jax downstream` (`elmo_jax/cli/downstream.py`); the side-by-side table: `table.py`."""
+Entry point: `elmo-jax downstream` (`elmo_jax/cli/downstream.py`); the side-by-side table: `table.py`."""

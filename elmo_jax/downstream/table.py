@@ -1,6 +1,6 @@
 """The settings side by side: test accuracy per task x ELMo setting, mean ± std over seeds.
 
-  python -m elmo_jax downstream table runs/pos-none-s0 runs/pos-frozen-s* ... --output=runs/summary
+  elmo-jax downstream table runs/pos-none-s0 runs/pos-frozen-s* ... --output=runs/summary
 
 Each argument is a results.json, a run directory holding one, or a directory searched recursively for
 them. Prints a markdown table; with --output writes OUTPUT/downstream.md and OUTPUT/downstream.json (the

@@ -58,7 +58,7 @@ class Embedder:
     stateful: carry each batch row's LSTM state into the next batch (bilm-tf semantics); sentences are then
       processed in the given order, row k of each batch continuing row k of the previous one.
     dtype: matmul dtype (jnp.float32 or jnp.bfloat16).
-    token_embedding_file: char-CNN outputs of a vocabulary (`python -m elmo_jax embed --dump_token_embeddings`);
+    token_embedding_file: char-CNN outputs of a vocabulary (`elmo-jax embed --dump_token_embeddings`);
       its words skip the char CNN, other words still run through it.
     token_vocab_file: the vocabulary of a bilm-tf token embedding file (ours store their words).
     compilation_cache: turn on JAX's persistent compilation cache (`enable_compilation_cache`).

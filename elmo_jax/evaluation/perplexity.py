@@ -167,7 +167,7 @@ def open_source(text_file: str | None, tfds_name: str | None, tfds_split: str, t
       text_file = storage.local(text_file)
     except FileNotFoundError as e:
       raise InputError(str(e)) from None
-  if os.path.isdir(text_file):  # a corpus prepared by `python -m elmo_jax prepare`
+  if os.path.isdir(text_file):  # a corpus prepared by `elmo-jax prepare`
     from elmo_jax.data.prepared import PreparedCorpus  # pylint: disable=g-import-not-at-top
     try:
       return PreparedCorpus(text_file)
@@ -271,7 +271,7 @@ def check(task_config: PerplexityConfig, workdir: str | None) -> None:
   from elmo_jax.data.sources import split_paths  # pylint: disable=g-import-not-at-top
   for path in split_paths(text_file or ""):
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
-      raise InputError(f"{path}: a directory but not a prepared corpus (python -m elmo_jax prepare)")
+      raise InputError(f"{path}: a directory but not a prepared corpus (elmo-jax prepare)")
     if path and not glob.has_magic(path) and not os.path.exists(path) and not storage.is_remote(path):
       raise InputError(f"{path}: text file not found")
   _check_file(paths["vocab_file"])

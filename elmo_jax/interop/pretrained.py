@@ -145,7 +145,7 @@ def resolve(name_or_path: str) -> tuple[str, str]:
   model = resolve_model(name_or_path)
   if model.tfhub_dir is not None:
     raise download.DownloadError(f"{name_or_path}: a TF-Hub module has no options.json + weights.hdf5; convert it "
-                                 f"first: python -m elmo_jax convert --from={name_or_path} --to=DIR")
+                                 f"first: elmo-jax convert --from={name_or_path} --to=DIR")
   return model.checked().files
 
 

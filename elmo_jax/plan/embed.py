@@ -1,7 +1,7 @@
 """The embedding step planned for a target: HBM per device and the largest batch per time bucket that fits.
 
-    python -m elmo_jax plan --step=embed --model=original --target=h200:1x1x8
-    python -m elmo_jax plan --step=embed --model=original --target=v5e:2x2 --time_buckets=64,512
+    elmo-jax plan --step=embed --model=original --target=h200:1x1x8
+    elmo-jax plan --step=embed --model=original --target=v5e:2x2 --time_buckets=64,512
 
 Compiles the `Embedder`'s own functions (`embed_step.steps`: the biLM over rows split across the devices,
 the char CNN writing into each device's token table) for abstract devices, as `plan.train.plan` does for the

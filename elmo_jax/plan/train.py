@@ -1,6 +1,6 @@
 """The train step's plan: compile the real train (and eval) step for a target without its hardware.
 
-    python -m elmo_jax.plan --config=configs/lm1b.py --target=v5e:8x8 --per_device_batch=256
+    elmo-jax plan --config=configs/lm1b.py --target=v5e:8x8 --per_device_batch=256
 
 `plan(config, target)` lowers and compiles `training.step.make_train_step` on abstract devices
 (`targets.make_target`) with abstract inputs (nothing is allocated, nothing runs) and reads the compiler's

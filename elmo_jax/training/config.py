@@ -34,7 +34,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.n_negative_samples = 8192  # sampled softmax (bilm-tf); 0 = full softmax. Full when vocab is smaller.
   # Split the softmax W [V, P] and its optimizer state along P over the devices instead of replicating it:
   # the step then moves ~MBs of softmax rows and their gradient instead of all-reducing all of W
-  # (3.3 GB per step for lm1b; `python -m elmo_jax plan` shows the bytes). Same losses.
+  # (3.3 GB per step for lm1b; `elmo-jax plan` shows the bytes). Same losses.
   c.shard_softmax = False
   # --- optimizer (bilm-tf: Adagrad 0.2, initial accumulator 1.0, global-norm clip 10) -------------------
   c.optimizer = "adagrad"  # adagrad | adam | adamw
@@ -120,7 +120,7 @@ def _data_config() -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
   d.train_files = "data/pd-small/train.txt.gz"  # comma-separated files or globs
   d.eval_files = "data/pd-small/valid.txt.gz"
-  # A corpus prepared by `python -m elmo_jax prepare` (ids + type table): no tokenizing while training.
+  # A corpus prepared by `elmo-jax prepare` (ids + type table): no tokenizing while training.
   # Set, it replaces train_files/tfds_name (and prepared_eval_dir replaces eval_files / the TFDS eval split).
   d.prepared_dir = ""
   d.prepared_eval_dir = ""

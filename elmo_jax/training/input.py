@@ -3,7 +3,7 @@ corpus), the vocabulary and the train/eval batch iterators (host numpy; `feed.py
 
 A text corpus up to `config.data.auto_prepare_max_mb` is prepared once into `workdir/prepared/` (ids, type
 table; `elmo_jax.data.prepare`) and trained from ids: same batches as the raw-text path, a fraction of the
-host time. Larger corpora: run `python -m elmo_jax prepare --num_workers=N` and set
+host time. Larger corpora: run `elmo-jax prepare --num_workers=N` and set
 `config.data.prepared_dir`.
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _auto_prepare(config, workdir: str | Workdir) -> tuple[str, str]:
   size_mb = sum(f["size"] for f in spec["files"]) / 2**20
   if size_mb > limit:
     log.info(f"training text is {size_mb:,.0f} MB (> config.data.auto_prepare_max_mb={limit:g}): tokenizing on the "
-             "fly; prepare it once with `python -m elmo_jax prepare --num_workers=N` and set "
+             "fly; prepare it once with `elmo-jax prepare --num_workers=N` and set "
              "config.data.prepared_dir for full speed")
     return "", ""
   vocab = dict(vocab_file=data.vocab_file, vocab_max_size=data.vocab_max_size, vocab_min_count=data.vocab_min_count)

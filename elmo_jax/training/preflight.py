@@ -263,7 +263,7 @@ def check_text_files(key: str, value: str) -> list[str]:
     if files.is_stream(path):
       raise PreflightError(f"{key}: {path} is a pipe or FIFO, which can be read once; training reads its text "
                            "more than once (its sha256 for the resume check, then the text): write it to a file "
-                           "first, or prepare it (python -m elmo_jax prepare)")
+                           "first, or prepare it (elmo-jax prepare)")
     problem = files.text_problem(path)
     if problem:
       raise PreflightError(f"{key}: {path} {problem}")
@@ -273,7 +273,7 @@ def check_text_files(key: str, value: str) -> list[str]:
 
 
 def check_prepared_dir(key: str, path: str, config: ml_collections.ConfigDict | None = None) -> None:
-  """`path` is a prepared corpus (`python -m elmo_jax prepare`) whose files match its manifest (sizes
+  """`path` is a prepared corpus (`elmo-jax prepare`) whose files match its manifest (sizes
   always, sha256 unless an earlier start verified these very files: `manifest.open_verified`), made for this
   model's char ids; tokenizer and vocabulary settings of the config that do not apply to it are named."""
   from elmo_jax.data import manifest  # pylint: disable=g-import-not-at-top
@@ -281,7 +281,7 @@ def check_prepared_dir(key: str, path: str, config: ml_collections.ConfigDict | 
     settings = manifest.open_verified(path)["settings"]
   except manifest.NotPreparedError:
     raise PreflightError(f"{key}={path} is not a prepared corpus (no manifest.json); make one with "
-                         "`python -m elmo_jax prepare`") from None
+                         "`elmo-jax prepare`") from None
   except manifest.PrepareError as e:
     raise PreflightError(f"{key}: {e}") from None
   if config is None:

@@ -2,7 +2,7 @@
 planner's roofline predicts for its step on these devices.
 
 FLOPs are the analytic count (`measure.flops.train_flops_per_token`: the train step's matmul and conv FLOPs per
-token position, 3 x the forward pass, at this run's rows per device), the number `python -m elmo_jax plan`
+token position, 3 x the forward pass, at this run's rows per device), the number `elmo-jax plan`
 prints; so `tflops_per_sec_per_device` is that count at the tokens/s the log window measured, and `mfu`
 divides it by the chip's bf16 peak (`measure/chips.py`). A device with no peak there (a CPU, an
 unlisted GPU) gets no `mfu` and no prediction, and one line at the start says so. `hbm_in_use_gb` /

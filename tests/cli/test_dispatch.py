@@ -1,7 +1,8 @@
-"""One way to start every command: `python -m elmo_jax <command>` and the console script `elmo-jax <command>`
-(both `elmo_jax.cli.main`); the old `python -m elmo_jax.embed`-style forms are aliases that say the new form."""
+"""One way to start every command: the console script `elmo-jax <command>` (`elmo_jax.cli.main`; `python -m
+elmo_jax <command>` is the same); the old `python -m elmo_jax.embed`-style aliases are gone."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -53,18 +54,20 @@ def test_python_m_elmo_jax_and_console_script_list_the_commands():
     assert proc.returncode == 0 and list(_listed(proc.stdout)) == COMMANDS, (argv, proc.stdout, proc.stderr)
 
 
-@pytest.mark.slow  # two command processes (each imports its command's module)
-def test_command_help_and_old_form_alias():
+@pytest.mark.slow  # a command process (it imports its command's module)
+def test_command_help_and_no_old_form_alias():
   env = {**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"}
   helped = subprocess.run([sys.executable, "-m", "elmo_jax", "convert", "--help"], capture_output=True, text=True,
                           cwd=REPO_ROOT, env=env, timeout=300)
-  assert "--from" in helped.stdout + helped.stderr, helped.stderr[-2000:]  # absl's --help exits 1
-  assert "python -m elmo_jax convert --from=" in helped.stdout + helped.stderr  # the command's own docstring
-  old = subprocess.run([sys.executable, "-m", "elmo_jax.embed", "--input_file=i",
-                        "--output_file=o"], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=300)
-  assert old.returncode != 0
-  assert old.stderr.splitlines() == [
-      "note: `python -m elmo_jax.embed` is now `python -m elmo_jax embed` (`elmo-jax embed`); the old form goes in "
-      "the next release",
-      "elmo_jax embed: error: give --model, or --options_file and --weight_file (or --workdir) (--help for usage)"],\
-      old.stderr
+  assert "--from" in helped.stdout + helped.stderr, helped.stderr[-2000:]
+  assert "elmo-jax convert --from=" in helped.stdout + helped.stderr  # the command's own docstring, one form
+  for old in ("elmo_jax.embed", "elmo_jax.convert", "elmo_jax.plan.__main__", "elmo_jax.downstream.__main__",
+              "elmo_jax.data.prepare.__main__"):
+    assert importlib.util.find_spec(old) is None, old  # the old `python -m elmo_jax.embed`-style forms are gone
+
+
+def test_install_page_shows_what_help_prints():
+  import re  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(REPO_ROOT, "docs", "install.md"), encoding="utf-8") as f:
+    block = re.search(r"```text\n(usage: elmo-jax.*?)\n```", f.read(), re.S).group(1)
+  assert cli.usage().startswith(block) and list(_listed(block)) == COMMANDS, block

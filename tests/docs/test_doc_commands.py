@@ -16,58 +16,58 @@ from paths import REPO_ROOT
 # command (a regex searched in the command, its comment dropped) -> the test that runs it at tiny settings
 RUN_BY = {
     r"^bash scripts/train\.sh$": "tests/docs/test_doc_commands.py::test_train_sh_trains_the_shipped_corpus",
-    r"^python -m elmo_jax embed --model=original .*--output_file=(elmo|all_layers|vectors|tokens|elmo_cached)\.hdf5":
+    r"^elmo-jax embed --model=original .*--output_file=(elmo|all_layers|vectors|tokens|elmo_cached)\.hdf5":
         "tests/docs/test_readme_pretrained.py::test_readme_code_runs",
-    r"^python -m elmo_jax embed --model=original --input_file=sentences\.txt --output_file=elmo\.hdf5 --top$":
+    r"^elmo-jax embed --model=original --input_file=sentences\.txt --output_file=elmo\.hdf5 --top$":
         "tests/docs/test_readme_pretrained.py::test_readme_code_runs",
-    r"^python -m elmo_jax embed --workdir=runs/\w+ --input_file=sentences\.txt --output_file=\w+\.hdf5$":
+    r"^elmo-jax embed --workdir=runs/\w+ --input_file=sentences\.txt --output_file=\w+\.hdf5$":
         "tests/training/test_train.py::test_export_matches_trained_params_and_embeds",
-    r"^python -m elmo_jax embed --options_file=options\.json --weight_file=weights\.hdf5 .*\[--stateful\]":
+    r"^elmo-jax embed --options_file=options\.json --weight_file=weights\.hdf5 .*\[--stateful\]":
         "tests/embedding/test_embed_cli.py::test_stateful_reproduces_bilm_tf_fixture",
-    r"^python -m elmo_jax embed --model=original --input_file=corpus\.txt --output_file=elmo\.hdf5$":
+    r"^elmo-jax embed --model=original --input_file=corpus\.txt --output_file=elmo\.hdf5$":
         "tests/embedding/test_embed_parallel.py::test_kill_9_then_rerun_gives_the_same_file",
-    r"^python -m elmo_jax embed \.\.\. --devices=1$":
+    r"^elmo-jax embed \.\.\. --devices=1$":
         "tests/embedding/test_embed_parallel.py::test_cli_devices_and_cluster_errors_are_one_line",
-    r"^python -m elmo_jax embed \.\.\. --coordinator_address=HOST0:1234 --num_processes=2 --process_id=[01]$":
+    r"^elmo-jax embed \.\.\. --coordinator_address=HOST0:1234 --num_processes=2 --process_id=[01]$":
         "tests/embedding/test_embed_parallel.py::test_two_processes_write_the_one_process_file",
-    r"^python -m elmo_jax embed --model=elmo_3/ ":
+    r"^elmo-jax embed --model=elmo_3/ ":
         "tests/interop/test_tfhub.py::test_embed_command_writes_the_module_outputs",
-    r"^python -m elmo_jax embed --model=zhs\.model ": "tests/interop/test_archive.py::test_efml_folder_is_handed_to_folder_resolution",
-    r"^python -m elmo_jax convert --from=elmo_3/ --to=elmo_3_bilm/$":
+    r"^elmo-jax embed --model=zhs\.model ": "tests/interop/test_archive.py::test_efml_folder_is_handed_to_folder_resolution",
+    r"^elmo-jax convert --from=elmo_3/ --to=elmo_3_bilm/$":
         "tests/interop/test_convert.py::test_round_trips_return_the_same_bits",
-    r"^python train\.py --workdir=runs/mine --config=configs/default\.py --config\.data\.train_files=":
+    r"^elmo-jax train --workdir=runs/mine --config=configs/default\.py --config\.data\.train_files=":
         "tests/docs/test_doc_commands.py::test_train_sh_trains_the_shipped_corpus",
-    r"^python train\.py --workdir=runs/default --config=configs/default\.py \[--config\.key=value \.\.\.\]$":
+    r"^elmo-jax train --workdir=runs/default --config=configs/default\.py \[--config\.key=value \.\.\.\]$":
         "tests/docs/test_doc_commands.py::test_train_sh_trains_the_shipped_corpus",
-    r"^python train\.py --workdir=runs/default400 --config=configs/default\.py --config\.num_train_steps=400$":
+    r"^elmo-jax train --workdir=runs/default400 --config=configs/default\.py --config\.num_train_steps=400$":
         "tests/docs/test_doc_commands.py::test_train_sh_trains_the_shipped_corpus",
     r"^python docs/_hooks/notebooks\.py --workdir=runs/default400$": "tests/docs/test_notebook.py::test_notebook_runs_and_draws",
-    r"^python train\.py --config=configs/default\.py --workdir=runs/ft --config\.init_from=runs/default ":
+    r"^elmo-jax train --config=configs/default\.py --workdir=runs/ft --config\.init_from=runs/default ":
         "tests/training/test_domain_finetune.py::test_frozen_phase_keeps_the_bilm_then_trains_it",
-    r"^python train\.py --workdir=/shared/run --config=configs/lm1b\.py +--coordinator_address=":
+    r"^elmo-jax train --workdir=/shared/run --config=configs/lm1b\.py +--coordinator_address=":
         "tests/training/test_multihost.py::test_two_processes_match_one_and_resume",
-    r"^python -m elmo_jax prepare --input='corpus/\*\.txt\.gz' --output_dir=prepared/corpus --num_workers=":
+    r"^elmo-jax prepare --input='corpus/\*\.txt\.gz' --output_dir=prepared/corpus --num_workers=":
         "tests/data/test_prepare.py::test_prepare_is_byte_identical_for_any_worker_count_and_verifies",
-    r"^python -m elmo_jax plan --config=configs/default\.py --target=cpu:8$":
+    r"^elmo-jax plan --config=configs/default\.py --target=cpu:8$":
         "tests/plan/test_plan.py::test_step_work_per_device_does_not_grow_with_devices",
-    r"^python evaluate\.py --task=perplexity --workdir=runs/default --text_file=":
+    r"^elmo-jax evaluate --task=perplexity --workdir=runs/default --text_file=":
         "tests/evaluation/test_perplexity.py::test_matches_trainer_eval_and_writes_json_and_plots",
-    r"^python evaluate\.py --task=all --workdir=runs/default$":
+    r"^elmo-jax evaluate --task=all --workdir=runs/default$":
         "tests/evaluation/test_evaluate_all.py::test_all_runs_what_has_data_and_skips_the_rest_in_one_line_each",
-    r"^python evaluate\.py --task=all --workdir=runs/default --probe_data_dir=PROBES$":
+    r"^elmo-jax evaluate --task=all --workdir=runs/default --probe_data_dir=PROBES$":
         "tests/evaluation/test_evaluate_all.py::test_probe_data_dir_supplies_the_probe_sets",
-    r"^python evaluate\.py --task=wsd --options_file=O\.json --weight_file=W\.hdf5 --wsd_file=":
+    r"^elmo-jax evaluate --task=wsd --options_file=O\.json --weight_file=W\.hdf5 --wsd_file=":
         "tests/evaluation/test_evaluate_all.py::test_all_runs_what_has_data_and_skips_the_rest_in_one_line_each",
-    r"^python -m elmo_jax downstream --task=(pos|sentiment) --elmo=(none|frozen|finetune) .*--data_dir=":
+    r"^elmo-jax downstream --task=(pos|sentiment) --elmo=(none|frozen|finetune) .*--data_dir=":
         "tests/downstream/test_downstream.py::test_cli_runs_and_tables",
-    r"^python -m elmo_jax downstream --task=sentiment --elmo=frozen .*--train=tfds:glue/sst2:train":
+    r"^elmo-jax downstream --task=sentiment --elmo=frozen .*--train=tfds:glue/sst2:train":
         "tests/downstream/test_downstream.py::test_missing_split_is_one_line_naming_the_flag",
-    r"^python -m elmo_jax downstream table ": "tests/downstream/test_downstream.py::test_cli_runs_and_tables",
-    r"^python train\.py --config=configs/finetune\.py --config\.init_from=":
+    r"^elmo-jax downstream table ": "tests/downstream/test_downstream.py::test_cli_runs_and_tables",
+    r"^elmo-jax train --config=configs/finetune\.py --config\.init_from=":
         "tests/training/test_efml_finetune.py::test_frozen_phase_keeps_the_efml_bilm_and_word_embedding_bit_for_bit",
-    r"^python -m elmo_jax convert --from=\S+ --to=\S+ --format=efml":
+    r"^elmo-jax convert --from=\S+ --to=\S+ --format=efml":
         "tests/interop/test_efml_export.py::test_efml_round_trip_same_bits_and_loads_in_efml",
-    r"^python train\.py --config=configs/efml\.py ":
+    r"^elmo-jax train --config=configs/efml\.py ":
         "tests/training/test_efml_finetune.py::test_new_language_config_beats_unigram_and_exports_for_efml",
     r"^curl -sf http://127\.0\.0\.1:8000/": "tests/serving/test_serve_process.py::test_docs_curl_and_python_examples_run",
     r"^python benchmarks/serve_load\.py --preset=small$": "tests/serving/test_serve_process.py::test_load_benchmark_smoke",
@@ -78,19 +78,19 @@ NOT_RUN = {
     r"^ELMO_JAX_EXTRA=cuda12 bash scripts/train\.sh": "needs an NVIDIA GPU (the GPU check: benchmarks/gpu_check.py)",
     r"^pip install ": "changes the environment it runs in; pyproject's extras are checked by "
                      "tests/training/test_newcomer_train.py::test_package_declares_dependencies_extras_and_console_scripts",
-    r"^python -m elmo_jax plan --config=configs/lm1b\.py --target=v5e:": "needs libtpu (the plan-tpu extra, 1.3 GB); "
+    r"^elmo-jax plan --config=configs/lm1b\.py --target=v5e:": "needs libtpu (the plan-tpu extra, 1.3 GB); "
         "tests/plan/test_plan.py::test_plan_compiles_for_tpu_v5e_without_hardware runs a v5e plan where it is installed",
     r"^bash scripts/plan\.sh ": "installs the planner's compilers (internet, 2.5 GB) and compiles lm1b for minutes",
     r"^pip install tensorboard": "internet; TensorBoard is not a dependency",
     r"^tensorboard --logdir": "a web UI; the traces it reads are tests/training/test_profile.py's",
-    r"^python -m elmo_jax convert --from=runs/default --to=gs://": "a real bucket; local --to is "
+    r"^elmo-jax convert --from=runs/default --to=gs://": "a real bucket; local --to is "
         "tests/interop/test_convert.py's, bucket writes tests/runtime/test_storage.py's (fake-gcs-server)",
-    r"^python train\.py --workdir=runs/small --config=configs/small\.py ": "the 13.6M-parameter small preset: hours on a CPU",
-    r"^python train\.py --workdir=runs/lm1b --config=configs/lm1b\.py": "TFDS lm1b (internet, 4 GB) and an accelerator",
-    r"^python -m elmo_jax prepare --tfds_name=lm1b ": "TFDS lm1b (internet); a TFDS source is "
+    r"^elmo-jax train --workdir=runs/small --config=configs/small\.py ": "the 13.6M-parameter small preset: hours on a CPU",
+    r"^elmo-jax train --workdir=runs/lm1b --config=configs/lm1b\.py": "TFDS lm1b (internet, 4 GB) and an accelerator",
+    r"^elmo-jax prepare --tfds_name=lm1b ": "TFDS lm1b (internet); a TFDS source is "
         "tests/data/test_prepare.py::test_prepare_from_tfds_equals_the_same_text's",
     r"^gcloud compute tpus tpu-vm ssh ": "a TPU pod (its VMs and a bucket)",
-    r"^for s in 0 1 2; do for e in none frozen finetune; do python -m elmo_jax downstream ":
+    r"^for s in 0 1 2; do for e in none frozen finetune; do elmo-jax downstream ":
         "nine runs of the downstream commands above on research data that does not ship",
     r"^bash scripts/reference\.sh ": "research probe data that does not ship, and about two hours",
     r"^python benchmarks/another_language\.py": "downloads turkish-treebanks from PyPI (internet) and trains 21 min; "
@@ -151,6 +151,13 @@ def test_every_command_is_run_or_listed():
   unused = [p for p in (*RUN_BY, *NOT_RUN) if not any(re.search(p, c) for _, c in found)]
   assert unused == [], f"entries no page has any more: {unused}"
   assert all(len(reason) > 10 for reason in NOT_RUN.values())
+
+
+def test_every_command_has_the_one_form():
+  """`elmo-jax <command>` on every page; `python -m elmo_jax` and `python train.py` / `evaluate.py` are the same
+  commands, said once (README, Install), never a second form in a command block."""
+  other = [(f, c) for f, c in commands() if re.match(r"^(PYTHONPATH=\S+ )?python (-m elmo_jax\b|train\.py|evaluate\.py)", c)]
+  assert other == [], other
 
 
 def test_the_tests_named_exist():

@@ -32,7 +32,7 @@ def test_readme_is_a_front_door():
   assert len(lines) <= 200, len(lines)
   first = "\n".join(lines[:30])
   assert "bash scripts/train.sh" in first and "bash scripts/test.sh" in first
-  assert "python -m elmo_jax --help" in _read(README)
+  assert "elmo-jax --help" in _read(README)
 
 
 def test_readme_links_resolve():

@@ -53,6 +53,11 @@ def _commands(block_list: list[str]) -> list[str]:
   return [c.replace("\\\n", " ") for block in block_list for c in re.split(r"(?<!\\)\n", block) if c]
 
 
+def runnable(command: str) -> str:
+  """A page's `elmo-jax ...` command run with this interpreter (`python -m elmo_jax` is the same command)."""
+  return re.sub(r"^elmo-jax ", f"{sys.executable} -m elmo_jax ", command)
+
+
 def test_section_has_the_three_tasks():
   text = section()
   for heading in ("## Embed a file", "## Sentence vectors in Python", "# ELMo in Flax task models"):
@@ -75,7 +80,7 @@ def test_readme_code_runs(tmp_path):
     commands = _commands(blocks("bash"))
     assert len(commands) == 5
     for command in commands:
-      command = command.replace("python -m", f"{sys.executable} -m", 1)
+      command = runnable(command)
       proc = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300)
       assert proc.returncode == 0, (command, proc.stderr)
@@ -90,7 +95,7 @@ def test_readme_code_runs(tmp_path):
     released = [c for c in _commands(blocks("bash", readme_section())) if "--model=" in c]
     assert len(released) == 1, released  # the --workdir one: tests/training/test_train.py
     for command in released:
-      proc = subprocess.run(command.replace("python -m", f"{sys.executable} -m", 1), shell=True, cwd=readme,
+      proc = subprocess.run(runnable(command), shell=True, cwd=readme,
                             env=env, capture_output=True, text=True, timeout=300)
       assert proc.returncode == 0, (command, proc.stderr)
     readme_code = blocks("python", readme_section())

@@ -80,7 +80,7 @@ def test_module_params_equal_the_hdf5_bit_for_bit():
   assert found.tfhub_dir == TFHUB_MODULE and found.options_file is None
   assert pretrained.load(TFHUB_MODULE)[0] == options
   with pytest.raises(download.DownloadError, match=r"a TF-Hub module has no options.json \+ weights.hdf5; convert "
-                     r"it first: python -m elmo_jax convert --from=.*module --to=DIR$"):
+                     r"it first: elmo-jax convert --from=.*module --to=DIR$"):
     pretrained.resolve(TFHUB_MODULE)  # evaluate.py --model reads the two files
 
 

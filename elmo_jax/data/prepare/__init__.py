@@ -1,7 +1,7 @@
-"""Tokenize a corpus once: `python -m elmo_jax prepare --input=... --output_dir=...`.
+"""Tokenize a corpus once: `elmo-jax prepare --input=... --output_dir=...`.
 
-  python -m elmo_jax prepare --input='corpus/*.txt.gz' --output_dir=prepared/corpus --num_workers=8
-  python -m elmo_jax prepare --tfds_name=lm1b --tfds_split=train --pretokenized --output_dir=prepared/lm1b
+  elmo-jax prepare --input='corpus/*.txt.gz' --output_dir=prepared/corpus --num_workers=8
+  elmo-jax prepare --tfds_name=lm1b --tfds_split=train --pretokenized --output_dir=prepared/lm1b
 
 Output directory (what `config.data.prepared_dir` points at):
   tokens.npy       int32 [n_tokens]          every word of every sentence, as a type id, sentences back to back
