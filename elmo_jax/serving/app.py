@@ -144,6 +144,9 @@ def _check_model(service: Service, request: Request) -> None:
   name = request.path_params["name"]
   if name != service.model_name:
     raise RequestError(f"unknown model {name!r}; this server serves {service.model_name!r}"[:300], 404)
+  version = request.path_params.get("version")
+  if version not in (None, "1"):
+    raise RequestError(f"model {name!r} has no version {version!r}; its one version is '1'"[:300], 404)
 
 
 @_endpoint("infer")

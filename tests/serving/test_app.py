@@ -98,6 +98,7 @@ def test_token_rows_and_openai_embeddings(server):
     ("POST", INFER, b'{"inputs": []}', {v2.HEADER_LENGTH: "999"}, 400, "Inference-Header-Content-Length"),
     ("POST", "/v2/models/bert/infer", json.dumps(infer_json(["a"])).encode(), None, 404, "unknown model"),
     ("GET", "/v2/models/bert", None, None, 404, "unknown model"),
+    ("GET", "/v2/models/elmo/versions/2", None, None, 404, "no version '2'"),
     ("GET", "/v3/nothing", None, None, 404, "/v3/nothing"),
     ("POST", "/v1/embeddings", b'{"model": "gpt", "input": "a"}', None, 404, "not served here"),
     ("POST", "/v1/embeddings", b'{"model": "elmo", "input": [1, 2]}', None, 400, "token ids"),
