@@ -36,9 +36,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp", prefix: str | Non
   os.makedirs(directory, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix or os.path.basename(path) + ".", suffix=suffix)
   os.close(fd)
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(tmp, 0o666 & ~umask)
+  os.chmod(tmp, 0o666 & ~current_umask())
   try:
     yield tmp
     os.replace(tmp, path)
@@ -46,6 +44,13 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp", prefix: str | Non
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def current_umask() -> int:
+  """The process's umask (read by setting it and back: there is no getter)."""
+  umask = os.umask(0)
+  os.umask(umask)
+  return umask
 
 
 # The mark in the names of the temporary folders `atomic_dir` creates (hidden, beside the target, with the host
@@ -60,14 +65,17 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[str]:
   A reader sees the old folder or the new one, never a mix; on failure the temporary folder is removed. The
   temporary names belong to this writer (`.NAME.elmo-jax-writing-HOST.PID.xxxx` and its `-old` twin): a
   user's `NAME.tmp/` or `NAME.old/` beside `path` is never touched, and only a dead writer's leftovers of this
-  very name are cleared.
+  very name are cleared. The folder gets the mode `mkdir` would give it (0777 less the umask), not mkdtemp's
+  0700: a model written for others is readable by them. A `path` that is a symlink is written through: the
+  folder it names (resolved, as `check_output` resolves it) is replaced and the link stays as it is.
   """
-  final = os.path.abspath(path)
+  final = os.path.realpath(path)
   parent, name = os.path.dirname(final), os.path.basename(final)
   head = f".{name}.{WRITER_MARK}-{socket.gethostname()}."
   os.makedirs(parent, exist_ok=True)
   remove_dead_temps(parent, head, "")
   tmp = tempfile.mkdtemp(dir=parent, prefix=f"{head}{os.getpid()}.")
+  os.chmod(tmp, 0o777 & ~current_umask())
   old = tmp + "-old"
   try:
     yield tmp
