@@ -26,7 +26,7 @@ from elmo_jax.embedding import host_batch
 from elmo_jax.embedding import row_state
 from elmo_jax.embedding.host_batch import bucket  # noqa: F401  (part of this module's API)
 from elmo_jax.embedding import step as embed_step
-from elmo_jax.embedding.args import check_sentences, sentence_means
+from elmo_jax.embedding.args import check_batch_size, check_sentences, sentence_means
 from elmo_jax.embedding.compile_cache import enable_compilation_cache
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
@@ -82,6 +82,7 @@ class Embedder:
                compilation_cache: bool = True, cnn_cache_tokens: int = _CNN_CACHE_TOKENS,
                devices: int | Sequence[Any] | None = None, token_ids: chars.LexiconIds | None = None,
                warm: bool = True, batch_size: int = DEFAULT_BATCH_SIZE):
+    check_batch_size(batch_size, f"Embedder(batch_size={batch_size!r})")  # at construction, not the first call
     if compilation_cache:
       enable_compilation_cache()
     self.options, self.batch_size = options, batch_size
@@ -165,6 +166,7 @@ class Embedder:
   def from_model(cls, model: pretrained.ResolvedModel, **kwargs) -> "Embedder":
     """What `pretrained.resolve_model` found, read by `loaded.load_model` (the one load of every format); its
     vocabulary becomes one of its `input_files`, an EFML folder's char ids its `token_ids`."""
+    check_batch_size(kwargs.get("batch_size", 1), f"Embedder(batch_size={kwargs.get('batch_size')!r})")  # no load first
     found = loaded.load_model(model)
     kwargs.setdefault("vocab_file", found.vocab_file)
     if found.token_ids is not None:
