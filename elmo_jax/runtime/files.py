@@ -175,7 +175,8 @@ _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 def looks_like(path: str | os.PathLike) -> str:
   """What a file is, from its first bytes, for messages about a file of the wrong kind:
-  'a directory', 'an HDF5 file', 'a JSON file', 'an empty file', 'a text file' or 'binary data'."""
+  'a directory', 'an HDF5 file', 'a JSON file', 'an empty file', 'an HTML page' (a server's error or login
+  page saved where a model belongs), 'a text file' or 'binary data'."""
   if os.path.isdir(path):
     return "a directory"
   with open(path, "rb") as f:
@@ -186,6 +187,8 @@ def looks_like(path: str | os.PathLike) -> str:
     return "an HDF5 file"
   if head.lstrip()[:1] in (b"{", b"["):
     return "a JSON file"
+  if head.lstrip()[:14].lower().startswith((b"<!doctype html", b"<html")):
+    return "an HTML page"
   try:
     head.decode("utf-8")
   except UnicodeDecodeError as e:

@@ -37,10 +37,14 @@ class InitFromError(ValueError):
 
 def _resolve(path: str) -> pretrained.ResolvedModel:
   """`pretrained.resolve_model(use="init_from")`, its errors as InitFromError naming the config field."""
+  from elmo_jax.interop import download  # pylint: disable=g-import-not-at-top
   try:
     return pretrained.resolve_model(path, use="init_from")
   except pretrained.SourceError as e:
     raise InitFromError(f"config.init_from={e}") from None
+  except download.DownloadError as e:  # a URL's 404, an HTML page for a model, a cut or bad archive
+    message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise InitFromError(f"config.init_from={path}: {message.removeprefix(path + ': ')}") from None
 
 
 EFML, TFHUB = "elmoformanylangs", "tfhub"
@@ -106,9 +110,11 @@ def source_options(path: str) -> tuple[dict[str, Any], str | None]:
 def check(path: str, options: dict[str, Any]) -> None:
   """What `load` would refuse, found from the files' names, JSON and HDF5 metadata alone (no weights read,
   nothing downloaded), for the trainer's preflight: a missing path, a checkpoint or ELMo files of another
-  model shape, a weight file lacking a dataset or holding one of another shape. Released names and URLs are
-  checked when they are loaded. Raises InitFromError."""
-  if pretrained.is_model_spec(path):
+  model shape, a weight file lacking a dataset or holding one of another shape. A URL or archive is fetched
+  and unpacked here (into the cache, which the run's load then reuses), so a 404, an HTML page or a cut archive
+  is refused before the workdir is written; released names (this project's own URLs) when they are loaded.
+  Raises InitFromError."""
+  if path in pretrained.MODELS:
     return
   released = released_source(path)
   if released is not None:  # reads the weights too: an EFML folder's word.dic must agree with them
