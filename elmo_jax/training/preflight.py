@@ -318,9 +318,9 @@ def _blank(path: str) -> bool:
 
 def _check_saved_vocab(run: Workdir) -> None:
   """The vocab.txt a checkpoint was trained with must load (without a checkpoint it is built again)."""
-  from elmo_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
-  saved = os.path.join(run.local, VOCAB_FILE)
-  if os.path.exists(saved) and checkpoint.newest_meta(run.checkpoints):
+  from elmo_jax.training import derived  # pylint: disable=g-import-not-at-top
+  saved = derived.kept(run.local, VOCAB_FILE, run.checkpoints)
+  if saved:
     check_vocab(saved, "the workdir's vocabulary (resume)")
 
 

@@ -24,8 +24,11 @@ from elmo_jax.data import lexicon as lexicon_lib
 from elmo_jax.interop import convert
 from elmo_jax.interop import efml_export
 from elmo_jax.interop import options as options_lib
+from elmo_jax.runtime import files
+from elmo_jax.runtime import log
 from elmo_jax.runtime import storage
-from elmo_jax.runtime.run_layout import CONFIG_FILE
+from elmo_jax.runtime.run_layout import CHECKPOINTS, CONFIG_FILE
+from elmo_jax.training import derived
 from elmo_jax.training import init_from
 from elmo_jax.training.init_from import InitFromError
 
@@ -70,7 +73,7 @@ def _plain(value: Any) -> Any:
 
 
 def _saved_options(workdir: str) -> dict[str, Any] | None:
-  """The options of the workdir's config.json (a run that started already), else None."""
+  """The options of the workdir's config.json (a run a checkpoint holds: the caller asks `derived`), else None."""
   try:
     with open(os.path.join(workdir, CONFIG_FILE), encoding="utf-8") as f:
       options = json.load(f).get("options")
@@ -94,7 +97,9 @@ def resolve(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.C
   `export_format`. Raises InitFromError (one line) before anything is written."""
   c = ml_collections.ConfigDict(config.to_dict())
   options = c.options.to_dict()
-  local = None if storage.is_remote(workdir) else workdir
+  # What a started run saved (config.json's options, lexicon/) is read only where a checkpoint holds it
+  # (`derived`): a start that died before its first one left another source's or text's guesses.
+  local = None if storage.is_remote(workdir) or not derived.held(os.path.join(workdir, CHECKPOINTS)) else workdir
   if _unset(options):
     if not c.init_from:
       raise InitFromError("config.options leaves the model's shape to config.init_from, which is empty: give "
@@ -143,16 +148,17 @@ def _with_lexicon(options: dict[str, Any], c: ml_collections.ConfigDict, workdir
   return options
 
 
-def lexicon(c: ml_collections.ConfigDict, workdir: str | None, options: dict[str, Any] | None = None
-            ) -> lexicon_lib.Lexicon | None:
-  """The run's EFML lexicons: the workdir's (a run that started), else `config.data.lexicon`'s folder, else
-  built from the training text ("build"); None for a bilm-tf-style model."""
+def lexicon(c: ml_collections.ConfigDict, workdir: str | None, options: dict[str, Any] | None = None,
+            checkpoints: str | None = None) -> lexicon_lib.Lexicon | None:
+  """The run's EFML lexicons: the workdir's where a checkpoint holds the run (`derived.kept`; `checkpoints`:
+  a bucket workdir's), else `config.data.lexicon`'s folder, else built from the training text ("build");
+  None for a bilm-tf-style model."""
   options = options or c.options.to_dict()
   if not efml_export.is_efml_variant(options):
     return None
   max_chars = int(options["char_cnn"]["max_characters_per_token"])
   words = bool(options["char_cnn"].get("word_embedding", {}).get("dim"))
-  saved = os.path.join(workdir, LEXICON_DIR) if workdir else None
+  saved = derived.kept(workdir, LEXICON_DIR, checkpoints) if workdir else None
   try:
     if saved and os.path.isfile(os.path.join(saved, lexicon_lib.CHAR_DIC)):
       return lexicon_lib.read(saved, max_chars, words)
@@ -176,7 +182,30 @@ def _built(train_files: str, pretokenized: bool, max_chars: int, min_count: int,
   return lexicon_lib.build((tokenizer(source[i]) for i in range(len(source))), max_chars, min_count, max_size, words)
 
 
-def save_lexicon(lex: lexicon_lib.Lexicon | None, workdir: str) -> None:
-  """The run's lexicons into the workdir (process 0, a new run): what a resume and the export read."""
-  if lex is not None and not os.path.isfile(os.path.join(workdir, LEXICON_DIR, lexicon_lib.CHAR_DIC)):
-    lex.save(os.path.join(workdir, LEXICON_DIR))
+def save_lexicon(lex: lexicon_lib.Lexicon | None, workdir: str, checkpoints: str | None = None) -> None:
+  """The run's lexicons into the workdir (process 0): what a resume and the export read. Kept where a
+  checkpoint holds the run (they are what it trained with); else written whole, replacing an earlier start's
+  (`derived`), with a line when they differ."""
+  if lex is None or derived.kept(workdir, LEXICON_DIR, checkpoints):
+    return
+  folder = os.path.join(workdir, LEXICON_DIR)
+  if os.path.isdir(folder) and _dic_texts(folder) != _dic_texts(None, lex):
+    log.info(f"{folder}: the earlier start's lexicons are not this one's (the training data, its settings or "
+             "the source changed since) and no checkpoint was trained with them: replaced")
+  with files.atomic_dir(folder) as tmp:  # whole: no word.dic of an earlier start beside a char-only lexicon
+    lex.save(tmp)
+
+
+def _dic_texts(folder: str | None, lex: lexicon_lib.Lexicon | None = None) -> dict[str, str | None]:
+  """{char.dic, word.dic: its text or None} of a lexicon folder, or of `lex` as it would be saved."""
+  if lex is not None:
+    return {lexicon_lib.CHAR_DIC: lexicon_lib.dic_text(lex.char2id),
+            lexicon_lib.WORD_DIC: None if lex.word2id is None else lexicon_lib.dic_text(lex.word2id)}
+  out = {}
+  for name in (lexicon_lib.CHAR_DIC, lexicon_lib.WORD_DIC):
+    try:
+      with open(os.path.join(folder, name), encoding="utf-8") as f:
+        out[name] = f.read()
+    except (OSError, UnicodeDecodeError):
+      out[name] = None
+  return out
