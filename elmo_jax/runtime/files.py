@@ -210,6 +210,11 @@ def text_problem(path: str | os.PathLike) -> str | None:
       head = f.read(4096)
   except (OSError, EOFError) as e:
     return f"cannot be read ({e})"
+  return head_problem(head)
+
+
+def head_problem(head: bytes) -> str | None:
+  """`text_problem` of a text's first bytes (decompressed): a file's first 4 KiB, a stream's first block."""
   if head.startswith(_HDF5_MAGIC):
     return "is an HDF5 file, not text"
   if b"\x00" in head:
@@ -230,15 +235,6 @@ def is_stream(path: str | os.PathLike) -> bool:
   except OSError:
     return False
   return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
-
-
-def open_text(path: str | os.PathLike):
-  """The file's bytes opened once, decompressed when they are gzip (by the magic number, peeked: a pipe is not
-  read twice)."""
-  f = open(path, "rb")  # pylint: disable=consider-using-with
-  if f.peek(2)[:2] == b"\x1f\x8b":
-    return gzip.GzipFile(fileobj=f, mode="rb")
-  return f
 
 
 class UnsafeOutputError(ValueError):
