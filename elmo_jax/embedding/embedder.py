@@ -109,7 +109,7 @@ class Embedder:
     self.token_embedding_file = None if token_embedding_file is None else os.fspath(token_embedding_file)
     self.model_files: tuple[str, ...] = ()  # the local options and weight files it was read from (from_files)
     self.module_mix: dict[str, np.ndarray] | None = None  # a TF-Hub module's `elmo` mix (from_model)
-    self.extra_model_files: tuple[str, ...] = ()  # the other files of its model (from_efml: char.dic, ...)
+    self.extra_model_files: tuple[str, ...] = ()  # every other file of its model (`LoadedModel.input_files`)
     self._pinned = np.asarray(pinned, np.float32)
     self._table = self._new_table(self._pinned.shape[0])
     self.warm, self._time_buckets = warm, host_batch.WARM_TIME_BUCKETS if warm else host_batch.TIME_BUCKETS
@@ -172,9 +172,8 @@ class Embedder:
     if found.token_ids is not None:
       kwargs.setdefault("token_ids", found.token_ids)
     emb = cls(found.options, found.params, **kwargs)
-    emb.model_files, emb.module_mix = found.files, found.mix
-    if found.format == loaded.EFML:  # config.json and encoder.pkl (what pretrained.resolve names), then the rest
-      emb.model_files, emb.extra_model_files = found.files[:2], found.files[2:]
+    emb.model_files = found.files[:2] if found.format == loaded.EFML else found.files  # what resolve names
+    emb.module_mix, emb.extra_model_files = found.mix, tuple(p for p in found.input_files if p not in emb.model_files)
     return emb
 
   @classmethod

@@ -252,14 +252,16 @@ def _nearest_existing(path: str) -> str:
 
 
 def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), directory: bool = False,
-                 replaces: bool = False) -> None:
+                 replaces: bool = False, owns: tuple[str, ...] = ()) -> None:
   """A local output path's checks (`storage.check_output` takes bucket URLs too, and is what commands call).
   Refuses, in one line naming `what` (e.g. '--output_file'), an output path that
   - is of the wrong kind (a directory for a file, a file for a directory) or cannot be created there
     (missing parent of a file, read-only folder);
   - is, or resolves to (links included), one of `inputs` (the run's input, options, weight, vocab files);
   - lies in a trained run's `checkpoints/` or `export/` folder (other runs read them);
-  - with `replaces` (a folder swapped in whole): holds one of `inputs`.
+  - with `replaces` (a folder swapped in whole): holds one of `inputs`;
+  - with `owns` (the names a writer keeps in the folder, e.g. a run's config.json, vocab.txt, lexicon/): holds
+    one of `inputs` at one of them, or inside one.
   Checked before any work, so nothing is written when it fails. Raises UnsafeOutputError."""
   raw = os.fspath(path)
   if not raw.strip():
@@ -279,6 +281,10 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
       raise UnsafeOutputError(f"{what}={raw} is an input of this run ({item}); writing it would destroy it")
     if replaces and _within(source, real):
       raise UnsafeOutputError(f"{what}={raw} holds an input of this run ({item}), and is replaced whole")
+    for name in owns:
+      if _within(source, os.path.join(real, name)):
+        raise UnsafeOutputError(f"{what}={raw} holds an input of this run ({item}) where it writes its {name}; "
+                                f"writing it would destroy it: give another {what}")
   for folder in RUN_FOLDERS:  # a trained run's folder: WORKDIR/{checkpoints,export} beside config.json
     parts = real.split(os.sep)
     for i, part in enumerate(parts[:-1] if not directory else parts):

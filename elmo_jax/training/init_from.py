@@ -74,6 +74,20 @@ def released_source(path: str) -> tuple[str, str] | None:
   return None
 
 
+def source_files(path: str) -> tuple[str, ...]:
+  """Every local file of the source `path` names (`ResolvedModel.read_files`: an EFML folder's, a TF-Hub
+  module's, ELMo files and the vocabulary beside them; a run's checkpoints folder too): what the run must not
+  write over (`preflight`). Fetches a URL or archive as `check` does; () for a released name or a bucket."""
+  if path in pretrained.MODELS or storage.is_remote(path):
+    return ()
+  released = released_source(path)
+  if released is not None:
+    found = loaded.efml_folder(released[1]) if released[0] == EFML else ResolvedModel(tfhub_dir=released[1])
+  else:
+    found = _resolve(path)
+  return (*found.read_files, *((found.checkpoints[0],) if found.checkpoints is not None else ()))
+
+
 def _load_released(kind: str, folder: str, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """(options, biLM params) of an EFML folder or a TF-Hub module; InitFromError, one line."""
   found = loaded.efml_folder(folder) if kind == EFML else ResolvedModel(path=folder, tfhub_dir=folder)

@@ -26,13 +26,14 @@ from elmo_jax.interop import efml_export
 from elmo_jax.interop import options as options_lib
 from elmo_jax.runtime import files
 from elmo_jax.runtime import log
+from elmo_jax.runtime import run_layout
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import CHECKPOINTS, CONFIG_FILE
 from elmo_jax.training import derived
 from elmo_jax.training import init_from
 from elmo_jax.training.init_from import InitFromError
 
-LEXICON_DIR = "lexicon"  # in the workdir: char.dic, word.dic of an EFML-style run
+LEXICON_DIR = run_layout.LEXICON_DIR  # in the workdir: char.dic, word.dic of an EFML-style run
 BUILD = "build"
 
 
