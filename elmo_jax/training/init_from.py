@@ -52,11 +52,14 @@ EFML, TFHUB = "elmoformanylangs", "tfhub"
 
 def released_source(path: str) -> tuple[str, str] | None:
   """(EFML or TFHUB, local folder) when `path` (a folder, or a URL or archive holding one) is an
-  ELMoForManyLangs folder or a TF-Hub module; None for what `resolve_model(use="init_from")` reads."""
+  ELMoForManyLangs folder or a TF-Hub module; None for what `resolve_model(use="init_from")` reads. An EFML
+  folder missing a file is InitFromError (`efml.folder_problem`), not another format's folder."""
   if storage.is_remote(path):  # a bucket holds runs (checkpoints) and ELMo files, read as before
     return None
   local = os.path.abspath(os.path.expanduser(path))
   if os.path.isdir(local):
+    if (problem := efml.folder_problem(local)) is not None:  # EFML files, not all of them: say which are missing
+      raise InitFromError(f"config.init_from={problem}")
     if efml.is_efml_dir(local):
       return EFML, local
     return (TFHUB, local) if tfhub.is_module(local) else None

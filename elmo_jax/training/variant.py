@@ -28,6 +28,7 @@ from elmo_jax.runtime import files
 from elmo_jax.runtime import log
 from elmo_jax.runtime import run_layout
 from elmo_jax.runtime import storage
+from elmo_jax.runtime import streams
 from elmo_jax.runtime.run_layout import CHECKPOINTS, CONFIG_FILE
 from elmo_jax.training import derived
 from elmo_jax.training import init_from
@@ -97,7 +98,7 @@ def resolve(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.C
   unset), `data.lexicon` (an EFML source's folder), the EFML lexicon sizes (`lexicon="build"`), and
   `export_format`. Raises InitFromError (one line) before anything is written."""
   c = ml_collections.ConfigDict(config.to_dict())
-  options = c.options.to_dict()
+  options, given_lexicon = c.options.to_dict(), config.data.get("lexicon", "")
   # What a started run saved (config.json's options, lexicon/) is read only where a checkpoint holds it
   # (`derived`): a start that died before its first one left another source's or text's guesses.
   local = None if storage.is_remote(workdir) or not derived.held(os.path.join(workdir, CHECKPOINTS)) else workdir
@@ -119,6 +120,10 @@ def resolve(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.C
     c.data.lexicon = _run_lexicon(c.init_from) or ""
   if efml_export.is_efml_variant(options):
     options = _with_lexicon(options, c, local)
+  elif c.data.get('lexicon', '') and not given_lexicon:  # found in the source: the user set no lexicon
+    raise InitFromError(f"config.init_from={c.init_from} is an ELMoForManyLangs-style model (char.dic, word.dic), "
+                        "but config.options is a bilm-tf-style shape (byte ids): continue it with "
+                        "configs/finetune.py, which takes the model's options from the source")
   elif c.data.get('lexicon', ''):
     raise InitFromError(f"config.data.lexicon={c.data.get('lexicon', '')}: a char/word lexicon is for an ELMoForManyLangs-"
                         "style model (options.char_cnn.highway='allennlp', lstm.implicit_forget_bias=false); "
@@ -164,6 +169,7 @@ def lexicon(c: ml_collections.ConfigDict, workdir: str | None, options: dict[str
     if saved and os.path.isfile(os.path.join(saved, lexicon_lib.CHAR_DIC)):
       return lexicon_lib.read(saved, max_chars, words)
     if c.data.get('lexicon', '') == BUILD:
+      _check_text(c)  # before the build: a blank or binary text is the preflight's one line, not a traceback
       return _built(c.data.train_files, bool(c.data.pretokenized), max_chars, int(c.data.vocab_min_count),
                     int(c.data.vocab_max_size), words)
     if not c.data.get('lexicon', ''):
@@ -172,6 +178,24 @@ def lexicon(c: ml_collections.ConfigDict, workdir: str | None, options: dict[str
     return lexicon_lib.read(c.data.get('lexicon', ''), max_chars, words)
   except lexicon_lib.LexiconError as e:
     raise InitFromError(f"config.data.lexicon: {e}") from None
+
+
+def _check_text(c: ml_collections.ConfigDict) -> None:
+  """The training text the lexicons are built from is text (`files.text_problem`, as the preflight checks it,
+  which comes later: it reads the options this settles) and not blank; one line naming the file."""
+  from elmo_jax.data.sources import expand_paths, split_paths  # pylint: disable=g-import-not-at-top
+  why = " (config.data.lexicon='build' makes the lexicons from it)"
+  try:
+    paths = expand_paths(split_paths(c.data.train_files))
+  except (FileNotFoundError, ValueError) as e:
+    raise InitFromError(f"config.data.train_files: {e}{why}") from None
+  for path in [p for p in paths if not files.is_stream(p)]:  # a stream: the preflight's one line
+    problem = files.text_problem(path)
+    if problem is None:
+      with streams.open_text(path) as f:  # read until its first non-blank byte
+        problem = None if any(b.strip() for b in iter(lambda: f.read(1 << 20), b"")) else "is empty (no non-blank line)"
+    if problem is not None:
+      raise InitFromError(f"config.data.train_files: {path} {problem}{why}")
 
 
 @functools.lru_cache(maxsize=4)
