@@ -42,6 +42,9 @@ def test_every_command_help_lists_its_flags_and_exits_0():
     assert _A_FLAG[command] in listed and "--helpfull" not in listed, (command, proc.stdout)
     assert len(listed) == len(set(listed)), proc.stdout  # a short name does not list its flag twice
     assert proc.stdout.index("flags:") > 0, proc.stdout  # the command's docstring first
+  table = subprocess.run([sys.executable, "-m", "elmo_jax", "downstream", "table", "--help"], capture_output=True,
+                         text=True, cwd=REPO_ROOT, env=env, timeout=300)
+  assert table.returncode == 0 and "--output: Directory for downstream.md" in table.stdout, table.stdout
 
 
 def test_help_lists_every_command_on_one_line(capsys):
