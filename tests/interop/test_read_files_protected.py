@@ -127,3 +127,22 @@ def test_a_runs_lexicon_and_config_are_files_of_the_run(tmp_path):
   found = pretrained.resolve_model(str(run), use="run", fetch=False)
   assert {os.path.relpath(p, run) for p in found.read_files} >= {
       "lexicon/char.dic", "lexicon/word.dic", "export/config.json", "config.json", "vocab.txt"}
+
+
+@pytest.mark.parametrize("kind", ["efml", "bilm"])
+def test_evaluate_knows_every_file_of_its_model(models, tmp_path, kind):
+  """evaluate.py --model (resolved to an options/weights pair) and --workdir: every file of the model is one of
+  the inputs its --output_dir and the files it writes there are checked against (`outputs.check_output_dir`)."""
+  from elmo_jax.evaluation import outputs  # pylint: disable=g-import-not-at-top
+  from elmo_jax.evaluation.config import EvalConfig  # pylint: disable=g-import-not-at-top
+  folder, every = models[kind]
+  options_file, weight_file = pretrained.resolve(folder)
+  cfg = EvalConfig(output_dir=str(tmp_path / "out"))
+  cfg.perplexity.options_file, cfg.perplexity.weight_file = options_file, weight_file
+  assert set(every) <= {os.path.abspath(p) for p in outputs.input_files(cfg)}
+  outputs.check_output_dir(cfg, ["perplexity"])  # a new folder elsewhere: fine
+  run = tmp_path / "run"
+  (run / "lexicon").mkdir(parents=True)
+  (run / "lexicon" / "char.dic").write_text("a\t0\n")
+  cfg = EvalConfig(output_dir=str(tmp_path / "out"), workdir=str(run))
+  assert str(run / "lexicon" / "char.dic") in outputs.input_files(cfg)
