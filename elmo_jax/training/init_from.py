@@ -125,8 +125,8 @@ def source_options(path: str) -> tuple[dict[str, Any], str | None]:
 
 
 def check(path: str, options: dict[str, Any]) -> None:
-  """What `load` would refuse, found from the files' names, JSON and HDF5 metadata alone (no weights read,
-  nothing downloaded), for the trainer's preflight: a missing path, a checkpoint or ELMo files of another
+  """What `load` would refuse, found from the files' names, JSON and HDF5 metadata alone (no weights read),
+  for the trainer's preflight: a missing path, a checkpoint or ELMo files of another
   model shape, a weight file lacking a dataset or holding one of another shape. A URL or archive is fetched
   and unpacked here (into the cache, which the run's load then reuses), so a 404, an HTML page or a cut archive
   is refused before the workdir is written; released names (this project's own URLs) when they are loaded.
