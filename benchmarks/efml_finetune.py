@@ -37,8 +37,8 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 import another_language  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
-_WHEEL = flags.DEFINE_string("treebank_wheel", None, "A downloaded wheel of turkish-treebanks==1.0.0 (pip download "
-                              "--no-deps turkish-treebanks==1.0.0).", required=True)
+_PIP = "pip download --no-deps turkish-treebanks==1.0.0"
+_WHEEL = flags.DEFINE_string("treebank_wheel", None, f"A downloaded wheel of turkish-treebanks==1.0.0 ({_PIP}).")
 _ROOT = flags.DEFINE_string("root", os.path.join(REPO, "runs", "efml_finetune"), "Runs and data folder.")
 _OUT = flags.DEFINE_string("results", os.path.join(REPO, "results", "efml_finetune"), "Result folder.")
 _STEPS_A = flags.DEFINE_integer("steps_a", 2000, "Steps of run A (configs/efml.py's own: 2000).")
@@ -61,6 +61,25 @@ def write_domains(wheel: str, folder: str) -> dict[str, dict[str, int]]:
           f.writelines(t + "\n" for t in part)
         counts[domain][split] = len(part)
   return counts
+
+
+def missing_input(wheel: str | None) -> str | None:
+  """Why the benchmark cannot run (one line), or None: checked before anything is written or trained, since
+  a missing wheel or EFML package would otherwise be a traceback (the package only after run A's training)."""
+  if not wheel:
+    return f"give --treebank_wheel=WHEEL, the optional turkish-treebanks wheel ({_PIP})"
+  try:
+    with zipfile.ZipFile(wheel) as z:
+      lacking = [d for d in ("web", "wiki") if not any(n.endswith(f"{d}.conllu") for n in z.namelist())]
+  except (OSError, zipfile.BadZipFile) as e:
+    return f"--treebank_wheel={wheel}: not a readable wheel ({getattr(e, 'strerror', None) or e}); {_PIP}"
+  if lacking:
+    return f"--treebank_wheel={wheel}: holds no {'.conllu, '.join(lacking)}.conllu; not turkish-treebanks==1.0.0"
+  try:
+    import elmoformanylangs  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as e:  # the reference of step 3: an optional package (requirements-test.txt)
+    return f"EFML's package elmoformanylangs cannot be imported ({e}); pip install it (requirements-test.txt)"
+  return None
 
 
 def train(workdir: str, config: str, *flags_: str) -> float:
@@ -113,6 +132,8 @@ def efml_vs_ours(workdir: str, text_file: str, n: int = 100) -> dict[str, float]
 
 def main(argv):
   del argv
+  if (problem := missing_input(_WHEEL.value)) is not None:
+    sys.exit(f"efml_finetune.py: error: {problem}")
   root, out = _ROOT.value, _OUT.value
   data = os.path.join(root, "data")
   counts = write_domains(_WHEEL.value, data)

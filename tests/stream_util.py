@@ -11,7 +11,10 @@ def fifo(folder, data: bytes, name: str = "in.fifo") -> str:
   os.mkfifo(path)
 
   def fill():
-    with open(path, "wb") as f:
-      f.write(data)
+    try:
+      with open(path, "wb") as f:
+        f.write(data)
+    except BrokenPipeError:  # the reader stopped early (a refusal from the first block, a bounded spool)
+      pass
   threading.Thread(target=fill, daemon=True).start()
   return path

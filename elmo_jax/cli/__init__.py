@@ -10,6 +10,7 @@ from typing import Callable
 from absl import app
 from absl import flags
 
+from elmo_jax.cli import flag_help
 from elmo_jax.runtime import memory
 
 
@@ -117,13 +118,17 @@ def run_main(main: Callable, define_flags: Callable[[], None] | None = None, nam
   """Every command's start: glibc keeps freed memory for XLA's buffers (first, before JAX allocates; see
   elmo_jax/runtime/memory.py), then the command's flags where it defines them only when run, then absl. A usage
   error (`app.UsageError`) from `main` is one line, `NAME: error: MESSAGE (--help for usage)`, exit code
-  its `exitcode` (1 by default); `name` defaults to how the command was invoked (`command_name`). While the
-  flags are defined and parsed, which loads a `--config=FILE`, Python writes no bytecode: a user's config folder
+  its `exitcode` (1 by default); `name` defaults to how the command was invoked (`command_name`). `--help`
+  lists the command's flags, exit 0 (`flag_help`). While the flags are defined and parsed, which loads a `--config=FILE`, Python writes no bytecode: a user's config folder
   gets no `__pycache__` from a command that only reads it."""
   memory.reuse_freed_memory()
   dont_write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+  before = set(flags.FLAGS)
   if define_flags is not None:
     define_flags()
+  if flag_help.wants_help(sys.argv):  # absl's would list none of them and exit 1
+    module = getattr(getattr(main, "func", main), "__module__", "__main__")
+    flag_help.print_help(module, set(flags.FLAGS) - before, getattr(sys.modules.get(module), "__doc__", None))
   app.run(_one_line_usage_errors(main, name, dont_write_bytecode))
 
 

@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
           OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
-  if model.note:
+  if model.note and FLAGS.format == "bilm-hdf5":  # what bilm-tf's layout cannot hold: nothing to say of efml
     print(f"note: {model.note}", file=sys.stderr)
   print(f"wrote {to}: {FLAGS.format} of {source}", file=sys.stderr)
   return 0

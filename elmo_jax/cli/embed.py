@@ -129,8 +129,8 @@ def _check_flags(argv: list[str]) -> None:
 
 
 def _run_inputs() -> list[str]:
-  """Every file this run reads (the text or vocabulary, the token embeddings, the model's options, weights
-  and vocabulary however the model is named), found without loading or downloading anything: the output
+  """Every file this run reads (the text or vocabulary, the token embeddings, every file of the model however
+  it is named: `ResolvedModel.read_files`), found without loading or downloading anything: the output
   must not be one of them. (`embed_file` checks the loaded model's files again.)"""
   from elmo_jax.interop import download
   from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
@@ -139,7 +139,7 @@ def _run_inputs() -> list[str]:
   for spec, use in ((FLAGS.model, "model"), (FLAGS.workdir, "run")):
     if spec:
       model = pretrained.resolve_model(spec, use=use, fetch=False)
-      out += [model.options_file, model.weight_file, model.vocab_file]
+      out += [model.options_file, model.weight_file, model.vocab_file, *model.read_files]  # an EFML folder's all
   return [p for p in out if p]
 
 

@@ -65,6 +65,5 @@ def define_flags() -> None:
 
 def run() -> None:
   """Defines the flags and runs `main` under absl (as `elmo-jax prepare` always has)."""
-  from absl import app  # pylint: disable=g-import-not-at-top
-  define_flags()
-  app.run(main)
+  from elmo_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.run_main(main, define_flags)  # as every command: `--help` lists the flags

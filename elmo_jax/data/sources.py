@@ -10,6 +10,7 @@ import numpy as np
 
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
+from elmo_jax.runtime import streams
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class TextSource:
     for path in self.paths:
       kept, invalid, first_invalid = len(lengths), self.skipped["invalid_utf8"], ""
       try:
-        with files.open_text(path) as f:  # opened once: a pipe or FIFO works
+        with streams.open_text(path) as f:  # opened once: a pipe or FIFO works, checked from its first block
           for lineno, raw in enumerate(f, start=1):
             if lineno == 1:
               _refuse_cr_only(path, raw)

@@ -80,7 +80,7 @@ def bilm_files(spec: str | None) -> list[str]:
     return []
   from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
   model = pretrained.resolve_model(spec, fetch=False)
-  found = [p for p in (model.options_file, model.weight_file) if p]
+  found = [p for p in (model.options_file, model.weight_file, *model.read_files) if p]  # every file of it
   path = os.path.expanduser(spec)
   return ([path] if os.path.isdir(path) else []) + found
 

@@ -117,6 +117,10 @@ def main(argv: Sequence[str]) -> None:
 
 
 def run() -> None:
+  """`downstream table`: its `--help` lists its flags, exit 0 (absl's lists none for a module run this way)."""
+  if any(a in ("--help", "-help", "-h", "-?", "--helpshort") for a in sys.argv[1:]):
+    print(f"{(__doc__ or '').rstrip()}\n\nflags:\n{flags.FLAGS.module_help(__name__)}")
+    sys.exit(0)
   app.run(main)
 
 

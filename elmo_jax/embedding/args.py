@@ -9,6 +9,12 @@ from typing import Any, Sequence
 import numpy as np
 
 
+def check_batch_size(batch_size: Any, caller: str = "") -> None:
+  """ValueError (one line, naming `caller`: `Embedder(batch_size=0)`) unless `batch_size` is an int >= 1."""
+  if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+    raise ValueError(f"{caller + ': ' if caller else ''}batch_size must be a positive int, got {batch_size!r}")
+
+
 def check_sentences(sentences: Any, batch_size: Any, caller: str = "embed_sentences") -> list[list[str]]:
   """Sentences (any iterable of token iterables) as lists of str tokens; one-line errors for the rest,
   naming `caller` (the method the user called).
@@ -16,8 +22,7 @@ def check_sentences(sentences: Any, batch_size: Any, caller: str = "embed_senten
   A str where a sentence or a list of sentences belongs would otherwise be embedded character by
   character, silently.
   """
-  if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-    raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+  check_batch_size(batch_size)
   hint = ("a sentence is a list of tokens: split text first, e.g. text.split() or "
           "elmo_jax.data.Tokenizer()(text)")
   if isinstance(sentences, (str, bytes)):

@@ -26,7 +26,7 @@ from elmo_jax.embedding import host_batch
 from elmo_jax.embedding import row_state
 from elmo_jax.embedding.host_batch import bucket  # noqa: F401  (part of this module's API)
 from elmo_jax.embedding import step as embed_step
-from elmo_jax.embedding.args import check_sentences, sentence_means
+from elmo_jax.embedding.args import check_batch_size, check_sentences, sentence_means
 from elmo_jax.embedding.compile_cache import enable_compilation_cache
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
@@ -82,6 +82,7 @@ class Embedder:
                compilation_cache: bool = True, cnn_cache_tokens: int = _CNN_CACHE_TOKENS,
                devices: int | Sequence[Any] | None = None, token_ids: chars.LexiconIds | None = None,
                warm: bool = True, batch_size: int = DEFAULT_BATCH_SIZE):
+    check_batch_size(batch_size, f"Embedder(batch_size={batch_size!r})")  # at construction, not the first call
     if compilation_cache:
       enable_compilation_cache()
     self.options, self.batch_size = options, batch_size
@@ -108,7 +109,7 @@ class Embedder:
     self.token_embedding_file = None if token_embedding_file is None else os.fspath(token_embedding_file)
     self.model_files: tuple[str, ...] = ()  # the local options and weight files it was read from (from_files)
     self.module_mix: dict[str, np.ndarray] | None = None  # a TF-Hub module's `elmo` mix (from_model)
-    self.extra_model_files: tuple[str, ...] = ()  # the other files of its model (from_efml: char.dic, ...)
+    self.extra_model_files: tuple[str, ...] = ()  # every other file of its model (`LoadedModel.input_files`)
     self._pinned = np.asarray(pinned, np.float32)
     self._table = self._new_table(self._pinned.shape[0])
     self.warm, self._time_buckets = warm, host_batch.WARM_TIME_BUCKETS if warm else host_batch.TIME_BUCKETS
@@ -165,14 +166,14 @@ class Embedder:
   def from_model(cls, model: pretrained.ResolvedModel, **kwargs) -> "Embedder":
     """What `pretrained.resolve_model` found, read by `loaded.load_model` (the one load of every format); its
     vocabulary becomes one of its `input_files`, an EFML folder's char ids its `token_ids`."""
+    check_batch_size(kwargs.get("batch_size", 1), f"Embedder(batch_size={kwargs.get('batch_size')!r})")  # no load first
     found = loaded.load_model(model)
     kwargs.setdefault("vocab_file", found.vocab_file)
     if found.token_ids is not None:
       kwargs.setdefault("token_ids", found.token_ids)
     emb = cls(found.options, found.params, **kwargs)
-    emb.model_files, emb.module_mix = found.files, found.mix
-    if found.format == loaded.EFML:  # config.json and encoder.pkl (what pretrained.resolve names), then the rest
-      emb.model_files, emb.extra_model_files = found.files[:2], found.files[2:]
+    emb.model_files = found.files[:2] if found.format == loaded.EFML else found.files  # what resolve names
+    emb.module_mix, emb.extra_model_files = found.mix, tuple(p for p in found.input_files if p not in emb.model_files)
     return emb
 
   @classmethod

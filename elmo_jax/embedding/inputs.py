@@ -4,13 +4,12 @@ or the next run can remove them."""
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
 import gzip
 import hashlib
 import os
-import shutil
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -19,6 +18,7 @@ from typing import Any, Callable, Iterator
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
+from elmo_jax.runtime import streams
 
 ACTIVE_TEMPS: set[str] = set()  # temp outputs and parts being written, for the CLI's signal handler
 _TEMPS_LOCK = threading.Lock()  # the writer thread creates part temps under it; remove_active_temps stops that
@@ -114,7 +114,7 @@ SPOOL = "input"  # in the job folder: a piped input, kept for the passes and rer
 
 def is_stream(path: str) -> bool:
   """`-` (stdin), a pipe (`<(zcat x.gz)`), a FIFO or a device: bytes that can be read once."""
-  return path == STDIN or files.is_stream(path)
+  return streams.is_stream(path)
 
 
 @dataclasses.dataclass
@@ -185,18 +185,21 @@ def check_job(input_file: str | os.PathLike, output_file: str | os.PathLike, inp
 
 
 def _spool(source: str, folder: str) -> str:
-  """The stream `source` copied, read once, into a temp file of the job folder; its path."""
+  """The stream `source` copied, read once, into a temp file of the job folder (`streams.spool`); its path."""
   os.makedirs(folder, exist_ok=True)
   with _TEMPS_LOCK:
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp", prefix=f".input.{socket.gethostname()}.{os.getpid()}.")
     ACTIVE_TEMPS.add(tmp)
-  try:
-    with os.fdopen(fd, "wb") as out, (open(sys.stdin.fileno(), "rb", closefd=False) if source == STDIN
-                                      else open(source, "rb")) as src:
-      shutil.copyfileobj(src, out, 1 << 20)
-  except OSError as e:
+  os.close(fd)
+  try:  # its first block checked, then kept within the disk's room (`streams`: the one read of a stream)
+    streams.spool(source, tmp, "--input_file")
+  except (OSError, streams.StreamError) as e:
     os.remove(tmp)
     ACTIVE_TEMPS.discard(tmp)
+    with contextlib.suppress(OSError):  # the job folder, if the spool was all it held
+      os.rmdir(folder)
+    if isinstance(e, streams.StreamError):
+      raise EmbedInputError(str(e)) from None
     raise EmbedInputError(f"--input_file={source}: cannot keep the stream in {folder} for the job's passes "
                           f"({e.strerror or e}); write it to a file and give that") from None
   return tmp

@@ -17,8 +17,8 @@ WRITES = {"perplexity": ("perplexity.json", "perplexity_curves.png", "perplexity
 
 
 def input_files(cfg: EvalConfig) -> list[str]:
-  """Every file the evaluation reads: data, text, the model's options, weights and vocabulary (a
-  workdir's export/, config and metrics too); TFDS inputs are no files."""
+  """Every file the evaluation reads: data, text, the model's options, weights and vocabulary (every file of
+  an EFML folder; a workdir's export/, lexicon/, config and metrics too); TFDS inputs are no files."""
   ppl = cfg.perplexity
   paths = [cfg.wsd_file, cfg.wsd_train_file, cfg.pos_train_file, cfg.pos_test_file, cfg.sentiment_train_file,
            cfg.sentiment_test_file, ppl.options_file, ppl.weight_file, ppl.vocab_file]
@@ -26,8 +26,12 @@ def input_files(cfg: EvalConfig) -> list[str]:
   paths += split_paths(ppl.text_file or "")
   if ppl.weight_file:
     paths.append(os.path.join(os.path.dirname(ppl.weight_file), VOCAB_FILE))
+  from elmo_jax.interop import efml, pretrained, resolved  # pylint: disable=g-import-not-at-top
+  if ppl.options_file and efml.is_efml_dir(os.path.dirname(ppl.options_file)):  # every file of an EFML folder
+    paths += resolved.folder_files(os.path.dirname(ppl.options_file))
   if cfg.workdir:
     paths += [os.path.join(cfg.workdir, rel) for rel in (*export_files(), VOCAB_FILE, CONFIG_FILE, METRICS_FILE)]
+    paths += pretrained.resolve_model(cfg.workdir, use="run", fetch=False).read_files  # its lexicon/ too
   for vocab in [p for p in paths if p and os.path.basename(p) == VOCAB_FILE]:
     paths.append(os.path.join(os.path.dirname(vocab), VOCAB_COUNTS_FILE))
   return [p for p in paths if p and not readers.is_tfds(p)]

@@ -20,7 +20,7 @@ from typing import Any
 from elmo_jax.runtime import storage
 from elmo_jax.evaluation import plots
 from elmo_jax.evaluation.readers import InputError
-from elmo_jax.runtime.run_layout import CONFIG_FILE, METRICS_FILE, VOCAB_FILE, export_files
+from elmo_jax.runtime.run_layout import CONFIG_FILE, EXPORT_DIR, METRICS_FILE, VOCAB_FILE, export_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_BATCH_SIZE = 64
@@ -87,6 +87,11 @@ def model_files(task_config: PerplexityConfig, workdir: str | None, check_vocab:
   """options/weights/vocab paths; the workdir's vocab.txt carries the counts, export/ has none. Each must
   exist (the vocabulary only with `check_vocab`: it matters only for weights that hold a softmax)."""
   if workdir:
+    from elmo_jax.interop import efml  # pylint: disable=g-import-not-at-top
+    if efml.is_efml_dir(os.path.join(workdir, EXPORT_DIR)):  # not a missing options.json: another format
+      raise NoSoftmax(f"{workdir}: an ELMoForManyLangs-style run, whose {EXPORT_DIR}/ is an EFML folder (config.json, "
+                      f"*.pkl) without the LM softmax, so it cannot be scored here; its eval_ppl records in "
+                      f"{METRICS_FILE} are its perplexity on config.data.eval_files")
     options_file, weight_file = (os.path.join(workdir, rel) for rel in export_files())
     paths = {"options_file": options_file, "weight_file": weight_file,
              "vocab_file": task_config.vocab_file or os.path.join(workdir, VOCAB_FILE)}

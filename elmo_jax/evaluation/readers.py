@@ -16,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import logging
 import os
 import re
 from typing import Any, Iterator, Sequence
 
 from elmo_jax.runtime import files
+from elmo_jax.runtime import streams
 
 
 class InputError(ValueError):
@@ -191,12 +193,14 @@ def _lines(path: str) -> Iterator[tuple[int, str]]:
   problem = None if files.is_stream(path) else files.text_problem(path)  # a pipe is read once, below
   if problem is not None:
     raise InputError(f"{path}: {problem}")
-  try:
-    with open(path, encoding="utf-8") as f:
-      for number, line in enumerate(f, start=1):
+  try:  # a stream (a pipe, a FIFO, a device) checked from its first block: /dev/zero is one line, not a hang
+    with (streams.open_stream(path) if files.is_stream(path) else open(path, "rb")) as raw:
+      for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8"), start=1):
         yield number, line.rstrip("\r\n")
   except UnicodeDecodeError as e:
     raise InputError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
+  except streams.StreamError as e:
+    raise InputError(str(e)) from None
 
 
 def _columns(path: str, number: int, line: str, n: int, fmt: str) -> list[str]:

@@ -52,6 +52,9 @@ SUFFIXES = (".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", "
 MAX_RATIO = 100
 MIN_ALLOWANCE = 64 << 20
 MAX_UNPACKED = 32 << 30
+# How many members an archive may hold: a model is a handful of files (a TF-Hub module 4, an EFML folder 6-7);
+# 300,000 tiny files within the byte allowance would fill the cache's inodes and stay there.
+MAX_MEMBERS = 10_000
 _ZIP_METHODS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
 _STREAMS = {b"\x1f\x8b": gzip.open, b"BZh": bz2.open, b"\xfd7zXZ\x00": lzma.open}
 # What a codec, zipfile or tarfile raises for a damaged archive (each becomes one line).
@@ -98,6 +101,11 @@ def _too_big(total: str, size: int) -> str:
           "MAX_UNPACKED); refused as a decompression bomb")
 
 
+def _too_many(count: str) -> str:
+  return (f"an archive of {count} members, more than the {MAX_MEMBERS:,} a model's may hold (archive.MAX_MEMBERS); "
+          "refused before unpacking")
+
+
 def verify(path: str) -> str | None:
   """Why `path` is not a whole zip or tar archive within its `allowance`, else None (module docstring)."""
   try:
@@ -119,6 +127,8 @@ def _verify_zip(path: str) -> str | None:
   size = os.path.getsize(path)
   with zipfile.ZipFile(path) as z:
     infos = z.infolist()
+    if len(infos) > MAX_MEMBERS:  # by the central directory, before a member is read
+      return _too_many(f"{len(infos):,}")
     total = sum(i.file_size for i in infos)
     if total > allowance(size):
       return _too_big(f"{total:,}", size)
@@ -149,10 +159,12 @@ def _verify_tar(path: str, opener) -> str | None:
         n += len(block)
         if n > allowance(size):
           return _too_big(f"more than {n:,}", size)
-  total = end = 0
+  total = end = count = 0
   with tarfile.open(path, "r:*") as t:
     for m in t:
-      total, end = total + m.size, max(end, m.offset_data + m.size)
+      total, end, count = total + m.size, max(end, m.offset_data + m.size), count + 1
+      if count > MAX_MEMBERS:  # stopped there: tarfile keeps every header it has read
+        return _too_many(f"more than {MAX_MEMBERS:,}")
   if total > allowance(size):
     return _too_big(f"{total:,}", size)
   if end > n:
@@ -285,7 +297,7 @@ def unpacked(spec: str | os.PathLike, *, cache: str | None = None) -> str:
     try:
       _unpack(path, tmp)
       written = _unpacked_files(tmp)
-      os.chmod(tmp, 0o777 & ~_umask())
+      os.chmod(tmp, 0o777 & ~files.current_umask())
       if os.path.lexists(folder):  # edited or damaged since it was unpacked: replaced, not trusted
         os.rename(folder, tmp + ".stale")
         _remove(tmp + ".stale")
@@ -305,12 +317,6 @@ def _remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
   else:
     os.remove(path)
-
-
-def _umask() -> int:
-  mask = os.umask(0)
-  os.umask(mask)
-  return mask
 
 
 def model_folder(spec: str | os.PathLike, *, cache: str | None = None) -> str:

@@ -60,8 +60,10 @@ class LoadedModel:
 
   @property
   def input_files(self) -> tuple[str, ...]:
-    """`files` and the vocabulary: everything an output must not overwrite."""
-    return (*self.files, self.vocab_file) if self.vocab_file else self.files
+    """`files`, the vocabulary and every other file of its source (`ResolvedModel.read_files`: an EFML folder's
+    architecture JSON, a TF-Hub module's shards, a run's lexicon/): everything an output must not overwrite."""
+    named = (*self.files, self.vocab_file, *(self.source.read_files if self.source is not None else ()))
+    return tuple(dict.fromkeys(p for p in named if p))
 
 
 def resolve_files(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> ResolvedModel:

@@ -5,6 +5,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from elmo_jax.runtime.run_layout import CONFIG_FILE, EXPORT_DIR, LEXICON_DIR, VOCAB_COUNTS_FILE, VOCAB_FILE
+
+# At most this many files are listed of one model folder (a model is a handful; a user's big folder given as
+# one is not walked to its end).
+MAX_LISTED = 10_000
+
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedModel:
@@ -37,6 +43,24 @@ class ResolvedModel:
     """(options_file, weight_file)."""
     return self.options_file, self.weight_file  # type: ignore[return-value]
 
+  @property
+  def read_files(self) -> tuple[str, ...]:
+    """Every local file a load of it reads, or that its model folder holds, found from the names alone (nothing
+    loaded or downloaded), absolute: the options, weight and vocabulary files; every file of an EFML folder
+    (config.json, the architecture JSON, char.dic, word.dic, the pickles) or of a TF-Hub module (its index and
+    data shards); a run's export/, lexicon/, config.json and vocabulary. What no writer may overwrite: the
+    embed command's output, a run's workdir, `convert --to`, evaluation outputs (`LoadedModel.input_files`)."""
+    named = [self.options_file, self.weight_file, self.vocab_file]
+    if self.weight_file:  # the softmax's words beside the weights (`load_model` reads them), and their counts
+      named += [os.path.join(os.path.dirname(self.weight_file), n) for n in (VOCAB_FILE, VOCAB_COUNTS_FILE)]
+    folders = [self.efml_dir, self.tfhub_dir]
+    if self.workdir is not None:
+      named += [os.path.join(self.workdir, n) for n in (CONFIG_FILE, VOCAB_COUNTS_FILE)]
+      folders += [os.path.join(self.workdir, EXPORT_DIR), os.path.join(self.workdir, LEXICON_DIR)]
+    for folder in folders:
+      named += folder_files(folder) if folder else []
+    return tuple(dict.fromkeys(os.path.abspath(p) for p in named if p and os.path.isfile(p)))
+
   def checked(self) -> "ResolvedModel":
     """Itself, once a run's export is there to load (FileNotFoundError, one line, if not)."""
     if self.workdir is not None and self.options_file is not None:
@@ -44,3 +68,14 @@ class ResolvedModel:
         if not os.path.exists(path):
           raise FileNotFoundError(f"{path}: not found (has {self.workdir} finished a checkpoint?)")
     return self
+
+
+def folder_files(folder: str) -> list[str]:
+  """The files under a local `folder` (links to files included), at most MAX_LISTED; [] if it is none."""
+  out = []
+  for top, dirs, names in os.walk(folder):
+    dirs.sort()
+    out += [os.path.join(top, n) for n in sorted(names)]
+    if len(out) >= MAX_LISTED:
+      return out[:MAX_LISTED]
+  return out

@@ -36,9 +36,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp", prefix: str | Non
   os.makedirs(directory, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix or os.path.basename(path) + ".", suffix=suffix)
   os.close(fd)
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(tmp, 0o666 & ~umask)
+  os.chmod(tmp, 0o666 & ~current_umask())
   try:
     yield tmp
     os.replace(tmp, path)
@@ -46,6 +44,13 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp", prefix: str | Non
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def current_umask() -> int:
+  """The process's umask (read by setting it and back: there is no getter)."""
+  umask = os.umask(0)
+  os.umask(umask)
+  return umask
 
 
 # The mark in the names of the temporary folders `atomic_dir` creates (hidden, beside the target, with the host
@@ -60,14 +65,17 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[str]:
   A reader sees the old folder or the new one, never a mix; on failure the temporary folder is removed. The
   temporary names belong to this writer (`.NAME.elmo-jax-writing-HOST.PID.xxxx` and its `-old` twin): a
   user's `NAME.tmp/` or `NAME.old/` beside `path` is never touched, and only a dead writer's leftovers of this
-  very name are cleared.
+  very name are cleared. The folder gets the mode `mkdir` would give it (0777 less the umask), not mkdtemp's
+  0700: a model written for others is readable by them. A `path` that is a symlink is written through: the
+  folder it names (resolved, as `check_output` resolves it) is replaced and the link stays as it is.
   """
-  final = os.path.abspath(path)
+  final = os.path.realpath(path)
   parent, name = os.path.dirname(final), os.path.basename(final)
   head = f".{name}.{WRITER_MARK}-{socket.gethostname()}."
   os.makedirs(parent, exist_ok=True)
   remove_dead_temps(parent, head, "")
   tmp = tempfile.mkdtemp(dir=parent, prefix=f"{head}{os.getpid()}.")
+  os.chmod(tmp, 0o777 & ~current_umask())
   old = tmp + "-old"
   try:
     yield tmp
@@ -167,7 +175,8 @@ _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 def looks_like(path: str | os.PathLike) -> str:
   """What a file is, from its first bytes, for messages about a file of the wrong kind:
-  'a directory', 'an HDF5 file', 'a JSON file', 'an empty file', 'a text file' or 'binary data'."""
+  'a directory', 'an HDF5 file', 'a JSON file', 'an empty file', 'an HTML page' (a server's error or login
+  page saved where a model belongs), 'a text file' or 'binary data'."""
   if os.path.isdir(path):
     return "a directory"
   with open(path, "rb") as f:
@@ -178,6 +187,8 @@ def looks_like(path: str | os.PathLike) -> str:
     return "an HDF5 file"
   if head.lstrip()[:1] in (b"{", b"["):
     return "a JSON file"
+  if head.lstrip()[:14].lower().startswith((b"<!doctype html", b"<html")):
+    return "an HTML page"
   try:
     head.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -199,6 +210,11 @@ def text_problem(path: str | os.PathLike) -> str | None:
       head = f.read(4096)
   except (OSError, EOFError) as e:
     return f"cannot be read ({e})"
+  return head_problem(head)
+
+
+def head_problem(head: bytes) -> str | None:
+  """`text_problem` of a text's first bytes (decompressed): a file's first 4 KiB, a stream's first block."""
   if head.startswith(_HDF5_MAGIC):
     return "is an HDF5 file, not text"
   if b"\x00" in head:
@@ -221,15 +237,6 @@ def is_stream(path: str | os.PathLike) -> bool:
   return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
-def open_text(path: str | os.PathLike):
-  """The file's bytes opened once, decompressed when they are gzip (by the magic number, peeked: a pipe is not
-  read twice)."""
-  f = open(path, "rb")  # pylint: disable=consider-using-with
-  if f.peek(2)[:2] == b"\x1f\x8b":
-    return gzip.GzipFile(fileobj=f, mode="rb")
-  return f
-
-
 class UnsafeOutputError(ValueError):
   """An output path that cannot be written, or whose writing would destroy an input; one line."""
 
@@ -245,14 +252,16 @@ def _nearest_existing(path: str) -> str:
 
 
 def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), directory: bool = False,
-                 replaces: bool = False) -> None:
+                 replaces: bool = False, owns: tuple[str, ...] = ()) -> None:
   """A local output path's checks (`storage.check_output` takes bucket URLs too, and is what commands call).
   Refuses, in one line naming `what` (e.g. '--output_file'), an output path that
   - is of the wrong kind (a directory for a file, a file for a directory) or cannot be created there
     (missing parent of a file, read-only folder);
   - is, or resolves to (links included), one of `inputs` (the run's input, options, weight, vocab files);
   - lies in a trained run's `checkpoints/` or `export/` folder (other runs read them);
-  - with `replaces` (a folder swapped in whole): holds one of `inputs`.
+  - with `replaces` (a folder swapped in whole): holds one of `inputs`;
+  - with `owns` (the names a writer keeps in the folder, e.g. a run's config.json, vocab.txt, lexicon/): holds
+    one of `inputs` at one of them, or inside one.
   Checked before any work, so nothing is written when it fails. Raises UnsafeOutputError."""
   raw = os.fspath(path)
   if not raw.strip():
@@ -272,6 +281,10 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
       raise UnsafeOutputError(f"{what}={raw} is an input of this run ({item}); writing it would destroy it")
     if replaces and _within(source, real):
       raise UnsafeOutputError(f"{what}={raw} holds an input of this run ({item}), and is replaced whole")
+    for name in owns:
+      if _within(source, os.path.join(real, name)):
+        raise UnsafeOutputError(f"{what}={raw} holds an input of this run ({item}) where it writes its {name}; "
+                                f"writing it would destroy it: give another {what}")
   for folder in RUN_FOLDERS:  # a trained run's folder: WORKDIR/{checkpoints,export} beside config.json
     parts = real.split(os.sep)
     for i, part in enumerate(parts[:-1] if not directory else parts):

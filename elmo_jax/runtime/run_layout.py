@@ -9,6 +9,7 @@
     checkpoints/<step>/  Orbax checkpoints (train state, data position, log window)
     export/              options.json + weights.hdf5 (+ vocab.txt): the original ELMo format, at every save
     prepared/<key>/      the auto-prepared corpus (ids), `training/input.py`
+    lexicon/             an ELMoForManyLangs-style run's char.dic and word.dic (`training/variant.py`)
     eval/                `evaluate.py --workdir`'s default output folder
     profile/             jax.profiler traces (`config.profile_steps`; `training/profile.py`)
     train.lock           the workdir lock (`training/lock.py`)
@@ -25,6 +26,7 @@ TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS = "checkpoints"
 EXPORT_DIR = "export"
 PREPARED_DIR = "prepared"
+LEXICON_DIR = "lexicon"
 EVAL_DIR = "eval"
 PROFILE_DIR = "profile"
 LOCK_FILE = "train.lock"
@@ -35,7 +37,7 @@ WEIGHTS_FILE = "weights.hdf5"  # inside export/
 # tests/training/test_bad_inputs_run_folder.py reads this module): preflight refuses an entry of the other kind (a
 # folder named metrics.jsonl, a file named checkpoints) before anything is written.
 TOP_FILES = (CONFIG_FILE, VOCAB_FILE, VOCAB_COUNTS_FILE, METRICS_FILE, LOCK_FILE)
-TOP_FOLDERS = (TENSORBOARD_DIR, CHECKPOINTS, EXPORT_DIR, PREPARED_DIR, EVAL_DIR, PROFILE_DIR)
+TOP_FOLDERS = (TENSORBOARD_DIR, CHECKPOINTS, EXPORT_DIR, PREPARED_DIR, EVAL_DIR, PROFILE_DIR, LEXICON_DIR)
 # What a run's start writes before its first step, and a rerun or a reader on a fresh machine reads back:
 # a bucket workdir uploads exactly these before the first step (`training/loop.open_run`).
 START_FILES = (CONFIG_FILE, VOCAB_FILE, VOCAB_COUNTS_FILE)

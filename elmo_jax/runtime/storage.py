@@ -295,13 +295,13 @@ def local_files(path: str) -> Iterator[str]:
 
 
 def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), directory: bool = False,
-                 replaces: bool = False) -> None:
+                 replaces: bool = False, owns: tuple[str, ...] = ()) -> None:
   """Refuses an output path that is unsafe or cannot be written, before any work, in one line naming `what`
   (raises files.UnsafeOutputError): `files.check_output`'s rules for a local path, `check_remote_output`'s
   (the same rules, and a write probe) for a bucket URL."""
   raw = os.fspath(path)
   if not is_remote(raw):
-    files.check_output(raw, what, inputs=inputs, directory=directory, replaces=replaces)
+    files.check_output(raw, what, inputs=inputs, directory=directory, replaces=replaces, owns=owns)
     return
   try:
     check_remote_output(raw, what, inputs=[inputs] if isinstance(inputs, (str, os.PathLike)) else inputs,

@@ -37,10 +37,14 @@ class InitFromError(ValueError):
 
 def _resolve(path: str) -> pretrained.ResolvedModel:
   """`pretrained.resolve_model(use="init_from")`, its errors as InitFromError naming the config field."""
+  from elmo_jax.interop import download  # pylint: disable=g-import-not-at-top
   try:
     return pretrained.resolve_model(path, use="init_from")
   except pretrained.SourceError as e:
     raise InitFromError(f"config.init_from={e}") from None
+  except download.DownloadError as e:  # a URL's 404, an HTML page for a model, a cut or bad archive
+    message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise InitFromError(f"config.init_from={path}: {message.removeprefix(path + ': ')}") from None
 
 
 EFML, TFHUB = "elmoformanylangs", "tfhub"
@@ -48,11 +52,14 @@ EFML, TFHUB = "elmoformanylangs", "tfhub"
 
 def released_source(path: str) -> tuple[str, str] | None:
   """(EFML or TFHUB, local folder) when `path` (a folder, or a URL or archive holding one) is an
-  ELMoForManyLangs folder or a TF-Hub module; None for what `resolve_model(use="init_from")` reads."""
+  ELMoForManyLangs folder or a TF-Hub module; None for what `resolve_model(use="init_from")` reads. An EFML
+  folder missing a file is InitFromError (`efml.folder_problem`), not another format's folder."""
   if storage.is_remote(path):  # a bucket holds runs (checkpoints) and ELMo files, read as before
     return None
   local = os.path.abspath(os.path.expanduser(path))
   if os.path.isdir(local):
+    if (problem := efml.folder_problem(local)) is not None:  # EFML files, not all of them: say which are missing
+      raise InitFromError(f"config.init_from={problem}")
     if efml.is_efml_dir(local):
       return EFML, local
     return (TFHUB, local) if tfhub.is_module(local) else None
@@ -68,6 +75,20 @@ def released_source(path: str) -> tuple[str, str] | None:
   if found.efml_dir is not None:
     return EFML, found.efml_dir
   return None
+
+
+def source_files(path: str) -> tuple[str, ...]:
+  """Every local file of the source `path` names (`ResolvedModel.read_files`: an EFML folder's, a TF-Hub
+  module's, ELMo files and the vocabulary beside them; a run's checkpoints folder too): what the run must not
+  write over (`preflight`). Fetches a URL or archive as `check` does; () for a released name or a bucket."""
+  if path in pretrained.MODELS or storage.is_remote(path):
+    return ()
+  released = released_source(path)
+  if released is not None:
+    found = loaded.efml_folder(released[1]) if released[0] == EFML else ResolvedModel(tfhub_dir=released[1])
+  else:
+    found = _resolve(path)
+  return (*found.read_files, *((found.checkpoints[0],) if found.checkpoints is not None else ()))
 
 
 def _load_released(kind: str, folder: str, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -104,11 +125,13 @@ def source_options(path: str) -> tuple[dict[str, Any], str | None]:
 
 
 def check(path: str, options: dict[str, Any]) -> None:
-  """What `load` would refuse, found from the files' names, JSON and HDF5 metadata alone (no weights read,
-  nothing downloaded), for the trainer's preflight: a missing path, a checkpoint or ELMo files of another
-  model shape, a weight file lacking a dataset or holding one of another shape. Released names and URLs are
-  checked when they are loaded. Raises InitFromError."""
-  if pretrained.is_model_spec(path):
+  """What `load` would refuse, found from the files' names, JSON and HDF5 metadata alone (no weights read),
+  for the trainer's preflight: a missing path, a checkpoint or ELMo files of another
+  model shape, a weight file lacking a dataset or holding one of another shape. A URL or archive is fetched
+  and unpacked here (into the cache, which the run's load then reuses), so a 404, an HTML page or a cut archive
+  is refused before the workdir is written; released names (this project's own URLs) when they are loaded.
+  Raises InitFromError."""
+  if path in pretrained.MODELS:
     return
   released = released_source(path)
   if released is not None:  # reads the weights too: an EFML folder's word.dic must agree with them

@@ -29,7 +29,7 @@ from elmo_jax.data.sources import split_paths
 from elmo_jax.data.prepared import PreparedCorpus, corpus_types, make_prepared_iterator
 from elmo_jax.runtime.progress import progress
 from elmo_jax.runtime.run_layout import PREPARED_DIR, VOCAB_FILE
-from elmo_jax.training import checkpoint
+from elmo_jax.training import derived
 from elmo_jax.training.workdir import Workdir
 
 
@@ -135,7 +135,7 @@ def _run_vocab(config, run: Workdir, build: Callable[[], Vocab]) -> Vocab:
   same-size edit included) is not trained with the old text's vocabulary.
   """
   saved = os.path.join(run.local, VOCAB_FILE)
-  if os.path.exists(saved) and checkpoint.newest_meta(run.checkpoints) is not None:
+  if derived.kept(run.local, VOCAB_FILE, run.checkpoints):  # the one rule of what a start derives
     return Vocab.load(saved)
   vocab = Vocab.load(config.data.vocab_file) if config.data.vocab_file else build()
   if os.path.exists(saved):
@@ -155,11 +155,11 @@ def _token_ids(config, run: Workdir):
   """An EFML-style run's `lexicon.TokenIds` (its lexicons saved into the workdir by process 0), else None."""
   from elmo_jax.data import lexicon as lexicon_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import variant  # pylint: disable=g-import-not-at-top
-  lex = variant.lexicon(config, run.local)
+  lex = variant.lexicon(config, run.local, checkpoints=run.checkpoints)
   if lex is None:
     return None
   if jax.process_index() == 0:
-    variant.save_lexicon(lex, run.local)
+    variant.save_lexicon(lex, run.local, run.checkpoints)
   return lambda: lexicon_lib.TokenIds(lex)
 
 

@@ -24,6 +24,7 @@ from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.runtime import log
 from elmo_jax.data.sources import LIST_HINT, expand_paths, split_paths
+from elmo_jax.interop.resolved import folder_files
 from elmo_jax.training.workdir import Workdir
 from elmo_jax.runtime.run_layout import RUN_FOLDERS, TOP_FILES, TOP_FOLDERS, VOCAB_FILE
 
@@ -84,9 +85,31 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> None:
       check_text_files("config.data.eval_files", data.eval_files)
   if data.vocab_file:
     check_vocab(data.vocab_file, "config.data.vocab_file")
+  _check_sources_kept(config, workdir)  # first: a source the run would write over is the first thing to say
   if config.init_from:
     _check_init_from(config)
   _check_saved_vocab(run)
+
+
+def _check_sources_kept(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Nothing the run reads is where it writes (`run_layout`'s names in the workdir): every file of its
+  `init_from` source (an EFML folder as --workdir would get the run's config.json), its lexicon folder, its
+  text and vocabulary. One line, before anything is written (`storage.check_output`'s `owns`)."""
+  from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
+  data, sources = config.data, []
+  for key in ("train_files", "eval_files"):
+    try:
+      sources += expand_paths(split_paths(data[key])) if data[key] and not data.tfds_name else []
+    except (FileNotFoundError, ValueError):
+      pass  # check_text_files named it
+  lexicon = data.get("lexicon", "")
+  listed = lexicon and lexicon != "build" and os.path.isdir(lexicon)  # "build": made from the text
+  sources += [data.vocab_file, *(folder_files(lexicon) if listed else ())]
+  try:
+    sources += init_from.source_files(config.init_from) if config.init_from else []
+    storage.check_output(workdir, "--workdir", directory=True, inputs=sources, owns=TOP_FILES + TOP_FOLDERS)
+  except (files.UnsafeOutputError, init_from.InitFromError) as e:
+    raise PreflightError(str(e)) from None
 
 
 def _check_utf8_name(what: str, path: str) -> None:
@@ -318,9 +341,9 @@ def _blank(path: str) -> bool:
 
 def _check_saved_vocab(run: Workdir) -> None:
   """The vocab.txt a checkpoint was trained with must load (without a checkpoint it is built again)."""
-  from elmo_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
-  saved = os.path.join(run.local, VOCAB_FILE)
-  if os.path.exists(saved) and checkpoint.newest_meta(run.checkpoints):
+  from elmo_jax.training import derived  # pylint: disable=g-import-not-at-top
+  saved = derived.kept(run.local, VOCAB_FILE, run.checkpoints)
+  if saved:
     check_vocab(saved, "the workdir's vocabulary (resume)")
 
 

@@ -24,12 +24,17 @@ from elmo_jax.data import lexicon as lexicon_lib
 from elmo_jax.interop import convert
 from elmo_jax.interop import efml_export
 from elmo_jax.interop import options as options_lib
+from elmo_jax.runtime import files
+from elmo_jax.runtime import log
+from elmo_jax.runtime import run_layout
 from elmo_jax.runtime import storage
-from elmo_jax.runtime.run_layout import CONFIG_FILE
+from elmo_jax.runtime import streams
+from elmo_jax.runtime.run_layout import CHECKPOINTS, CONFIG_FILE
+from elmo_jax.training import derived
 from elmo_jax.training import init_from
 from elmo_jax.training.init_from import InitFromError
 
-LEXICON_DIR = "lexicon"  # in the workdir: char.dic, word.dic of an EFML-style run
+LEXICON_DIR = run_layout.LEXICON_DIR  # in the workdir: char.dic, word.dic of an EFML-style run
 BUILD = "build"
 
 
@@ -70,7 +75,7 @@ def _plain(value: Any) -> Any:
 
 
 def _saved_options(workdir: str) -> dict[str, Any] | None:
-  """The options of the workdir's config.json (a run that started already), else None."""
+  """The options of the workdir's config.json (a run a checkpoint holds: the caller asks `derived`), else None."""
   try:
     with open(os.path.join(workdir, CONFIG_FILE), encoding="utf-8") as f:
       options = json.load(f).get("options")
@@ -93,8 +98,10 @@ def resolve(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.C
   unset), `data.lexicon` (an EFML source's folder), the EFML lexicon sizes (`lexicon="build"`), and
   `export_format`. Raises InitFromError (one line) before anything is written."""
   c = ml_collections.ConfigDict(config.to_dict())
-  options = c.options.to_dict()
-  local = None if storage.is_remote(workdir) else workdir
+  options, given_lexicon = c.options.to_dict(), config.data.get("lexicon", "")
+  # What a started run saved (config.json's options, lexicon/) is read only where a checkpoint holds it
+  # (`derived`): a start that died before its first one left another source's or text's guesses.
+  local = None if storage.is_remote(workdir) or not derived.held(os.path.join(workdir, CHECKPOINTS)) else workdir
   if _unset(options):
     if not c.init_from:
       raise InitFromError("config.options leaves the model's shape to config.init_from, which is empty: give "
@@ -113,6 +120,10 @@ def resolve(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.C
     c.data.lexicon = _run_lexicon(c.init_from) or ""
   if efml_export.is_efml_variant(options):
     options = _with_lexicon(options, c, local)
+  elif c.data.get('lexicon', '') and not given_lexicon:  # found in the source: the user set no lexicon
+    raise InitFromError(f"config.init_from={c.init_from} is an ELMoForManyLangs-style model (char.dic, word.dic), "
+                        "but config.options is a bilm-tf-style shape (byte ids): continue it with "
+                        "configs/finetune.py, which takes the model's options from the source")
   elif c.data.get('lexicon', ''):
     raise InitFromError(f"config.data.lexicon={c.data.get('lexicon', '')}: a char/word lexicon is for an ELMoForManyLangs-"
                         "style model (options.char_cnn.highway='allennlp', lstm.implicit_forget_bias=false); "
@@ -143,20 +154,22 @@ def _with_lexicon(options: dict[str, Any], c: ml_collections.ConfigDict, workdir
   return options
 
 
-def lexicon(c: ml_collections.ConfigDict, workdir: str | None, options: dict[str, Any] | None = None
-            ) -> lexicon_lib.Lexicon | None:
-  """The run's EFML lexicons: the workdir's (a run that started), else `config.data.lexicon`'s folder, else
-  built from the training text ("build"); None for a bilm-tf-style model."""
+def lexicon(c: ml_collections.ConfigDict, workdir: str | None, options: dict[str, Any] | None = None,
+            checkpoints: str | None = None) -> lexicon_lib.Lexicon | None:
+  """The run's EFML lexicons: the workdir's where a checkpoint holds the run (`derived.kept`; `checkpoints`:
+  a bucket workdir's), else `config.data.lexicon`'s folder, else built from the training text ("build");
+  None for a bilm-tf-style model."""
   options = options or c.options.to_dict()
   if not efml_export.is_efml_variant(options):
     return None
   max_chars = int(options["char_cnn"]["max_characters_per_token"])
   words = bool(options["char_cnn"].get("word_embedding", {}).get("dim"))
-  saved = os.path.join(workdir, LEXICON_DIR) if workdir else None
+  saved = derived.kept(workdir, LEXICON_DIR, checkpoints) if workdir else None
   try:
     if saved and os.path.isfile(os.path.join(saved, lexicon_lib.CHAR_DIC)):
       return lexicon_lib.read(saved, max_chars, words)
     if c.data.get('lexicon', '') == BUILD:
+      _check_text(c)  # before the build: a blank or binary text is the preflight's one line, not a traceback
       return _built(c.data.train_files, bool(c.data.pretokenized), max_chars, int(c.data.vocab_min_count),
                     int(c.data.vocab_max_size), words)
     if not c.data.get('lexicon', ''):
@@ -165,6 +178,24 @@ def lexicon(c: ml_collections.ConfigDict, workdir: str | None, options: dict[str
     return lexicon_lib.read(c.data.get('lexicon', ''), max_chars, words)
   except lexicon_lib.LexiconError as e:
     raise InitFromError(f"config.data.lexicon: {e}") from None
+
+
+def _check_text(c: ml_collections.ConfigDict) -> None:
+  """The training text the lexicons are built from is text (`files.text_problem`, as the preflight checks it,
+  which comes later: it reads the options this settles) and not blank; one line naming the file."""
+  from elmo_jax.data.sources import expand_paths, split_paths  # pylint: disable=g-import-not-at-top
+  why = " (config.data.lexicon='build' makes the lexicons from it)"
+  try:
+    paths = expand_paths(split_paths(c.data.train_files))
+  except (FileNotFoundError, ValueError) as e:
+    raise InitFromError(f"config.data.train_files: {e}{why}") from None
+  for path in [p for p in paths if not files.is_stream(p)]:  # a stream: the preflight's one line
+    problem = files.text_problem(path)
+    if problem is None:
+      with streams.open_text(path) as f:  # read until its first non-blank byte
+        problem = None if any(b.strip() for b in iter(lambda: f.read(1 << 20), b"")) else "is empty (no non-blank line)"
+    if problem is not None:
+      raise InitFromError(f"config.data.train_files: {path} {problem}{why}")
 
 
 @functools.lru_cache(maxsize=4)
@@ -176,7 +207,30 @@ def _built(train_files: str, pretokenized: bool, max_chars: int, min_count: int,
   return lexicon_lib.build((tokenizer(source[i]) for i in range(len(source))), max_chars, min_count, max_size, words)
 
 
-def save_lexicon(lex: lexicon_lib.Lexicon | None, workdir: str) -> None:
-  """The run's lexicons into the workdir (process 0, a new run): what a resume and the export read."""
-  if lex is not None and not os.path.isfile(os.path.join(workdir, LEXICON_DIR, lexicon_lib.CHAR_DIC)):
-    lex.save(os.path.join(workdir, LEXICON_DIR))
+def save_lexicon(lex: lexicon_lib.Lexicon | None, workdir: str, checkpoints: str | None = None) -> None:
+  """The run's lexicons into the workdir (process 0): what a resume and the export read. Kept where a
+  checkpoint holds the run (they are what it trained with); else written whole, replacing an earlier start's
+  (`derived`), with a line when they differ."""
+  if lex is None or derived.kept(workdir, LEXICON_DIR, checkpoints):
+    return
+  folder = os.path.join(workdir, LEXICON_DIR)
+  if os.path.isdir(folder) and _dic_texts(folder) != _dic_texts(None, lex):
+    log.info(f"{folder}: the earlier start's lexicons are not this one's (the training data, its settings or "
+             "the source changed since) and no checkpoint was trained with them: replaced")
+  with files.atomic_dir(folder) as tmp:  # whole: no word.dic of an earlier start beside a char-only lexicon
+    lex.save(tmp)
+
+
+def _dic_texts(folder: str | None, lex: lexicon_lib.Lexicon | None = None) -> dict[str, str | None]:
+  """{char.dic, word.dic: its text or None} of a lexicon folder, or of `lex` as it would be saved."""
+  if lex is not None:
+    return {lexicon_lib.CHAR_DIC: lexicon_lib.dic_text(lex.char2id),
+            lexicon_lib.WORD_DIC: None if lex.word2id is None else lexicon_lib.dic_text(lex.word2id)}
+  out = {}
+  for name in (lexicon_lib.CHAR_DIC, lexicon_lib.WORD_DIC):
+    try:
+      with open(os.path.join(folder, name), encoding="utf-8") as f:
+        out[name] = f.read()
+    except (OSError, UnicodeDecodeError):
+      out[name] = None
+  return out

@@ -45,6 +45,20 @@ def test_embed_sentences_refuses_a_bad_batch_size(emb, batch_size):
     emb.embed_sentences([["a"]], batch_size=batch_size)
 
 
+@pytest.mark.parametrize("batch_size", [0, -3, 1.5, "8", True])
+def test_embedder_refuses_a_bad_batch_size_at_construction_before_loading(emb, batch_size, monkeypatch):
+  """Embedder(batch_size=0) loaded the model and failed at the first call."""
+  want = f"Embedder(batch_size={batch_size!r}): batch_size must be a positive int, got {batch_size!r}"
+  with pytest.raises(ValueError) as e:
+    Embedder(emb.options, emb.params, batch_size=batch_size, warm=False)
+  assert str(e.value) == want
+  from elmo_jax.interop import loaded  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(loaded, "load_model", lambda *a, **k: pytest.fail("loaded before the check"))
+  with pytest.raises(ValueError) as e:
+    Embedder.from_pretrained(os.path.dirname(FIXTURE_OPTIONS), batch_size=batch_size)
+  assert str(e.value) == want
+
+
 def test_generators_of_sentences_are_accepted(emb):
   sentences = [["the", "cat"], ["a", "dog", "ran"]]
   expected = emb.embed_sentences(sentences)

@@ -22,6 +22,32 @@ def _listed(text: str) -> dict[str, str]:
           if line.startswith("  ") and len(line.split()) > 1}
 
 
+def _flags(text: str) -> list[str]:
+  """The `--name` of each flag entry a command's `--help` lists (`  --name: ...`, `  --[no]name: ...`)."""
+  return [line.split(":")[0].strip().replace("[no]", "") for line in text.splitlines() if line.startswith("  --")]
+
+
+# A flag each command must list (defined at run time by its define_flags, or at import by its module).
+_A_FLAG = {"train": "--workdir", "evaluate": "--task", "embed": "--output_file", "prepare": "--output_dir",
+           "plan": "--config", "convert": "--to", "downstream": "--task", "serve": "--max_batch_tokens"}
+
+
+def test_every_command_help_lists_its_flags_and_exits_0():
+  """One process per command (evaluate and downstream both define --task at import: not in one process)."""
+  env = {**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"}
+  for command in COMMANDS:
+    proc = subprocess.run([sys.executable, "-m", "elmo_jax", command, "--help"], capture_output=True, text=True,
+                          cwd=REPO_ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, (command, proc.stderr[-2000:])
+    listed = _flags(proc.stdout)
+    assert _A_FLAG[command] in listed and "--helpfull" not in listed, (command, proc.stdout)
+    assert len(listed) == len(set(listed)), proc.stdout  # a short name does not list its flag twice
+    assert proc.stdout.index("flags:") > 0, proc.stdout  # the command's docstring first
+  table = subprocess.run([sys.executable, "-m", "elmo_jax", "downstream", "table", "--help"], capture_output=True,
+                         text=True, cwd=REPO_ROOT, env=env, timeout=300)
+  assert table.returncode == 0 and "--output: Directory for downstream.md" in table.stdout, table.stdout
+
+
 def test_help_lists_every_command_on_one_line(capsys):
   with pytest.raises(SystemExit) as done:
     cli.main(["elmo-jax", "--help"])
@@ -59,8 +85,9 @@ def test_command_help_and_no_old_form_alias():
   env = {**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"}
   helped = subprocess.run([sys.executable, "-m", "elmo_jax", "convert", "--help"], capture_output=True, text=True,
                           cwd=REPO_ROOT, env=env, timeout=300)
-  assert "--from" in helped.stdout + helped.stderr, helped.stderr[-2000:]
-  assert "elmo-jax convert --from=" in helped.stdout + helped.stderr  # the command's own docstring, one form
+  assert helped.returncode == 0, helped.stderr[-2000:]
+  assert "elmo-jax convert --from=" in helped.stdout  # the command's own docstring (one form), then its flags
+  assert {"--from", "--to", "--format"} <= set(_flags(helped.stdout)), helped.stdout
   for old in ("elmo_jax.embed", "elmo_jax.convert", "elmo_jax.plan.__main__", "elmo_jax.downstream.__main__",
               "elmo_jax.data.prepare.__main__"):
     assert importlib.util.find_spec(old) is None, old  # the old `python -m elmo_jax.embed`-style forms are gone

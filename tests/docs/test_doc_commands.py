@@ -161,7 +161,14 @@ def test_every_command_has_the_one_form():
 
 
 def test_the_tests_named_exist():
-  for where in set(RUN_BY.values()):
+  """RUN_BY's tests, and every `tests/X.py::test_y` a page names as the check of a claim (it must not point
+  at a test renamed or gone)."""
+  cited = set()
+  for page in doc_files():
+    with open(page, encoding="utf-8") as f:
+      cited.update(re.findall(r"tests/[\w/]+\.py::test_\w+", f.read()))
+  assert len(cited) >= 6, cited
+  for where in set(RUN_BY.values()) | cited:
     path, name = where.split("::")
     with open(os.path.join(REPO_ROOT, path), encoding="utf-8") as f:
       assert re.search(rf"^def {name}\(", f.read(), re.M), where

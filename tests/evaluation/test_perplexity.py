@@ -162,3 +162,17 @@ def test_text_that_is_all_oov_gets_a_warning_with_the_rate(tiny_run, tmp_path, p
   parsed_flags("--task=perplexity", f"--workdir={tiny_run}", f"--output_dir={tmp_path}/ok", "--max_batches=2")
   evaluate.main(["evaluate.py"])
   assert "warning" not in json.load(open(os.path.join(tmp_path, "ok", "perplexity.json")))
+
+
+def test_an_efml_style_run_is_named_not_its_missing_options_json(tmp_path):
+  """Perplexity of an EFML-style run said export/options.json was missing: its export is an EFML folder."""
+  for name in ("config.json", "encoder.pkl", "token_embedder.pkl", "char.dic"):
+    os.makedirs(tmp_path / "run" / "export", exist_ok=True)
+    (tmp_path / "run" / "export" / name).write_text("{}")
+  (tmp_path / "run" / "config.json").write_text(json.dumps({"data": {"eval_files": ""}}))
+  (tmp_path / "t.txt").write_text("the cat .\n")
+  with pytest.raises(perplexity.NoSoftmax) as e:
+    perplexity.check(perplexity.PerplexityConfig(text_file=str(tmp_path / "t.txt")), str(tmp_path / "run"))
+  message = str(e.value)
+  assert message.startswith(f"{tmp_path / 'run'}: an ELMoForManyLangs-style run, whose export/ is an EFML folder")
+  assert "options.json" not in message.replace("config.json", "") and "metrics.jsonl" in message, message

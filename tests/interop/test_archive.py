@@ -167,10 +167,10 @@ def test_not_an_archive_is_not_cached(tmp_path, cache):
   (tmp_path / "www" / "m.zip").write_text("<html>404 Not Found</html>")
   with serve_models(tmp_path / "www") as (_, base):
     with pytest.raises(download.DownloadError, match=r"m\.zip: the downloaded 26 bytes are not a zip or tar "
-                       r"archive \(a text file\); not cached"):
+                       r"archive \(an HTML page\); not cached"):
       pretrained.resolve_model(f"{base}/m.zip")
   assert not [n for n in os.listdir(cache) if n.endswith("m.zip")] and _archives(cache) == []
-  with pytest.raises(archive.ArchiveError, match=r"m\.zip: not a zip or tar archive \(a text file\)"):
+  with pytest.raises(archive.ArchiveError, match=r"m\.zip: not a zip or tar archive \(an HTML page\)"):
     pretrained.resolve_model(str(tmp_path / "www" / "m.zip"))
 
 

@@ -102,7 +102,7 @@ def test_check_kind(www, tmp_path):
   half.write_bytes((www / "w.hdf5").read_bytes()[:10_000])
   assert "not a readable HDF5 file (truncated?" in checks.check_kind(half)
   (tmp_path / "page.h5").write_text("<html>oops</html>")
-  assert checks.check_kind(tmp_path / "page.h5") == "not an HDF5 file (it is a text file)"
+  assert checks.check_kind(tmp_path / "page.h5") == "not an HDF5 file (it is an HTML page)"
   (tmp_path / "list.json").write_text("[1, 2]")
   assert checks.check_kind(tmp_path / "list.json") == "not a JSON object (it holds a JSON list)"
   (tmp_path / "cut.json").write_text('{"lstm": {"di')
@@ -193,7 +193,7 @@ def test_intact_cache_is_used_offline_but_an_untrusted_copy_is_refused(www, cach
     f.write("<html>not found</html>")
   with pytest.raises(download.DownloadError, match="cannot download"):
     download.cached_path(f"{base}/junk.hdf5", timeout=5)
-  assert not os.path.exists(junk) and "not an HDF5 file (it is a text file)" in capsys.readouterr().err
+  assert not os.path.exists(junk) and "not an HDF5 file (it is an HTML page)" in capsys.readouterr().err
 
 
 def test_recorded_unreadable_file_is_fetched_again(www, cache):
@@ -216,7 +216,7 @@ def test_wrong_kind_and_published_mismatch_are_refused(www, cache):
   with serve(www) as (server, base):
     url = f"{base}/o.json"
     server.modes["/o.json"] = "html"
-    with pytest.raises(download.DownloadError, match=r"not a JSON file \(it is a text file\); not cached"):
+    with pytest.raises(download.DownloadError, match=r"not a JSON file \(it is an HTML page\); not cached"):
       download.cached_path(url)
     del server.modes["/o.json"]
     with pytest.raises(download.DownloadError, match="published sha256"):
@@ -301,7 +301,7 @@ def test_an_html_page_for_a_weights_url_without_extension_is_refused(model_www, 
     server.modes["/m/weights"] = "html"
     assert checks.check_kind(model_www / "m" / "options.json", name="x", kind="hdf5") == \
         "not an HDF5 file (it is a JSON file)"
-    with pytest.raises(download.DownloadError, match=r"not an HDF5 file \(it is a text file\); not cached") as e:
+    with pytest.raises(download.DownloadError, match=r"not an HDF5 file \(it is an HTML page\); not cached") as e:
       Embedder.from_files(f"{base}/m/options.json", url)
     assert "\n" not in str(e.value) and str(e.value).startswith(url)
     assert not os.path.exists(download.cache_file(url))

@@ -54,8 +54,9 @@ def test_exact_against_elmoformanylangs(efml_folders):
   for fmt, folder in efml_folders.items():
     emb = Embedder.from_pretrained(folder)
     assert emb.n_layers == 3 and emb.output_dim == 16 and emb.model_files == pretrained.resolve(folder)
-    assert set(emb.input_files) == {os.path.join(folder, n) for n in
-                                    ("config.json", "char.dic", "word.dic", "encoder.pkl", "token_embedder.pkl")}
+    assert set(emb.input_files) == {os.path.join(folder, n) for n in  # the architecture JSON too (issue 54)
+                                    ("config.json", "char.dic", "word.dic", "encoder.pkl", "token_embedder.pkl",
+                                     "tiny.json")}
     got = emb.embed_sentences(efml_util.SENTENCES)
     for sentence, g, w in zip(efml_util.SENTENCES, got, want):
       assert g.shape == w.shape == (3, len(sentence), 16)

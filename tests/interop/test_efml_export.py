@@ -108,3 +108,15 @@ def test_formats_that_cannot_hold_the_model_are_refused(legacy_folder, tmp_path)
     convert.convert(TFHUB_MODULE, str(out), "efml")
   assert str(e.value).startswith(f"--format=efml: {TFHUB_MODULE}: a bilm-tf-shaped model")
   assert "\n" not in str(e.value) and not out.exists()
+
+
+def test_the_convert_command_writes_efml_without_the_bilm_hdf5_note(legacy_folder, tmp_path):
+  """`convert --format=efml` printed the note of what bilm-tf's layout cannot hold: nothing of efml's."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from paths import REPO_ROOT  # pylint: disable=g-import-not-at-top
+  proc = subprocess.run([sys.executable, "-m", "elmo_jax", "convert", f"--from={legacy_folder}",
+                         f"--to={tmp_path / 'out'}", "--format=efml"], capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [f"wrote {tmp_path / 'out'}: efml of {legacy_folder}"], proc.stderr

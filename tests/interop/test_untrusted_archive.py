@@ -181,3 +181,30 @@ def test_an_unpacked_folder_edited_or_lost_is_unpacked_again(tmp_path, cache):
   import shutil  # pylint: disable=g-import-not-at-top
   shutil.rmtree(folder)  # the folder lost
   assert files.sha256_file(pretrained.resolve_model(path).weight_file) == want
+
+
+@pytest.mark.parametrize("name,mode", [("many.zip", None), ("many.tar.gz", "w:gz"), ("many.tar", "w")])
+def test_an_archive_of_too_many_members_is_refused_and_nothing_stays(tmp_path, cache, monkeypatch, name, mode):
+  """300,000 tiny files within the byte allowance unpacked into the cache and stayed: the count is bounded
+  (here MAX_MEMBERS=20, so the archives are small); at the bound the model still unpacks."""
+  monkeypatch.setattr(archive, "MAX_MEMBERS", 20)
+  tiny = {f"m/tiny/{i:03d}": b"x" for i in range(19)}
+  for members, refused in (({**MODEL, **tiny}, True), ({**MODEL, **dict(list(tiny.items())[:18])}, False)):
+    path = str(tmp_path / f"{len(members)}-{name}")
+    _zip(path, members) if mode is None else _tar(path, members, mode)
+    if not refused:
+      assert pretrained.resolve_model(path).weight_file.endswith("weights.hdf5")
+      continue
+    with pytest.raises(archive.ArchiveError) as e:
+      pretrained.resolve_model(path)
+    count = "21" if mode is None else "more than 20"
+    assert str(e.value) == (f"{path}: cannot unpack it (an archive of {count} members, more than the 20 a model's "
+                            "may hold (archive.MAX_MEMBERS); refused before unpacking)"), str(e.value)
+    assert [n for n in os.listdir(cache / "archives") if not n.endswith(".lock")] == []
+
+
+def test_the_default_member_bound_refuses_ten_thousand_and_one_empty_files(tmp_path):
+  path = _zip(tmp_path / "many.zip", {f"f{i}": b"" for i in range(archive.MAX_MEMBERS + 1)}, zipfile.ZIP_STORED)
+  assert archive.verify(path) == (f"an archive of {archive.MAX_MEMBERS + 1:,} members, more than the "
+                                  f"{archive.MAX_MEMBERS:,} a model's may hold (archive.MAX_MEMBERS); refused "
+                                  "before unpacking")

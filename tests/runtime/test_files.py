@@ -53,6 +53,37 @@ def test_atomic_dir_leaves_a_users_tmp_and_old_folders_alone(tmp_path):
   assert all((tmp_path / n / "mine.txt").read_text() == "the user's" for n in ("model.old", "model.tmp"))
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o027, 0o077])
+def test_atomic_dir_gives_the_folder_mkdirs_mode_not_0700(tmp_path, umask):
+  """Every run's export/ and every convert --to were 0700: others could not read a shared model."""
+  old = os.umask(umask)
+  try:
+    os.mkdir(tmp_path / "plain")
+    with files.atomic_dir(tmp_path / "model") as tmp:
+      (open(os.path.join(tmp, "x.txt"), "w")).close()
+  finally:
+    os.umask(old)
+  mode = os.stat(tmp_path / "model").st_mode & 0o777
+  assert mode == 0o777 & ~umask == os.stat(tmp_path / "plain").st_mode & 0o777, oct(mode)
+
+
+def test_atomic_dir_writes_through_a_symlinked_target_and_keeps_the_link(tmp_path):
+  """A symlinked --to was renamed away and left as a hidden link beside the new folder."""
+  (tmp_path / "disk").mkdir()
+  (tmp_path / "disk" / "model").mkdir()
+  (tmp_path / "disk" / "model" / "stale.txt").write_text("old")
+  os.symlink(tmp_path / "disk" / "model", tmp_path / "link")
+  os.symlink(tmp_path / "disk" / "new", tmp_path / "dangling")  # a link to a folder not made yet
+  for target in ("link", "dangling"):
+    with files.atomic_dir(tmp_path / target) as tmp:
+      with open(os.path.join(tmp, "x.txt"), "w") as f:
+        f.write(target)
+    assert os.path.islink(tmp_path / target) and (tmp_path / target / "x.txt").read_text() == target
+  assert sorted(os.listdir(tmp_path)) == ["dangling", "disk", "link"]  # no hidden leftover
+  assert sorted(os.listdir(tmp_path / "disk")) == ["model", "new"]
+  assert os.listdir(tmp_path / "disk" / "model") == ["x.txt"]
+
+
 def test_atomic_dir_failure_keeps_the_old_folder_and_a_dead_writers_leftover_is_cleared(tmp_path):
   (tmp_path / "model").mkdir()
   (tmp_path / "model" / "x.txt").write_text("old")

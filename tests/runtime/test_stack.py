@@ -100,3 +100,25 @@ def test_device_check_refuses_in_one_line(args, message):
   done = subprocess.run(["bash", "scripts/device_check.sh", *args], cwd=REPO_ROOT, capture_output=True, text=True,
                         timeout=60)
   assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("minor", [11, 12])
+def test_device_wheels_resolves_for_312_whatever_python_runs_it(tmp_path, minor):
+  """On Python 3.11 (pip 23.2) the README's `bash scripts/device_wheels.sh` failed: "Package 'jax' requires a
+  different Python: 3.11.7 not in '>=3.12'" (pip checked Requires-Python against itself, not --python-version).
+  A stand-in PYTHON reports the minor version asked for and records pip's arguments (nothing is fetched)."""
+  log = tmp_path / "pip.log"
+  fake = tmp_path / "python"
+  fake.write_text(f"""#!/usr/bin/env bash
+if [ "$1" = -m ] && [ "$2" = pip ]; then echo "$*" >> {log}; exit 0; fi
+if [ "$1" = -c ] && [[ "$2" == *version_info* ]] && [[ "$2" != *tomllib* ]]; then
+  exec {sys.executable} -c "import sys; sys.version_info = (3, {minor}, 0); $2"; fi
+exec {sys.executable} "$@"
+""")
+  fake.chmod(0o755)
+  done = subprocess.run(["bash", "scripts/device_wheels.sh"], cwd=REPO_ROOT, capture_output=True, text=True,
+                        timeout=60, env={**os.environ, "PYTHON": str(fake), "ELMO_JAX_WHEELS": str(tmp_path / "w")})
+  assert done.returncode == 1 and "pip could not resolve" in done.stderr, done.stderr  # no report: stops there
+  resolve = [line for line in log.read_text().splitlines() if " install " in line]
+  assert len(resolve) == 1 and "--python-version 3.12" in resolve[0], resolve
+  assert ("--ignore-requires-python" in resolve[0]) == (minor != 12), resolve[0]
