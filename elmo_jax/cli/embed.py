@@ -182,8 +182,9 @@ def main(argv: list[str]) -> int:
   signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
   try:
     # A bucket --output_file is written to a local staging file and uploaded whole once the work is done.
-    with storage.staged_output(FLAGS.output_file, "--output_file", inputs=_run_inputs()) as output_file:
-      done = _embed(output_file)
+    inputs = _run_inputs()  # the model named once, without loading it: what the output must not be
+    with storage.staged_output(FLAGS.output_file, "--output_file", inputs=inputs) as output_file:
+      done = _embed(output_file, inputs)
   except (embed_files.EmbedInputError, files.UnsafeOutputError, weights_lib.WeightFileError,
           options_lib.OptionsError, OSError, token_cache.TokenCacheError, embed_job.JobError,
           embed_step.DeviceError, tf_bundle.BundleError) as e:
@@ -193,8 +194,9 @@ def main(argv: list[str]) -> int:
   return 0
 
 
-def _embed(output_file: str) -> str:
-  """The work of `main`, writing to `output_file` (local); returns the line that reports it."""
+def _embed(output_file: str, inputs: list[str]) -> str:
+  """The work of `main`, writing to `output_file` (local; never one of `inputs`); returns the line that reports
+  it."""
   source = storage.local(FLAGS.vocab_file if FLAGS.dump_token_embeddings else FLAGS.input_file)
   job_input = None
   if FLAGS.dump_token_embeddings:  # fail before spending time on loading the model
@@ -204,9 +206,9 @@ def _embed(output_file: str) -> str:
     problem = None if embed_files.is_stream(source) else files.text_problem(source)  # a pipe is read once
     if problem is not None:
       raise embed_files.EmbedInputError(f"--vocab_file={source} {problem}")
-    embed_files.check_output_path(output_file, _run_inputs(), "--output_file")
+    embed_files.check_output_path(output_file, inputs, "--output_file")
   else:  # the job's checks, once, and its input read once (a pipe spooled into the job folder)
-    job_input = embed_files.check_job(source, output_file, _run_inputs(), logging.warning, "--input_file")
+    job_input = embed_files.check_job(source, output_file, inputs, logging.warning, "--input_file")
   try:
     return _load_and_embed(source, output_file, job_input)
   finally:

@@ -20,7 +20,7 @@ from typing import Any
 from elmo_jax.runtime import storage
 from elmo_jax.evaluation import plots
 from elmo_jax.evaluation.readers import InputError
-from elmo_jax.runtime.run_layout import CONFIG_FILE, EXPORT_DIR, METRICS_FILE, VOCAB_FILE, export_files
+from elmo_jax.runtime.run_layout import CONFIG_FILE, EXPORT_DIR, METRICS_FILE, VOCAB_FILE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_BATCH_SIZE = 64
@@ -83,24 +83,33 @@ def read_train_config(workdir: str) -> dict[str, Any]:
     raise InputError(f"{path}: not JSON ({e.msg})") from None
 
 
-def model_files(task_config: PerplexityConfig, workdir: str | None, check_vocab: bool = True) -> dict[str, str]:
-  """options/weights/vocab paths; the workdir's vocab.txt carries the counts, export/ has none. Each must
-  exist (the vocabulary only with `check_vocab`: it matters only for weights that hold a softmax)."""
+def resolve(task_config: PerplexityConfig, workdir: str | None):
+  """Which model is scored, as every reader of a model says it (`interop.resolved.ResolvedModel`, read by
+  `loaded.load_model`): a run's export (`pretrained.resolve_model(workdir, use="run")`; the workdir's vocab.txt
+  carries the counts, export/ has none) or the --options_file/--weight_file pair (the vocab.txt beside the
+  weights); --vocab_file replaces the vocabulary. An ELMoForManyLangs-style run: NoSoftmax."""
+  from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
+  from elmo_jax.interop.resolved import ResolvedModel  # pylint: disable=g-import-not-at-top
   if workdir:
-    from elmo_jax.interop import efml  # pylint: disable=g-import-not-at-top
-    if efml.is_efml_dir(os.path.join(workdir, EXPORT_DIR)):  # not a missing options.json: another format
+    found = pretrained.resolve_model(workdir, use="run", fetch=False)
+    if found.efml_dir is not None:  # not a missing options.json: another format
       raise NoSoftmax(f"{workdir}: an ELMoForManyLangs-style run, whose {EXPORT_DIR}/ is an EFML folder (config.json, "
                       f"*.pkl) without the LM softmax, so it cannot be scored here; its eval_ppl records in "
                       f"{METRICS_FILE} are its perplexity on config.data.eval_files")
-    options_file, weight_file = (os.path.join(workdir, rel) for rel in export_files())
-    paths = {"options_file": options_file, "weight_file": weight_file,
-             "vocab_file": task_config.vocab_file or os.path.join(workdir, VOCAB_FILE)}
+    vocab = found.vocab_file or os.path.join(workdir, VOCAB_FILE)
+  elif task_config.options_file and task_config.weight_file:
+    found = ResolvedModel(task_config.options_file, task_config.weight_file, path=task_config.weight_file)
+    vocab = os.path.join(os.path.dirname(task_config.weight_file), VOCAB_FILE)
   else:
-    if not (task_config.options_file and task_config.weight_file):
-      raise InputError("perplexity needs --workdir or --options_file and --weight_file")
-    beside = os.path.join(os.path.dirname(task_config.weight_file), VOCAB_FILE)
-    paths = {"options_file": task_config.options_file, "weight_file": task_config.weight_file,
-             "vocab_file": task_config.vocab_file or beside}
+    raise InputError("perplexity needs --workdir or --options_file and --weight_file")
+  return dataclasses.replace(found, vocab_file=task_config.vocab_file or vocab)
+
+
+def model_files(task_config: PerplexityConfig, workdir: str | None, check_vocab: bool = True) -> dict[str, str]:
+  """options/weights/vocab paths of `resolve`. Each must exist (the vocabulary only with `check_vocab`: it
+  matters only for weights that hold a softmax)."""
+  found = resolve(task_config, workdir)
+  paths = {"options_file": found.options_file, "weight_file": found.weight_file, "vocab_file": found.vocab_file}
   for key, path in paths.items():
     if key != "vocab_file" or check_vocab:
       _check_file(path)
@@ -113,31 +122,30 @@ def _no_softmax(weight_file: str) -> NoSoftmax:
 
 
 def load_language_model(task_config: PerplexityConfig, workdir: str | None) -> LanguageModel:
-  """Reads options, weights (with softmax) and vocabulary; one-line errors for every mismatch."""
-  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+  """The model of `resolve`, read by the one load (`loaded.load_model`: options, weights with the softmax), and
+  its vocabulary; one-line errors for every mismatch."""
+  from elmo_jax.interop import loaded as loaded_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.interop import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.data import Vocab  # pylint: disable=g-import-not-at-top
 
   paths = model_files(task_config, workdir, check_vocab=False)
-  options = options_lib.load(paths["options_file"])
   try:
-    loaded = weights_lib.load_hdf5(paths["weight_file"], options)
+    model = loaded_lib.load_model(resolve(task_config, workdir))
   except weights_lib.WeightFileError as e:
     raise InputError(str(e)) from None
-  if loaded["softmax"] is None:  # before the vocabulary: without a softmax there is nothing to score it with
+  if model.softmax is None:  # before the vocabulary: without a softmax there is nothing to score it with
     raise _no_softmax(paths["weight_file"])
   _check_file(paths["vocab_file"])
   try:
     vocab = Vocab.load(paths["vocab_file"])
   except (ValueError, FileNotFoundError) as e:
     raise InputError(f"{paths['vocab_file']}: {e}") from None
-  rows = loaded["softmax"]["W"].shape[0]
+  rows = model.softmax["W"].shape[0]
   if rows != len(vocab):
     raise InputError(f"{paths['vocab_file']}: {len(vocab)} tokens but the softmax in "
                      f"{paths['weight_file']} has {rows} rows; pass the vocabulary the model was trained with")
   train_config = read_train_config(workdir) if workdir else {}
-  return LanguageModel(options, {"bilm": loaded["params"], "softmax": loaded["softmax"]}, vocab,
-                       paths, train_config)
+  return LanguageModel(model.options, {"bilm": model.params, "softmax": model.softmax}, vocab, paths, train_config)
 
 
 def default_text(workdir: str | None, train_config: dict[str, Any]) -> tuple[str | None, str | None, str]:
