@@ -125,13 +125,12 @@ class Embedder:
   def warm_shapes(self) -> None:
     """Compiles every program a call runs (or loads it from the persistent compilation cache): the char CNN
     at each width, and the biLM of each time bucket for each row count `batches` pads to with batch sizes
-    up to `default_batch_size` (stateful: that many rows)."""
+    up to `default_batch_size` (stateful too: a call of one sentence runs one row's LSTMs, not the state's
+    `batch_size` rows)."""
     self._table = self._new_table(max(rows.capacity for rows in self._token_rows))
     batch = self.default_batch_size
     rows = sorted({embed_step.round_rows(min(batch, 1 << k), self.mesh) for k in range(batch.bit_length())})
-    state = None
-    if self.stateful:
-      rows, state = [batch], row_state.grown(None, self.config, batch)
+    state = (lambda n: row_state.grown(None, self.config, n)) if self.stateful else None
     self._table = self._steps.warm(self.params, self._table, rows, self._time_buckets,
                                    embed_step.widths(self.config.token_width), state)
 
@@ -299,10 +298,11 @@ class Embedder:
     state right after batch k, else None) batch by batch; batches with `skip(k)` are neither run nor yielded
     (a resumed job's finished parts).
 
-    Stateless: sentences sorted by length (stable), so batches hold similar lengths. Stateful: input order, rows
-    padded to `batch_size` (None: `default_batch_size`). A short last batch is padded to a power of two of rows,
-    not to batch_size (it holds the longest sentences, so full padding would dominate its cost; at most
-    log2(batch_size) more shapes), unless `full_rows`. Batch k+1 is prepared and dispatched before batch k is
+    Stateless: sentences sorted by length (stable), so batches hold similar lengths. Stateful: input order, row k
+    of a batch continuing row k of the one before. Batches hold `batch_size` sentences (None:
+    `default_batch_size`); a short last batch is padded to a power of two of rows, not to batch_size (stateless,
+    it holds the longest sentences, so full padding would dominate its cost; stateful, the rows past it keep
+    their state and are not run; at most log2(batch_size) more shapes), unless `full_rows`. Batch k+1 is prepared and dispatched before batch k is
     fetched, so the host's work (and the caller's, e.g. writing batch k) overlaps the device's.
 
     `fresh_every=m`: the token table is cleared before batches 0, m, 2m, ..., so each group of m batches gives
@@ -323,9 +323,8 @@ class Embedder:
       if k % _TRIM_EVERY_BATCHES == _TRIM_EVERY_BATCHES - 1:
         memory.release_free_memory()
       chunk = order[start:start + batch_size]
-      full = full_rows or self.stateful
-      prepared = self._prepare([sentences[i] for i in chunk],
-                               batch_size if full else min(batch_size, 1 << max(0, len(chunk) - 1).bit_length()))
+      prepared = self._prepare([sentences[i] for i in chunk], batch_size if full_rows else
+                               min(batch_size, 1 << max(0, len(chunk) - 1).bit_length()))
       launched = (k, chunk, prepared.n, self._launch(prepared), self._state)
       if pending is not None:
         yield pending[0], pending[1], np.asarray(pending[3])[:pending[2]], pending[4]

@@ -153,11 +153,11 @@ class Steps:
     return jax.device_put(x, self.by_rows)
 
   def warm(self, params, table: jax.Array, rows: Sequence[int], times: Sequence[int], widths: Sequence[int],
-           state: Any = None) -> jax.Array:
+           state: Callable[[int], Any] | None = None) -> jax.Array:
     """Compiles (or loads from the persistent compilation cache) every program a call of `rows` x `times`
     runs, by running each once on empty inputs: no token, so the LSTMs run zero steps and the char CNN's rows
-    are all dropped. `state`: zeros of the stateful rows (then `layers_stateful`, one row count). Returns the
-    table (`cnn_into` donates it)."""
+    are all dropped. `state`: n -> zeros of n stateful rows (then `layers_stateful`). Returns the table
+    (`cnn_into` donates it)."""
     put = self.put_rows
     for width in widths:
       ids = np.zeros((self.mesh.size * CNN_ROWS, width), np.int32)
@@ -166,7 +166,7 @@ class Steps:
     for n, time in ((n, t) for n in rows for t in times):
       positions = put(np.full((n, time), -1, np.int32))
       out.append(self.layers(params, table, positions) if state is None else
-                 self.layers_stateful(params, table, positions, jax.device_put(state, self.state_sharding)))
+                 self.layers_stateful(params, table, positions, jax.device_put(state(n), self.state_sharding)))
     jax.block_until_ready((table, out))
     return table
 

@@ -80,7 +80,7 @@ def _main_path(emb: Embedder, sentences, batch_size: int, stateful: bool) -> lis
   state = None
   for start in range(0, len(order), batch_size):
     chunk = order[start:start + batch_size]
-    rows = batch_size if stateful else min(batch_size, 1 << max(0, len(chunk) - 1).bit_length())
+    rows = min(batch_size, 1 << max(0, len(chunk) - 1).bit_length())  # stateful too: the rows past it keep state
     # pylint: disable=protected-access
     prepared = host_batch.prepare([sentences[i] for i in chunk], rows, emb._token_rows, emb._char_ids,
                                   host_batch.TIME_BUCKETS, emb._max_width, emb._pad)
@@ -114,6 +114,25 @@ def test_warm_path_outputs_are_bit_identical_to_mains_programs(params, warm, sta
   cold = Embedder(tiny_options(), params, stateful=stateful, warm=False, batch_size=_BATCH)  # the embed command's
   for i, (g, w) in enumerate(zip(cold.embed_sentences(sentences), want)):
     assert np.array_equal(g, w), f"sentence {i} (warm=False)"
+
+
+@pytest.mark.slow
+def test_stateful_single_sentences_run_one_row_and_continue_it(params):
+  """Stateful, one sentence a call: one row's LSTMs run (no call pads to the state's `batch_size` rows), row 0
+  carries its state from call to call as in full batches (bilm-tf's semantics), and nothing compiles."""
+  sentences = [_sentence(n, n) for n in (3, 17, 1, 40, 9, 25)]
+  warm = Embedder(tiny_options(), params, stateful=True, warm=True, batch_size=_BATCH)
+  launched = []
+  real = warm._launch  # pylint: disable=protected-access
+  warm._launch = lambda prepared: launched.append(prepared.positions.shape[0]) or real(prepared)
+  with CompileCounter() as compiles:
+    got = [warm.embed_sentences([s])[0] for s in sentences]
+  assert (compiles.traces, compiles.compiles) == (0, 0), compiles.as_dict()
+  assert launched == [1] * len(sentences)
+  full = Embedder(tiny_options(), params, stateful=True, warm=False, batch_size=_BATCH)
+  want = [layers[0, :, :len(s)] for s in sentences for _, _, layers, _ in full.batches([s], full_rows=True)]
+  for i, (g, w) in enumerate(zip(got, want)):  # 1 row vs _BATCH rows: XLA:CPU may round a row by its batch
+    np.testing.assert_allclose(g, w, atol=1e-6, rtol=0, err_msg=f"sentence {i}")
 
 
 @pytest.mark.slow
