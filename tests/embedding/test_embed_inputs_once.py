@@ -94,8 +94,8 @@ def test_the_command_reads_a_pipe_and_stdin(tmp_path, how):
   corpus.write_bytes(gzip.compress("".join(line + "\n" for line in LINES).encode()))
   out = tmp_path / "out.hdf5"
   args = " ".join([*model_args(), f"--output_file={out}", "--noprogress"])
-  command = (f"{sys.executable} -m elmo_jax.embed {args} --input_file=<(zcat {corpus})" if how != "stdin" else
-             f"zcat {corpus} | {sys.executable} -m elmo_jax.embed {args} --input_file=-")
+  command = (f"{sys.executable} -m elmo_jax embed {args} --input_file=<(zcat {corpus})" if how != "stdin" else
+             f"zcat {corpus} | {sys.executable} -m elmo_jax embed {args} --input_file=-")
   proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode == 0, proc.stderr
