@@ -140,13 +140,13 @@ class Embedder:
     """Local paths, `file://` or `http(s)://` URLs (downloaded once into the cache, see `elmo_jax.interop.download`;
     a download must be a valid options.json and a readable HDF5 file, whatever the URL's name). An
     ELMoForManyLangs folder's config.json and a .pkl (what `pretrained.resolve` gives for one): as `from_efml`."""
-    return cls.from_model(loaded.resolve_files(options_file, weight_file), **kwargs)
+    return cls.from_model(pretrained.resolve_files(options_file, weight_file), **kwargs)
 
   @classmethod
   def from_efml(cls, folder: str | os.PathLike, **kwargs) -> "Embedder":
     """An ELMoForManyLangs model folder (`interop/efml.py`): the same layers as its `sents2elmo(...,
     output_layer=-2)` gives for a batch it starts with a fresh state (see the README)."""
-    return cls.from_model(loaded.efml_folder(folder), **kwargs)
+    return cls.from_model(pretrained.efml_folder(folder), **kwargs)
 
   @classmethod
   def from_pretrained(cls, name_or_path: str, **kwargs) -> "Embedder":

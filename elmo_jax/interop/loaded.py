@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from elmo_jax.data import chars
-from elmo_jax.interop import download
 from elmo_jax.interop import efml
 from elmo_jax.interop import options as options_lib
 from elmo_jax.interop import tfhub
@@ -66,18 +65,6 @@ class LoadedModel:
     return tuple(dict.fromkeys(p for p in named if p))
 
 
-def resolve_files(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> ResolvedModel:
-  """An explicit (options, weights) pair as `resolve_model` would give it: local paths, `file://` or `http(s)://`
-  URLs (downloaded once, each checked to be an options.json and a readable HDF5 file), or an EFML folder's
-  config.json and a .pkl (what `pretrained.resolve` gives for one)."""
-  options_file, weight_file = os.fspath(options_file), os.fspath(weight_file)
-  folder = os.path.dirname(options_file)
-  if weight_file.endswith(".pkl") and efml.is_efml_dir(folder):
-    return ResolvedModel(options_file, weight_file, path=folder, efml_dir=folder)
-  return ResolvedModel(download.cached_path(options_file, kind="options"),
-                       download.cached_path(weight_file, kind="hdf5"), path=options_file)
-
-
 def load_model(found: ResolvedModel) -> LoadedModel:
   """Reads what `found` names: a TF-Hub module, an EFML folder, or an options.json + weights.hdf5 pair (a run's
   export: FileNotFoundError, one line, until it has one). Raises the readers' one-line errors
@@ -113,10 +100,3 @@ def _efml(found: ResolvedModel) -> LoadedModel:
   note = ("options.json + weights.hdf5 has no place for its word embedding (word.dic's vectors beside the char "
           "CNN) nor for its char ids (char.dic)")
   return LoadedModel(options, params, EFML, read, token_ids=token_ids, note=note, source=found)
-
-
-def efml_folder(folder: str | os.PathLike) -> ResolvedModel:
-  """An ELMoForManyLangs folder as `resolve_model` names it (`load_model` then reads it, or says why not)."""
-  folder = os.fspath(folder)
-  return ResolvedModel(os.path.join(folder, efml.CONFIG), os.path.join(folder, efml.ENCODER), path=folder,
-                       efml_dir=folder)

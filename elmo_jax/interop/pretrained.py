@@ -125,7 +125,7 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
   elif efml.folder_problem(path) is not None:
     raise download.DownloadError(efml.folder_problem(path))
   elif efml.is_efml_dir(path):
-    found = loaded.efml_folder(path)
+    found = efml_folder(path)
   elif os.path.isdir(path):
     try:
       found = ResolvedModel(*_pair_in_folder(path), path=path)
@@ -138,6 +138,25 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
   else:
     found = ResolvedModel()
   return _vocab_beside(found) if use == "init_from" else found
+
+
+def resolve_files(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> ResolvedModel:
+  """An explicit (options, weights) pair as `resolve_model` would give it: local paths, `file://` or `http(s)://`
+  URLs (downloaded once, each checked to be an options.json and a readable HDF5 file), or an EFML folder's
+  config.json and a .pkl (what `pretrained.resolve` gives for one)."""
+  options_file, weight_file = os.fspath(options_file), os.fspath(weight_file)
+  folder = os.path.dirname(options_file)
+  if weight_file.endswith(".pkl") and efml.is_efml_dir(folder):
+    return ResolvedModel(options_file, weight_file, path=folder, efml_dir=folder)
+  return ResolvedModel(download.cached_path(options_file, kind="options"),
+                       download.cached_path(weight_file, kind="hdf5"), path=options_file)
+
+
+def efml_folder(folder: str | os.PathLike) -> ResolvedModel:
+  """An ELMoForManyLangs folder as `resolve_model` names it (`load_model` then reads it, or says why not)."""
+  folder = os.fspath(folder)
+  return ResolvedModel(os.path.join(folder, efml.CONFIG), os.path.join(folder, efml.ENCODER), path=folder,
+                       efml_dir=folder)
 
 
 def resolve(name_or_path: str) -> tuple[str, str]:

@@ -85,7 +85,7 @@ def source_files(path: str) -> tuple[str, ...]:
     return ()
   released = released_source(path)
   if released is not None:
-    found = loaded.efml_folder(released[1]) if released[0] == EFML else ResolvedModel(tfhub_dir=released[1])
+    found = pretrained.efml_folder(released[1]) if released[0] == EFML else ResolvedModel(tfhub_dir=released[1])
   else:
     found = _resolve(path)
   return (*found.read_files, *((found.checkpoints[0],) if found.checkpoints is not None else ()))
@@ -93,7 +93,7 @@ def source_files(path: str) -> tuple[str, ...]:
 
 def _load_released(kind: str, folder: str, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """(options, biLM params) of an EFML folder or a TF-Hub module; InitFromError, one line."""
-  found = loaded.efml_folder(folder) if kind == EFML else ResolvedModel(path=folder, tfhub_dir=folder)
+  found = pretrained.efml_folder(folder) if kind == EFML else ResolvedModel(path=folder, tfhub_dir=folder)
   try:
     model = loaded.load_model(found)  # the one load of every format
     return model.options, model.params

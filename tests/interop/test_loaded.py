@@ -47,7 +47,7 @@ def test_bilm_hdf5_pair_with_its_softmax_and_the_vocab_beside(tmp_path):
 
 
 def test_explicit_pair_and_tfhub_module():
-  pair = loaded.resolve_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS)
+  pair = pretrained.resolve_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS)
   assert pair.files == (FIXTURE_OPTIONS, FIXTURE_WEIGHTS) and pair.efml_dir is None
   module = tfhub.load(TFHUB_MODULE, quiet=True)
   model = loaded.load_model(pretrained.resolve_model(TFHUB_MODULE))
@@ -64,7 +64,7 @@ def test_efml_folder_with_its_char_ids(tmp_path):
   efml_util.write_model(folder, zip_format=True)
   options, params, token_ids = efml.load(folder)
   found = pretrained.resolve_model(folder)
-  assert found.efml_dir == folder and loaded.resolve_files(*found.files) == found
+  assert found.efml_dir == folder and pretrained.resolve_files(*found.files) == found
   model = loaded.load_model(found)
   assert model.format == "efml" and model.options == options and model.token_ids.special == token_ids.special
   _same(model.params, params)
