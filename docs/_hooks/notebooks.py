@@ -9,7 +9,7 @@ the code alone and the build warns (so `mkdocs build --strict` fails until the c
 As a script it makes the executed copies (needs the `notebook` extra and, for inspect_elmo, a trained run with
 probe results, or its scalar-mix section prints a placeholder: docs/testing.md, "The notebooks", has the commands):
 
-    python docs/_hooks/notebooks.py --workdir=runs/default400   # -> docs/notebooks/{inspect_elmo,downstream_results}.ipynb
+    python docs/_hooks/notebooks.py --workdir=runs/default400  # -> docs/notebooks/NAME.ipynb, every notebook
 """
 from __future__ import annotations
 
