@@ -6,9 +6,10 @@ executed copy `docs/notebooks/NAME.ipynb` (text, tables, PNG figures inlined). T
 without outputs; the executed copy is used only while its code cells are the notebook's, else the page shows
 the code alone and the build warns (so `mkdocs build --strict` fails until the copy is made again).
 
-As a script it makes the executed copies (needs the `notebook` extra and a trained run for inspect_elmo):
+As a script it makes the executed copies (needs the `notebook` extra and, for inspect_elmo, a trained run with
+probe results, or its scalar-mix section prints a placeholder: docs/testing.md, "The notebooks", has the commands):
 
-    python docs/_hooks/notebooks.py --workdir=runs/default   # -> docs/notebooks/{inspect_elmo,downstream_results}.ipynb
+    python docs/_hooks/notebooks.py --workdir=runs/default400  # -> docs/notebooks/NAME.ipynb, every notebook
 """
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def _output_markdown(output: dict) -> str:
     return "```text\n" + _ANSI.sub("", "\n".join(output.get("traceback", []))) + "\n```"
   data = output.get("data", {})
   if "image/png" in data:
-    return f'<img alt="output" src="data:image/png;base64,{_text(data["image/png"]).strip()}">'
+    # Figures are drawn at 100 dpi, often wider than the page's column: scaled down to it, never past it.
+    return (f'<img alt="output" style="max-width:100%" '
+            f'src="data:image/png;base64,{_text(data["image/png"]).strip()}">')
   if "text/markdown" in data:
     return _text(data["text/markdown"])
   if "text/plain" in data:
@@ -81,8 +84,8 @@ def page(name: str) -> str:
     log.warning("notebooks/%s.ipynb: no current executed copy in docs/notebooks/; the page shows no outputs "
                 "(make it: python docs/_hooks/notebooks.py --workdir=RUN)", name)
   note = (f"\n*The outputs are those of `docs/notebooks/{name}.ipynb`, made with "
-          "`python docs/_hooks/notebooks.py --workdir=RUN` on a 2-core CPU; the model a run used is named in its "
-          "first output.*\n")
+          "`python docs/_hooks/notebooks.py --workdir=RUN` on a 2-core CPU, RUN trained and probed as in "
+          "[Testing](../testing.md#the-notebooks); the model a run used is named in its first output.*\n")
   return render(source, executed) + (note if executed is not None else "")
 
 

@@ -54,7 +54,7 @@ RUN_BY = {
         "tests/evaluation/test_perplexity.py::test_matches_trainer_eval_and_writes_json_and_plots",
     r"^elmo-jax evaluate --task=all --workdir=runs/default$":
         "tests/evaluation/test_evaluate_all.py::test_all_runs_what_has_data_and_skips_the_rest_in_one_line_each",
-    r"^elmo-jax evaluate --task=all --workdir=runs/default --probe_data_dir=PROBES$":
+    r"^elmo-jax evaluate --task=all --workdir=runs/default(400)? --probe_data_dir=PROBES$":
         "tests/evaluation/test_evaluate_all.py::test_probe_data_dir_supplies_the_probe_sets",
     r"^elmo-jax evaluate --task=wsd --options_file=O\.json --weight_file=W\.hdf5 --wsd_file=":
         "tests/evaluation/test_evaluate_all.py::test_all_runs_what_has_data_and_skips_the_rest_in_one_line_each",

@@ -19,6 +19,8 @@ HISTORY = re.compile(r"\bthis (round|session)\b|\b(previous|earlier|latest) (rou
                      r"commit)s?\b|\bbefore / now\b|\bbefore/after\b|\bthe code before\b|\bnot yet\b|"
                      r"\bnot started\b|\bdid not finish\b|\bround \d|\bload average\b|\bshared with (six|\d+) other jobs\b|"
                      r"\bA/B script\b", re.I)
+# What the notebooks print in place of a figure or table when the run lacks its results.
+HOLE = re.compile(r"\bno\b[^\n]{0,40}\b(yet|found)\b|nothing to plot", re.I)
 COMMIT = re.compile(r"(?<![\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
 
 
@@ -72,6 +74,17 @@ def test_mkdocs_build_strict(tmp_path):
     assert (tmp_path / "site" / page.removeprefix("index") / "index.html").exists() or page == "index", page
   notebook = _read(str(tmp_path / "site" / "notebooks" / "downstream_results" / "index.html"))
   assert "data:image/png;base64," in notebook  # the executed copy's figures
+  # The settings table is rendered (Markdown output), not shown as `| ... |` text in a block.
+  assert re.search(r"<table>\s*<thead>\s*<tr>\s*<th>task</th>", notebook) and "| sentiment | frozen |" not in notebook
+  for name in ("downstream_results", "inspect_elmo"):
+    images = re.findall(r"<img [^>]*>", _read(str(tmp_path / "site" / "notebooks" / name / "index.html")))
+    assert images and all('style="max-width:100%"' in i for i in images), name  # scaled to the column
+  # Commands in table cells wrap at spaces: the stylesheet is copied and linked, the words kept whole.
+  assert "td code" in _read(str(tmp_path / "site" / "stylesheets" / "extra.css"))
+  performance = _read(str(tmp_path / "site" / "performance" / "index.html"))
+  assert re.search(r'<link[^>]+href="\.\./stylesheets/extra\.css"', performance)
+  assert ('<td><code><span class="nowrap">bash</span> <span class="nowrap">scripts/train.sh</span></code></td>'
+          in performance)
   reference = _read(str(tmp_path / "site" / "reference" / "index.html"))  # generated from the docstrings
   for anchor in ("embedding.embedder.Embedder.sentence_vectors", "interop.pretrained.load_elmo", "model.elmo.Elmo",
                  "interop.pretrained.resolve_model", "interop.loaded.load_model", "training.config.base_config"):
@@ -93,3 +106,61 @@ def test_executed_notebooks_are_current():
     outputs = [o for c in cells[1] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     assert outputs and not [o for o in outputs if o["output_type"] == "error"], copy
     assert any("image/png" in o.get("data", {}) for o in outputs), copy
+    # A copy made on a run without probes (or results) prints a placeholder where a figure belongs.
+    shown = "".join(_text_of(o) for o in outputs)
+    assert not HOLE.search(shown), (copy, HOLE.search(shown).group(0))
+  inspect = json.loads(_read(os.path.join(REPO_ROOT, "docs", "notebooks", "inspect_elmo.ipynb")))
+  images = [o for c in inspect["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+  assert len(images) >= 4, len(images)  # bank + plant heatmaps, the probes' mix weights, perplexity curves
+
+
+def _text_of(output: dict) -> str:
+  data = output.get("data", {})
+  return "".join("".join(v) if isinstance(v, list) else v
+                 for v in (output.get("text", ""), data.get("text/plain", ""), data.get("text/markdown", "")))
+
+
+def test_hole_catches_the_placeholders():
+  for placeholder in ("No probe results yet: run `elmo-jax evaluate ...`", "no probe results found",
+                      "No metrics.jsonl (original weights or an untrained run): nothing to plot.",
+                      "no downstream results found", "no perplexity results found"):
+    assert HOLE.search(placeholder), placeholder
+  assert not HOLE.search("pos: eval/pos.json\nquery: 'the muddy bank of the'\n  layer 0: ...")
+
+
+def test_notebook_outputs_fit_the_page():
+  """The hook's rendering of outputs: a figure is scaled to the column, Markdown (the settings table) passes as
+  Markdown, so the page renders a table."""
+  hook = _hook("notebooks")
+  image = hook._output_markdown({"output_type": "display_data", "data": {"image/png": "iVBORw0KGgo=\n"}})
+  assert re.fullmatch(r'<img [^>]*style="max-width:100%"[^>]*src="data:image/png;base64,iVBORw0KGgo=">', image)
+  table = "| task | setting |\n|---|---|\n| pos | none |\n"
+  shown = {"text/markdown": table, "text/plain": "<IPython.core.display.Markdown object>"}
+  assert hook._output_markdown({"output_type": "display_data", "data": shown}) == table
+
+
+def _hook(name: str):
+  spec = importlib.util.spec_from_file_location(f"{name}_hook", os.path.join(REPO_ROOT, "docs", "_hooks", name + ".py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_table_commands_wrap_at_spaces():
+  """docs/performance.md's command column broke inside words ("scripts/train.s h", then "train --" /
+  "config=..."): Material's `word-break: break-word` for code, and a browser's break after a hyphen. The extra
+  stylesheet and the tables hook, both listed in mkdocs.yml, keep each word of a table cell's code whole."""
+  config = _read(os.path.join(REPO_ROOT, "mkdocs.yml"))
+  assert re.search(r"^extra_css:\n  - stylesheets/extra\.css\b", config, re.M)
+  assert re.search(r"^hooks:\n(  - .*\n)*  - docs/_hooks/tables\.py\n", config, re.M)
+  css = _read(os.path.join(REPO_ROOT, "docs", "stylesheets", "extra.css"))
+  rule = re.search(r"\.md-typeset td code\s*\{([^}]*)\}", css)
+  assert rule and re.search(r"word-break:\s*normal", rule.group(1)) and re.search(r"overflow-wrap:\s*normal",
+                                                                                   rule.group(1))
+  assert re.search(r"\.md-typeset td code \.nowrap\s*\{\s*white-space:\s*nowrap;", css)
+  html = ("<p><code>elmo-jax train</code></p><table><tr><td>a <code>elmo-jax train --config=c.py</code></td>"
+          "<td><code>9bf7b22</code></td></tr></table>")
+  assert _hook("tables").keep_words(html) == (
+      "<p><code>elmo-jax train</code></p><table><tr><td>a <code><span class=\"nowrap\">elmo-jax</span> "
+      "<span class=\"nowrap\">train</span> <span class=\"nowrap\">--config=c.py</span></code></td>"
+      "<td><code><span class=\"nowrap\">9bf7b22</span></code></td></tr></table>")

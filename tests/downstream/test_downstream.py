@@ -287,5 +287,7 @@ def _run_notebook(results_dir) -> None:
   images = [o for o in outputs if "image/png" in o.get("data", {})]
   assert len(images) == 3, [o.get("output_type") for o in outputs]  # settings bars, probes, perplexity
   text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
-  assert "| sentiment | frozen |" in text
+  # The table is displayed as Markdown (a table on the docs page), not printed as `| ... |` text.
+  markdown = "".join(o.get("data", {}).get("text/markdown", "") for o in outputs)
+  assert "| sentiment | frozen |" in markdown and "| sentiment | frozen |" not in text
   assert "pos: eval/pos.json" in text and "a_older_run" not in text
