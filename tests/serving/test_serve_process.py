@@ -159,6 +159,14 @@ def test_eight_devices_answer_as_one_then_sigterm_drains_and_exits_0(model_dir, 
   """A server over 8 (simulated) devices gives one device's layers; SIGTERM with requests in flight answers
   them and exits 0."""
   server = ServeProcess(model_dir, "--noaccess_log", log=str(tmp_path / "serve.log"), devices=8)
+  try:
+    _eight_devices_then_sigterm(server, reference)
+  finally:
+    if server.proc.poll() is None:  # a failed check leaves no server behind
+      server.proc.kill()
+
+
+def _eight_devices_then_sigterm(server: ServeProcess, reference) -> None:
   assert "8 device(s)" in server.text()
   status, _, body = call(server.port, "POST", "/v2/models/elmo/infer",
                          infer_json([" ".join(s) for s in SENTENCES[:10]], ("layers",)))
