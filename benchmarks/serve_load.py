@@ -12,7 +12,8 @@ real sentences from the corpus in data/, one sentence per request. In order, on 
     flags), its load time, then per client count a closed loop —
     each client one keep-alive connection, its next request sent when its answer came — of `sentence_vector`
     requests (JSON): sentences per second, ms percentiles, the mean batch (from `/metrics`); at 1 client also
-    `layers` in the binary extension and in JSON (`http_cost_ms`: p50 over `direct`'s);
+    `layers` in the binary extension and in JSON; `http_cost`: the same sentences, warm in both token tables,
+    a direct call and each request kind interleaved (`http_cost_ms`: the requests' p50 minus the direct one);
   * `soak`: `--soak_requests` more at the highest client count; the server's RSS after the warm-up and after it;
   * `direct_again`: the direct calls again (the machine's drift between the two);
   * `compiles_since_ready` from `/metrics` (0: no request compiled), the load average before and after.
@@ -82,11 +83,16 @@ class Fresh:
     return self.sentences[self.at - n:self.at]
 
 
-def direct(folder: str, sentences: list[list[str]], with_baseline: bool) -> dict[str, Any]:
-  """Sequential single-sentence calls of a warm Embedder (and AllenNLP's Elmo interleaved): `--warmup` calls,
-  then one timed call per sentence left."""
+def embedder(folder: str) -> Any:
+  """A warm Embedder of the model in `folder`, as a script would load it."""
   from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top
-  emb = Embedder.from_files(os.path.join(folder, "options.json"), os.path.join(folder, "weights.hdf5"))
+  return Embedder.from_files(os.path.join(folder, "options.json"), os.path.join(folder, "weights.hdf5"))
+
+
+def direct(folder: str, sentences: list[list[str]], with_baseline: bool) -> dict[str, Any]:
+  """Sequential single-sentence calls of a new warm Embedder (and AllenNLP's Elmo interleaved): `--warmup`
+  calls, then one timed call per sentence left."""
+  emb = embedder(folder)
   other = None
   if with_baseline and FLAGS.allennlp_path and os.path.isdir(FLAGS.allennlp_path):
     from allennlp_baseline import AllenNLPElmo  # pylint: disable=g-import-not-at-top
@@ -171,6 +177,34 @@ def closed_loop(port: int, sentences: list[list[str]], clients: int, n: int, kin
           "sentences_per_s": round(len(latencies) / wall, 1), "ms": stats(latencies)}
 
 
+def http_cost(port: int, emb: Any, sentences: list[list[str]]) -> dict[str, Any]:
+  """What HTTP adds to a call: the same sentences, each already embedded once by both (the tokens in both token
+  tables), then per sentence a direct `embed_sentences([s])` and one request of each kind, interleaved; ms of
+  each and the requests' p50 minus the direct call's."""
+  conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+  kinds = ("vector", "layers_binary", "layers_json")
+
+  def request(kind: str, sentence: list[str]) -> None:
+    body, headers = _request(kind, sentence)
+    conn.request("POST", "/v2/models/elmo/infer", body, headers)
+    response = conn.getresponse()
+    response.read()
+    assert response.status == 200, response.status
+
+  for s in sentences:
+    emb.embed_sentences([s])
+    for kind in kinds:
+      request(kind, s)
+  times: dict[str, list[float]] = {"direct": [], **{k: [] for k in kinds}}
+  for s in sentences:
+    times["direct"].append(_ms(lambda: emb.embed_sentences([s])))
+    for kind in kinds:
+      times[kind].append(_ms(lambda: request(kind, s)))
+  conn.close()
+  ms = {k: stats(v) for k, v in times.items()}
+  return {"ms": ms, "cost_p50_ms": {k: round(ms[k]["p50"] - ms["direct"]["p50"], 2) for k in kinds}}
+
+
 def _metric(port: int, name: str) -> float:
   conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
   conn.request("GET", "/metrics")
@@ -185,7 +219,7 @@ def _rss_mb(pid: int) -> float:
 
 
 def serve(folder: str, fresh: Fresh) -> dict[str, Any]:
-  """The server's load, each client level, the 1-client layers rows and the soak."""
+  """The server's load, each client level, the 1-client layers rows, the HTTP cost and the soak."""
   log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
   start = time.perf_counter()
   proc = subprocess.Popen([sys.executable, "-m", "elmo_jax", "serve", f"--model={folder}", "--port=0",
@@ -208,6 +242,7 @@ def serve(folder: str, fresh: Fresh) -> dict[str, Any]:
     out["levels"] = levels
     for kind in ("layers_binary", "layers_json"):
       out[f"one_client_{kind}"] = closed_loop(port, fresh.take(FLAGS.requests), 1, FLAGS.requests, kind)
+    out["http_cost"] = http_cost(port, embedder(folder), fresh.take(min(FLAGS.requests, 200)))
     if FLAGS.soak_requests:
       top = max(map(int, FLAGS.clients))
       rss_before = _rss_mb(proc.pid)
@@ -225,11 +260,13 @@ def serve(folder: str, fresh: Fresh) -> dict[str, Any]:
 
 def main(argv: Sequence[str]) -> None:
   del argv
+  from elmo_jax.runtime import memory  # pylint: disable=g-import-not-at-top
+  memory.reuse_freed_memory()  # as every command (the server too) sets up its process: the direct calls alike
   load_before = os.getloadavg()
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=_ROOT,
                           check=False).stdout.strip()
   levels = len(FLAGS.clients) + 2  # and the two 1-client layers rows
-  sentences = load_sentences(FLAGS.corpus, FLAGS.warmup * 6 + FLAGS.requests * (levels + 2) + 2000, max_len=120)
+  sentences = load_sentences(FLAGS.corpus, FLAGS.warmup * 6 + FLAGS.requests * (levels + 2) + 2200, max_len=120)
   fresh = Fresh(sentences)
   result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "commit": commit,
                             "preset": "custom" if FLAGS.options_file else FLAGS.preset,
@@ -242,10 +279,7 @@ def main(argv: Sequence[str]) -> None:
     result["direct_again"] = direct(folder, fresh.take(FLAGS.warmup + FLAGS.requests), with_baseline=False)
   top = result["serve"]["levels"][-1]
   result["speedup_vs_direct"] = round(top["sentences_per_s"] / result["direct"]["sentences_per_s"], 2)
-  result["http_cost_ms"] = {k: round(result["serve"][k]["ms"]["p50"] - result["direct"]["ms"]["p50"], 2)
-                            for k in ("one_client_layers_binary", "one_client_layers_json")}
-  result["http_cost_ms"]["sentence_vector"] = round(result["serve"]["levels"][0]["ms"]["p50"]
-                                                    - result["direct"]["ms"]["p50"], 2)
+  result["http_cost_ms"] = result["serve"]["http_cost"]["cost_p50_ms"]
   result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
   print(json.dumps(result, indent=1))
 
