@@ -14,13 +14,15 @@ real sentences from the corpus in data/, one sentence per request. In order, on 
     requests (JSON): sentences per second, ms percentiles, the mean batch (from `/metrics`); at 1 client also
     `layers` in the binary extension and in JSON; `http_cost`: the same sentences, warm in both token tables,
     a direct call and each request kind interleaved (`http_cost_ms`: the requests' p50 minus the direct one);
-  * `soak`: `--soak_requests` more at the highest client count; the server's RSS after the warm-up and after it;
+  * `soak`: `--soak_requests` more at the highest client count over 2,000 sentences (their tokens new in the
+    first quarter only); the server's RSS after the warm-up and after each quarter (`rss_mb`);
   * `direct_again`: the direct calls again (the machine's drift between the two);
   * `compiles_since_ready` from `/metrics` (0: no request compiled), the load average before and after.
 Every loop is bounded by its request count and `--deadline_s`: the generator stops by itself.
 """
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import os
@@ -196,10 +198,11 @@ def http_cost(port: int, emb: Any, sentences: list[list[str]]) -> dict[str, Any]
     for kind in kinds:
       request(kind, s)
   times: dict[str, list[float]] = {"direct": [], **{k: [] for k in kinds}}
-  for s in sentences:
-    times["direct"].append(_ms(lambda: emb.embed_sentences([s])))
-    for kind in kinds:
-      times[kind].append(_ms(lambda: request(kind, s)))
+  calls = {"direct": lambda s: emb.embed_sentences([s]), **{k: functools.partial(request, k) for k in kinds}}
+  order = list(calls)
+  for i, s in enumerate(sentences):  # the order rotates: none always runs first after a pause, or after another
+    for name in order[i % len(order):] + order[:i % len(order)]:
+      times[name].append(_ms(lambda: calls[name](s)))
   conn.close()
   ms = {k: stats(v) for k, v in times.items()}
   return {"ms": ms, "cost_p50_ms": {k: round(ms[k]["p50"] - ms["direct"]["p50"], 2) for k in kinds}}
@@ -245,9 +248,16 @@ def serve(folder: str, fresh: Fresh) -> dict[str, Any]:
     out["http_cost"] = http_cost(port, embedder(folder), fresh.take(min(FLAGS.requests, 200)))
     if FLAGS.soak_requests:
       top = max(map(int, FLAGS.clients))
-      rss_before = _rss_mb(proc.pid)
-      soak = closed_loop(port, fresh.take(min(FLAGS.soak_requests, 2000)), top, FLAGS.soak_requests)
-      out["soak"] = {**soak, "rss_mb_before": rss_before, "rss_mb_after": _rss_mb(proc.pid)}
+      rss = [_rss_mb(proc.pid)]  # after the warm-up and the levels, then after each quarter of the soak
+      sentences, quarters = fresh.take(min(FLAGS.soak_requests, 2000)), []
+      for _ in range(4):
+        quarters.append(closed_loop(port, sentences, top, FLAGS.soak_requests // 4))
+        rss.append(_rss_mb(proc.pid))
+      out["soak"] = {"clients": top, "requests": sum(q["requests"] for q in quarters),
+                     "failures": [f for q in quarters for f in q["failures"]],
+                     "sentences_per_s": [q["sentences_per_s"] for q in quarters],
+                     "ms_p99": [q["ms"]["p99"] for q in quarters], "rss_mb": rss,
+                     "rss_mb_before": rss[0], "rss_mb_after": rss[-1]}
     out["compiles_since_ready"] = _metric(port, "elmo_compiles_since_ready")
     return out
   finally:
