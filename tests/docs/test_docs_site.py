@@ -17,7 +17,7 @@ README = os.path.join(REPO_ROOT, "README.md")
 # Lab notes and figures from a busy machine: what a guide must not hold (history goes to CHANGELOG.md).
 HISTORY = re.compile(r"\bthis (round|session)\b|\b(previous|earlier|latest) (round|session|reader|version|step|"
                      r"commit)s?\b|\bbefore / now\b|\bbefore/after\b|\bthe code before\b|\bnot yet\b|"
-                     r"\bnot started\b|\bdid not finish\b|\bround \d|\bload average\b|\bshared with (six|\d+) other jobs\b|"
+                     r"\bnot started\b|\bdid not finish\b|\bround \d|\bload averages? (of )?\d\d|\bshared with (six|\d+) other jobs\b|"
                      r"\bA/B script\b", re.I)
 # What the notebooks print in place of a figure or table when the run lacks its results.
 HOLE = re.compile(r"\bno\b[^\n]{0,40}\b(yet|found)\b|nothing to plot", re.I)
@@ -59,6 +59,7 @@ def test_history_words_and_commits_are_caught():
                "against the previous readers", "a 2-core CPU shared with six other jobs"):
     assert HISTORY.search(note), note
   assert not HISTORY.search("row k continues row k of the previous one; the previous good step is used")
+  assert not HISTORY.search("nothing else running (load average 1.08 before, 2.11 after)")  # a quiet machine
   assert not COMMIT.search("sha256 1f0c… of deadbeef-free text, 1e-6, 2x1024_128_2048cnn")
 
 
