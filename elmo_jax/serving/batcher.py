@@ -91,12 +91,20 @@ class Batcher:
       if self._stopped:
         raise Draining("the server is shutting down")
       if len(self._queue) >= self.max_queue:
+        self._drop_cancelled()  # a request that timed out while queued holds no place
+      if len(self._queue) >= self.max_queue:
         raise QueueFull(f"{len(self._queue)} requests are queued (--max_queue={self.max_queue})")
       self._queue.append(request)
       self._outstanding += 1
       self._peak = max(self._peak, self._outstanding)
       self._cond.notify()
     return request.future
+
+  def _drop_cancelled(self) -> None:
+    """Forgets the queued requests whose callers stopped waiting (the caller holds the lock)."""
+    live = collections.deque(r for r in self._queue if not r.future.cancelled())
+    self._outstanding -= len(self._queue) - len(live)
+    self._queue = live
 
   def _take(self) -> list[_Request] | None:
     """The next batch: the oldest request and those behind it within the limits (None: stopped and empty)."""
@@ -154,15 +162,23 @@ class Batcher:
       layers = self.embedder.embed_sentences(sentences) if sentences else []
     except Exception as e:  # pylint: disable=broad-except  (answered to each request; the server stays up)
       for r in batch:
-        r.loop.call_soon_threadsafe(_settle, r.future, None, e)
+        _hand_back(r, None, e)
       return
     seconds = time.perf_counter() - start
     at = 0
     for r in batch:
-      r.loop.call_soon_threadsafe(_settle, r.future, layers[at:at + len(r.sentences)], None)
+      _hand_back(r, layers[at:at + len(r.sentences)], None)
       at += len(r.sentences)
     if self._on_batch is not None:
       self._on_batch(len(batch), len(sentences), sum(r.tokens for r in batch), seconds)
+
+
+def _hand_back(request: _Request, result: list[np.ndarray] | None, error: BaseException | None) -> None:
+  """From the batch thread: the answer to the request's event loop (gone at shutdown: nobody is waiting)."""
+  try:
+    request.loop.call_soon_threadsafe(_settle, request.future, result, error)
+  except RuntimeError:  # the loop is closed
+    pass
 
 
 def _settle(future: asyncio.Future, result: list[np.ndarray] | None, error: BaseException | None) -> None:
