@@ -32,6 +32,7 @@ _A_FLAG = {"train": "--workdir", "evaluate": "--task", "embed": "--output_file",
            "plan": "--config", "convert": "--to", "downstream": "--task", "serve": "--max_batch_tokens"}
 
 
+@pytest.mark.slow  # nine command processes
 def test_every_command_help_lists_its_flags_and_exits_0():
   """One process per command (evaluate and downstream both define --task at import: not in one process)."""
   env = {**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"}

@@ -49,6 +49,7 @@ def test_a_warm_cache_copied_to_another_path_is_used_and_a_read_only_one_is_not_
                    "are not kept"], copied.stderr
 
 
+@pytest.mark.slow  # a loading process
 def test_a_read_only_cache_gets_no_entries_and_one_line(tmp_path):
   (tmp_path / "c").mkdir()
   proc = _load(str(tmp_path / "c"), "read-only")
