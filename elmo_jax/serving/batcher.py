@@ -38,7 +38,6 @@ class _Request:
   tokens: int
   future: asyncio.Future
   loop: asyncio.AbstractEventLoop
-  queued_at: float
 
 
 class Batcher:
@@ -86,7 +85,7 @@ class Batcher:
     """Queues one request (its sentences answered together); returns a future of its layers, one
     `[n_layers + 1, n_tokens, 2P]` array per sentence. Call from the event loop's thread."""
     loop = asyncio.get_running_loop()
-    request = _Request(sentences, sum(map(len, sentences)), loop.create_future(), loop, time.perf_counter())
+    request = _Request(sentences, sum(map(len, sentences)), loop.create_future(), loop)
     with self._cond:
       if self._stopped:
         raise Draining("the server is shutting down")
