@@ -16,6 +16,7 @@ import importlib.metadata
 import json
 import sys
 import time
+import traceback
 from typing import Any, Awaitable, Callable
 
 import numpy as np
@@ -138,6 +139,9 @@ async def _answer(handler, service: Service, request: Request, errors) -> Respon
     return error(str(e), 503, {"Retry-After": str(RETRY_AFTER_S)})
   except asyncio.TimeoutError:
     return error(f"no answer within {service.timeout_s:g} s (--timeout_s)", 504)
+  except Exception as e:  # pylint: disable=broad-except  (a fault of ours: the client gets one line, the log the rest)
+    traceback.print_exc(file=sys.stderr)
+    return error(" ".join(f"internal error: {type(e).__name__}: {e}".split())[:300], 500)
 
 
 def _check_model(service: Service, request: Request) -> None:

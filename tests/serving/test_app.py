@@ -112,6 +112,19 @@ def test_each_failure_is_a_status_and_one_line_and_the_server_stays_up(server, m
   assert call(server.port, "GET", "/v2/health/live")[0] == 200
 
 
+def test_a_failing_embedder_is_a_500_with_one_line_and_the_server_stays_up():
+  class Failing(FakeEmbedder):
+    def embed_sentences(self, sentences):
+      if any("boom" in s for s in sentences):
+        raise RuntimeError("device lost\nsecond line")
+      return super().embed_sentences(sentences)
+
+  with ThreadServer(_service(Failing())) as s:
+    status, _, body = call(s.port, "POST", INFER, infer_json(["boom"]))
+    assert status == 500 and one_line_error(body) == "internal error: RuntimeError: device lost second line"
+    assert call(s.port, "POST", INFER, infer_json(["fine"]))[0] == 200
+
+
 def test_binary_bytes_that_lie_or_are_not_utf8_are_400(server):
   data, headers = _binary_request(["ok"], {"lengths": False})
   cut = data[:-1]  # an element's bytes cut short
