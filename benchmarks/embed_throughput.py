@@ -297,7 +297,7 @@ def token_cache_pass(embedder: Embedder, opts: dict, sentences: list[list[str]],
   # The A/B passes stream their batches (as embed_file does) rather than hold every output, so this
   # comparison adds no second set of held outputs to the process's peak.
   def stream(e: Embedder) -> int:
-    return sum(len(rows) for rows, _ in e.iter_batches(sentences, bs))
+    return sum(len(rows) for _, rows, _, _ in e.batches(sentences, bs))
   warm = timed(lambda: stream(cached))
   a = cached.embed_sentences(sentences[:256], batch_size=bs)
   b = embedder.embed_sentences(sentences[:256], batch_size=bs)
