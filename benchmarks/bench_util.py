@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import resource
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +16,12 @@ def peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def memory_mb() -> dict[str, float]:
-  """The process's resident memory now (`rss`, of which `anon` is heap/arrays, `file` mapped code) and its
-  peak so far (`hwm`), from /proc/self/status (Linux); {} elsewhere."""
+def memory_mb(pid: int | str = "self") -> dict[str, float]:
+  """A process's resident memory now (`rss`, of which `anon` is heap/arrays, `file` mapped code) and its
+  peak so far (`hwm`), from /proc/PID/status (Linux; default: this process); {} elsewhere."""
   keys = {"VmRSS": "rss", "VmHWM": "hwm", "RssAnon": "anon", "RssFile": "file"}
   try:
-    with open("/proc/self/status", encoding="ascii") as f:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
       lines = [line.split(":") for line in f if line.split(":")[0] in keys]
   except OSError:
     return {}
@@ -62,3 +62,10 @@ def stats(ms: Sequence[float]) -> dict[str, float]:
   return {"p50": round(p50, 2), "p95": round(float(np.percentile(a, 95)), 2),
           "p99": round(float(np.percentile(a, 99)), 2), "max": round(float(a.max()), 2),
           "mean": round(float(a.mean()), 2), "max_over_p50": round(float(a.max()) / p50, 2)}
+
+
+def clock(fn: Callable[[], Any]) -> float:
+  """Milliseconds `fn()` takes."""
+  start = time.perf_counter()
+  fn()
+  return (time.perf_counter() - start) * 1e3

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 from absl import app
 from absl import flags
 
-from bench_util import load_sentences, stats
+from bench_util import clock, load_sentences, stats
 
 import numpy as np
 
@@ -47,12 +47,6 @@ flags.DEFINE_string("allennlp_path", "/tmp/allennlp_pkg", "pip --target folder h
                     "(benchmarks/allennlp_baseline.py); empty or missing: no baseline.")
 flags.DEFINE_string("child", None, "internal: measure this preset in this process.")
 flags.DEFINE_bool("latency", True, "internal: measure the latency tables too (else load and first call).")
-
-
-def clock(fn: Callable[[], Any]) -> float:
-  start = time.perf_counter()
-  fn()
-  return (time.perf_counter() - start) * 1e3
 
 
 def options_of(preset: str) -> dict[str, Any]:

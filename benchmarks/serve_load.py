@@ -33,13 +33,13 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from absl import app
 from absl import flags
 import numpy as np
 
-from bench_util import load_sentences, stats
+from bench_util import clock, load_sentences, memory_mb, stats
 
 FLAGS = flags.FLAGS
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -108,10 +108,10 @@ def direct(folder: str, sentences: list[list[str]], with_baseline: bool) -> dict
   start = time.perf_counter()
   for k, s in enumerate(sentences[FLAGS.warmup:]):
     if other is not None and k % 2:
-      theirs.append(_ms(lambda: other([s])))
-    ours.append(_ms(lambda: emb.embed_sentences([s])))
+      theirs.append(clock(lambda: other([s])))
+    ours.append(clock(lambda: emb.embed_sentences([s])))
     if other is not None and not k % 2:
-      theirs.append(_ms(lambda: other([s])))
+      theirs.append(clock(lambda: other([s])))
   out = {"ms": stats(ours), "sentences_per_s": round(len(ours) / (sum(ours) / 1e3), 1),
          "wall_s": round(time.perf_counter() - start, 1)}
   if theirs:
@@ -119,12 +119,6 @@ def direct(folder: str, sentences: list[list[str]], with_baseline: bool) -> dict
     out["baseline_ms"] = stats(theirs)
     out["baseline_sentences_per_s"] = round(len(theirs) / (sum(theirs) / 1e3), 1)
   return out
-
-
-def _ms(fn: Callable[[], Any]) -> float:
-  start = time.perf_counter()
-  fn()
-  return (time.perf_counter() - start) * 1e3
 
 
 def _request(kind: str, sentence: Sequence[str]) -> tuple[bytes, dict[str, str]]:
@@ -202,7 +196,7 @@ def http_cost(port: int, emb: Any, sentences: list[list[str]]) -> dict[str, Any]
   order = list(calls)
   for i, s in enumerate(sentences):  # the order rotates: none always runs first after a pause, or after another
     for name in order[i % len(order):] + order[:i % len(order)]:
-      times[name].append(_ms(lambda: calls[name](s)))
+      times[name].append(clock(lambda: calls[name](s)))
   conn.close()
   ms = {k: stats(v) for k, v in times.items()}
   return {"ms": ms, "cost_p50_ms": {k: round(ms[k]["p50"] - ms["direct"]["p50"], 2) for k in kinds}}
@@ -214,11 +208,6 @@ def _metric(port: int, name: str) -> float:
   text = conn.getresponse().read().decode()
   conn.close()
   return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
-
-
-def _rss_mb(pid: int) -> float:
-  with open(f"/proc/{pid}/status", encoding="ascii") as f:
-    return round(int(next(line for line in f if line.startswith("VmRSS")).split()[1]) / 1024, 1)
 
 
 def serve(folder: str, fresh: Fresh) -> dict[str, Any]:
@@ -248,11 +237,11 @@ def serve(folder: str, fresh: Fresh) -> dict[str, Any]:
     out["http_cost"] = http_cost(port, embedder(folder), fresh.take(min(FLAGS.requests, 200)))
     if FLAGS.soak_requests:
       top = max(map(int, FLAGS.clients))
-      rss = [_rss_mb(proc.pid)]  # after the warm-up and the levels, then after each quarter of the soak
+      rss = [memory_mb(proc.pid)["rss"]]  # after the warm-up and the levels, then after each quarter of the soak
       sentences, quarters = fresh.take(min(FLAGS.soak_requests, 2000)), []
       for _ in range(4):
         quarters.append(closed_loop(port, sentences, top, FLAGS.soak_requests // 4))
-        rss.append(_rss_mb(proc.pid))
+        rss.append(memory_mb(proc.pid)["rss"])
       out["soak"] = {"clients": top, "requests": sum(q["requests"] for q in quarters),
                      "failures": [f for q in quarters for f in q["failures"]],
                      "sentences_per_s": [q["sentences_per_s"] for q in quarters],

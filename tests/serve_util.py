@@ -83,6 +83,15 @@ def infer_json(texts: list[str], outputs=("sentence_vector",)) -> dict:
           "outputs": [{"name": o} for o in outputs]}
 
 
+def infer_one(port: int, texts: list[str], output: str) -> tuple[int, np.ndarray | None]:
+  """One JSON-form inference request: (status, `output` as an array of its shape; None unless 200)."""
+  status, _, body = call(port, "POST", "/v2/models/elmo/infer", infer_json(texts, (output,)))
+  if status != 200:
+    return status, None
+  out = json.loads(body)["outputs"][0]
+  return status, np.array(out["data"], np.float32).reshape(out["shape"])
+
+
 def one_line_error(body: bytes) -> str:
   """The error message of an error response; asserts it is one line of JSON."""
   assert b"\n" not in body.strip(), body

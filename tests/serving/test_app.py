@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")  # the serve extra (requirements-test.txt install
 
 from elmo_jax.serving import v2  # noqa: E402
 from elmo_jax.serving.app import Service  # noqa: E402
-from serve_util import FakeEmbedder, ThreadServer, call, infer_json, one_line_error  # noqa: E402
+from serve_util import FakeEmbedder, ThreadServer, call, infer_json, infer_one, one_line_error  # noqa: E402
 
 INFER = "/v2/models/elmo/infer"
 
@@ -141,16 +141,11 @@ def test_64_concurrent_requests_get_their_own_sentences_in_few_batches():
     rng = np.random.default_rng(0)
     texts = [" ".join(f"w{rng.integers(1000)}" for _ in range(rng.integers(1, 30))) for _ in range(64)]
 
-    def one(text):
-      status, _, body = call(s.port, "POST", INFER, infer_json([text], ("top",)))
-      out = json.loads(body)["outputs"][0]
-      return status, np.array(out["data"], np.float32).reshape(out["shape"])[0]
-
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-      results = list(pool.map(one, texts))
+      results = list(pool.map(lambda text: infer_one(s.port, [text], "top"), texts))
   for text, (status, top) in zip(texts, results):
     assert status == 200
-    np.testing.assert_array_equal(top, FakeEmbedder.layers(text.split())[-1])
+    np.testing.assert_array_equal(top[0], FakeEmbedder.layers(text.split())[-1])
   assert sum(len(c) for c in embedder.calls) == 64 and len(embedder.calls) < 64  # batched
 
 

@@ -22,7 +22,7 @@ pytest.importorskip("uvicorn")  # the serve extra (requirements-test.txt install
 
 from elmo_jax.embedding.embedder import Embedder  # noqa: E402
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT  # noqa: E402
-from serve_util import call, infer_json  # noqa: E402
+from serve_util import call, infer_json, infer_one  # noqa: E402
 import embed_util  # noqa: E402
 import launch_util  # noqa: E402
 
@@ -138,17 +138,11 @@ def test_64_concurrent_requests_each_get_their_own_sentence_and_nothing_compiles
   sentences = [[words[k] for k in rng.integers(len(words), size=rng.integers(1, 60))] for _ in range(64)]
   want = reference.embed_sentences(sentences)
 
-  def one(sentence):
-    status, _, body = call(served.port, "POST", "/v2/models/elmo/infer", infer_json([" ".join(sentence)],
-                                                                                    ("layers",)))
-    out = json.loads(body)["outputs"][0]
-    return status, np.array(out["data"], np.float32).reshape(out["shape"])[0]
-
   with concurrent.futures.ThreadPoolExecutor(64) as pool:
-    results = list(pool.map(one, sentences))
+    results = list(pool.map(lambda s: infer_one(served.port, [" ".join(s)], "layers"), sentences))
   for w, (status, layers) in zip(want, results):
     assert status == 200
-    np.testing.assert_allclose(layers, w, atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(layers[0], w, atol=TOLERANCE, rtol=0)
   metrics = call(served.port, "GET", "/metrics")[2].decode()
   assert re.search(r"^elmo_compiles_since_ready 0\.0$", metrics, re.M), metrics
   batches = float(re.search(r"^elmo_batch_requests_count (\S+)$", metrics, re.M).group(1))
@@ -168,10 +162,8 @@ def test_eight_devices_answer_as_one_then_sigterm_drains_and_exits_0(model_dir, 
 
 def _eight_devices_then_sigterm(server: ServeProcess, reference) -> None:
   assert "8 device(s)" in server.text()
-  status, _, body = call(server.port, "POST", "/v2/models/elmo/infer",
-                         infer_json([" ".join(s) for s in SENTENCES[:10]], ("layers",)))
-  out = json.loads(body)["outputs"][0]
-  layers = np.array(out["data"], np.float32).reshape(out["shape"])
+  status, layers = infer_one(server.port, [" ".join(s) for s in SENTENCES[:10]], "layers")
+  assert status == 200
   for i, w in enumerate(reference.embed_sentences(SENTENCES[:10])):
     np.testing.assert_allclose(layers[i, :, :w.shape[1]], w, atol=TOLERANCE, rtol=0)
   long = " ".join((SENTENCES[0] * 60)[:500])
