@@ -59,9 +59,9 @@ def child(argv: list[str]) -> None:
 def main(argv: list[str]) -> None:
   del argv
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import weights as weights_lib  # pylint: disable=g-import-not-at-top
   result = {"preset": FLAGS.preset, "load_avg_start": os.getloadavg()}
   with tempfile.TemporaryDirectory() as tmp:
     options = options_lib.preset(FLAGS.preset)

@@ -50,7 +50,7 @@ flags.DEFINE_bool("latency", True, "internal: measure the latency tables too (el
 
 
 def options_of(preset: str) -> dict[str, Any]:
-  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
   if FLAGS.options_file:
     return options_lib.load(FLAGS.options_file)
   return options_lib.validate(options_lib.preset(preset))
@@ -61,8 +61,8 @@ def baseline(options: dict[str, Any], params: Any, folder: str) -> Any:
   if not FLAGS.allennlp_path:
     return None
   from allennlp_baseline import AllenNLPElmo  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import weights as weights_lib  # pylint: disable=g-import-not-at-top
   options_file, weight_file = os.path.join(folder, "options.json"), os.path.join(folder, "weights.hdf5")
   options_lib.save(options, options_file)
   weights_lib.save_hdf5(weight_file, params, options)

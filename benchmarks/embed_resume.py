@@ -29,10 +29,10 @@ import h5py
 import jax
 import numpy as np
 
-from elmo_jax.embedding import job as embed_job
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import weights as weights_lib
 from elmo_jax.data.tokenize import Tokenizer
+from elmo_jax.embedding import job as embed_job
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import weights as weights_lib
 from elmo_jax.model import BiLM, BiLMConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

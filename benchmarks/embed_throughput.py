@@ -43,11 +43,11 @@ import numpy as np
 
 from bench_util import matmul_peak, memory_mb, peak_rss_mb  # pylint: disable=g-bad-import-order
 from elmo_jax.embedding import writer as embed
-from elmo_jax.runtime import memory
-from elmo_jax.interop import options as options_lib
-from elmo_jax.embedding.step import char_widths as _char_widths
 from elmo_jax.embedding.embedder import Embedder
+from elmo_jax.embedding.step import char_widths as _char_widths
+from elmo_jax.formats import options as options_lib
 from elmo_jax.model import BiLM, BiLMConfig
+from elmo_jax.runtime import memory
 
 _CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "pd-small", "train.txt.gz")
 

@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from elmo_jax.data import chars
-from elmo_jax.interop import options as options_lib
+from elmo_jax.formats import options as options_lib
 from elmo_jax.model import make_model
 from elmo_jax.training import feed, optimizer as optimizer_lib, step as step_lib
 

@@ -30,9 +30,9 @@ def main() -> None:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from configs import lm1b  # pylint: disable=g-import-not-at-top
   from elmo_jax.data import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax.model import BiLMConfig, BiLSTMStack, CharCNN  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.measure import hlo as hlo_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.model import BiLMConfig, BiLSTMStack, CharCNN  # pylint: disable=g-import-not-at-top
   from elmo_jax.plan import targets as targets_lib  # pylint: disable=g-import-not-at-top
 
   config = lm1b.get_config()

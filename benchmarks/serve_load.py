@@ -59,8 +59,8 @@ flags.DEFINE_string("allennlp_path", "/tmp/allennlp_pkg", "pip --target folder h
 def write_model(folder: str) -> tuple[dict[str, Any], Any]:
   """Random weights of the preset's shape as options.json + weights.hdf5 in `folder`."""
   import jax  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.model import BiLM, BiLMConfig  # pylint: disable=g-import-not-at-top
   options = options_lib.validate(options_lib.load(FLAGS.options_file) if FLAGS.options_file
                                  else options_lib.preset(FLAGS.preset))

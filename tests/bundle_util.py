@@ -1,4 +1,4 @@
-"""TensorFlow tensor bundles written without TensorFlow (the inverse of interop/tf_bundle.py's reader): a
+"""TensorFlow tensor bundles written without TensorFlow (the inverse of formats/tf_bundle.py's reader): a
 valid bundle of given tensors, or one whose index says what it should not (a negative offset, a size of
 2^40, a dtype or rank the model does not expect), for the index-check and fuzz tests."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 
-from elmo_jax.interop import tf_bundle
+from elmo_jax.formats import tf_bundle
 
 _CODES = {np.dtype(v): k for k, v in tf_bundle._DTYPES.items()}  # pylint: disable=protected-access
 _MAGIC = 0xdb4775248b80fb57

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from absl import flags
 
-from elmo_jax.interop import options as options_lib
 from elmo_jax.embedding.embedder import enable_compilation_cache
-from elmo_jax.interop import weights as weights_lib
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import weights as weights_lib
 from paths import FIXTURE_DIR, FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT
 
 # JAX's persistent compilation cache, on from the first test, in the clone's ignored .cache/tests (not

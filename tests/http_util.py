@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from elmo_jax.interop import pretrained
+from elmo_jax.sources import pretrained
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 
 

@@ -20,11 +20,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elmo_jax.interop import archive
-from elmo_jax.interop import tf_bundle
-from elmo_jax.interop import tfhub
-from elmo_jax.interop import torch_pickle
-from elmo_jax.interop import weights
+from elmo_jax.formats import tf_bundle
+from elmo_jax.formats import tfhub
+from elmo_jax.formats import torch_pickle
+from elmo_jax.formats import weights
+from elmo_jax.sources import archive
 
 _SLOW = 5.0  # seconds one mutant may take (a hang is a failure)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from elmo_jax.interop import options as options_lib
+from elmo_jax.formats import options as options_lib
 from paths import TESTS_DIR as TESTS
 
 # The trainer's tiny biLM: LSTM 32 -> 8, a 16-filter char CNN over 4-dim char embeddings; 5-token windows.

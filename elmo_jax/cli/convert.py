@@ -8,7 +8,7 @@
 `--from` is anything `--model=` takes (a released name, a run, a folder of options.json + weights.hdf5, a
 TF-Hub `elmo/3`-layout module folder, a URL); `--to` a new or empty folder, written whole or not at all:
 options.json + weights.hdf5 (+ the softmax, and vocab.txt, where the source has them), every tensor with the
-bits it was read with (the work: `elmo_jax.interop.convert`); or, `--format=efml`, an ELMoForManyLangs release
+bits it was read with (the work: `elmo_jax.sources.convert`); or, `--format=efml`, an ELMoForManyLangs release
 folder written without torch. A format that cannot hold the model is refused in one line (EFML's word embedding
 has no place in bilm-tf's layout).
 """
@@ -20,13 +20,13 @@ from absl import app
 from absl import flags
 
 from elmo_jax import cli
-from elmo_jax.interop import convert as convert_lib
-from elmo_jax.interop import download
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import tf_bundle
-from elmo_jax.interop import weights as weights_lib
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import tf_bundle
+from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
+from elmo_jax.sources import convert as convert_lib
+from elmo_jax.sources import download
 
 FLAGS = flags.FLAGS
 

@@ -20,12 +20,12 @@ from typing import Sequence
 from absl import flags, logging
 
 from elmo_jax import cli
-from elmo_jax.runtime import files
-from elmo_jax.runtime import progress
 from elmo_jax.downstream import data as data_lib
 from elmo_jax.evaluation import readers
-from elmo_jax.interop.options import OptionsError
-from elmo_jax.interop.weights import WeightFileError
+from elmo_jax.formats.options import OptionsError
+from elmo_jax.formats.weights import WeightFileError
+from elmo_jax.runtime import files
+from elmo_jax.runtime import progress
 
 _TASK = flags.DEFINE_enum("task", None, list(data_lib.TASKS), "pos (token tagging) or sentiment (sentences).")
 _ELMO = flags.DEFINE_enum("elmo", "none", ["none", "frozen", "finetune"],

@@ -34,21 +34,21 @@ from absl import flags
 from absl import logging
 
 from elmo_jax import cli
-from elmo_jax.runtime import devices
-from elmo_jax.embedding import writer as embed
 from elmo_jax.embedding import inputs as embed_files
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.embedding import step as embed_step
+from elmo_jax.embedding import token_cache
+from elmo_jax.embedding import writer as embed
+from elmo_jax.embedding.embedder import Embedder
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import tf_bundle
+from elmo_jax.formats import tfhub
+from elmo_jax.formats import weights as weights_lib
+from elmo_jax.runtime import devices
+from elmo_jax.runtime import distributed
 from elmo_jax.runtime import files
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import tf_bundle
-from elmo_jax.interop import tfhub
 from elmo_jax.runtime import progress as progress_lib
 from elmo_jax.runtime import storage
-from elmo_jax.embedding import token_cache
-from elmo_jax.interop import weights as weights_lib
-from elmo_jax.embedding.embedder import Embedder
-from elmo_jax.runtime import distributed
 
 FLAGS = flags.FLAGS
 
@@ -132,8 +132,8 @@ def _run_inputs() -> list[str]:
   """Every file this run reads (the text or vocabulary, the token embeddings, every file of the model however
   it is named: `ResolvedModel.read_files`), found without loading or downloading anything: the output
   must not be one of them. (`embed_file` checks the loaded model's files again.)"""
-  from elmo_jax.interop import download
-  from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import download
+  from elmo_jax.sources import pretrained  # pylint: disable=g-import-not-at-top
   out = [FLAGS.input_file, FLAGS.vocab_file, FLAGS.token_embedding_file]
   out += [download.local_path(p) for p in (FLAGS.options_file, FLAGS.weight_file) if p]
   for spec, use in ((FLAGS.model, "model"), (FLAGS.workdir, "run")):

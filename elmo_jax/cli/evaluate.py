@@ -25,14 +25,14 @@ from typing import Callable, Sequence
 from absl import flags, logging
 
 from elmo_jax import cli
-from elmo_jax.runtime import files
-from elmo_jax.runtime import progress
-from elmo_jax.runtime import storage
-from elmo_jax.runtime import run_layout
 from elmo_jax.evaluation import outputs
 from elmo_jax.evaluation import readers
-from elmo_jax.interop.options import OptionsError
 from elmo_jax.evaluation import tasks as tasks_lib
+from elmo_jax.formats.options import OptionsError
+from elmo_jax.runtime import files
+from elmo_jax.runtime import progress
+from elmo_jax.runtime import run_layout
+from elmo_jax.runtime import storage
 
 _TASK_NAMES = ["perplexity", "wsd", "pos", "sentiment", "all"]
 
@@ -120,7 +120,7 @@ def _resolve_model_flag() -> None:
     return
   if _WORKDIR.value or _OPTIONS.value or _WEIGHTS.value:
     raise readers.InputError("give one of --model, --workdir or --options_file/--weight_file")
-  from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import pretrained  # pylint: disable=g-import-not-at-top
   flags.FLAGS.options_file, flags.FLAGS.weight_file = pretrained.resolve(_MODEL.value)
 
 

@@ -86,7 +86,7 @@ def check_flags(f: flags.FlagValues) -> None:
     raise targets.TargetError(f"--vocab_size must hold <S>, </S>, <UNK> and a word (>= 4; 0 = "
                               f"config.data.vocab_max_size), got {f.vocab_size}")
   if f.step == "embed":
-    from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+    from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
     if not f.time_buckets or not all(t.strip().isdigit() and int(t) >= 1 for t in f.time_buckets):
       raise targets.TargetError(f"--time_buckets={','.join(f.time_buckets)}: give token counts >= 1, comma-"
                                 "separated, e.g. --time_buckets=64,512")
@@ -193,7 +193,7 @@ def main(argv, flag_values: flags.FlagValues = FLAGS):
                                f" --xla_force_host_platform_device_count={int(topo)}").strip()
   try:
     if f.step == "embed":
-      from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+      from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
       from elmo_jax.plan import embed as embed_plan  # pylint: disable=g-import-not-at-top
       options = options_lib.validate(options_lib.preset(f.model))
       report = embed_plan.plan_embed(options, f.target, [int(t) for t in f.time_buckets],

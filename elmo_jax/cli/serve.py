@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
           file=sys.stderr)
     return 1
   from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import download  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import download  # pylint: disable=g-import-not-at-top
   try:
     sock = _bind()
     start = time.perf_counter()

@@ -14,10 +14,10 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from elmo_jax.data import chars
+from elmo_jax.embedding.host_batch import bucket
+from elmo_jax.evaluation import readers
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
-from elmo_jax.embedding.embedder import bucket
-from elmo_jax.evaluation import readers
 
 TASKS = ("pos", "sentiment")
 # The probe layout under --data_dir (probe/task sets are research data: none ships with the code).
@@ -78,7 +78,7 @@ def bilm_files(spec: str | None) -> list[str]:
   """The local files (and folder) a `--bilm` spec names, found without loading or downloading anything."""
   if not spec:
     return []
-  from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import pretrained  # pylint: disable=g-import-not-at-top
   model = pretrained.resolve_model(spec, fetch=False)
   found = [p for p in (model.options_file, model.weight_file, *model.read_files) if p]  # every file of it
   path = os.path.expanduser(spec)

@@ -8,10 +8,10 @@ import tempfile
 
 import jax
 
-from elmo_jax.interop import download
 from elmo_jax.runtime import cache
 from elmo_jax.runtime import files
 from elmo_jax.runtime import log
+from elmo_jax.sources import download
 
 # JAX's default for jax_persistent_cache_enable_xla_caches, which puts the cache's path into every key.
 _PATH_IN_KEY = "xla_gpu_per_fusion_autotune_cache_dir"

@@ -23,29 +23,23 @@ import numpy as np
 
 from elmo_jax.data import chars
 from elmo_jax.embedding import host_batch
+from elmo_jax.embedding import long_sentence
 from elmo_jax.embedding import row_state
-from elmo_jax.embedding.host_batch import bucket  # noqa: F401  (part of this module's API)
 from elmo_jax.embedding import step as embed_step
+from elmo_jax.embedding import token_cache as token_cache_lib
 from elmo_jax.embedding.args import check_batch_size, check_sentences, sentence_means
 from elmo_jax.embedding.compile_cache import enable_compilation_cache
-from elmo_jax.runtime import files
-from elmo_jax.runtime import storage
-from elmo_jax.runtime import memory
-from elmo_jax.interop import loaded
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import pretrained
-from elmo_jax.interop import tfhub
-from elmo_jax.embedding import token_cache as token_cache_lib
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import tfhub
 from elmo_jax.model import BiLM, BiLMConfig
-from elmo_jax.runtime.progress import progress
+from elmo_jax.runtime import files
+from elmo_jax.runtime import memory
+from elmo_jax.sources import loaded
+from elmo_jax.sources import pretrained
 
 _TRIM_EVERY_BATCHES = 32  # freed batch copies go back to the OS this often (elmo_jax/runtime/memory.py)
 _CNN_CACHE_TOKENS = 1 << 15
 DEFAULT_BATCH_SIZE = 64  # sentences per device (stateless) or per batch (stateful: it defines the rows)
-
-
-class LengthError(ValueError):
-  """A sentence longer than a warm Embedder's longest compiled length; the message says what to do."""
 
 
 class Embedder:
@@ -70,9 +64,10 @@ class Embedder:
     token_ids: token -> ids where they are not bilm-tf's UTF-8 bytes (`chars.LexiconIds` of an
       ELMoForManyLangs model, `from_efml`).
     warm: compile at load every program a call runs (`warm_shapes`; from the persistent compilation cache
-      when it has them), so no call compiles: time buckets `host_batch.WARM_TIME_BUCKETS`, sentences up to the
-      longest (a longer one: `LengthError`, one line), batches up to `default_batch_size`. False (scripts, the
-      embed command): each shape compiles when first met, over `host_batch.TIME_BUCKETS`, no length limit.
+      when it has them), so no call compiles: time buckets `host_batch.WARM_TIME_BUCKETS`, batches up to
+      `default_batch_size`; a sentence past the longest bucket runs in stretches of fixed shape (`long_sentence`),
+      any length. False (scripts, the embed command): each shape compiles when first met, over
+      `host_batch.TIME_BUCKETS`.
     batch_size: sentences per device in a batch (`default_batch_size`); fewer: fewer shapes to warm.
   """
 
@@ -132,19 +127,20 @@ class Embedder:
     rows = sorted({embed_step.round_rows(min(batch, 1 << k), self.mesh) for k in range(batch.bit_length())})
     state = (lambda n: row_state.grown(None, self.config, n)) if self.stateful else None
     self._table = self._steps.warm(self.params, self._table, rows, self._time_buckets,
-                                   embed_step.widths(self.config.token_width), state)
+                                   embed_step.widths(self.config.token_width), state, long_sentence.STRETCH,
+                                   lambda n: row_state.grown(None, self.config, n))
 
   # --- construction -------------------------------------------------------------------------------------
   @classmethod
   def from_files(cls, options_file: str | os.PathLike, weight_file: str | os.PathLike, **kwargs) -> "Embedder":
-    """Local paths, `file://` or `http(s)://` URLs (downloaded once into the cache, see `elmo_jax.interop.download`;
+    """Local paths, `file://` or `http(s)://` URLs (downloaded once into the cache, see `elmo_jax.sources.download`;
     a download must be a valid options.json and a readable HDF5 file, whatever the URL's name). An
     ELMoForManyLangs folder's config.json and a .pkl (what `pretrained.resolve` gives for one): as `from_efml`."""
     return cls.from_model(pretrained.resolve_files(options_file, weight_file), **kwargs)
 
   @classmethod
   def from_efml(cls, folder: str | os.PathLike, **kwargs) -> "Embedder":
-    """An ELMoForManyLangs model folder (`interop/efml.py`): the same layers as its `sents2elmo(...,
+    """An ELMoForManyLangs model folder (`formats/efml.py`): the same layers as its `sents2elmo(...,
     output_layer=-2)` gives for a batch it starts with a fresh state (see the README)."""
     return cls.from_model(pretrained.efml_folder(folder), **kwargs)
 
@@ -249,18 +245,23 @@ class Embedder:
   # --- embedding ----------------------------------------------------------------------------------------
   def embed_batch(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None = None) -> np.ndarray:
     """One padded batch -> `[batch, n_layers + 1, time_bucket, 2P]` float32 (zeros past each length)."""
-    self._check_lengths(sentences)
+    if any(map(self._is_long, sentences)):
+      raise ValueError(f"embed_batch takes sentences of at most {self._time_buckets[-1]} tokens; embed_sentences any")
     prepared = self._prepare(sentences, pad_batch_to)
     return np.asarray(self._launch(prepared))[:prepared.n]
 
-  def _check_lengths(self, sentences: Sequence[Sequence[str]]) -> None:
-    """`LengthError` for a sentence longer than a warm Embedder's longest compiled length (no stall)."""
-    top = self._time_buckets[-1]
-    long = next((i for i, s in enumerate(sentences) if len(s) > top), None) if self.warm else None
-    if long is not None:
-      raise LengthError(f"sentence {long} has {len(sentences[long])} tokens, more than {top}, the longest a warm "
-                        "Embedder compiles at load: split it, or load with warm=False (longer lengths then "
-                        "compile when first met)")
+  def _is_long(self, sentence: Sequence[str]) -> bool:
+    """Past a warm Embedder's longest time bucket: run in stretches (`long_sentence`), not in a batch."""
+    return self.warm and len(sentence) > self._time_buckets[-1]
+
+  def _embed_long(self, sentence: Sequence[str], row: int) -> np.ndarray:
+    """A long sentence -> `[n_layers + 1, n, 2P]`; stateful, it continues batch row `row`'s state."""
+    prepared = self._prepare([sentence], None)  # its tokens through the char CNN as a batch of it alone would
+    self._write_new_tokens(prepared)
+    layers, state = long_sentence.embed(self._steps, self.params, self._table, prepared.positions[0, :len(sentence)],
+                                        self.config, self._state if self.stateful else None, row)
+    self._state = state
+    return layers
 
   def _prepare(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None) -> host_batch.Prepared:
     """Host side of a batch (`host_batch.prepare`), each device's rows against its own token table."""
@@ -296,21 +297,20 @@ class Embedder:
               fresh_every: int | None = None) -> Iterator[tuple[int, list[int], np.ndarray, Any]]:
     """Yields (k, indices into `sentences`, layers `[len(indices), n_layers + 1, time, 2P]`, stateful: the
     state right after batch k, else None) batch by batch; batches with `skip(k)` are neither run nor yielded
-    (a resumed job's finished parts).
+    (a resumed job's finished parts). A batch that holds a sentence past a warm Embedder's longest time bucket
+    yields its layers as a list of `[n_layers + 1, time, 2P]` arrays, one per sentence (`layers[row][:, :n]`
+    reads either form), so the long one's length does not pad the others.
 
     Stateless: sentences sorted by length (stable), so batches hold similar lengths. Stateful: input order, row k
-    of a batch continuing row k of the one before. Batches hold `batch_size` sentences (None:
-    `default_batch_size`); a short last batch is padded to a power of two of rows, not to batch_size (stateless,
-    it holds the longest sentences, so full padding would dominate its cost; stateful, the rows past it keep
-    their state and are not run; at most log2(batch_size) more shapes), unless `full_rows`. Batch k+1 is prepared and dispatched before batch k is
-    fetched, so the host's work (and the caller's, e.g. writing batch k) overlaps the device's.
-
+    of a batch continuing row k of the one before. Batches hold `batch_size` sentences (None: `default_batch_size`);
+    a short last batch is padded to a power of two of rows, not to batch_size (stateless, it holds the longest
+    sentences, so full padding would dominate its cost; stateful, the rows past it keep their state and are not
+    run; at most log2(batch_size) more shapes), unless `full_rows`. Batch k+1 is prepared and dispatched before
+    batch k is fetched, so the host's work (and the caller's, e.g. writing batch k) overlaps the device's.
     `fresh_every=m`: the token table is cleared before batches 0, m, 2m, ..., so each group of m batches gives
-    the same bits whatever ran before it. (XLA:CPU's matmuls round a row by where it sits in its chunk, ~1e-7,
-    so a token's char-CNN output depends on the tokens it was first computed with; a resumed or many-process
-    job would otherwise differ from an uninterrupted one in the last bits.)"""
+    the same bits whatever ran before it (XLA:CPU's matmuls round a row by where it sits in its chunk, ~1e-7, so
+    a token's char-CNN output depends on the tokens it was first computed with)."""
     batch_size = batch_size or self.default_batch_size
-    self._check_lengths(sentences)
     order = list(range(len(sentences)))
     if not self.stateful:
       order.sort(key=lambda i: len(sentences[i]))
@@ -323,12 +323,20 @@ class Embedder:
       if k % _TRIM_EVERY_BATCHES == _TRIM_EVERY_BATCHES - 1:
         memory.release_free_memory()
       chunk = order[start:start + batch_size]
-      prepared = self._prepare([sentences[i] for i in chunk], batch_size if full_rows else
-                               min(batch_size, 1 << max(0, len(chunk) - 1).bit_length()))
+      long = [self._is_long(sentences[i]) for i in chunk]  # their rows run empty here (a state stays as it was)
+      prepared = self._prepare([[] if is_long else sentences[i] for i, is_long in zip(chunk, long)],
+                               batch_size if full_rows else min(batch_size, 1 << max(0, len(chunk) - 1).bit_length()))
       launched = (k, chunk, prepared.n, self._launch(prepared), self._state)
       if pending is not None:
         yield pending[0], pending[1], np.asarray(pending[3])[:pending[2]], pending[4]
       pending = launched
+      if any(long):
+        rows = list(np.asarray(launched[3])[:prepared.n])
+        for row, i in enumerate(chunk):
+          if long[row]:
+            rows[row] = self._embed_long(sentences[i], row)
+        yield k, chunk, rows, self._state
+        pending = None
     if pending is not None:
       yield pending[0], pending[1], np.asarray(pending[3])[:pending[2]], pending[4]
     memory.release_free_memory()
@@ -348,7 +356,7 @@ class Embedder:
     for _, chunk, layers, _ in self.batches(sentences, batch_size):
       for row, i in enumerate(chunk):
         # A copy: a view would keep the whole padded batch alive.
-        results[i] = np.array(layers[row, :, :len(sentences[i])])
+        results[i] = np.array(layers[row][:, :len(sentences[i])])
       done += len(chunk)
       if progress is not None:
         progress(done)
@@ -387,11 +395,4 @@ class Embedder:
                             batch_size: int = 4096) -> None:
     """Writes the char-CNN output of every word (bilm-tf's `dump_token_embeddings` layout + the words);
     `files.UnsafeOutputError` first when `output_file` is one of the embedder's own files."""
-    storage.check_output(output_file, "output_file", inputs=self.input_files)
-    vocab = list(vocab)
-    bar = progress(desc="token embeddings", total=len(vocab), unit="word")
-    try:
-      table = self.token_embeddings(vocab, batch_size, bar.update)
-    finally:
-      bar.close()
-    token_cache_lib.write(output_file, table, vocab)
+    token_cache_lib.dump(self.token_embeddings, list(vocab), output_file, batch_size, self.input_files)

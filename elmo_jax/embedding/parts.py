@@ -15,7 +15,7 @@ from elmo_jax.embedding import inputs as embed_files
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.embedding.args import select_layers
 from elmo_jax.embedding.inputs import ACTIVE_TEMPS, EmbedInputError
-from elmo_jax.interop import tfhub
+from elmo_jax.formats import tfhub
 
 
 @dataclasses.dataclass
@@ -54,7 +54,7 @@ class PartWriter:
     self._thread.start()
 
   def put(self, layers: np.ndarray, lines: list[tuple[int, str, int]]) -> None:
-    """Queues one batch: layers `[rows, n_layers + 1, time, 2P]` and (line index, text, n_tokens) per row."""
+    """Queues one batch: layers `[rows, n_layers + 1, time, 2P]` (or a list of rows, `Embedder.batches`) and (line index, text, n_tokens) per row."""
     self._put(("batch", layers, lines))
 
   def commit(self, part: tuple[int, int], state=None) -> None:
@@ -103,7 +103,7 @@ class PartWriter:
       # grown 16 MiB at a time (HDF5's default 64 KiB copies a large part over and over)
       self.fout = h5py.File(f"part-{id(self)}", "w", driver="core", backing_store=False, block_size=1 << 24)
     for row, (i, text, n) in enumerate(lines):
-      self._write(i, text, layers[row, :, :n])
+      self._write(i, text, layers[row][:, :n])
       self._counts[0] += 1
       self._counts[1] += n
       self._counts[2] += len(text.encode()) + 1

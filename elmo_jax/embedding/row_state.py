@@ -43,3 +43,15 @@ def advanced(state: State, after: Any, n: int) -> State:
   c, h = (np.array(s) for s in state)
   c[:, :, :n], h[:, :, :n] = np.asarray(after[0])[:, :, :n], np.asarray(after[1])[:, :, :n]
   return c, h
+
+
+def row(state: State, k: int) -> State:
+  """Row `k`'s state: `[n_layers, 2, 1, dim]` copies."""
+  return (state[0][:, :, k:k + 1].copy(), state[1][:, :, k:k + 1].copy())
+
+
+def with_row(state: State, k: int, value: State) -> State:
+  """A new `state` whose row `k` is `value` (`[n_layers, 2, 1, dim]`); `state` itself is left as it was."""
+  c, h = (np.array(s) for s in state)
+  c[:, :, k:k + 1], h[:, :, k:k + 1] = value
+  return c, h

@@ -32,6 +32,8 @@ _STATE = P(None, None, AXIS)  # LSTMState arrays are [layers, 2, rows, dim]
 CHAR_WIDTHS = (16, 24, 32)
 CNN_ROWS = 64  # distinct tokens per char-CNN call: a fixed shape (per width), little padding per batch
 PAD_ID = chars.PAD_CHAR + 1  # token_to_ids shifts ids by one
+# A long sentence's positions (`stretch`): table rows, or these for its boundary tokens; -1: no token
+BOS_ROW, EOS_ROW = -2, -3
 
 
 class DeviceError(ValueError):
@@ -135,6 +137,10 @@ class Steps:
   # gather + bilm in one program (one dispatch): (params, tables, positions [rows, time], -1 = no token)
   layers: Callable[..., Any]  # -> layers [rows, n_layers + 1, time, 2P]
   layers_stateful: Callable[..., Any]  # (..., state) -> (layers, state)
+  # one stretch of a long sentence (`long_sentence`): (params, tables, fwd, bwd positions [rows, STRETCH] in
+  # each direction's reading order, BOS_ROW / EOS_ROW included, state) -> (tokens [rows, STRETCH, P],
+  # outputs [n_layers, 2, rows, STRETCH, P], state)
+  stretch: Callable[..., Any]
 
   @property
   def replicated(self) -> NamedSharding:
@@ -153,10 +159,12 @@ class Steps:
     return jax.device_put(x, self.by_rows)
 
   def warm(self, params, table: jax.Array, rows: Sequence[int], times: Sequence[int], widths: Sequence[int],
-           state: Callable[[int], Any] | None = None) -> jax.Array:
+           state: Callable[[int], Any] | None = None, stretch: int = 0,
+           state_zeros: Callable[[int], Any] | None = None) -> jax.Array:
     """Compiles (or loads from the persistent compilation cache) every program a call of `rows` x `times`
     runs, by running each once on empty inputs: no token, so the LSTMs run zero steps and the char CNN's rows
-    are all dropped. `state`: n -> zeros of n stateful rows (then `layers_stateful`). Returns the table
+    are all dropped. `state`: n -> zeros of n stateful rows (then `layers_stateful`); `stretch`: the long
+    sentences' program for stretches of that many steps (`state_zeros` as `state`). Returns the table
     (`cnn_into` donates it)."""
     put = self.put_rows
     for width in widths:
@@ -167,6 +175,10 @@ class Steps:
       positions = put(np.full((n, time), -1, np.int32))
       out.append(self.layers(params, table, positions) if state is None else
                  self.layers_stateful(params, table, positions, jax.device_put(state(n), self.state_sharding)))
+    if stretch:
+      none = put(np.full((self.mesh.size, stretch), -1, np.int32))
+      out.append(self.stretch(params, table, none, none, jax.device_put(state_zeros(self.mesh.size),
+                                                                        self.state_sharding)))
     jax.block_until_ready((table, out))
     return table
 
@@ -194,6 +206,20 @@ def steps(model: BiLM, mesh: Mesh) -> Steps:
     # the gather's value at a padded slot is never read (the biLM zeroes the slots its mask leaves out)
     return bilm(params, gather(tables, jnp.maximum(positions, 0)), positions >= 0, state)
 
+  def stretch(params, tables, fwd, bwd, state):
+    boundary = model.apply({"params": params}, method=BiLM.boundary_embeddings)
+
+    def embeddings(positions):  # as `BiLM.__call__` places tokens and boundaries: the same values
+      tokens = jnp.take(tables[0], jnp.maximum(positions, 0), axis=0)
+      at = positions[..., None]
+      return jnp.where(at == BOS_ROW, boundary[0], jnp.where(at == EOS_ROW, boundary[1],
+                                                             jnp.where(at >= 0, tokens, 0.0)))
+
+    fwd_x = embeddings(fwd)
+    outputs, state = model.apply({"params": params}, fwd_x, embeddings(bwd), fwd != -1, bwd != -1, state,
+                                 method=BiLM.lstm_stretch)
+    return fwd_x, outputs, state
+
   # check_vma=False: inference only (no transpose to type), and the LSTM scan's zero initial carry is
   # device-invariant while its body's is per-device.
   by_rows = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
@@ -206,4 +232,6 @@ def steps(model: BiLM, mesh: Mesh) -> Steps:
       bilm_stateful=jax.jit(by_rows(bilm, in_specs=(P(), P(AXIS), P(AXIS), _STATE), out_specs=(P(AXIS), _STATE))),
       layers=jax.jit(by_rows(layers, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P(AXIS))),
       layers_stateful=jax.jit(by_rows(layers, in_specs=(P(), P(AXIS), P(AXIS), _STATE),
-                                      out_specs=(P(AXIS), _STATE))))
+                                      out_specs=(P(AXIS), _STATE))),
+      stretch=jax.jit(by_rows(stretch, in_specs=(P(), P(AXIS), P(AXIS), P(AXIS), _STATE),
+                              out_specs=(P(AXIS), P(None, None, AXIS), _STATE))))

@@ -13,6 +13,8 @@ import numpy as np
 
 from elmo_jax.embedding import step as embed_step
 from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
+from elmo_jax.runtime.progress import progress
 
 
 class TokenCacheError(ValueError):
@@ -112,3 +114,16 @@ def char_cnn_outputs(steps: embed_step.Steps, params: Any, dim: int, char_ids: A
     if on_batch is not None:
       on_batch(len(part))
   return out
+
+
+def dump(embed: Callable[..., np.ndarray], vocab: list[str], output_file: str | os.PathLike, batch_size: int,
+         inputs: Sequence[str]) -> None:
+  """`embed(tokens, batch_size, on_batch)` (`Embedder.token_embeddings`) of every word of `vocab`, written to
+  `output_file` (`write`) with a progress bar; refused first when `output_file` is one of `inputs`."""
+  storage.check_output(output_file, "output_file", inputs=inputs)
+  bar = progress(desc="token embeddings", total=len(vocab), unit="word")
+  try:
+    table = embed(vocab, batch_size, bar.update)
+  finally:
+    bar.close()
+  write(output_file, table, vocab)

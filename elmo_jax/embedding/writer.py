@@ -30,7 +30,7 @@ from elmo_jax.runtime import files
 from elmo_jax.embedding.inputs import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputError, InputLines, JobInput,
                                       check_output_path, read_lines)
 from elmo_jax.embedding.embedder import Embedder
-from elmo_jax.interop import tfhub
+from elmo_jax.formats import tfhub
 
 def embed_file(embedder: Embedder, input_file: str | os.PathLike | JobInput, output_file: str | os.PathLike,
                batch_size: int | None = None, *, chunk_size: int = 4096, part_sentences: int | None = None,

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import os
 
-from elmo_jax.runtime import storage
 from elmo_jax.evaluation import readers
 from elmo_jax.evaluation.config import EvalConfig
+from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import CONFIG_FILE, METRICS_FILE, VOCAB_COUNTS_FILE, VOCAB_FILE, export_files
 
 # What each task writes into the output directory (besides cache/), and `all`'s report.
@@ -26,7 +26,9 @@ def input_files(cfg: EvalConfig) -> list[str]:
   paths += split_paths(ppl.text_file or "")
   if ppl.weight_file:
     paths.append(os.path.join(os.path.dirname(ppl.weight_file), VOCAB_FILE))
-  from elmo_jax.interop import efml, pretrained, resolved  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import efml
+  from elmo_jax.sources import pretrained
+  from elmo_jax.sources import resolved  # pylint: disable=g-import-not-at-top
   if ppl.options_file and efml.is_efml_dir(os.path.dirname(ppl.options_file)):  # every file of an EFML folder
     paths += resolved.folder_files(os.path.dirname(ppl.options_file))
   if cfg.workdir:

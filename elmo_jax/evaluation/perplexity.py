@@ -17,9 +17,9 @@ import os
 import time
 from typing import Any
 
-from elmo_jax.runtime import storage
 from elmo_jax.evaluation import plots
 from elmo_jax.evaluation.readers import InputError
+from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import CONFIG_FILE, EXPORT_DIR, METRICS_FILE, VOCAB_FILE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -84,12 +84,12 @@ def read_train_config(workdir: str) -> dict[str, Any]:
 
 
 def resolve(task_config: PerplexityConfig, workdir: str | None):
-  """Which model is scored, as every reader of a model says it (`interop.resolved.ResolvedModel`, read by
+  """Which model is scored, as every reader of a model says it (`sources.resolved.ResolvedModel`, read by
   `loaded.load_model`): a run's export (`pretrained.resolve_model(workdir, use="run")`; the workdir's vocab.txt
   carries the counts, export/ has none) or the --options_file/--weight_file pair (the vocab.txt beside the
   weights); --vocab_file replaces the vocabulary. An ELMoForManyLangs-style run: NoSoftmax."""
-  from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop.resolved import ResolvedModel  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import pretrained  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources.resolved import ResolvedModel  # pylint: disable=g-import-not-at-top
   if workdir:
     found = pretrained.resolve_model(workdir, use="run", fetch=False)
     if found.efml_dir is not None:  # not a missing options.json: another format
@@ -124,9 +124,9 @@ def _no_softmax(weight_file: str) -> NoSoftmax:
 def load_language_model(task_config: PerplexityConfig, workdir: str | None) -> LanguageModel:
   """The model of `resolve`, read by the one load (`loaded.load_model`: options, weights with the softmax), and
   its vocabulary; one-line errors for every mismatch."""
-  from elmo_jax.interop import loaded as loaded_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.data import Vocab  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import loaded as loaded_lib  # pylint: disable=g-import-not-at-top
 
   paths = model_files(task_config, workdir, check_vocab=False)
   try:
@@ -270,7 +270,7 @@ def check(task_config: PerplexityConfig, workdir: str | None) -> None:
   train_config = read_train_config(workdir) if workdir else {}
   text_file, _, _ = resolve_text(task_config, workdir, train_config)
   paths = model_files(task_config, workdir, check_vocab=False)
-  from elmo_jax.interop import efml  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import efml  # pylint: disable=g-import-not-at-top
   if os.path.basename(paths["weight_file"]) == efml.ENCODER:  # an ELMoForManyLangs release
     raise NoSoftmax(f"{os.path.dirname(paths['weight_file'])}: an ELMoForManyLangs release carries no LM softmax "
                     "(only the encoder and token embedder), so it cannot be scored for perplexity")

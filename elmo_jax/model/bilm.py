@@ -92,10 +92,7 @@ class BiLM(nn.Module):
     emb = jnp.where(mask[..., None], token_embeddings.astype(jnp.float32), 0.0)
     lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
     if add_bos_eos:
-      special = np.asarray(self.config.special_ids or [
-          chars.token_to_ids(token, self.config.max_characters_per_token)
-          for token in (chars.BOS_TOKEN, chars.EOS_TOKEN)], np.int32)
-      bos, eos = self.char_cnn(jnp.asarray(special))
+      bos, eos = self.boundary_embeddings()
       batch, time = mask.shape
       t = jnp.arange(time + 2)[None, :, None]
       shifted = jnp.pad(emb, ((0, 0), (1, 1), (0, 0)))
@@ -116,6 +113,22 @@ class BiLM(nn.Module):
       mask = mask[:, 1:-1] & (jnp.arange(layers.shape[2])[None, :] < (lengths[:, None] - 2))
       layers = jnp.where(mask[:, None, :, None], layers, 0.0)
     return {"layers": layers, "mask": mask, "state": new_state}
+
+  def boundary_embeddings(self) -> jax.Array:
+    """The char CNN's `<S>` and `</S>`: `[2, P]` (a model's own ids for them where it has its own chars)."""
+    special = np.asarray(self.config.special_ids or [
+        chars.token_to_ids(token, self.config.max_characters_per_token)
+        for token in (chars.BOS_TOKEN, chars.EOS_TOKEN)], np.int32)
+    return self.char_cnn(jnp.asarray(special))
+
+  def lstm_stretch(self, fwd_x: jax.Array, bwd_x: jax.Array, fwd_mask: jax.Array, bwd_mask: jax.Array,
+                   state: LSTMState) -> tuple[jax.Array, LSTMState]:
+    """Both LSTM stacks over one stretch of each direction's reading (inference): `fwd_x`, `bwd_x` [batch, time,
+    P] with `<S>`/`</S>` already in place, masks [batch, time] (a prefix of each row), `state` carried in from
+    the stretch before. Running a sentence stretch by stretch gives the bits of one run over all of it (the
+    steps are the same fused step, `lstm_steps`). Returns outputs [n_layers, 2, batch, time, P], the state."""
+    n_steps = jnp.maximum(jnp.max(jnp.sum(fwd_mask, 1)), jnp.max(jnp.sum(bwd_mask, 1))).astype(jnp.int32)
+    return self.lstm(fwd_x, bwd_x, fwd_mask, bwd_mask, state, True, n_steps)
 
   def lm_windows(self, fwd_char_ids: jax.Array | None, bwd_char_ids: jax.Array | None, state: LSTMState | None = None,
          deterministic: bool = True, *, token_chars: jax.Array | None = None, fwd_index: jax.Array | None = None,

@@ -19,7 +19,7 @@ class BiLMConfig:
   cell_clip: float | None
   proj_clip: float | None
   use_skip_connections: bool
-  # ELMoForManyLangs' variant (interop/efml.py); the defaults are bilm-tf's.
+  # ELMoForManyLangs' variant (formats/efml.py); the defaults are bilm-tf's.
   n_characters: int = 262  # rows of the char id space, the zero "no token" row included
   n_words: int = 0  # > 0: a word embedding [n_words, word_dim] concatenated before the projection; a token's
   word_dim: int = 0  # ids then carry its word id (+1) in column 0, before the char ids (`token_width`)

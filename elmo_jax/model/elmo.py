@@ -17,7 +17,7 @@ from elmo_jax.model.scalar_mix import ScalarMix
 class Elmo(nn.Module):
   """Task-specific ELMo representations for a downstream model.
 
-  Params live under `bilm` (load them with `elmo_jax.interop.weights.load_hdf5`) and `scalar_mix_{k}`.
+  Params live under `bilm` (load them with `elmo_jax.formats.weights.load_hdf5`) and `scalar_mix_{k}`.
 
   Attributes:
     config: biLM shape.
@@ -34,7 +34,7 @@ class Elmo(nn.Module):
     dtype: matmul dtype of the biLM.
     vocab_to_cache: words whose char-CNN embeddings are precomputed (AllenNLP's `vocab_to_cache`, bilm-tf's
       `dump_token_embeddings`). The table lives in the "token_cache" collection (`embed_vocab` fills it;
-      `elmo_jax.interop.pretrained.load_elmo` does so for you); `word_ids` (from `word_ids_for`) then select
+      `elmo_jax.sources.pretrained.load_elmo` does so for you); `word_ids` (from `word_ids_for`) then select
       cached rows and the char CNN runs only for words outside the cache.
   """
   config: BiLMConfig
@@ -100,7 +100,7 @@ class Elmo(nn.Module):
     return {"elmo_representations": reps, "mask": out["mask"]}
 
 
-# --- loading helpers (pure: the caller reads the files, see `elmo_jax.interop.pretrained.load_elmo`) -----------
+# --- loading helpers (pure: the caller reads the files, see `elmo_jax.sources.pretrained.load_elmo`) -----------
 def word_ids_for(sentences: Sequence[Sequence[str]], index: Mapping[str, int], pad_to: int | None = None
                  ) -> np.ndarray:
   """Sentences -> `[batch, time]` int32 ids for `Elmo(word_ids=...)`: k + 1 for `vocab_to_cache[k]`, 0 else.

@@ -82,7 +82,7 @@ def plan(config, target_spec: str, per_device_batch: int = 0, vocab_size: int = 
   `vocab_size`: 0 = config.data.vocab_max_size. `table_size`: deduped char-CNN table per device
   (config.dedupe_tokens), 0 = half the positions of one window, bucketed as the trainer does.
   """
-  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.model import make_model  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import optimizer as optimizer_lib, step as step_lib  # pylint: disable=g-import-not-at-top
 

@@ -1,6 +1,6 @@
 """The project's cache folder: `$ELMO_JAX_CACHE`, else `~/.cache/elmo_jax`.
 
-Downloads (`interop/download`), unpacked model archives (`ARCHIVES`, `interop/archive`), bucket copies
+Downloads (`sources/download`), unpacked model archives (`ARCHIVES`, `sources/archive`), bucket copies
 (`runtime/storage`), prepared-corpus verification stamps (`data/manifest`) and the compilation cache live
 under it; this module only names it, so `runtime` needs nothing above it to find it.
 """

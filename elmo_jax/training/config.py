@@ -5,7 +5,7 @@ import os
 
 import ml_collections
 
-from elmo_jax.interop import options as options_lib
+from elmo_jax.formats import options as options_lib
 
 
 def base_config() -> ml_collections.ConfigDict:

@@ -10,9 +10,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import weights as weights_lib
 from elmo_jax.runtime.run_layout import EXPORT_DIR, OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
 
 
@@ -27,7 +27,7 @@ def export_model(workdir: str, params: dict[str, Any], options: dict[str, Any], 
   host = jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x), np.float32), params)
   if fmt == "efml":
     from elmo_jax.data import lexicon as lexicon_lib  # pylint: disable=g-import-not-at-top
-    from elmo_jax.interop import efml_export  # pylint: disable=g-import-not-at-top
+    from elmo_jax.formats import efml_export  # pylint: disable=g-import-not-at-top
     from elmo_jax.training.variant import LEXICON_DIR  # pylint: disable=g-import-not-at-top
     cnn = options["char_cnn"]
     lex = lexicon_lib.read(os.path.join(workdir, LEXICON_DIR), int(cnn["max_characters_per_token"]),

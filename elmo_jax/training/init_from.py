@@ -3,8 +3,8 @@
 This is bilm-tf's restart / fine-tune-on-a-new-domain use: the biLM weights are taken over, the softmax
 only when the vocabulary is the same (its rows are per word), and the optimizer starts fresh. Sources: a run,
 its checkpoints or a step; options.json + hdf5 (bilm-tf, AllenNLP, NLPL archives); an ELMoForManyLangs folder
-(`interop/efml.py`: its word embedding is taken over too; its releases hold no softmax); a TF-Hub `elmo/3`
-module folder (`interop/tfhub.py`); each also by released name, URL or archive.
+(`formats/efml.py`: its word embedding is taken over too; its releases hold no softmax); a TF-Hub `elmo/3`
+module folder (`formats/tfhub.py`); each also by released name, URL or archive.
 """
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from elmo_jax.interop import efml
-from elmo_jax.interop import loaded
-from elmo_jax.interop.resolved import ResolvedModel
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import pretrained
-from elmo_jax.interop import tfhub
+from elmo_jax.formats import efml
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import tfhub
+from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import storage
-from elmo_jax.interop import weights as weights_lib
+from elmo_jax.sources import loaded
+from elmo_jax.sources import pretrained
+from elmo_jax.sources.resolved import ResolvedModel
 from elmo_jax.training.checkpoint import Checkpointer, newest_meta
 from elmo_jax.training.resume import options_difference
 
@@ -37,7 +37,7 @@ class InitFromError(ValueError):
 
 def _resolve(path: str) -> pretrained.ResolvedModel:
   """`pretrained.resolve_model(use="init_from")`, its errors as InitFromError naming the config field."""
-  from elmo_jax.interop import download  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import download  # pylint: disable=g-import-not-at-top
   try:
     return pretrained.resolve_model(path, use="init_from")
   except pretrained.SourceError as e:
@@ -63,7 +63,8 @@ def released_source(path: str) -> tuple[str, str] | None:
     if efml.is_efml_dir(local):
       return EFML, local
     return (TFHUB, local) if tfhub.is_module(local) else None
-  from elmo_jax.interop import archive, download  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import archive
+  from elmo_jax.sources import download  # pylint: disable=g-import-not-at-top
   if path in pretrained.MODELS or not (archive.is_archive(path) or download.is_url(path)):
     return None
   try:
@@ -203,7 +204,7 @@ def _composite(**items):
 def load(path: str, options: dict[str, Any], vocab_sha256: str) -> tuple[dict[str, Any], dict | None, str]:
   """Reads `path` -> (biLM params, softmax params or None, one-line description). Numpy, on the host.
 
-  `path` may also be a released ELMo name (`small`, `original`, ...) or a URL (`elmo_jax.interop.pretrained`).
+  `path` may also be a released ELMo name (`small`, `original`, ...) or a URL (`elmo_jax.sources.pretrained`).
   Raises InitFromError if the model shape there differs from `options` (naming the first differing key).
   """
   released = released_source(path)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import jax
 import ml_collections
 
-from elmo_jax.interop import options as options_lib
+from elmo_jax.formats import options as options_lib
 from elmo_jax.model import BiLM, make_model, zero_state
 from elmo_jax.runtime import files, log, storage
 from elmo_jax.runtime.run_layout import (CONFIG_FILE, EXPORT_DIR, METRICS_FILE, START_FILES,

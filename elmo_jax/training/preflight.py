@@ -20,13 +20,13 @@ import sys
 
 import ml_collections
 
-from elmo_jax.runtime import files
-from elmo_jax.runtime import storage
-from elmo_jax.runtime import log
 from elmo_jax.data.sources import LIST_HINT, expand_paths, split_paths
-from elmo_jax.interop.resolved import folder_files
-from elmo_jax.training.workdir import Workdir
+from elmo_jax.runtime import files
+from elmo_jax.runtime import log
+from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import RUN_FOLDERS, TOP_FILES, TOP_FOLDERS, VOCAB_FILE
+from elmo_jax.sources.resolved import folder_files
+from elmo_jax.training.workdir import Workdir
 
 _BLOCK = 1 << 20
 
@@ -139,7 +139,7 @@ def _check_run_entries(run: Workdir) -> None:
 
 def check_values(config: ml_collections.ConfigDict) -> None:
   """Ranges, choices and the model options (`config.options` as an options.json)."""
-  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.resume import flatten  # pylint: disable=g-import-not-at-top
   flat = flatten(config.to_dict())
   _check_known_keys(flat)
@@ -215,7 +215,7 @@ def check_run(config: ml_collections.ConfigDict, workdir: str, n_devices: int, n
     config = with_global_batch(config, n_devices)  # what the run records and a resume compares
   except BatchSizeError as e:
     raise PreflightError(str(e)) from None
-  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import checkpoint, resume  # pylint: disable=g-import-not-at-top
   run = Workdir(workdir)
   found = checkpoint.newest_meta(run.checkpoints)
@@ -359,7 +359,7 @@ def check_vocab(path: str, what: str):
 
 def _check_init_from(config: ml_collections.ConfigDict) -> None:
   """The run to start from exists and has this config's model shape (released names: when loaded)."""
-  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
   try:
     init_from.check(config.init_from, options_lib.validate(config.options.to_dict(), "config.options"))

@@ -21,15 +21,15 @@ from typing import Any
 import ml_collections
 
 from elmo_jax.data import lexicon as lexicon_lib
-from elmo_jax.interop import convert
-from elmo_jax.interop import efml_export
-from elmo_jax.interop import options as options_lib
+from elmo_jax.formats import efml_export
+from elmo_jax.formats import options as options_lib
 from elmo_jax.runtime import files
 from elmo_jax.runtime import log
 from elmo_jax.runtime import run_layout
 from elmo_jax.runtime import storage
 from elmo_jax.runtime import streams
 from elmo_jax.runtime.run_layout import CHECKPOINTS, CONFIG_FILE
+from elmo_jax.sources import convert
 from elmo_jax.training import derived
 from elmo_jax.training import init_from
 from elmo_jax.training.init_from import InitFromError

@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from elmo_jax.embedding import writer as embed
 from elmo_jax.embedding import inputs as embed_files
-from elmo_jax.runtime import files
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import weights as weights_lib
+from elmo_jax.embedding import writer as embed
 from elmo_jax.embedding.embedder import Embedder
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import weights as weights_lib
+from elmo_jax.runtime import files
 
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 from tiny import tiny_options
@@ -52,7 +52,7 @@ def test_embedder_refuses_a_bad_batch_size_at_construction_before_loading(emb, b
   with pytest.raises(ValueError) as e:
     Embedder(emb.options, emb.params, batch_size=batch_size, warm=False)
   assert str(e.value) == want
-  from elmo_jax.interop import loaded  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import loaded  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(loaded, "load_model", lambda *a, **k: pytest.fail("loaded before the check"))
   with pytest.raises(ValueError) as e:
     Embedder.from_pretrained(os.path.dirname(FIXTURE_OPTIONS), batch_size=batch_size)

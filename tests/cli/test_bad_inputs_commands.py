@@ -14,14 +14,14 @@ from absl import app
 
 import evaluate
 from elmo_jax import cli
-from elmo_jax.embedding import writer as embed
-from elmo_jax.embedding import inputs as embed_files
-from elmo_jax.runtime import files
-from elmo_jax.interop import weights as weights_lib
 from elmo_jax.downstream import data as data_lib
+from elmo_jax.embedding import inputs as embed_files
+from elmo_jax.embedding import writer as embed
 from elmo_jax.embedding.args import select_layers
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.evaluation import readers, tasks
+from elmo_jax.formats import weights as weights_lib
+from elmo_jax.runtime import files
 
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT
 from tiny import tiny_options

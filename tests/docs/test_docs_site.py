@@ -87,8 +87,8 @@ def test_mkdocs_build_strict(tmp_path):
   assert ('<td><code><span class="nowrap">bash</span> <span class="nowrap">scripts/train.sh</span></code></td>'
           in performance)
   reference = _read(str(tmp_path / "site" / "reference" / "index.html"))  # generated from the docstrings
-  for anchor in ("embedding.embedder.Embedder.sentence_vectors", "interop.pretrained.load_elmo", "model.elmo.Elmo",
-                 "interop.pretrained.resolve_model", "interop.loaded.load_model", "training.config.base_config"):
+  for anchor in ("embedding.embedder.Embedder.sentence_vectors", "sources.pretrained.load_elmo", "model.elmo.Elmo",
+                 "sources.pretrained.resolve_model", "sources.loaded.load_model", "training.config.base_config"):
     assert f'id="elmo_jax.{anchor}"' in reference, anchor
   assert "Runs a <code>BiLM</code> over tokenized sentences." in reference  # Embedder's docstring, rendered
 

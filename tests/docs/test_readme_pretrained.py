@@ -14,7 +14,7 @@ import sys
 import h5py
 import pytest
 
-from elmo_jax.interop import pretrained
+from elmo_jax.sources import pretrained
 from http_util import mirror, serve_models
 from paths import REPO_ROOT
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from elmo_jax.data import chars
-from elmo_jax.interop import options as options_lib
-from elmo_jax.embedding.step import CNN_ROWS as _CNN_ROWS, char_widths as _char_widths
 from elmo_jax.embedding.embedder import Embedder
+from elmo_jax.embedding.step import CNN_ROWS as _CNN_ROWS, char_widths as _char_widths
+from elmo_jax.formats import options as options_lib
 from elmo_jax.model import BiLM, BiLMConfig
 from elmo_jax.model import lstm as lstm_mod
 

@@ -1,6 +1,7 @@
-"""A warm Embedder (the default outside the test suite) compiles nothing after load, refuses a sentence past
-its longest compiled length in one line, and gives the bits of the path that compiles as it goes (main's
-programs: the char CNN, the gather and the biLM as separate programs over the finer time buckets)."""
+"""A warm Embedder (the default outside the test suite) compiles nothing after load for any length (a sentence
+past its longest time bucket runs in stretches, `long_sentence`), and gives the bits of the path that compiles as
+it goes (main's programs: the char CNN, the gather and the biLM as separate programs over the finer time
+buckets; an Embedder with warm=False for long sentences)."""
 from __future__ import annotations
 
 import json
@@ -13,8 +14,9 @@ import numpy as np
 import pytest
 
 from elmo_jax.embedding import host_batch
+from elmo_jax.embedding import long_sentence
 from elmo_jax.embedding import row_state
-from elmo_jax.embedding.embedder import Embedder, LengthError
+from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.runtime.compile_count import CompileCounter
 
 from paths import REPO_ROOT
@@ -40,34 +42,59 @@ def warm(params):
   return Embedder(tiny_options(), params, warm=True, batch_size=_BATCH)
 
 
-def _calls(emb: Embedder) -> None:
-  """Sentences of every length up to the longest bucket (both sides of each edge), every row count."""
-  top = host_batch.WARM_TIME_BUCKETS[-1]
-  for n in [*range(1, top + 1, 7), top]:
+# Lengths 1 to 5,000: every bucket's edges, a stretch's edges (a sentence of n tokens reads n + 2 steps), a stride
+_EDGES = {b + d for b in (*host_batch.WARM_TIME_BUCKETS, 2 * long_sentence.STRETCH) for d in (-3, -2, -1, 0, 1, 2)}
+_LENGTHS = sorted({*range(1, 5001, 97), *_EDGES, 5000})
+
+
+def _calls(emb: Embedder, lengths=_LENGTHS) -> None:
+  """Sentences of every length in `lengths`, alone and in batches with long and short ones, every row count."""
+  for n in lengths:
     emb.embed_sentences([_sentence(n, n)])
-  mixed = [_sentence(n, n) for n in (1, 5, 33, 129, 2, 64, 7, 0, 12)]
+  mixed = [_sentence(n, n) for n in (1, 5, 33, 129, 2, 64, 7, 0, 12, 700)]
   for k in range(1, len(mixed) + 1):
     emb.embed_sentences(mixed[:k])
   emb.sentence_vectors(mixed, "top")
 
 
-def test_warm_embedder_compiles_nothing_after_load_and_refuses_longer_sentences_in_one_line(warm):
-  top = host_batch.WARM_TIME_BUCKETS[-1]
+def test_warm_embedder_compiles_nothing_after_load_at_any_length(warm):
   with CompileCounter() as compiles:
-    _calls(warm)
+    _calls(warm, [n for n in _LENGTHS if n <= 1100] + [5000])
   assert (compiles.traces, compiles.compiles) == (0, 0), compiles.as_dict()
-  with pytest.raises(LengthError) as e:
-    warm.embed_sentences([_sentence(3), _sentence(top + 1)])
-  assert str(e.value).count("\n") == 0 and f"sentence 1 has {top + 1} tokens" in str(e.value)
-  assert "warm=False" in str(e.value)
+  got = warm.embed_sentences([_sentence(3), _sentence(2000, 1), _sentence(9)])
+  assert [g.shape[1] for g in got] == [3, 2000, 9] and all(np.isfinite(g).all() for g in got)
 
 
 @pytest.mark.slow
-def test_warm_stateful_embedder_compiles_nothing_after_load(params):
+def test_warm_embedders_compile_nothing_after_load_for_every_length_to_5000(warm, params):
   stateful = Embedder(tiny_options(), params, stateful=True, warm=True, batch_size=_BATCH)
   with CompileCounter() as compiles:
+    _calls(warm)
     _calls(stateful)
   assert (compiles.traces, compiles.compiles) == (0, 0), compiles.as_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stateful", [False, True])
+def test_long_sentences_have_the_bits_of_the_compile_as_you_go_path(params, stateful):
+  """600 and 2,000 tokens (and 513, a stretch and 3 steps), one sentence a call, stateful carrying each row's
+  state through a long sentence into the next call; and in a batch beside short ones (whose rows are not padded
+  to the long one's length)."""
+  sequence = [_sentence(600, 1), _sentence(30, 2), _sentence(2000, 3), _sentence(513, 4)]
+  warm = Embedder(tiny_options(), params, stateful=stateful, warm=True, batch_size=_BATCH)
+  cold = Embedder(tiny_options(), params, stateful=stateful, warm=False, batch_size=_BATCH)
+  with CompileCounter() as compiles:
+    got = [warm.embed_sentences([s])[0] for s in sequence]
+  assert (compiles.traces, compiles.compiles) == (0, 0), compiles.as_dict()
+  for i, (s, g) in enumerate(zip(sequence, got)):
+    w = cold.embed_sentences([s])[0]
+    assert g.shape == w.shape == (3, len(s), 12) and np.array_equal(g, w), f"sentence {i}"
+  if not stateful:
+    mixed = [_sentence(5, 1), _sentence(700, 2), _sentence(40, 3)]
+    batch = next(warm.batches(mixed))[2]
+    assert isinstance(batch, list) and [b.shape[1] for b in batch] == [128, 128, 700]  # a time bucket, the length
+    for g, s in zip(warm.embed_sentences(mixed), mixed):
+      assert np.array_equal(g, warm.embed_sentences([s])[0])
 
 
 def _main_path(emb: Embedder, sentences, batch_size: int, stateful: bool) -> list[np.ndarray]:

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import evaluate
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import weights as weights_lib
 from elmo_jax.data import Tokenizer, Vocab, make_lm_iterator
 from elmo_jax.evaluation import perplexity, tasks
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import weights as weights_lib
 from elmo_jax.training import lm_eval
 
 from tiny import train_tiny

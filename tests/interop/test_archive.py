@@ -1,4 +1,4 @@
-"""Model archives by URL or path (interop/archive.py): downloaded and unpacked once into the cache, reused
+"""Model archives by URL or path (sources/archive.py): downloaded and unpacked once into the cache, reused
 offline, read as the folder they hold; members that would leave the cache folder refused, against a local
 http.server (nothing leaves the machine)."""
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 
 import http_util
 from elmo_jax.embedding.embedder import Embedder
-from elmo_jax.interop import archive
-from elmo_jax.interop import download
-from elmo_jax.interop import pretrained
 from elmo_jax.runtime import files
 from elmo_jax.runtime.cache import ARCHIVES
+from elmo_jax.sources import archive
+from elmo_jax.sources import download
+from elmo_jax.sources import pretrained
 from http_util import serve_models
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 
@@ -111,7 +111,7 @@ def test_efml_folder_is_handed_to_folder_resolution(tmp_path, cache, monkeypatch
   assert os.path.basename(folder) == "zhs.model" and os.path.dirname(os.path.dirname(folder)) == str(cache / ARCHIVES)
   assert sorted(os.listdir(folder)) == sorted(n.split("/")[1] for n in efml)
   monkeypatch.setattr(pretrained, "resolve_model", resolve)
-  # The real folder resolution knows the layout (interop/efml.py): its config and encoder, the folder as path.
+  # The real folder resolution knows the layout (formats/efml.py): its config and encoder, the folder as path.
   found = resolve(path)
   assert (found.options_file, found.weight_file) == (os.path.join(folder, "config.json"),
                                                      os.path.join(folder, "encoder.pkl"))

@@ -11,10 +11,10 @@ import h5py
 import numpy as np
 import pytest
 
-from elmo_jax.interop import convert
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import weights as weights_lib
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files
+from elmo_jax.sources import convert
 
 import launch_util
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT, TFHUB_BILM, TFHUB_MODULE

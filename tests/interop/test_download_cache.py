@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import http_util
-from elmo_jax.interop import checks
-from elmo_jax.interop import download
-from elmo_jax.runtime import files
-from elmo_jax.interop import pretrained
 from elmo_jax.embedding.embedder import Embedder, enable_compilation_cache
+from elmo_jax.formats import checks
+from elmo_jax.runtime import files
+from elmo_jax.sources import download
+from elmo_jax.sources import pretrained
 
 from tiny import tiny_options
 

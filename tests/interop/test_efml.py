@@ -12,9 +12,9 @@ import pytest
 
 import efml_util
 from elmo_jax.data import chars
-from elmo_jax.interop import efml
-from elmo_jax.interop import pretrained
-from elmo_jax.interop import torch_pickle
+from elmo_jax.formats import efml
+from elmo_jax.formats import torch_pickle
+from elmo_jax.sources import pretrained
 
 PIP = "pip install -r requirements-test.txt (torch==2.13.0 elmoformanylangs==0.0.4.post2 overrides==3.1.0)"
 

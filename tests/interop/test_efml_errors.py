@@ -10,9 +10,9 @@ import zipfile
 import pytest
 
 import efml_util
-from elmo_jax.interop import download
-from elmo_jax.interop import efml
-from elmo_jax.interop import pretrained
+from elmo_jax.formats import efml
+from elmo_jax.sources import download
+from elmo_jax.sources import pretrained
 
 
 def _folder(root, *, arch=None, char_dic=None, word_dic=None, config=None) -> str:
@@ -141,7 +141,7 @@ def test_perplexity_of_an_efml_release_says_it_carries_no_softmax(tmp_path):
 
 def test_convert_of_an_efml_zip_says_why_it_cannot(tmp_path, monkeypatch):
   """It said "missing key 'lstm'" (config.json read as options.json)."""
-  from elmo_jax.interop import convert  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import convert  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv("ELMO_JAX_CACHE", str(tmp_path / "cache"))
   folder = _folder(tmp_path)
   path = str(tmp_path / "efml.zip")

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import efml_util
-from elmo_jax.interop import convert
-from elmo_jax.interop import efml
-from elmo_jax.interop import torch_pickle
-from elmo_jax.interop import torch_save
+from elmo_jax.formats import efml
+from elmo_jax.formats import torch_pickle
+from elmo_jax.formats import torch_save
+from elmo_jax.sources import convert
 from paths import TFHUB_MODULE
 
 PIP = "pip install -r requirements-test.txt (torch, elmoformanylangs)"

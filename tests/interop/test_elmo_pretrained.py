@@ -13,10 +13,10 @@ import pytest
 from flax import linen as nn
 
 from elmo_jax.data import chars
-from elmo_jax.interop import pretrained
 from elmo_jax.embedding import token_cache
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.model import Elmo, masked_mean, word_ids_for
+from elmo_jax.sources import pretrained
 from elmo_jax.training.freeze import bilm_labels, freeze_bilm
 from paths import FIXTURE_DIR, FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 import efml_util
-from elmo_jax.interop import convert
-from elmo_jax.interop import efml
-from elmo_jax.interop import loaded
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import pretrained
-from elmo_jax.interop import tfhub
-from elmo_jax.interop import weights as weights_lib
+from elmo_jax.formats import efml
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import tfhub
+from elmo_jax.formats import weights as weights_lib
+from elmo_jax.sources import convert
+from elmo_jax.sources import loaded
+from elmo_jax.sources import pretrained
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, TFHUB_MODULE
 
 

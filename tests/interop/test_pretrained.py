@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import http_util
-from elmo_jax.interop import download
-from elmo_jax.runtime import files
-from elmo_jax.interop import pretrained
 from elmo_jax.embedding.embedder import Embedder
+from elmo_jax.runtime import files
+from elmo_jax.sources import download
+from elmo_jax.sources import pretrained
 from http_util import dead_url, mirror, serve_models
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT
 
@@ -160,8 +160,8 @@ def test_evaluate_model_flag(tmp_path, cache, monkeypatch, parsed_flags):
 
 
 def test_init_from_released_name(tmp_path, cache, monkeypatch):
-  from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
+  from elmo_jax.formats import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
   mirror(tmp_path / "www")
   options = options_lib.load(FIXTURE_OPTIONS)

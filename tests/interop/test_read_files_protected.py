@@ -18,8 +18,10 @@ import tiny
 from elmo_jax.downstream import data as downstream_data
 from elmo_jax.embedding import writer
 from elmo_jax.embedding.embedder import Embedder
-from elmo_jax.interop import convert, loaded, pretrained
 from elmo_jax.runtime import files
+from elmo_jax.sources import convert
+from elmo_jax.sources import loaded
+from elmo_jax.sources import pretrained
 from elmo_jax.training import preflight
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT, TFHUB_MODULE
 

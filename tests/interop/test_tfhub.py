@@ -18,12 +18,12 @@ import pytest
 from elmo_jax.embedding import writer
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.embedding.inputs import EmbedInputError
-from elmo_jax.interop import download
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import pretrained
-from elmo_jax.interop import tf_bundle
-from elmo_jax.interop import tfhub
-from elmo_jax.interop import weights as weights_lib
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import tf_bundle
+from elmo_jax.formats import tfhub
+from elmo_jax.formats import weights as weights_lib
+from elmo_jax.sources import download
+from elmo_jax.sources import pretrained
 
 import launch_util
 from paths import REPO_ROOT, TFHUB_BILM, TFHUB_DIR, TFHUB_MODULE

@@ -1,4 +1,4 @@
-"""An archive is verified whole before it is trusted and unpacks within bounds (interop/archive.py): a cut
+"""An archive is verified whole before it is trusted and unpacks within bounds (sources/archive.py): a cut
 download without a Content-Length is not cached, a corrupt stream or zip member is one line, a bomb is
 refused before it is inflated (in a child under a memory limit), and an unpacked folder edited or lost
 since is unpacked again."""
@@ -14,10 +14,10 @@ import pytest
 
 import http_util
 import torch_files
-from elmo_jax.interop import archive
-from elmo_jax.interop import download
-from elmo_jax.interop import pretrained
 from elmo_jax.runtime import files
+from elmo_jax.sources import archive
+from elmo_jax.sources import download
+from elmo_jax.sources import pretrained
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 
 cache = http_util.cache
@@ -137,7 +137,7 @@ def test_bombs_refused_before_inflating_within_memory_and_time(tmp_path):
   cases.append(("lying zip", str(lying)))
   del zeros, data
   code = torch_files.REFUSALS + f"""
-from elmo_jax.interop import archive
+from elmo_jax.sources import archive
 def check(path):
   problem = archive.verify(path)
   if problem is not None:

@@ -1,4 +1,4 @@
-"""A TF bundle's index is checked before it is believed (interop/tf_bundle.py, tfhub.py): each entry's dtype,
+"""A TF bundle's index is checked before it is believed (formats/tf_bundle.py, tfhub.py): each entry's dtype,
 rank, offset and size against the data file and the variable the model expects; one line each."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import bundle_util
-from elmo_jax.interop import tf_bundle
-from elmo_jax.interop import tfhub
-from elmo_jax.interop import weights
+from elmo_jax.formats import tf_bundle
+from elmo_jax.formats import tfhub
+from elmo_jax.formats import weights
 from paths import TFHUB_MODULE
 
 

@@ -1,4 +1,4 @@
-"""A torch.save file is data with bounds (interop/torch_pickle.py): nothing a file does outlives its load, no
+"""A torch.save file is data with bounds (formats/torch_pickle.py): nothing a file does outlives its load, no
 opcode acts on the allowed objects beyond what torch.save needs, allocation is bounded by the file (bombs
 refused in one line, in a child under a memory limit), every view lies inside its storage, and every EFML
 parameter is finite floats of the architecture's shape."""
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import torch_files as tf
-from elmo_jax.interop import efml
-from elmo_jax.interop import torch_pickle
-from elmo_jax.interop import weights
+from elmo_jax.formats import efml
+from elmo_jax.formats import torch_pickle
+from elmo_jax.formats import weights
 
 LAYOUTS = {"legacy": tf.legacy, "zip": tf.zipped}
 
@@ -133,7 +133,7 @@ def test_bombs_and_views_refused_in_one_line_within_memory_and_time(tmp_path):
   """The same in a child limited to 768 MiB of address space (what each would have taken: 4 GB and more)."""
   cases = _cases(tmp_path)
   code = tf.REFUSALS + f"""
-from elmo_jax.interop import torch_pickle
+from elmo_jax.formats import torch_pickle
 refusals(torch_pickle.load, {cases!r}, (torch_pickle.TorchPickleError,))
 """
   _check_refusals(tf.run_limited(code), cases)

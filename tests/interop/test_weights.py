@@ -8,10 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import weights as weights_lib
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import weights as weights_lib
+from elmo_jax.formats.weights import WeightFileError
 from elmo_jax.model import BiLM, BiLMConfig
-from elmo_jax.interop.weights import WeightFileError
 
 from paths import FIXTURE_WEIGHTS
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from elmo_jax.data import chars
-from elmo_jax.interop import weights as weights_lib
+from elmo_jax.formats import weights as weights_lib
 from elmo_jax.model import BiLM, BiLMConfig, Elmo, zero_state
 from elmo_jax.model import lstm as lstm_mod
 

@@ -105,8 +105,8 @@ def test_convert_checks_the_room_before_the_first_byte(tmp_path, monkeypatch):
   """A full disk during convert was an h5py segfault that left a temp folder: refused in one line first."""
   import collections  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import convert  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import loaded  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import convert  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import loaded  # pylint: disable=g-import-not-at-top
   usage = collections.namedtuple("usage", "total used free")
   monkeypatch.setattr(files.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
   model = loaded.LoadedModel({"char_cnn": {}, "lstm": {}}, {"w": np.zeros([1 << 20], np.float32)}, "bilm-hdf5", ())

@@ -215,8 +215,8 @@ def test_a_bucket_object_named_out_of_its_folder_is_refused_not_written_outside_
 
 def test_a_model_that_convert_wrote_to_a_bucket_is_read_back_by_model(bucket):
   """`--model=gs://...` refused what `convert --to=gs://...` had just written."""
-  from elmo_jax.interop import convert  # pylint: disable=g-import-not-at-top
-  from elmo_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import convert  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import pretrained  # pylint: disable=g-import-not-at-top
   from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS  # pylint: disable=g-import-not-at-top
   import shutil  # pylint: disable=g-import-not-at-top
   local = os.path.join(os.environ["ELMO_JAX_CACHE"], "..", "src")

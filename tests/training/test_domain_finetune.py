@@ -16,8 +16,8 @@ import optax
 import pytest
 
 import launch_util as lu
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import weights as weights_lib
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import weights as weights_lib
 from elmo_jax.training import freeze, init_from, loop, optimizer as optimizer_lib, resume
 from elmo_jax.training.checkpoint import IncompatibleCheckpointError
 from elmo_jax.training.config import base_config

@@ -17,8 +17,8 @@ import pytest
 
 import efml_util
 import launch_util as lu
-from elmo_jax.interop import efml
-from elmo_jax.interop import tfhub
+from elmo_jax.formats import efml
+from elmo_jax.formats import tfhub
 from elmo_jax.training import init_from, variant
 from paths import REPO_ROOT, TFHUB_MODULE
 

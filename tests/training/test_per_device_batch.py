@@ -13,9 +13,9 @@ import pytest
 
 import launch_util
 import tiny
-from elmo_jax.plan import train as plan_lib
-from elmo_jax.interop import options as options_lib
+from elmo_jax.formats import options as options_lib
 from elmo_jax.plan import targets as targets_lib
+from elmo_jax.plan import train as plan_lib
 from elmo_jax.training import checkpoint, preflight, resume
 from elmo_jax.training.config import BatchSizeError, global_batch_size, with_global_batch
 from paths import REPO_ROOT, TESTS_DIR

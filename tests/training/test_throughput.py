@@ -8,9 +8,9 @@ import os
 import pytest
 
 import tiny
-from elmo_jax.measure import flops as flops_lib
-from elmo_jax.interop import options as options_lib
+from elmo_jax.formats import options as options_lib
 from elmo_jax.measure import chips as chips_lib
+from elmo_jax.measure import flops as flops_lib
 from elmo_jax.training import throughput
 from elmo_jax.training.config import with_global_batch
 

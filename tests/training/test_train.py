@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 
-from elmo_jax.interop import options as options_lib
+from elmo_jax.formats import options as options_lib
 from elmo_jax.training.config import base_config, unknown_override_error
 
 import launch_util
@@ -77,8 +77,8 @@ def _read_metrics(workdir: str) -> list[dict]:
 _SHARDED_SCRIPT = textwrap.dedent(r"""
   import json, os, sys
   import jax, numpy as np
-  from elmo_jax.interop import options as options_lib
   from elmo_jax.data import Tokenizer, Vocab, make_lm_iterator
+  from elmo_jax.formats import options as options_lib
   from elmo_jax.model import make_model
   from elmo_jax.training import feed, optimizer as optimizer_lib, step as step_lib
   sys.path[:0] = sys.argv[1].split(os.pathsep)
@@ -336,8 +336,8 @@ def test_run_writes_config_vocab_tensorboard_checkpoints(trained):
 
 @pytest.mark.slow
 def test_export_matches_trained_params_and_embeds(trained):
-  from elmo_jax.interop import weights as weights_lib
   from elmo_jax.embedding.embedder import Embedder
+  from elmo_jax.formats import weights as weights_lib
   workdir = trained["workdir"]
   export = os.path.join(workdir, "export")
   state = _restore_raw(os.path.join(workdir, "checkpoints", str(N_STEPS), "state"))

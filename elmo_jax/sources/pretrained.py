@@ -11,7 +11,7 @@ Names are AllenNLP's published options.json + weights.hdf5 pairs (allennlp.org/e
 points at a mirror with the same layout). No sha256 is
 published for them, so the cache records the hash of the first download and checks it on every later
 use; every download and every use must also be a valid options.json and a readable HDF5 file
-(`cached_path(kind=...)`), so a server's error reply is never cached (see `elmo_jax.interop.download`).
+(`cached_path(kind=...)`), so a server's error reply is never cached (see `elmo_jax.sources.download`).
 """
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ import os
 import urllib.parse
 from typing import Any, Sequence
 
-from elmo_jax.interop import archive
-from elmo_jax.interop import download
-from elmo_jax.interop import efml
-from elmo_jax.interop import loaded
-from elmo_jax.interop import tfhub
-from elmo_jax.interop.resolved import ResolvedModel
+from elmo_jax.formats import efml
+from elmo_jax.formats import tfhub
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
+from elmo_jax.sources import archive
+from elmo_jax.sources import download
+from elmo_jax.sources import loaded
+from elmo_jax.sources.resolved import ResolvedModel
 from elmo_jax.runtime.run_layout import (CHECKPOINTS, EXPORT_DIR, OPTIONS_FILE, RUN_FILES, VOCAB_FILE, WEIGHTS_FILE,
                                  export_files)
 

@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from elmo_jax.data import chars
-from elmo_jax.interop import efml
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import tfhub
-from elmo_jax.interop import weights as weights_lib
-from elmo_jax.interop.resolved import ResolvedModel
+from elmo_jax.formats import efml
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import tfhub
+from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime.run_layout import VOCAB_FILE
+from elmo_jax.sources.resolved import ResolvedModel
 
 BILM_HDF5, EFML, TFHUB = "bilm-hdf5", "efml", "tfhub"
 FORMATS = (BILM_HDF5, EFML, TFHUB)

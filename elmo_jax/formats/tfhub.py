@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import tf_bundle
-from elmo_jax.interop import weights as weights_lib
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import tf_bundle
+from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import log
 
 VARIABLES = os.path.join("variables", "variables")  # the bundle's prefix inside a module folder

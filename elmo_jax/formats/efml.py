@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from elmo_jax.data import chars
-from elmo_jax.interop import checks
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import torch_pickle
-from elmo_jax.interop import weights as weights_lib
-from elmo_jax.interop.weights import WeightFileError
+from elmo_jax.formats import checks
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import torch_pickle
+from elmo_jax.formats import weights as weights_lib
+from elmo_jax.formats.weights import WeightFileError
 from elmo_jax.runtime import files
 from elmo_jax.runtime import log
 

@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterator
 import h5py
 import numpy as np
 
+from elmo_jax.formats import options as options_lib
 from elmo_jax.runtime import files
-from elmo_jax.interop import options as options_lib
 
 _LSTM = "RNN_{d}/RNN/MultiRNNCell/Cell{k}/LSTMCell/{name}"
 

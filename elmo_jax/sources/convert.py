@@ -22,14 +22,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from elmo_jax.interop import efml_export
-from elmo_jax.interop import loaded
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import pretrained
-from elmo_jax.interop import weights as weights_lib
+from elmo_jax.formats import efml_export
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
+from elmo_jax.sources import loaded
+from elmo_jax.sources import pretrained
 
 FORMATS = ("bilm-hdf5", "efml")
 EFML = "efml"

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from elmo_jax.data.lexicon import dic_text
-from elmo_jax.interop import efml
-from elmo_jax.interop import options as options_lib
-from elmo_jax.interop import torch_save
+from elmo_jax.formats import efml
+from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import torch_save
 from elmo_jax.runtime import files
 
 

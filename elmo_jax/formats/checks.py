@@ -3,7 +3,7 @@
     check_kind("weights.hdf5")                 # None: a readable HDF5 file (the kind is inferred from the name)
     check_kind("reply.json", kind="options")  # "not an ELMo options.json (...)": e.g. a server's error reply
 
-`elmo_jax.interop.download` runs it on a fresh download before it is renamed into place and on every
+`elmo_jax.sources.download` runs it on a fresh download before it is renamed into place and on every
 cached file before it is used; a problem is one line (why the file is not what it must be).
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _hdf5_problem(path: str | os.PathLike) -> str | None:
 
 
 def _json_problem(path: str | os.PathLike, options: bool) -> str | None:
-  """Why `path` is not a JSON object (`options`: one that passes `elmo_jax.interop.options.validate`)."""
+  """Why `path` is not a JSON object (`options`: one that passes `elmo_jax.formats.options.validate`)."""
   try:
     with open(path, encoding="utf-8") as f:
       obj = json.load(f)
@@ -67,7 +67,7 @@ def _json_problem(path: str | os.PathLike, options: bool) -> str | None:
   if not isinstance(obj, dict):
     return f"not a JSON object (it holds a JSON {type(obj).__name__})"
   if options:
-    from elmo_jax.interop import options as options_lib  # pylint: disable=g-import-not-at-top
+    from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
     try:
       options_lib.validate(obj, source="options")
     except ValueError as e:
@@ -82,7 +82,7 @@ def check_kind(path: str | os.PathLike, name: str | None = None, kind: str | Non
   `kind` is what the caller needs (one of `KINDS`); None infers it from the name (`name`, default `path`):
   `.hdf5`/`.h5` -> "hdf5", `.json` -> "json", other names: no check (None).
   "hdf5": opens with h5py and every object's header reads (a truncated file fails); "json": parses as a
-  JSON object; "options": a JSON object that passes `elmo_jax.interop.options.validate` (e.g. not a server's
+  JSON object; "options": a JSON object that passes `elmo_jax.formats.options.validate` (e.g. not a server's
   `{"error": ...}` reply). Used on a fresh download before it is renamed into place and its hash
   recorded, and on every cached file before it is used.
   """

@@ -25,8 +25,8 @@ class ResolvedModel:
       bucket run's stay in the bucket (Orbax reads them there).
     path: the spec as a path: a name or URL as given, a local path user-expanded (`init_from`: absolute), a
       bucket one as given (`init_from` ELMo files there: their local copy).
-    tfhub_dir: a TF-Hub `elmo/3`-layout module folder (`interop/tfhub.py`; no options or weight file then).
-    efml_dir: an ELMoForManyLangs model folder (`interop/efml.py`; options_file, weight_file: its config.json
+    tfhub_dir: a TF-Hub `elmo/3`-layout module folder (`formats/tfhub.py`; no options or weight file then).
+    efml_dir: an ELMoForManyLangs model folder (`formats/efml.py`; options_file, weight_file: its config.json
       and encoder.pkl).
   """
   options_file: str | None = None

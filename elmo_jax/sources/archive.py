@@ -41,10 +41,10 @@ import zipfile
 import zlib
 from typing import IO, Iterator
 
-from elmo_jax.interop import checks
-from elmo_jax.interop import download
+from elmo_jax.formats import checks
 from elmo_jax.runtime import files
 from elmo_jax.runtime.cache import ARCHIVES, cache_dir
+from elmo_jax.sources import download
 
 SUFFIXES = (".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar")
 # What an archive may unpack to: MAX_RATIO times its own size (model files compress ~1.1x; a bomb ~1000x),

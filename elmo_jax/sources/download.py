@@ -8,7 +8,7 @@ The cache is `$ELMO_JAX_CACHE` (default `~/.cache/elmo_jax`); each URL maps to o
 a hash of the URL plus the URL's file name. A download streams into a `.part` file beside it and is renamed
 into place only when it is whole and of the right kind: every byte of the server's Content-Length arrived
 (a connection cut mid-way is one line saying to run again), a published sha256 matches, and `check_kind`
-(`elmo_jax.interop.checks`) passes: the caller says what the file must be (`kind=`: "hdf5" a readable HDF5
+(`elmo_jax.formats.checks`) passes: the caller says what the file must be (`kind=`: "hdf5" a readable HDF5
 file, "json" a JSON object, "options" a valid ELMo options.json; `validate=` a further check), else the
 URL's name decides (a `.hdf5`/`.h5` name must be a readable HDF5 file, a `.json` name a JSON object, other
 names: no check).
@@ -51,10 +51,10 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable, Iterator
 
-from elmo_jax.interop import checks
+from elmo_jax.formats import checks
 from elmo_jax.runtime import files
-from elmo_jax.runtime.cache import cache_dir, cache_label
 from elmo_jax.runtime import log
+from elmo_jax.runtime.cache import cache_dir, cache_label
 from elmo_jax.runtime.progress import progress
 
 _CHUNK = 1 << 20
