@@ -31,6 +31,11 @@ _STATE = P(None, None, AXIS)  # LSTMState arrays are [layers, 2, rows, dim]
 # cores the convolutions cost in proportion to the positions, and most tokens fit in 16.
 CHAR_WIDTHS = (16, 24, 32)
 CNN_ROWS = 64  # distinct tokens per char-CNN call: a fixed shape (per width), little padding per batch
+# A call that brings at most CNN_ROWS new tokens (a sentence or a few) runs them in one chunk of the first of these
+# sizes that holds them, at the widest width they need: on 2 CPU cores a char-CNN call costs ~2.5 ms however few
+# its rows (the highway layer's weights are read once a call) plus ~0.1 ms a row, so one small call beats one
+# 64-row call per width several times over.
+CNN_CHUNK_ROWS = (8, 16, 32, CNN_ROWS)
 PAD_ID = chars.PAD_CHAR + 1  # token_to_ids shifts ids by one
 # A long sentence's positions (`stretch`): table rows, or these for its boundary tokens; -1: no token
 BOS_ROW, EOS_ROW = -2, -3
@@ -87,37 +92,50 @@ def char_widths(ids: np.ndarray, max_width: int, pad_id: int = PAD_ID, lead: int
 
 def width_chunks(ids: np.ndarray, rows: np.ndarray, max_width: int, pad_id: int = PAD_ID,
                  lead: int = 0) -> list[tuple[int, np.ndarray, np.ndarray]]:
-  """Char ids `[U, max_chars]` of tokens bound for table rows `rows [U]` -> (width, chunk
-  `[CNN_ROWS, width]`, their rows `[CNN_ROWS]`) per chunk of tokens of one char width (the CNN's fixed
-  shapes; padding rows: an out-of-range row). `pad_id`, `lead`: as `char_widths`."""
+  """Char ids `[U, max_chars]` of tokens bound for table rows `rows [U]` -> (width, chunk `[R, width]`, their
+  rows `[R]`) per chunk (the CNN's fixed shapes; padding rows: an out-of-range row). At most CNN_ROWS tokens:
+  one chunk of the smallest `CNN_CHUNK_ROWS` size R that holds them, at the widest width they need; more:
+  chunks of R = CNN_ROWS tokens of one char width each. `pad_id`, `lead`: as `char_widths`."""
   widths = char_widths(ids, max_width, pad_id, lead)
+  if 0 < len(ids) <= CNN_ROWS:
+    groups = [(int(widths.max()), np.arange(len(ids)))]
+  else:
+    groups = [(int(width), np.flatnonzero(widths == width)) for width in np.unique(widths)]
   out = []
-  for width in np.unique(widths):
-    members = np.flatnonzero(widths == width)
+  for width, members in groups:
     for start in range(0, len(members), CNN_ROWS):
       part = members[start:start + CNN_ROWS]
-      chunk = np.zeros((CNN_ROWS, width), np.int32)
-      dest = np.full(CNN_ROWS, np.iinfo(np.int32).max, np.int32)
+      size = next(r for r in CNN_CHUNK_ROWS if r >= len(part))
+      chunk = np.zeros((size, width), np.int32)
+      dest = np.full(size, np.iinfo(np.int32).max, np.int32)
       chunk[:len(part)], dest[:len(part)] = ids[part, :width], rows[part]
-      out.append((int(width), chunk, dest))
+      out.append((width, chunk, dest))
   return out
 
 
 def stack_chunks(per_device: Sequence[list[tuple[int, np.ndarray, np.ndarray]]]
                  ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-  """Each device's `width_chunks` -> one call's input per chunk: ids `[devices * CNN_ROWS, width]` and rows
-  `[devices * CNN_ROWS]` (device d's block d; a device with fewer chunks of a width gets padding)."""
+  """Each device's `width_chunks` -> one call's input per chunk: ids `[devices * R, width]` and rows
+  `[devices * R]` (device d's block d, each padded to the largest R among the devices' j-th chunks of that width;
+  a device with fewer chunks of a width gets padding)."""
   widths = sorted({w for chunks in per_device for w, _, _ in chunks})
   ids, dests = [], []
   for width in widths:
     mine = [[(c, d) for w, c, d in chunks if w == width] for chunks in per_device]
-    rows = max(c.shape[0] for m in mine for c, _ in m)
-    pad = (np.zeros((rows, width), np.int32), np.full(rows, np.iinfo(np.int32).max, np.int32))
     for j in range(max(len(m) for m in mine)):
-      blocks = [m[j] if j < len(m) else pad for m in mine]
+      size = max(m[j][0].shape[0] for m in mine if j < len(m))
+      blocks = [_padded(*(m[j] if j < len(m) else (np.zeros((0, width), np.int32), np.zeros(0, np.int32))), size)
+                for m in mine]
       ids.append(np.concatenate([c for c, _ in blocks]))
       dests.append(np.concatenate([d for _, d in blocks]))
   return ids, dests
+
+
+def _padded(chunk: np.ndarray, dest: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+  """A chunk `[r, width]` and its rows `[r]` padded to `size` rows (padding: no chars, an out-of-range row)."""
+  pad = size - chunk.shape[0]
+  return (np.pad(chunk, ((0, pad), (0, 0))),
+          np.pad(dest, (0, pad), constant_values=np.iinfo(np.int32).max))
 
 
 def round_rows(rows: int, mesh: Mesh) -> int:
@@ -167,8 +185,8 @@ class Steps:
     sentences' program for stretches of that many steps (`state_zeros` as `state`). Returns the table
     (`cnn_into` donates it)."""
     put = self.put_rows
-    for width in widths:
-      ids = np.zeros((self.mesh.size * CNN_ROWS, width), np.int32)
+    for width, size in ((w, r) for w in widths for r in CNN_CHUNK_ROWS):
+      ids = np.zeros((self.mesh.size * size, width), np.int32)
       table = self.cnn_into(params, table, put(ids), put(np.full(len(ids), np.iinfo(np.int32).max, np.int32)))
     out = []
     for n, time in ((n, t) for n in rows for t in times):
