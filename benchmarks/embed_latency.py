@@ -11,8 +11,11 @@ the corpus in data/. Per preset, two fresh processes share a new persistent comp
     calls, `max_over_p50`, and AllenNLP's `Elmo` on the same sentences, interleaved call by call
     (`baseline_ms`, `p50_ratio` = ours / AllenNLP's);
   * `compiles_after_load`: traces and XLA compiles from the first call to the last (0 when warm works);
-  * `split_ms`: where one sentence's call goes (median of --split_calls): `ids` (host: token rows, char ids,
-    chunks), `dispatch` (handing the programs to the runtime), `device` (waiting for them), `copy` (out);
+  * `typical_call`: where a single-sentence call of the mix goes, phase by phase over --split_calls sentences
+    the table has not seen (`latency_floor.typical_split`: host ids, char CNN of new tokens, biLSTM, copy; what
+    the calls did; ours / the floor per call); `floor`: the floor model (`latency_floor.py`: FLOPs / the
+    measured matmul peak vs weight bytes / the measured read bandwidth, per program), its p50 over the same
+    calls, per sentence length, and `batch_1.ours_over_floor`;
   * `stateful_ms`: the stateful Embedder, one sentence a call; `flax_ms`: `load_elmo`'s `Elmo` + a jitted
     `apply` on `batch_to_ids` padded to the Embedder's warm buckets (the Flax API; `ids` and `apply` split).
 """
@@ -30,7 +33,8 @@ from typing import Any, Callable, Sequence
 from absl import app
 from absl import flags
 
-from bench_util import clock, load_sentences, stats
+from bench_util import clock, load_sentences, matmul_peak, stats
+import latency_floor
 
 import numpy as np
 
@@ -94,25 +98,6 @@ def latency(embed: Callable[[list], Any], other: Callable[[list], Any] | None, g
   return out
 
 
-def split(emb: Any, sentences: list[list[str]]) -> dict[str, float]:
-  """Median ms of each phase of a single-sentence `embed_sentences`, phase by phase (synchronous)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  phases: dict[str, list[float]] = {"ids": [], "dispatch": [], "device": [], "copy": []}
-  for s in sentences:
-    t0 = time.perf_counter()
-    prepared = emb._prepare([s], 1)  # pylint: disable=protected-access
-    t1 = time.perf_counter()
-    layers = emb._launch(prepared)  # pylint: disable=protected-access
-    t2 = time.perf_counter()
-    jax.block_until_ready(layers)
-    t3 = time.perf_counter()
-    _ = np.array(np.asarray(layers)[0, :, :len(s)])
-    t4 = time.perf_counter()
-    for name, a, b in (("ids", t0, t1), ("dispatch", t1, t2), ("device", t2, t3), ("copy", t3, t4)):
-      phases[name].append((b - a) * 1e3)
-  return {k: round(statistics.median(v), 3) for k, v in phases.items()}
-
-
 def flax_latency(options: dict[str, Any], params: Any, sentences: list[list[str]]) -> dict[str, Any]:
   """`Elmo` (what `load_elmo` builds) + one jitted `apply` per warm bucket, compiled before the clock."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -157,6 +142,7 @@ def measure(preset: str, with_latency: bool) -> dict[str, Any]:
   out["load_compiles"] = load.as_dict()
   n = max(int(b) for b in FLAGS.batch_sizes) * (FLAGS.warmup + FLAGS.calls)
   sentences = load_sentences(FLAGS.corpus, n)
+  floor = latency_floor.Floor(options, matmul_peak()) if with_latency else None  # its own compiles: not a call's
   with CompileCounter() as after:
     out["first_call_s"] = round(clock(lambda: emb.embed_sentences([sentences[0]])) / 1e3, 3)
     if with_latency:
@@ -166,7 +152,14 @@ def measure(preset: str, with_latency: bool) -> dict[str, Any]:
         for b in map(int, FLAGS.batch_sizes):
           groups = [sentences[i:i + b] for i in range(0, len(sentences) - b + 1, b)]
           out[f"batch_{b}"] = latency(emb.embed_sentences, other, groups)
-      out["split_ms"] = split(emb, sentences[:FLAGS.split_calls])
+      unseen = load_sentences(FLAGS.corpus, n + FLAGS.split_calls)[n:]  # the mix's next sentences, new to the table
+      out["typical_call"] = latency_floor.typical_split(emb, unseen, floor)
+      calls = out["typical_call"]["calls"]
+      out["floor"] = {**floor.describe(), "p50_ms": out["typical_call"]["floor_ms_p50"],
+                      "by_length_ms": latency_floor.by_length(floor, calls["new_tokens"] / calls["tokens"],
+                                                              out["typical_call"]["new_token_width_mean"])}
+      out["batch_1"]["ours_over_floor"] = round(out["batch_1"]["ms"]["p50"] / out["floor"]["p50_ms"], 2) \
+          if "batch_1" in out else None
   out["compiles_after_load"] = after.as_dict()
   if with_latency:
     stateful = Embedder(options, params, stateful=True, warm=True)

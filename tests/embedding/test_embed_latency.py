@@ -180,6 +180,8 @@ def test_latency_benchmark_prints_its_keys(tmp_path):
   warm = custom["warm_cache"]
   for b in ("batch_1", "batch_4"):
     assert {"p50", "p95", "p99", "max", "max_over_p50"} <= warm[b]["ms"].keys()
-  assert set(warm["split_ms"]) == {"ids", "dispatch", "device", "copy"}
+  assert set(warm["typical_call"]["ms"]) == {"ids", "cnn", "bilm", "copy"}
+  assert warm["typical_call"]["calls"]["tokens"] > 0 and warm["floor"]["p50_ms"] > 0
+  assert warm["batch_1"]["ours_over_floor"] > 0 and {"8", "128"} <= warm["floor"]["by_length_ms"].keys()
   assert {"ms", "split_ms"} <= warm["flax_ms"].keys() and "p50" in warm["stateful_ms"]
   assert warm["compiles_after_load"]["compiles"] == 0
