@@ -35,18 +35,20 @@ def tokenizer(max_chars: int, token_ids: chars.LexiconIds | None = None) -> dict
 
   bilm-tf (`kind` "bilm-tf-bytes"): [bow, the token's UTF-8 bytes + 1 (at most max_chars - 2 bytes), eow, pad...].
   EFML ("efml-lexicon", `chars.LexiconIds`): the token cut to max_chars - 2 code points; with `words`, its word id
-  first (`words[token]`, else `oov_word`); then [bow, `chars[c]` per code point (else `oov_char`), eow, pad...];
-  `<bos>` / `<eos>` as a token hold their own char id between bow and eow.
+  first (`words[token]`, else `oov_word`); then [bow, `chars[c]` per code point (else `oov_char`), eow, pad...].
+  Either way a token of `own_char_tokens` (`<S>` / `</S>`, EFML's `<bos>` / `<eos>`) holds its one id between bow
+  and eow.
   """
   if token_ids is None:
     return {"format": TOKENIZER_FORMAT, "version": VERSION, "kind": BYTES, "max_characters_per_token": max_chars,
-            "bow": chars.BOW_CHAR + 1, "eow": chars.EOW_CHAR + 1, "pad": chars.PAD_CHAR + 1, "byte_offset": 1}
+            "bow": chars.BOW_CHAR + 1, "eow": chars.EOW_CHAR + 1, "pad": chars.PAD_CHAR + 1, "byte_offset": 1,
+            "own_char_tokens": {chars.BOS_TOKEN: chars.BOS_CHAR + 1, chars.EOS_TOKEN: chars.EOS_CHAR + 1}}
   probe = token_ids("")  # [word id,] bow, eow, pad...
   lead = token_ids.lead
   out = {"format": TOKENIZER_FORMAT, "version": VERSION, "kind": LEXICON, "max_characters_per_token": max_chars,
          "bow": int(probe[lead]), "eow": int(probe[lead + 1]), "pad": token_ids.pad_id,
          "chars": {c: i + 1 for c, i in token_ids.char2id.items()}, "oov_char": token_ids.char2id[chars.EFML_OOV] + 1,
-         "own_char_tokens": [chars.EFML_BOS, chars.EFML_EOS]}
+         "own_char_tokens": {t: token_ids.char2id[t] + 1 for t in (chars.EFML_BOS, chars.EFML_EOS)}}
   if token_ids.word2id is not None:
     out.update(words={w: i + 1 for w, i in token_ids.word2id.items()},
                oov_word=token_ids.word2id[chars.EFML_OOV] + 1)
