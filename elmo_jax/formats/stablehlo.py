@@ -154,7 +154,8 @@ def load_exported(folder: str | os.PathLike) -> Loaded:
   try:
     exported = jax.export.deserialize(bytearray(blob))
   except Exception as e:  # pylint: disable=broad-except  (whatever the deserializer raises on a damaged file)
-    raise ExportedError(f"{os.path.join(folder, MODULE_FILE)}: not a jax.export artifact ({type(e).__name__})") from None
+    raise ExportedError(f"{os.path.join(folder, MODULE_FILE)}: not a jax.export artifact ({type(e).__name__})"
+                        ) from None
   return Loaded(exported, _weights(os.path.join(folder, WEIGHTS_FILE), exported), meta)
 
 
