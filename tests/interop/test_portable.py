@@ -45,8 +45,10 @@ print(sorted(m for m in ("flax", "elmo_jax.model", "elmo_jax.embedding", "torch"
 
 
 @pytest.mark.slow
-def test_stablehlo_equals_the_embedder_bit_for_bit_in_a_fresh_process(tmp_path, fixture_options, fixture_params,
-                                                                        fixture_sentences):
+def test_stablehlo_equals_the_embedder_bit_for_bit_in_a_fresh_process(request, tmp_path, fixture_options,
+                                                                        fixture_params, fixture_sentences):
+  if launch_util.rerun_under_product_codegen(request):  # the bits of the product's code generation
+    return
   folder = str(tmp_path / "exported")
   os.makedirs(folder)
   stablehlo.write(folder, fixture_options, fixture_params)
@@ -76,8 +78,8 @@ def test_stablehlo_lowers_for_cpu_cuda_and_tpu_with_symbolic_batch_and_time(tmp_
   flat = stablehlo.flat_params(fixture_params)
   flat["char_cnn/W_cnn_1"] = flat["char_cnn/W_cnn_1"][:1]
   np.savez(tmp_path / "weights.npz", **flat)
-  with pytest.raises(stablehlo.ExportedError,
-                     match=r"weights\.npz: char_cnn/W_cnn_1 is float32 \[1, 4, 8\], the module takes float32 \[2, 4, 8\]"):
+  wrong = r"weights\.npz: char_cnn/W_cnn_1 is float32 \[1, 4, 8\], the module takes float32 \[2, 4, 8\]$"
+  with pytest.raises(stablehlo.ExportedError, match=wrong):
     stablehlo.load_exported(tmp_path)
   os.remove(tmp_path / "model.stablehlo")
   with pytest.raises(stablehlo.ExportedError, match=r"no model\.stablehlo"):
