@@ -139,3 +139,18 @@ def test_onnx_equals_the_embedder_within_1e5_without_jax(tmp_path, family, fixtu
   for i, want in enumerate(emb.embed_sentences(sentences)):
     assert out[str(i)].shape == want.shape
     np.testing.assert_allclose(out[str(i)], want, rtol=0, atol=1e-5, err_msg=f"{family} sentence {i}")
+
+
+@pytest.mark.slow
+def test_latency_benchmark_prints_its_keys():
+  pytest.importorskip("onnxruntime")
+  env = {**launch_util.env(1), "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "benchmarks")])}
+  proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "benchmarks", "portable_latency.py"),
+                         f"--options_file={os.path.join(REPO_ROOT, 'tests', 'fixtures', 'bilm_tf', 'options.json')}",
+                         "--calls=4", "--warmup=1"], capture_output=True, text=True, env=env, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout[proc.stdout.index("{"):])
+  assert result["batch"] == 1 and result["sentences"]["n"] == 4
+  for name in ("embedder", "stablehlo", "onnx"):
+    assert {"p50", "p95", "max"} <= result[name]["ms"].keys() and result[name]["ms"]["p50"] > 0
+  assert result["onnx"]["p50_over_embedder"] > 0 and result["stablehlo"]["p50_over_embedder"] > 0
