@@ -11,8 +11,8 @@ argument, not constants folded into the module: one module for any weights of th
 stays small. The input is what `data.chars.batch_to_ids` returns (int32 `[batch, time, token_width]`, 0 = no
 token, without `<S>`/`</S>`: the forward adds them to each sentence, as the `Embedder` does); an EFML-variant
 model takes its own ids (`chars.LexiconIds`: the word id first). The forward is the `Embedder`'s stateless one
-(its char CNN, then its biLM program), so on CPU its layers equal the Embedder's bit for bit wherever the
-Embedder's char CNN rounds as one over all positions does (tests/interop/test_portable.py).
+(its char CNN, then its biLM program), so on CPU a sentence a call gives the Embedder's layers bit for bit; in a
+batch, XLA:CPU may round a row by where it sits in it (~1e-7; tests/interop/test_portable.py).
 
 `load_exported` imports jax and numpy only (not flax, not the model): a folder is read as hostile until checked,
 each name and shape against the module's own argument list.

@@ -38,8 +38,9 @@ def _python(code: str, *args: str) -> subprocess.CompletedProcess:
 _LOAD_EXPORTED = """
 import sys, numpy as np
 from elmo_jax.formats import stablehlo
-out = stablehlo.load_exported(sys.argv[1])(np.load(sys.argv[2]))
-np.savez(sys.argv[3], **out)
+run, ids = stablehlo.load_exported(sys.argv[1]), np.load(sys.argv[2])
+alone = [run(ids[i:i + 1])["layers"][0] for i in range(len(ids))]  # a sentence a call, padded as in the batch
+np.savez(sys.argv[3], alone=np.stack(alone), **run(ids))
 print(sorted(m for m in ("flax", "elmo_jax.model", "elmo_jax.embedding", "torch", "tensorflow") if m in sys.modules))
 """
 
@@ -59,9 +60,12 @@ def test_stablehlo_equals_the_embedder_bit_for_bit_in_a_fresh_process(request, t
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.strip() == "[]"  # the loader needs jax and numpy, not the model's code
   out = np.load(tmp_path / "out.npz")
-  expected = Embedder(fixture_options, fixture_params, devices=1).embed_sentences(sentences)
-  for i, (s, want) in enumerate(zip(sentences, expected)):
-    np.testing.assert_array_equal(out["layers"][i, :, :len(s)], want, err_msg=f"sentence {i}")
+  emb = Embedder(fixture_options, fixture_params, devices=1)
+  for i, (s, batched) in enumerate(zip(sentences, emb.embed_sentences(sentences))):
+    # one sentence a call: the same bits (the time padding of either side changes none)
+    np.testing.assert_array_equal(out["alone"][i, :, :len(s)], emb.embed_sentences([s])[0], err_msg=f"sentence {i}")
+    # in a batch, XLA:CPU may round a row by where it sits in it (the Embedder sorts its batches by length)
+    np.testing.assert_allclose(out["layers"][i, :, :len(s)], batched, rtol=0, atol=1e-6, err_msg=f"sentence {i}")
     assert not out["layers"][i, :, len(s):].any() and out["mask"][i].sum() == len(s)
 
 
