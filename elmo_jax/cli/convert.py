@@ -9,7 +9,8 @@
 TF-Hub `elmo/3`-layout module folder, a URL); `--to` a new or empty folder, written whole or not at all:
 options.json + weights.hdf5 (+ the softmax, and vocab.txt, where the source has them), every tensor with the
 bits it was read with (the work: `elmo_jax.sources.convert`); or, `--format=efml`, an ELMoForManyLangs release
-folder written without torch. A format that cannot hold the model is refused in one line (EFML's word embedding
+folder written without torch; `--format=stablehlo` / `--format=onnx`, the forward pass itself
+(docs/portable-models.md). A format that cannot hold the model is refused in one line (EFML's word embedding
 has no place in bilm-tf's layout).
 """
 from __future__ import annotations
