@@ -49,10 +49,9 @@ class Graph:
     return names[0] if len(names) == 1 else names
 
 
-def _dot(g: Graph, x: str, w: np.ndarray, b: np.ndarray | None) -> str:
-  """x @ w (+ b): `_dot` of char_cnn.py, float32."""
-  y = g.op("MatMul", x, g.const(w, np.float32, "w"))
-  return y if b is None else g.op("Add", y, g.const(b, np.float32, "b"))
+def _dot(g: Graph, x: str, w: np.ndarray, b: np.ndarray) -> str:
+  """x @ w + b: `_dot` of char_cnn.py and its bias, float32."""
+  return g.op("Add", g.op("MatMul", x, g.const(w, np.float32, "w")), g.const(b, np.float32, "b"))
 
 
 def char_cnn(g: Graph, ids: str, cfg: Any, cnn: dict[str, np.ndarray]) -> str:
