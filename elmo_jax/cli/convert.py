@@ -9,7 +9,8 @@
 TF-Hub `elmo/3`-layout module folder, a URL); `--to` a new or empty folder, written whole or not at all:
 options.json + weights.hdf5 (+ the softmax, and vocab.txt, where the source has them), every tensor with the
 bits it was read with (the work: `elmo_jax.sources.convert`); or, `--format=efml`, an ELMoForManyLangs release
-folder written without torch. A format that cannot hold the model is refused in one line (EFML's word embedding
+folder written without torch; `--format=stablehlo` / `--format=onnx`, the forward pass itself
+(docs/portable-models.md). A format that cannot hold the model is refused in one line (EFML's word embedding
 has no place in bilm-tf's layout).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from absl import app
 from absl import flags
 
 from elmo_jax import cli
+from elmo_jax.formats import onnx_export
 from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import tf_bundle
 from elmo_jax.formats import weights as weights_lib
@@ -37,7 +39,9 @@ def define_flags() -> None:
   flags.DEFINE_string("to", None, "A new or empty folder (local or gs://) to write the model into.")
   flags.DEFINE_enum("format", "bilm-hdf5", list(convert_lib.FORMATS),
                     "bilm-hdf5: bilm-tf's / AllenNLP's options.json + weights.hdf5; efml: an "
-                    "ELMoForManyLangs release folder (config.json, char.dic, word.dic, *.pkl) that its Embedder loads.")
+                    "ELMoForManyLangs release folder (config.json, char.dic, word.dic, *.pkl) that its Embedder loads; "
+                    "stablehlo: the forward pass as a jax.export artifact (cpu, cuda, tpu); onnx: model.onnx + "
+                    "tokenizer.json for onnxruntime alone (docs/portable-models.md).")
 
 
 def main(argv: list[str]) -> int:
@@ -49,7 +53,7 @@ def main(argv: list[str]) -> int:
   source, to = FLAGS["from"].value, FLAGS.to
   try:
     model = convert_lib.convert(source, to, FLAGS.format)
-  except (convert_lib.ConvertError, files.UnsafeOutputError, weights_lib.WeightFileError,
+  except (convert_lib.ConvertError, onnx_export.OnnxExportError, files.UnsafeOutputError, weights_lib.WeightFileError,
           options_lib.OptionsError, tf_bundle.BundleError, download.DownloadError, storage.StorageError,
           OSError) as e:
     print(f"error: {e}", file=sys.stderr)

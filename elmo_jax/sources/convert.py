@@ -3,10 +3,12 @@
     convert.convert("elmo_3/", "elmo_3_bilm/")        # a TF-Hub module -> options.json + weights.hdf5, exact
     convert.convert("runs/default", "shared/model/")   # a run's export (+ its vocab.txt and softmax), same bits
 
-Two formats are written (`FORMATS`): bilm-tf's options.json + weights.hdf5 (`weights.save_hdf5`, the exact
+Four formats are written (`FORMATS`): bilm-tf's options.json + weights.hdf5 (`weights.save_hdf5`, the exact
 writer; the softmax too where the source has one) + vocab.txt where the source has one (a run's, or one beside
 the weights), and an ELMoForManyLangs release folder (`efml_export`: config.json, the architecture JSON,
-char.dic, word.dic, the two state dicts in PyTorch's zip format, written without torch). Read back, every
+char.dic, word.dic, the two state dicts in PyTorch's zip format, written without torch); and two that hold the
+forward pass itself, for any model (docs/portable-models.md): a `jax.export` artifact (`stablehlo`) and an ONNX
+model with its tokenizer description (`onnx`). Read back, every
 tensor has the bits it was read with. A model is refused, in one line, in a format that cannot hold it
 (`format_problem`): EFML's word embedding and code-point chars have no place in bilm-tf's layout, bilm-tf's
 byte char ids none in an EFML folder.
@@ -23,7 +25,9 @@ import jax
 import numpy as np
 
 from elmo_jax.formats import efml_export
+from elmo_jax.formats import onnx_export
 from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import stablehlo
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
@@ -31,8 +35,8 @@ from elmo_jax.runtime.run_layout import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
 from elmo_jax.sources import loaded
 from elmo_jax.sources import pretrained
 
-FORMATS = ("bilm-hdf5", "efml")
-EFML = "efml"
+FORMATS = ("bilm-hdf5", "efml", "stablehlo", "onnx")
+EFML, STABLEHLO, ONNX = "efml", "stablehlo", "onnx"
 
 
 class ConvertError(ValueError):
@@ -82,6 +86,13 @@ def _check_format(fmt: str, model: loaded.LoadedModel | None = None, spec: str =
 def write(model: loaded.LoadedModel, folder: str, fmt: str = "bilm-hdf5") -> None:
   """Writes `model` into `folder` (replaced whole, atomically) in format `fmt`."""
   _check_format(fmt, model)
+  if fmt in (STABLEHLO, ONNX):  # any model: the forward pass with its weights (formats/stablehlo, onnx_export)
+    with files.atomic_dir(folder) as tmp:
+      if fmt == STABLEHLO:
+        stablehlo.write(tmp, model.options, model.params)
+      else:
+        onnx_export.write(tmp, model.options, model.params, model.token_ids)
+    return
   if fmt == EFML:
     if model.token_ids is None:
       raise ConvertError("--format=efml: the model has no char.dic / word.dic to write")

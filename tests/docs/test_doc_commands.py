@@ -35,6 +35,12 @@ RUN_BY = {
     r"^elmo-jax embed --model=zhs\.model ": "tests/interop/test_archive.py::test_efml_folder_is_handed_to_folder_resolution",
     r"^elmo-jax convert --from=elmo_3/ --to=elmo_3_bilm/$":
         "tests/interop/test_convert.py::test_round_trips_return_the_same_bits",
+    r"^elmo-jax convert --from=elmo_3/ --to=elmo_3_stablehlo/ --format=stablehlo$":
+        "tests/interop/test_portable.py::test_stablehlo_lowers_for_cpu_cuda_and_tpu_with_symbolic_batch_and_time",
+    r"^elmo-jax convert --from=elmo_3/ --to=elmo_3_onnx/ --format=onnx$":
+        "tests/interop/test_portable.py::test_onnx_equals_the_embedder_within_1e5_without_jax",
+    r"^python examples/onnx_embed\.py elmo_3_onnx/ sentences\.txt layers\.npz$":
+        "tests/interop/test_portable.py::test_onnx_equals_the_embedder_within_1e5_without_jax",
     r"^elmo-jax train --workdir=runs/mine --config=configs/default\.py --config\.data\.train_files=":
         "tests/docs/test_doc_commands.py::test_train_sh_trains_the_shipped_corpus",
     r"^elmo-jax train --workdir=runs/default --config=configs/default\.py \[--config\.key=value \.\.\.\]$":
@@ -113,6 +119,8 @@ NOT_RUN = {
         "tests/serving/test_serve_process.py serves bilm-tf's fixture folder the same way",
     r"^python benchmarks/embed_latency\.py ": "a latency benchmark (JSON, never asserted); its keys are "
         "tests/embedding/test_embed_latency.py's smoke run",
+    r"^python benchmarks/portable_latency\.py ": "a latency benchmark (JSON, never asserted); its keys are "
+        "tests/interop/test_portable.py's smoke run",
 }
 COMMAND_START = re.compile(r"^(python|bash|pip|elmo-jax|tensorboard|gcloud|curl|for )")
 
