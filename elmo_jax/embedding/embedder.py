@@ -37,7 +37,7 @@ from elmo_jax.runtime import memory
 from elmo_jax.sources import loaded
 from elmo_jax.sources import pretrained
 
-_TRIM_EVERY_BATCHES = 32  # freed batch copies go back to the OS this often (elmo_jax/runtime/memory.py)
+_TRIM_EVERY_BATCHES, _TRIM_AFTER_PASS = 32, 8  # `malloc_trim` (~10 ms): every 32 batches, after a pass of 8+
 _CNN_CACHE_TOKENS = 1 << 15
 DEFAULT_BATCH_SIZE = 64  # sentences per device (stateless) or per batch (stateful: it defines the rows)
 
@@ -63,11 +63,10 @@ class Embedder:
       computes as a one-device Embedder would, so the outputs equal one device's.
     token_ids: token -> ids where they are not bilm-tf's UTF-8 bytes (`chars.LexiconIds` of an
       ELMoForManyLangs model, `from_efml`).
-    warm: compile at load every program a call runs (`warm_shapes`; from the persistent compilation cache
-      when it has them), so no call compiles: time buckets `host_batch.WARM_TIME_BUCKETS`, batches up to
-      `default_batch_size`; a sentence past the longest bucket runs in stretches of fixed shape (`long_sentence`),
-      any length. False (scripts, the embed command): each shape compiles when first met, over
-      `host_batch.TIME_BUCKETS`.
+    warm: compile at load every program a call runs (`warm_shapes`; from the persistent compilation cache when
+      it has them), so no call compiles: time buckets `host_batch.WARM_TIME_BUCKETS`, batches up to
+      `default_batch_size`, longer sentences in fixed stretches (`long_sentence`). False (scripts, the embed
+      command): each shape compiles when first met, over `host_batch.TIME_BUCKETS`.
     batch_size: sentences per device in a batch (`default_batch_size`); fewer: fewer shapes to warm.
   """
 
@@ -89,6 +88,7 @@ class Embedder:
     self.params = jax.device_put(jax.tree_util.tree_map(jnp.asarray, params), self._steps.replicated)
     self._state = None
     self._fingerprint: str | None = None
+    self._untrimmed = 0  # batches run since the allocator last handed memory back
     self.token_ids = token_ids
     self._char_ids = chars.CharIdCache(self.config.max_characters_per_token, max_size=200_000, ids_of=token_ids)
     # what the char CNN's width cut must know of the ids (embed_step.char_widths)
@@ -250,8 +250,7 @@ class Embedder:
     prepared = self._prepare(sentences, pad_batch_to)
     return np.asarray(self._launch(prepared))[:prepared.n]
 
-  def _is_long(self, sentence: Sequence[str]) -> bool:
-    """Past a warm Embedder's longest time bucket: run in stretches (`long_sentence`), not in a batch."""
+  def _is_long(self, sentence: Sequence[str]) -> bool:  # run in stretches (`long_sentence`), not in a batch
     return self.warm and len(sentence) > self._time_buckets[-1]
 
   def _embed_long(self, sentence: Sequence[str], row: int) -> np.ndarray:
@@ -320,8 +319,7 @@ class Embedder:
         continue
       if fresh_every and k % fresh_every == 0:
         self.clear_token_table()
-      if k % _TRIM_EVERY_BATCHES == _TRIM_EVERY_BATCHES - 1:
-        memory.release_free_memory()
+      self._untrimmed = self._trimmed(_TRIM_EVERY_BATCHES, self._untrimmed + 1)
       chunk = order[start:start + batch_size]
       long = [self._is_long(sentences[i]) for i in chunk]  # their rows run empty here (a state stays as it was)
       prepared = self._prepare([[] if is_long else sentences[i] for i, is_long in zip(chunk, long)],
@@ -331,15 +329,18 @@ class Embedder:
         yield pending[0], pending[1], np.asarray(pending[3])[:pending[2]], pending[4]
       pending = launched
       if any(long):
-        rows = list(np.asarray(launched[3])[:prepared.n])
-        for row, i in enumerate(chunk):
-          if long[row]:
-            rows[row] = self._embed_long(sentences[i], row)
+        out = np.asarray(launched[3])
+        rows = [self._embed_long(sentences[i], r) if long[r] else out[r] for r, i in enumerate(chunk)]
         yield k, chunk, rows, self._state
         pending = None
     if pending is not None:
       yield pending[0], pending[1], np.asarray(pending[3])[:pending[2]], pending[4]
-    memory.release_free_memory()
+    self._untrimmed = self._trimmed(1 if len(order) >= _TRIM_AFTER_PASS * batch_size else _TRIM_EVERY_BATCHES,
+                                    self._untrimmed)
+
+  @staticmethod
+  def _trimmed(every: int, batches: int) -> int:  # memory handed back once `batches` reach `every`: the count after
+    return batches if batches < every else memory.release_free_memory() or 0
 
   def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None,
                       progress: Any = None) -> list[np.ndarray]:

@@ -9,7 +9,7 @@ entry points call it first) makes glibc serve them from one reusable heap instea
 Embedding allocates and frees a device->host copy of every batch (tens of MB) from XLA's worker threads.
 glibc keeps such freed blocks in its per-thread heaps, and the resident size of a long embedding job
 creeps up by hundreds of MB above what it holds (measured: benchmarks/embed_throughput.py, `memory_mb`).
-`malloc_trim` returns them; it costs milliseconds and is called once per pass and every few dozen batches.
+`malloc_trim` returns them; it costs ~10 ms and is called every few dozen batches and after a long pass.
 Lowering glibc's mmap threshold instead keeps memory flat too but made embedding 2.5x slower (page faults).
 """
 from __future__ import annotations
