@@ -37,7 +37,8 @@ def define_flags() -> None:
   flags.DEFINE_string("to", None, "A new or empty folder (local or gs://) to write the model into.")
   flags.DEFINE_enum("format", "bilm-hdf5", list(convert_lib.FORMATS),
                     "bilm-hdf5: bilm-tf's / AllenNLP's options.json + weights.hdf5; efml: an "
-                    "ELMoForManyLangs release folder (config.json, char.dic, word.dic, *.pkl) that its Embedder loads.")
+                    "ELMoForManyLangs release folder (config.json, char.dic, word.dic, *.pkl) that its Embedder loads; "
+                    "safetensors: elmo_jax's own folder (config.json, model.safetensors, a model card README.md).")
 
 
 def main(argv: list[str]) -> int:

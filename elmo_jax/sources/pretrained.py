@@ -22,6 +22,7 @@ import urllib.parse
 from typing import Any, Sequence
 
 from elmo_jax.formats import efml
+from elmo_jax.formats import model_folder
 from elmo_jax.formats import tfhub
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
@@ -89,7 +90,8 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
     "model": a local training run (a folder with export/), a released name (`MODELS`), a URL (`_url_pair`;
       a `file://` folder as a folder), a TF-Hub module folder (`tfhub.is_module`), a folder of
       options.json + weights.hdf5 (`_pair_in_folder`), or an archive's URL or path (`.zip`, `.tar.gz`, ...:
-      `_from_archive`);
+      `_from_archive`), elmo_jax's own folder (config.json + model.safetensors: `model_folder.is_folder`,
+      preferred where a folder holds another model's files too);
     "bilm": as "model", and a local run with checkpoints but no export yet gives its checkpoints;
     "run": a training run's workdir, local or `gs://` (its `run_layout.RUN_FILES` then copied here);
     "init_from": a released name, a URL, then a run, its checkpoints/ or one step (local or `gs://`), else
@@ -119,6 +121,8 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
     found = _from_url(text) if fetch else ResolvedModel()
   elif use == "init_from":
     found = _init_source(text)
+  elif os.path.isdir(path) and model_folder.is_folder(path):  # preferred over any other model files beside it
+    found = ResolvedModel(path=path, folder_dir=path)
   elif os.path.isdir(path) and tfhub.is_module(path):
     _one_model_in(path)
     found = ResolvedModel(path=path, tfhub_dir=path)
@@ -162,8 +166,9 @@ def efml_folder(folder: str | os.PathLike) -> ResolvedModel:
 def resolve(name_or_path: str) -> tuple[str, str]:
   """Local (options.json, weights.hdf5) of `resolve_model(name_or_path)`: a released name, a folder, a URL."""
   model = resolve_model(name_or_path)
-  if model.tfhub_dir is not None:
-    raise download.DownloadError(f"{name_or_path}: a TF-Hub module has no options.json + weights.hdf5; convert it "
+  if model.tfhub_dir is not None or model.folder_dir is not None:
+    kind = "a TF-Hub module" if model.tfhub_dir is not None else "a safetensors model folder"
+    raise download.DownloadError(f"{name_or_path}: {kind} has no options.json + weights.hdf5; convert it "
                                  f"first: elmo-jax convert --from={name_or_path} --to=DIR")
   return model.checked().files
 
@@ -223,7 +228,7 @@ def _from_archive(spec: str, use: str) -> ResolvedModel:
   """An archive, unpacked once into the cache (`archive.model_folder`), read as the local folder it holds."""
   folder = archive.model_folder(spec)
   models = sorted(e.name + "/" for e in os.scandir(folder) if e.is_dir() and (
-      tfhub.is_module(e.path) or efml.is_efml_dir(e.path) or glob.glob(os.path.join(glob.escape(e.path), "*.json"))
+      tfhub.is_module(e.path) or efml.is_efml_dir(e.path) or model_folder.is_folder(e.path) or glob.glob(os.path.join(glob.escape(e.path), "*.json"))
       and glob.glob(os.path.join(glob.escape(e.path), "*.hdf5"))))
   if len(models) > 1:
     raise archive.ArchiveError(f"{spec}: holds {len(models)} model folders ({', '.join(models[:3])}); which one is "
@@ -249,6 +254,8 @@ def _run(workdir: str, fetch: bool) -> ResolvedModel:
   vocab = os.path.join(workdir, VOCAB_FILE)
   if fetch and not os.path.exists(vocab):
     vocab = None
+  if model_folder.is_folder(export):  # a run exporting safetensors (config.export_format)
+    return ResolvedModel(vocab_file=vocab, workdir=workdir, path=workdir, folder_dir=export)
   return ResolvedModel(options_file, weight_file, vocab, workdir=workdir, path=workdir, efml_dir=efml_dir)
 
 
