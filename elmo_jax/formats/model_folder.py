@@ -21,6 +21,7 @@ Nothing is unpickled or opened with h5py: the header is read and checked before 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -73,12 +74,17 @@ def variant_of(options: dict[str, Any]) -> str:
 
 def param_shapes(options: dict[str, Any]) -> dict[str, tuple[int, ...]]:
   """{"bilm/<flax path>": shape} of every `BiLM` parameter of validated `options` (traced, nothing run)."""
+  return dict(_param_shapes(json.dumps(options, sort_keys=True)))
+
+
+@functools.lru_cache(maxsize=16)  # a trace costs ~0.1 s; a process loads few shapes, often again
+def _param_shapes(options_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
   from elmo_jax.model import make_model  # pylint: disable=g-import-not-at-top
-  model = make_model(options)
+  model = make_model(json.loads(options_json))
   dummy = np.zeros((1, 1, model.config.token_width), np.int32)
   shapes = jax.eval_shape(model.init, jax.random.key(0), dummy)["params"]
-  return {"bilm/" + "/".join(k.key for k in path): tuple(leaf.shape)
-          for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+  return tuple(("bilm/" + "/".join(k.key for k in path), tuple(leaf.shape))
+               for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0])
 
 
 def flat(params: dict[str, Any], prefix: str) -> dict[str, np.ndarray]:
@@ -109,6 +115,16 @@ def write(folder: str, options: dict[str, Any], params: dict[str, Any], *, softm
     lexicon.save(folder)
   if card:
     files.write_text(os.path.join(folder, CARD), card)
+
+
+def run_card(workdir: str, options: dict[str, Any]) -> str:
+  """The card of a training run's export: what it is and how to load it (nothing converted, nothing to check)."""
+  lstm = options["lstm"]
+  return (f"---\nlibrary_name: elmo_jax\ntags: [elmo, jax, flax, safetensors]\n---\n# ELMo biLM trained by elmo_jax\n\n"
+          f"Exported by the training run `{workdir}`: {lstm['n_layers']} LSTM layers of {lstm['dim']} cells "
+          f"projected to {lstm['projection_dim']}, in elmo_jax's own format (`config.json`, `model.safetensors`).\n\n"
+          "Load it with `Embedder.from_pretrained(\"THIS_FOLDER\")` or "
+          "`elmo-jax embed --model=THIS_FOLDER --input_file=in.txt --output_file=out.hdf5`.\n")
 
 
 def read_config(folder: str) -> tuple[dict[str, Any], str]:
