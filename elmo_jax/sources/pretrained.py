@@ -28,6 +28,7 @@ from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.sources import archive
 from elmo_jax.sources import download
+from elmo_jax.sources import hub
 from elmo_jax.sources import loaded
 from elmo_jax.sources.resolved import ResolvedModel
 from elmo_jax.runtime.run_layout import (CHECKPOINTS, EXPORT_DIR, OPTIONS_FILE, RUN_FILES, VOCAB_FILE, WEIGHTS_FILE,
@@ -88,7 +89,8 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
 
   `spec` is, by `use`:
     "model": a local training run (a folder with export/), a released name (`MODELS`), a URL (`_url_pair`;
-      a `file://` folder as a folder), a TF-Hub module folder (`tfhub.is_module`), a folder of
+      a `file://` folder as a folder), a Hugging Face Hub repository (`hf://owner/name@revision`: `hub.fetch`, its
+      snapshot read as the folder it is), a TF-Hub module folder (`tfhub.is_module`), a folder of
       options.json + weights.hdf5 (`_pair_in_folder`), or an archive's URL or path (`.zip`, `.tar.gz`, ...:
       `_from_archive`), elmo_jax's own folder (config.json + model.safetensors: `model_folder.is_folder`,
       preferred where a folder holds another model's files too);
@@ -113,6 +115,8 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
     return ResolvedModel(workdir=path, checkpoints=(os.path.join(path, CHECKPOINTS), None), path=path)
   if text in MODELS:
     found = _released(MODELS[text], fetch)
+  elif hub.is_hub_spec(text):  # a Hub repository: its snapshot folder, read as a local folder
+    found = dataclasses.replace(resolve_model(hub.fetch(text), use=use), path=text) if fetch else ResolvedModel()
   elif storage.is_remote(text) and use in ("model", "bilm"):  # e.g. what `convert --to=gs://...` wrote
     found = _from_bucket(text, use) if fetch else ResolvedModel()
   elif archive.is_archive(text) and not os.path.isdir(path):  # a folder named `x.zip` is a folder
