@@ -267,7 +267,8 @@ def _run(target: Target, examples: int, sweep: bool) -> dict:
 
 def main(config: str) -> None:
   """`config`: JSON {"torch_legacy": path, "torch_zip": path, "module": folder, "tar_gz": path, "zip": path,
-  "folder": a safetensors model folder, "work": folder, "examples": N, "sweep": [target keys]} (each optional); each target's counts printed as a JSON line."""
+  "folder": a safetensors model folder, "work": folder, "examples": N, "sweep": [target keys]} (each optional);
+  each target's counts printed as a JSON line."""
   c = json.loads(config)
   targets = {"torch_legacy": lambda: _torch("torch.save legacy", c["torch_legacy"], False),
              "torch_zip": lambda: _torch("torch.save zip", c["torch_zip"], True),

@@ -66,6 +66,7 @@ def text(spec: str, model: loaded.LoadedModel, diff: float | None, license_name:
   n_params = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(model.params))
   parts = [p for p, has in (("the LM's softmax", model.softmax), ("a TF-Hub module's learned mix", model.mix),
                             ("its char and word lexicons", model.token_ids)) if has is not None]
+  with_parts = "; with " + ", ".join(parts) if parts else ""
   sources = "\n".join(f"| `{os.path.basename(p)}` | `{sha256(p)}` |" for p in model.files if os.path.isfile(p))
   checked = ("not measured" if diff is None else
              f"max |difference| {diff:.3g} over every layer of the biLM on {len(SENTENCES)} fixed sentences "
@@ -81,7 +82,7 @@ An ELMo bidirectional language model in elmo_jax's own format: `config.json` (th
 format version) and `model.safetensors` (float32; tensor names are the Flax parameter paths joined by "/").
 
 - **Model:** {lstm['n_layers']} LSTM layers of {lstm['dim']} cells projected to {lstm['projection_dim']}, a char
-  CNN of {len(cnn['filters'])} filter widths, {n_params:,} biLM parameters{'; with ' + ', '.join(parts) if parts else ''}.
+  CNN of {len(cnn['filters'])} filter widths, {n_params:,} biLM parameters{with_parts}.
 - **Converted from:** `{spec}` ({model.format}), whose files were:
 
 | file | sha256 |

@@ -8,7 +8,8 @@ Every loader goes through `load_model`: the Embedder (`from_model`, `from_files`
 task models. Four formats (`FORMATS`): bilm-tf's options.json + weights.hdf5 (a run's export too), an
 ELMoForManyLangs folder (`efml`: its char ids are `chars.LexiconIds`, not bilm-tf's bytes), a TF-Hub
 `elmo/3`-layout module (`tfhub`: its learned mix) and elmo_jax's own folder (`safetensors`: config.json +
-model.safetensors, any of the others' parts; `formats/model_folder.py`). Errors are the readers' own, one line naming the file.
+model.safetensors, any of the others' parts; `formats/model_folder.py`). Errors are the readers' own, one line
+naming the file.
 """
 from __future__ import annotations
 

@@ -232,7 +232,8 @@ def _from_archive(spec: str, use: str) -> ResolvedModel:
   """An archive, unpacked once into the cache (`archive.model_folder`), read as the local folder it holds."""
   folder = archive.model_folder(spec)
   models = sorted(e.name + "/" for e in os.scandir(folder) if e.is_dir() and (
-      tfhub.is_module(e.path) or efml.is_efml_dir(e.path) or model_folder.is_folder(e.path) or glob.glob(os.path.join(glob.escape(e.path), "*.json"))
+      tfhub.is_module(e.path) or efml.is_efml_dir(e.path) or model_folder.is_folder(e.path)
+      or glob.glob(os.path.join(glob.escape(e.path), "*.json"))
       and glob.glob(os.path.join(glob.escape(e.path), "*.hdf5"))))
   if len(models) > 1:
     raise archive.ArchiveError(f"{spec}: holds {len(models)} model folders ({', '.join(models[:3])}); which one is "

@@ -51,7 +51,8 @@ class ResolvedModel:
     """Every local file a load of it reads, or that its model folder holds, found from the names alone (nothing
     loaded or downloaded), absolute: the options, weight and vocabulary files; every file of an EFML folder
     (config.json, the architecture JSON, char.dic, word.dic, the pickles), of a TF-Hub module (its index and
-    data shards) or of a model folder (config.json, model.safetensors, its lexicons, vocab.txt, README.md); a run's export/, lexicon/, config.json and vocabulary. What no writer may overwrite: the
+    data shards) or of a model folder (config.json, model.safetensors, its lexicons, vocab.txt, README.md); a
+    run's export/, lexicon/, config.json and vocabulary. What no writer may overwrite: the
     embed command's output, a run's workdir, `convert --to`, evaluation outputs (`LoadedModel.input_files`)."""
     named = [self.options_file, self.weight_file, self.vocab_file]
     if self.weight_file:  # the softmax's words beside the weights (`load_model` reads them), and their counts

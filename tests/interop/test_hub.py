@@ -114,7 +114,8 @@ def test_any_format_a_folder_holds_and_one_line_errors(hub, monkeypatch):
   found = pretrained.resolve_model(f"hf://me/pair@{commit}")
   assert found.weight_file.endswith("weights.hdf5") and loaded.load_model(found).format == "bilm-hdf5"
   for spec, words in (("hf://me", "an hf:// spec is hf://owner/name"), ("hf://me/x@../y", "an hf:// spec is"),
-                      ("hf://me/none@main", "hf://me/none@main: 404 .*Repository Not Found"), (f"hf://me/pair@{'0' * 40}", "hf://me/pair@0")):
+                      ("hf://me/none@main", "hf://me/none@main: 404 .*Repository Not Found"),
+                      (f"hf://me/pair@{'0' * 40}", "hf://me/pair@0")):
     with pytest.raises(hub_lib.HubError, match=words) as e:
       pretrained.resolve_model(spec)
     assert "\n" not in str(e.value), spec
