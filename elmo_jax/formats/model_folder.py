@@ -81,8 +81,10 @@ def param_shapes(options: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 def _param_shapes(options_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
   from elmo_jax.model import make_model  # pylint: disable=g-import-not-at-top
   model = make_model(json.loads(options_json))
-  dummy = np.zeros((1, 1, model.config.token_width), np.int32)
-  shapes = jax.eval_shape(model.init, jax.random.key(0), dummy)["params"]
+  # Abstract inputs, a raw uint32 key among them: traced only, nothing is compiled or put on a device (a load
+  # under a tight memory limit, or before any device is wanted, stays cheap).
+  key = jax.ShapeDtypeStruct((2,), np.uint32)
+  shapes = jax.eval_shape(model.init, key, jax.ShapeDtypeStruct((1, 1, model.config.token_width), np.int32))["params"]
   return tuple(("bilm/" + "/".join(k.key for k in path), tuple(leaf.shape))
                for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0])
 
