@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -16,7 +17,7 @@ from elmo_jax.sources import hub as hub_lib
 from elmo_jax.sources import loaded
 from elmo_jax.sources import pretrained
 from hub_util import hub  # noqa: F401  pylint: disable=unused-import  (the fake Hub, a fixture)
-from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS
+from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +128,22 @@ def test_any_format_a_folder_holds_and_one_line_errors(hub, monkeypatch):
   monkeypatch.setitem(sys.modules, "huggingface_hub", None)
   with pytest.raises(hub_lib.HubError, match=r"^hf:// specs need huggingface_hub: pip install 'elmo_jax\[hub\]'$"):
     hub_lib.fetch("hf://me/pair")
+
+
+@pytest.mark.slow  # two command processes
+def test_the_push_command_pushes_a_checked_folder(hub, folder, tmp_path):
+  env = {**os.environ, "HF_HUB_CACHE": str(hub.cache), "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"}
+  done = subprocess.run([sys.executable, "-m", "elmo_jax", "push", "--to=hf://me/cli", folder], cwd=REPO_ROOT,
+                        env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  pushed = done.stdout.strip()
+  assert pushed == f"hf://me/cli@{hub.repos['me/cli'].refs['main']}"
+  assert hub.repos["me/cli"].commits[pushed.split("@")[1]] == _files(folder)
+  bad = tmp_path / "bad"
+  shutil.copytree(folder, bad)
+  os.remove(bad / "README.md")
+  refused = subprocess.run([sys.executable, "-m", "elmo_jax", "push", "--to=hf://me/cli2", str(bad)], cwd=REPO_ROOT,
+                           env=env, capture_output=True, text=True, timeout=300)
+  assert refused.returncode == 1 and refused.stderr.strip() == (
+      f"error: {bad}: holds no README.md (the model card convert writes)"), refused.stderr
+  assert "me/cli2" not in hub.repos

@@ -57,6 +57,11 @@ def test_make_zoo_converts_every_released_model_from_a_mirror(tmp_path):
     assert {"config.json", "model.safetensors", "README.md"} <= set(os.listdir(folder)), name
     assert "max |difference| 0 over every layer" in open(os.path.join(folder, "README.md")).read(), name
     assert loaded.load_model(pretrained.resolve_model(folder)).format == "safetensors"
+  (tmp_path / "sentences.txt").write_text("The bank flooded .\n")  # the docs' embed of a converted folder
+  embed = subprocess.run([sys.executable, "-m", "elmo_jax", "embed", f"--model={out / 'small'}",
+                          f"--input_file={tmp_path / 'sentences.txt'}", f"--output_file={tmp_path / 'out.hdf5'}"],
+                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert embed.returncode == 0 and os.path.getsize(tmp_path / "out.hdf5") > 0, embed.stderr[-2000:]
   again = subprocess.run(["bash", "scripts/make_zoo.sh", str(out)], cwd=REPO_ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
   assert again.returncode == 0 and again.stderr.count(", kept") == len(want), again.stderr[-2000:]
