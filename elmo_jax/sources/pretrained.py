@@ -125,27 +125,33 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
     found = _from_url(text) if fetch else ResolvedModel()
   elif use == "init_from":
     found = _init_source(text)
-  elif os.path.isdir(path) and model_folder.is_folder(path):  # preferred over any other model files beside it
-    found = ResolvedModel(path=path, folder_dir=path)
-  elif os.path.isdir(path) and tfhub.is_module(path):
-    _one_model_in(path)
-    found = ResolvedModel(path=path, tfhub_dir=path)
-  elif efml.folder_problem(path) is not None:
-    raise download.DownloadError(efml.folder_problem(path))
-  elif efml.is_efml_dir(path):
-    found = efml_folder(path)
-  elif os.path.isdir(path):
-    try:
-      found = ResolvedModel(*_pair_in_folder(path), path=path)
-    except download.DownloadError:
-      if fetch:
-        raise
-      found = ResolvedModel(path=path)  # loading it says what is missing
+  elif os.path.isdir(path) or efml.folder_problem(path) is not None:
+    found = _local_folder(path, fetch)
   elif fetch:
     raise download.DownloadError(f"{text}: not a released model ({', '.join(MODELS)}), a folder or a URL")
   else:
     found = ResolvedModel()
   return _vocab_beside(found) if use == "init_from" else found
+
+
+def _local_folder(path: str, fetch: bool) -> ResolvedModel:
+  """A local folder's model: elmo_jax's own (preferred over any other model files beside it), a TF-Hub module,
+  an ELMoForManyLangs folder, else an options.json + weights.hdf5 pair (`fetch=False`: what is there)."""
+  if model_folder.is_folder(path):
+    return ResolvedModel(path=path, folder_dir=path)
+  if tfhub.is_module(path):
+    _one_model_in(path)
+    return ResolvedModel(path=path, tfhub_dir=path)
+  if efml.folder_problem(path) is not None:
+    raise download.DownloadError(efml.folder_problem(path))
+  if efml.is_efml_dir(path):
+    return efml_folder(path)
+  try:
+    return ResolvedModel(*_pair_in_folder(path), path=path)
+  except download.DownloadError:
+    if fetch:
+      raise
+    return ResolvedModel(path=path)  # loading it says what is missing
 
 
 def resolve_files(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> ResolvedModel:
