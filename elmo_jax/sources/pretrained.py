@@ -355,6 +355,8 @@ def load(name_or_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """(options, biLM params as numpy) of a released name, folder (a TF-Hub module's too) or URL
   (`loaded.load_model`, whose `LoadedModel` also holds the softmax, vocabulary and a module's mix)."""
   model = loaded.load_model(_bilm_tf_ids(name_or_path, resolve_model(name_or_path)))
+  if model.token_ids is not None:  # a safetensors folder of an EFML-style model: known once it is read
+    _bilm_tf_ids(name_or_path, dataclasses.replace(model.source, efml_dir=model.source.path))
   return model.options, model.params
 
 

@@ -198,3 +198,12 @@ def test_fuzzed_folders_load_the_same_or_are_refused_in_one_line(run_like, tmp_p
     print(json.dumps(r))  # the counts, for the record (-s)
     assert r["mutants"] >= 200 and r["refused"] > 0 and r["slowest_s"] < 5, r
   assert results[1]["differs"] == 0
+
+
+def test_load_elmo_refuses_an_efml_style_folder_in_one_line(tmp_path):
+  pytest.importorskip("torch", reason="pip install -r requirements-test.txt (torch, elmoformanylangs)")
+  pytest.importorskip("elmoformanylangs", reason="pip install -r requirements-test.txt")
+  efml_util.write_model(str(tmp_path / "zh.model"), zip_format=True, seed=2)
+  convert.convert(str(tmp_path / "zh.model"), str(tmp_path / "st"), "safetensors")
+  with pytest.raises(weights_lib.WeightFileError, match="an ELMoForManyLangs model; Embedder.from_pretrained loads it"):
+    pretrained.load(str(tmp_path / "st"))
