@@ -60,7 +60,7 @@ def sha256(path: str) -> str:
   return digest.hexdigest()
 
 
-def text(spec: str, model: loaded.LoadedModel, diff: float | None, license_name: str | None = None) -> str:
+def text(spec: str, model: loaded.LoadedModel, diff: float) -> str:
   """The card's markdown for `model` (read from `spec`), converted with layers `diff` apart from it."""
   lstm, cnn = model.options["lstm"], model.options["char_cnn"]
   n_params = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(model.params))
@@ -68,8 +68,7 @@ def text(spec: str, model: loaded.LoadedModel, diff: float | None, license_name:
                             ("its char and word lexicons", model.token_ids)) if has is not None]
   with_parts = "; with " + ", ".join(parts) if parts else ""
   sources = "\n".join(f"| `{os.path.basename(p)}` | `{sha256(p)}` |" for p in model.files if os.path.isfile(p))
-  checked = ("not measured" if diff is None else
-             f"max |difference| {diff:.3g} over every layer of the biLM on {len(SENTENCES)} fixed sentences "
+  checked = (f"max |difference| {diff:.3g} over every layer of the biLM on {len(SENTENCES)} fixed sentences "
              f"(`elmo_jax.sources.card.SENTENCES`), the source and this folder each loaded and run through the same "
              "code")
   return f"""---
@@ -90,7 +89,7 @@ format version) and `model.safetensors` (float32; tensor names are the Flax para
 {sources}
 
 - **Checked:** {checked}.
-- **License:** {license_name or "the source's license (unknown here: see where the model came from)"}.
+- **License:** the source's license (elmo_jax does not record it: see where the model came from).
 
 ## Loading
 

@@ -110,10 +110,10 @@ def write(model: loaded.LoadedModel, folder: str, fmt: str = "bilm-hdf5", spec: 
       shutil.copyfile(model.vocab_file, os.path.join(tmp, VOCAB_FILE))
 
 
-def write_folder(model: loaded.LoadedModel, folder: str, spec: str) -> float:
+def write_folder(model: loaded.LoadedModel, folder: str, spec: str) -> None:
   """Writes `model` as elmo_jax's own folder (`model_folder`), read back and run against `model` on the card's
-  sentences (`card.max_difference`); a difference refuses the folder (ConvertError). Returns the difference
-  (0.0), which the card (README.md) records."""
+  sentences (`card.max_difference`); a difference refuses the folder (ConvertError), none (0.0) is recorded in
+  the card (README.md)."""
   ids = model.token_ids
   lexicon = None if ids is None else lexicon_lib.Lexicon(ids.char2id, ids.word2id, ids.max_chars)
   with files.atomic_dir(folder) as tmp:
@@ -124,7 +124,6 @@ def write_folder(model: loaded.LoadedModel, folder: str, spec: str) -> float:
       raise ConvertError(f"--to={folder}: the written folder's layers differ from the source's by {diff:.3g}; "
                          "nothing written")
     files.write_text(os.path.join(tmp, model_folder.CARD), card.text(spec, model, diff))
-  return diff
 
 
 def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> loaded.LoadedModel:

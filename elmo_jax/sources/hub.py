@@ -12,7 +12,7 @@ Downloads go to huggingface_hub's own cache (`HF_HUB_CACHE` / `HF_HOME`, shared 
 uses it); `HF_ENDPOINT` names another Hub; `HF_HUB_OFFLINE=1` (read at each call) or no network uses the cache
 alone. Every file of the snapshot is checked before it is used, online and offline: an LFS file's sha256
 against the Hub's metadata (the tree listing's `lfs.sha256` online; offline, the name the cache stored it
-under, which is that sha256), a small file's git blob id the same way. A file that differs is refused in one
+under, which is the sha256 the Hub sent with it), a small file's git blob id the same way. A file that differs is refused in one
 line and its cached copy deleted, so the next run downloads it again.
 
 `huggingface_hub` is the `hub` extra (`pip install 'elmo_jax[hub]'`); without it an `hf://` spec is one line.
@@ -81,10 +81,13 @@ def fetch(spec: str) -> str:
   try:
     folder = hf.snapshot_download(repo, revision=revision or "main", endpoint=_endpoint(),
                                   local_files_only=_offline())
-    expected = None if _offline() else _tree(hf, repo, os.path.basename(folder))
   except _hub_errors(hf) as e:
     where = " (offline: nothing cached for it)" if _offline() else ""
     raise HubError(f"{spec}{where}: {one_line(e)}") from None
+  try:  # the Hub's hashes; with no network (snapshot_download then used the cache), the cache's names of them
+    expected = None if _offline() else _tree(hf, repo, os.path.basename(folder))
+  except _hub_errors(hf):
+    expected = None
   if revision is None:
     log.info(f"{spec}: unpinned; main is commit {os.path.basename(folder)} (pin it: hf://{repo}@"
              f"{os.path.basename(folder)})", stream=sys.stderr)
