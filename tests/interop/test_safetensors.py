@@ -207,3 +207,16 @@ def test_load_elmo_refuses_an_efml_style_folder_in_one_line(tmp_path):
   convert.convert(str(tmp_path / "zh.model"), str(tmp_path / "st"), "safetensors")
   with pytest.raises(weights_lib.WeightFileError, match="an ELMoForManyLangs model; Embedder.from_pretrained loads it"):
     pretrained.load(str(tmp_path / "st"))
+
+
+@pytest.mark.slow  # a tiny training run
+def test_a_training_run_exports_safetensors(tmp_path):
+  import launch_util  # pylint: disable=g-import-not-at-top
+  train = launch_util.write_corpus(str(tmp_path / "train.txt"))
+  config = launch_util.write_config(str(tmp_path / "tiny.py"), train, num_train_steps=3)
+  run = str(tmp_path / "run")
+  proc = launch_util.launch(run, config, "--config.export_format=safetensors", log=str(tmp_path / "log"))
+  assert launch_util.wait([proc], timeout=300) == [0], launch_util.read(str(tmp_path / "log"))[-2000:]
+  assert {"config.json", "model.safetensors", "README.md", "vocab.txt"} <= set(os.listdir(os.path.join(run, "export")))
+  model = _load(run)
+  assert model.format == "safetensors" and model.softmax is not None and model.vocab_file.endswith("vocab.txt")
