@@ -1,6 +1,7 @@
 """A fake Hugging Face Hub on 127.0.0.1: the endpoints huggingface_hub calls to download a snapshot (revision
 info, the recursive tree with LFS sha256s, HEAD / GET of `resolve`) and to push (create a repo, check the
-card's metadata, preupload, commit), over in-memory repositories. Point huggingface_hub at it with `HF_ENDPOINT` (`hub` fixture).
+card's metadata, preupload, commit), over in-memory repositories. Point huggingface_hub at it with
+`HF_ENDPOINT` (the `hub` fixture).
 
 Every uploaded file is taken in the commit's body ("regular" upload mode); files named like model weights are
 listed and served as LFS files (their sha256 in the tree's `lfs.oid` and the `ETag`), as the Hub does.

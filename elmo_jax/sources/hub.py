@@ -12,8 +12,8 @@ Downloads go to huggingface_hub's own cache (`HF_HUB_CACHE` / `HF_HOME`, shared 
 uses it); `HF_ENDPOINT` names another Hub; `HF_HUB_OFFLINE=1` (read at each call) or no network uses the cache
 alone. Every file of the snapshot is checked before it is used, online and offline: an LFS file's sha256
 against the Hub's metadata (the tree listing's `lfs.sha256` online; offline, the name the cache stored it
-under, which is the sha256 the Hub sent with it), a small file's git blob id the same way. A file that differs is refused in one
-line and its cached copy deleted, so the next run downloads it again.
+under, which is the sha256 the Hub sent with it), a small file's git blob id the same way. A file that
+differs is refused in one line and its cached copy deleted, so the next run downloads it again.
 
 `huggingface_hub` is the `hub` extra (`pip install 'elmo_jax[hub]'`); without it an `hf://` spec is one line.
 """

@@ -81,7 +81,8 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path):
     convert.convert(str(tmp_path / "bilm"), str(tmp_path / "bilm"))  # onto itself
   with pytest.raises(files.UnsafeOutputError, match="is a file, not a directory"):
     convert.convert(str(tmp_path / "bilm"), str(tmp_path / "bilm" / "options.json"))
-  with pytest.raises(convert.ConvertError, match=r"^--format=npz: the formats written are bilm-hdf5, efml, safetensors$"):
+  with pytest.raises(convert.ConvertError,
+                     match=r"^--format=npz: the formats written are bilm-hdf5, efml, safetensors$"):
     convert.convert(TFHUB_MODULE, str(out), "npz")
   assert not out.exists() and _datasets(tmp_path / "bilm" / "weights.hdf5") == _datasets(
       os.path.join(TFHUB_BILM, "weights.hdf5"))
