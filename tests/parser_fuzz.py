@@ -20,6 +20,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from elmo_jax.formats import model_folder
+from elmo_jax.formats import safetensors
 from elmo_jax.formats import tf_bundle
 from elmo_jax.formats import tfhub
 from elmo_jax.formats import torch_pickle
@@ -161,6 +163,46 @@ def _archive(name: str, path: str, work: str) -> Target:
   return Target(name, [path], load, (archive.ArchiveError,), True, work)
 
 
+def _folder(folder: str) -> Target:
+  """elmo_jax's own folder, its model.safetensors mutated: no checksum over the tensors' bytes, so a mutant of
+  them may load other (finite, well-shaped) values; one of its header is refused or loads the same."""
+  def load():
+    f = model_folder.load(folder)
+    return {"params": f.params, "softmax": f.softmax or {}, "mix": f.mix or {}}
+  return Target("safetensors model folder", [os.path.join(folder, model_folder.WEIGHTS)], load,
+                (weights.WeightFileError,), False, None)
+
+
+def _run_header_fields(folder: str, examples: int) -> dict:
+  """A model.safetensors whose header says other dtypes, shapes and offsets (the tensors' bytes as they were):
+  what a crafted header can claim. Every mutant is refused or loads the same."""
+  path = os.path.join(folder, model_folder.WEIGHTS)
+  original = open(path, "rb").read()
+  entries, metadata, start = safetensors.read_header(path)
+  header = {name: {"dtype": next(c for c, d in safetensors.DTYPES.items() if d == dtype), "shape": list(shape),
+                   "data_offsets": [begin, end]} for name, (dtype, shape, begin, end) in entries.items()}
+  target = _folder(folder)
+  target.name, target.same_or_refused = "safetensors header fields", True
+  big = st.one_of(st.integers(-10, 5000), st.sampled_from([-(1 << 63), 1 << 40, (1 << 64) - 1, 1 << 62]))
+  edit = st.fixed_dictionaries({}, optional={
+      "dtype": st.sampled_from(["F32", "F16", "F64", "BF16", "I32", "U8", "BOOL", "", 3]),
+      "shape": st.lists(st.one_of(st.integers(-2, 300), st.just(1 << 40)), max_size=9),
+      "data_offsets": st.lists(big, min_size=0, max_size=3)})
+
+  @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+            suppress_health_check=list(HealthCheck), print_blob=True)
+  @given(st.sampled_from(sorted(header)), edit)
+  def prop(name, fields):
+    raw = json.dumps({"__metadata__": metadata, **header, name: {**header[name], **fields}}).encode()
+    with open(path, "wb") as f:
+      f.write(len(raw).to_bytes(8, "little") + raw + original[start:])
+    target.attempt((name, fields))
+  prop()
+  with open(path, "wb") as f:
+    f.write(original)
+  return {"target": target.name, **target.counts}
+
+
 def _run_fields(folder: str, examples: int) -> dict:
   """A bundle whose index entries say other dtypes, shapes, offsets and sizes, its checksums made valid again
   (bundle_util.write): what a corrupt byte cannot reach past the crc32c, a crafted index can."""
@@ -225,18 +267,22 @@ def _run(target: Target, examples: int, sweep: bool) -> dict:
 
 def main(config: str) -> None:
   """`config`: JSON {"torch_legacy": path, "torch_zip": path, "module": folder, "tar_gz": path, "zip": path,
-  "work": folder, "examples": N, "sweep": [target keys]}; each target's counts printed as a JSON line."""
+  "folder": a safetensors model folder, "work": folder, "examples": N, "sweep": [target keys]} (each optional);
+  each target's counts printed as a JSON line."""
   c = json.loads(config)
   targets = {"torch_legacy": lambda: _torch("torch.save legacy", c["torch_legacy"], False),
              "torch_zip": lambda: _torch("torch.save zip", c["torch_zip"], True),
              "module": lambda: _module(c["module"]),
              "tar_gz": lambda: _archive("archive .tar.gz", c["tar_gz"], c["work"]),
-             "zip": lambda: _archive("archive .zip", c["zip"], c["work"])}
+             "zip": lambda: _archive("archive .zip", c["zip"], c["work"]),
+             "folder": lambda: _folder(c["folder"])}
   for key, make in targets.items():
     if c.get(key):
       print(json.dumps(_run(make(), c["examples"], key in c.get("sweep", ()))))
       sys.stdout.flush()
   if c.get("module"):
     print(json.dumps(_run_fields(c["module"], c["examples"])))
+  if c.get("folder"):
+    print(json.dumps(_run_header_fields(c["folder"], c["examples"])))
   if c.get("torch_zip"):
     print(json.dumps(_run_pickle_in_zip(c["torch_zip"], c["examples"])))

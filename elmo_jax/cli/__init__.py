@@ -1,4 +1,4 @@
-"""Every command: train, evaluate, embed, prepare, plan, convert, downstream, serve, started one way: the
+"""Every command: train, evaluate, embed, prepare, plan, convert, push, downstream, serve, started one way: the
 console script `elmo-jax <command>`, through `main` here (`python -m elmo_jax <command>`, `elmo_jax/__main__.py`,
 is the same). In a clone, `train.py` and `evaluate.py` are the thin top-level entry points of the first two."""
 import functools
@@ -31,7 +31,9 @@ COMMANDS = {
     "embed": ("elmo_jax.cli.embed", "a file of sentences into an HDF5 file of ELMo layers (AllenNLP's layout)"),
     "prepare": ("elmo_jax.cli.prepare", "tokenize a large corpus once into shards + vocabulary for training"),
     "plan": ("elmo_jax.cli.plan", "will a config fit a TPU slice or GPU cluster, how fast (compiles without it)"),
-    "convert": ("elmo_jax.cli.convert", "a model (released, run, TF-Hub, EFML, URL) into bilm-tf's hdf5 or an EFML folder"),
+    "convert": ("elmo_jax.cli.convert",
+                "a model (released, run, TF-Hub, EFML, URL) into bilm-tf's hdf5, EFML or safetensors"),
+    "push": ("elmo_jax.cli.push", "a safetensors model folder (convert's) to a Hugging Face Hub repository"),
     "downstream": ("elmo_jax.cli.downstream", "a task model (POS, sentiment) with ELMo; `downstream table` sums up runs"),
     "serve": ("elmo_jax.cli.serve", "an HTTP server of ELMo (KServe v2 and OpenAI embeddings), batched and warm"),
 }

@@ -40,6 +40,7 @@ def define_flags() -> None:
   flags.DEFINE_enum("format", "bilm-hdf5", list(convert_lib.FORMATS),
                     "bilm-hdf5: bilm-tf's / AllenNLP's options.json + weights.hdf5; efml: an "
                     "ELMoForManyLangs release folder (config.json, char.dic, word.dic, *.pkl) that its Embedder loads; "
+                    "safetensors: elmo_jax's own folder (config.json, model.safetensors, a model card README.md); "
                     "stablehlo: the forward pass as a jax.export artifact (cpu, cuda, tpu); onnx: model.onnx + "
                     "tokenizer.json for onnxruntime alone (docs/portable-models.md).")
 

@@ -3,12 +3,13 @@
     convert.convert("elmo_3/", "elmo_3_bilm/")        # a TF-Hub module -> options.json + weights.hdf5, exact
     convert.convert("runs/default", "shared/model/")   # a run's export (+ its vocab.txt and softmax), same bits
 
-Four formats are written (`FORMATS`): bilm-tf's options.json + weights.hdf5 (`weights.save_hdf5`, the exact
+Five formats are written (`FORMATS`): bilm-tf's options.json + weights.hdf5 (`weights.save_hdf5`, the exact
 writer; the softmax too where the source has one) + vocab.txt where the source has one (a run's, or one beside
-the weights), and an ELMoForManyLangs release folder (`efml_export`: config.json, the architecture JSON,
-char.dic, word.dic, the two state dicts in PyTorch's zip format, written without torch); and two that hold the
-forward pass itself, for any model (docs/portable-models.md): a `jax.export` artifact (`stablehlo`) and an ONNX
-model with its tokenizer description (`onnx`). Read back, every
+the weights), an ELMoForManyLangs release folder (`efml_export`: config.json, the architecture JSON,
+char.dic, word.dic, the two state dicts in PyTorch's zip format, written without torch), and elmo_jax's own
+folder (`model_folder`: config.json + model.safetensors + lexicons + a model card, any model); and two that hold
+the forward pass itself, for any model (docs/portable-models.md): a `jax.export` artifact (`stablehlo`) and an
+ONNX model with its tokenizer description (`onnx`). Read back, every
 tensor has the bits it was read with. A model is refused, in one line, in a format that cannot hold it
 (`format_problem`): EFML's word embedding and code-point chars have no place in bilm-tf's layout, bilm-tf's
 byte char ids none in an EFML folder.
@@ -24,7 +25,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from elmo_jax.data import lexicon as lexicon_lib
 from elmo_jax.formats import efml_export
+from elmo_jax.formats import model_folder
 from elmo_jax.formats import onnx_export
 from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import stablehlo
@@ -32,11 +35,13 @@ from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
+from elmo_jax.sources import card
 from elmo_jax.sources import loaded
 from elmo_jax.sources import pretrained
+from elmo_jax.sources.resolved import ResolvedModel
 
-FORMATS = ("bilm-hdf5", "efml", "stablehlo", "onnx")
-EFML, STABLEHLO, ONNX = "efml", "stablehlo", "onnx"
+FORMATS = ("bilm-hdf5", "efml", "safetensors", "stablehlo", "onnx")
+EFML, SAFETENSORS, STABLEHLO, ONNX = "efml", "safetensors", "stablehlo", "onnx"
 
 
 class ConvertError(ValueError):
@@ -83,9 +88,13 @@ def _check_format(fmt: str, model: loaded.LoadedModel | None = None, spec: str =
     raise ConvertError(f"--format={fmt}: {spec + ': ' if spec else ''}{problem}")
 
 
-def write(model: loaded.LoadedModel, folder: str, fmt: str = "bilm-hdf5") -> None:
-  """Writes `model` into `folder` (replaced whole, atomically) in format `fmt`."""
+def write(model: loaded.LoadedModel, folder: str, fmt: str = "bilm-hdf5", spec: str = "") -> None:
+  """Writes `model` into `folder` (replaced whole, atomically) in format `fmt` (`spec`: what it was read from,
+  for a safetensors folder's card)."""
   _check_format(fmt, model)
+  if fmt == SAFETENSORS:
+    write_folder(model, folder, spec)
+    return
   if fmt in (STABLEHLO, ONNX):  # any model: the forward pass with its weights (formats/stablehlo, onnx_export)
     with files.atomic_dir(folder) as tmp:
       if fmt == STABLEHLO:
@@ -112,6 +121,22 @@ def write(model: loaded.LoadedModel, folder: str, fmt: str = "bilm-hdf5") -> Non
       shutil.copyfile(model.vocab_file, os.path.join(tmp, VOCAB_FILE))
 
 
+def write_folder(model: loaded.LoadedModel, folder: str, spec: str) -> None:
+  """Writes `model` as elmo_jax's own folder (`model_folder`), read back and run against `model` on the card's
+  sentences (`card.max_difference`); a difference refuses the folder (ConvertError), none (0.0) is recorded in
+  the card (README.md)."""
+  ids = model.token_ids
+  lexicon = None if ids is None else lexicon_lib.Lexicon(ids.char2id, ids.word2id, ids.max_chars)
+  with files.atomic_dir(folder) as tmp:
+    model_folder.write(tmp, model.options, model.params, softmax=model.softmax, mix=model.mix,
+                       vocab_file=model.vocab_file, lexicon=lexicon)
+    diff = card.max_difference(model, loaded.load_model(ResolvedModel(path=tmp, folder_dir=tmp)))
+    if diff != 0.0:
+      raise ConvertError(f"--to={folder}: the written folder's layers differ from the source's by {diff:.3g}; "
+                         "nothing written")
+    files.write_text(os.path.join(tmp, model_folder.CARD), card.text(spec, model, diff))
+
+
 def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> loaded.LoadedModel:
   """Reads `spec`, checks `to`, writes it there (a bucket `to`: staged locally, uploaded once written).
   Returns what was read. Raises ConvertError, files.UnsafeOutputError and the loaders' one-line errors."""
@@ -127,5 +152,5 @@ def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> loaded.LoadedModel:
   _check_format(fmt, model, spec)
   check_target(to, model.input_files)
   with storage.staged_output(to, "--to", directory=True, inputs=model.input_files) as local:
-    write(model, local, fmt)
+    write(model, local, fmt, spec)
   return model

@@ -5,9 +5,11 @@
 
 Every loader goes through `load_model`: the Embedder (`from_model`, `from_files`, `from_efml`), `load_elmo` and
 `pretrained.load`, conversion (`convert.load`), `config.init_from`'s ELMo files, `evaluate.py --model` and the
-task models. Three formats (`FORMATS`): bilm-tf's options.json + weights.hdf5 (a run's export too), an
-ELMoForManyLangs folder (`efml`: its char ids are `chars.LexiconIds`, not bilm-tf's bytes) and a TF-Hub
-`elmo/3`-layout module (`tfhub`: its learned mix). Errors are the readers' own, one line naming the file.
+task models. Four formats (`FORMATS`): bilm-tf's options.json + weights.hdf5 (a run's export too), an
+ELMoForManyLangs folder (`efml`: its char ids are `chars.LexiconIds`, not bilm-tf's bytes), a TF-Hub
+`elmo/3`-layout module (`tfhub`: its learned mix) and elmo_jax's own folder (`safetensors`: config.json +
+model.safetensors, any of the others' parts; `formats/model_folder.py`). Errors are the readers' own, one line
+naming the file.
 """
 from __future__ import annotations
 
@@ -19,14 +21,17 @@ import numpy as np
 
 from elmo_jax.data import chars
 from elmo_jax.formats import efml
+from elmo_jax.formats import model_folder
 from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import tfhub
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime.run_layout import VOCAB_FILE
 from elmo_jax.sources.resolved import ResolvedModel
 
-BILM_HDF5, EFML, TFHUB = "bilm-hdf5", "efml", "tfhub"
-FORMATS = (BILM_HDF5, EFML, TFHUB)
+BILM_HDF5, EFML, TFHUB, SAFETENSORS = "bilm-hdf5", "efml", "tfhub", "safetensors"
+FORMATS = (BILM_HDF5, EFML, TFHUB, SAFETENSORS)
+_EFML_NOTE = ("options.json + weights.hdf5 has no place for its word embedding (word.dic's vectors beside the char "
+              "CNN) nor for its char ids (char.dic)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +73,14 @@ class LoadedModel:
 def load_model(found: ResolvedModel) -> LoadedModel:
   """Reads what `found` names: a TF-Hub module, an EFML folder, or an options.json + weights.hdf5 pair (a run's
   export: FileNotFoundError, one line, until it has one). Raises the readers' one-line errors
-  (options.OptionsError, weights.WeightFileError, efml.EFMLError, tf_bundle.BundleError)."""
+  (options.OptionsError, weights.WeightFileError, efml.EFMLError, tf_bundle.BundleError; a model folder's
+  model_folder.FolderError and safetensors.SafetensorsError are WeightFileErrors)."""
   if found.tfhub_dir is not None:
     return _tfhub(found)
   if found.efml_dir is not None:
     return _efml(found)
+  if found.folder_dir is not None:
+    return _folder(found)
   options_file, weight_file = found.checked().files
   options = options_lib.load(options_file)
   weights = weights_lib.load_hdf5(weight_file, options)
@@ -84,11 +92,14 @@ def load_model(found: ResolvedModel) -> LoadedModel:
 
 def _tfhub(found: ResolvedModel) -> LoadedModel:
   module = tfhub.load(found.tfhub_dir)
-  mix = ", ".join(f"{v:.9g}" for v in module.mix["weights"].tolist())
-  note = (f"the module's learned mix has no place in bilm-tf's layout and is not written: "
-          f"aggregation/weights=[{mix}], aggregation/scaling={float(module.mix['scaling']):.9g}")
   return LoadedModel(module.options, module.params, TFHUB, module.files, vocab_file=found.vocab_file,
-                     mix=module.mix, note=note, source=found)
+                     mix=module.mix, note=_mix_note(module.mix), source=found)
+
+
+def _mix_note(mix: dict[str, np.ndarray]) -> str:
+  weights = ", ".join(f"{v:.9g}" for v in mix["weights"].tolist())
+  return (f"the module's learned mix has no place in bilm-tf's layout and is not written: "
+          f"aggregation/weights=[{weights}], aggregation/scaling={float(mix['scaling']):.9g}")
 
 
 def _efml(found: ResolvedModel) -> LoadedModel:
@@ -97,6 +108,12 @@ def _efml(found: ResolvedModel) -> LoadedModel:
   paths = efml.model_files(folder)
   main = (efml.CONFIG, efml.ENCODER)  # what `pretrained.resolve` names, first
   read = tuple(paths[k] for k in main if k in paths) + tuple(p for k, p in paths.items() if k not in main)
-  note = ("options.json + weights.hdf5 has no place for its word embedding (word.dic's vectors beside the char "
-          "CNN) nor for its char ids (char.dic)")
-  return LoadedModel(options, params, EFML, read, token_ids=token_ids, note=note, source=found)
+  return LoadedModel(options, params, EFML, read, token_ids=token_ids, note=_EFML_NOTE, source=found)
+
+
+def _folder(found: ResolvedModel) -> LoadedModel:
+  folder = model_folder.load(found.folder_dir)
+  return LoadedModel(folder.options, folder.params, SAFETENSORS, folder.files, softmax=folder.softmax,
+                     vocab_file=found.vocab_file or folder.vocab_file, mix=folder.mix, token_ids=folder.token_ids,
+                     note=_mix_note(folder.mix) if folder.mix is not None else
+                     _EFML_NOTE if folder.token_ids is not None else None, source=found)

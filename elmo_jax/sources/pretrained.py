@@ -22,11 +22,13 @@ import urllib.parse
 from typing import Any, Sequence
 
 from elmo_jax.formats import efml
+from elmo_jax.formats import model_folder
 from elmo_jax.formats import tfhub
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.sources import archive
 from elmo_jax.sources import download
+from elmo_jax.sources import hub
 from elmo_jax.sources import loaded
 from elmo_jax.sources.resolved import ResolvedModel
 from elmo_jax.runtime.run_layout import (CHECKPOINTS, EXPORT_DIR, OPTIONS_FILE, RUN_FILES, VOCAB_FILE, WEIGHTS_FILE,
@@ -87,9 +89,11 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
 
   `spec` is, by `use`:
     "model": a local training run (a folder with export/), a released name (`MODELS`), a URL (`_url_pair`;
-      a `file://` folder as a folder), a TF-Hub module folder (`tfhub.is_module`), a folder of
+      a `file://` folder as a folder), a Hugging Face Hub repository (`hf://owner/name@revision`: `hub.fetch`, its
+      snapshot read as the folder it is), a TF-Hub module folder (`tfhub.is_module`), a folder of
       options.json + weights.hdf5 (`_pair_in_folder`), or an archive's URL or path (`.zip`, `.tar.gz`, ...:
-      `_from_archive`);
+      `_from_archive`), elmo_jax's own folder (config.json + model.safetensors: `model_folder.is_folder`,
+      preferred where a folder holds another model's files too);
     "bilm": as "model", and a local run with checkpoints but no export yet gives its checkpoints;
     "run": a training run's workdir, local or `gs://` (its `run_layout.RUN_FILES` then copied here);
     "init_from": a released name, a URL, then a run, its checkpoints/ or one step (local or `gs://`), else
@@ -111,6 +115,8 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
     return ResolvedModel(workdir=path, checkpoints=(os.path.join(path, CHECKPOINTS), None), path=path)
   if text in MODELS:
     found = _released(MODELS[text], fetch)
+  elif hub.is_hub_spec(text):  # a Hub repository: its snapshot folder, read as a local folder
+    found = dataclasses.replace(resolve_model(hub.fetch(text), use=use), path=text) if fetch else ResolvedModel()
   elif storage.is_remote(text) and use in ("model", "bilm"):  # e.g. what `convert --to=gs://...` wrote
     found = _from_bucket(text, use) if fetch else ResolvedModel()
   elif archive.is_archive(text) and not os.path.isdir(path):  # a folder named `x.zip` is a folder
@@ -119,25 +125,33 @@ def resolve_model(spec: str | os.PathLike, *, use: str = "model", fetch: bool = 
     found = _from_url(text) if fetch else ResolvedModel()
   elif use == "init_from":
     found = _init_source(text)
-  elif os.path.isdir(path) and tfhub.is_module(path):
-    _one_model_in(path)
-    found = ResolvedModel(path=path, tfhub_dir=path)
-  elif efml.folder_problem(path) is not None:
-    raise download.DownloadError(efml.folder_problem(path))
-  elif efml.is_efml_dir(path):
-    found = efml_folder(path)
-  elif os.path.isdir(path):
-    try:
-      found = ResolvedModel(*_pair_in_folder(path), path=path)
-    except download.DownloadError:
-      if fetch:
-        raise
-      found = ResolvedModel(path=path)  # loading it says what is missing
+  elif os.path.isdir(path) or efml.folder_problem(path) is not None:
+    found = _local_folder(path, fetch)
   elif fetch:
     raise download.DownloadError(f"{text}: not a released model ({', '.join(MODELS)}), a folder or a URL")
   else:
     found = ResolvedModel()
   return _vocab_beside(found) if use == "init_from" else found
+
+
+def _local_folder(path: str, fetch: bool) -> ResolvedModel:
+  """A local folder's model: elmo_jax's own (preferred over any other model files beside it), a TF-Hub module,
+  an ELMoForManyLangs folder, else an options.json + weights.hdf5 pair (`fetch=False`: what is there)."""
+  if model_folder.is_folder(path):
+    return ResolvedModel(path=path, folder_dir=path)
+  if tfhub.is_module(path):
+    _one_model_in(path)
+    return ResolvedModel(path=path, tfhub_dir=path)
+  if efml.folder_problem(path) is not None:
+    raise download.DownloadError(efml.folder_problem(path))
+  if efml.is_efml_dir(path):
+    return efml_folder(path)
+  try:
+    return ResolvedModel(*_pair_in_folder(path), path=path)
+  except download.DownloadError:
+    if fetch:
+      raise
+    return ResolvedModel(path=path)  # loading it says what is missing
 
 
 def resolve_files(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> ResolvedModel:
@@ -162,8 +176,9 @@ def efml_folder(folder: str | os.PathLike) -> ResolvedModel:
 def resolve(name_or_path: str) -> tuple[str, str]:
   """Local (options.json, weights.hdf5) of `resolve_model(name_or_path)`: a released name, a folder, a URL."""
   model = resolve_model(name_or_path)
-  if model.tfhub_dir is not None:
-    raise download.DownloadError(f"{name_or_path}: a TF-Hub module has no options.json + weights.hdf5; convert it "
+  if model.tfhub_dir is not None or model.folder_dir is not None:
+    kind = "a TF-Hub module" if model.tfhub_dir is not None else "a safetensors model folder"
+    raise download.DownloadError(f"{name_or_path}: {kind} has no options.json + weights.hdf5; convert it "
                                  f"first: elmo-jax convert --from={name_or_path} --to=DIR")
   return model.checked().files
 
@@ -223,7 +238,8 @@ def _from_archive(spec: str, use: str) -> ResolvedModel:
   """An archive, unpacked once into the cache (`archive.model_folder`), read as the local folder it holds."""
   folder = archive.model_folder(spec)
   models = sorted(e.name + "/" for e in os.scandir(folder) if e.is_dir() and (
-      tfhub.is_module(e.path) or efml.is_efml_dir(e.path) or glob.glob(os.path.join(glob.escape(e.path), "*.json"))
+      tfhub.is_module(e.path) or efml.is_efml_dir(e.path) or model_folder.is_folder(e.path)
+      or glob.glob(os.path.join(glob.escape(e.path), "*.json"))
       and glob.glob(os.path.join(glob.escape(e.path), "*.hdf5"))))
   if len(models) > 1:
     raise archive.ArchiveError(f"{spec}: holds {len(models)} model folders ({', '.join(models[:3])}); which one is "
@@ -249,6 +265,8 @@ def _run(workdir: str, fetch: bool) -> ResolvedModel:
   vocab = os.path.join(workdir, VOCAB_FILE)
   if fetch and not os.path.exists(vocab):
     vocab = None
+  if model_folder.is_folder(export):  # a run exporting safetensors (config.export_format)
+    return ResolvedModel(vocab_file=vocab, workdir=workdir, path=workdir, folder_dir=export)
   return ResolvedModel(options_file, weight_file, vocab, workdir=workdir, path=workdir, efml_dir=efml_dir)
 
 
@@ -337,6 +355,8 @@ def load(name_or_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """(options, biLM params as numpy) of a released name, folder (a TF-Hub module's too) or URL
   (`loaded.load_model`, whose `LoadedModel` also holds the softmax, vocabulary and a module's mix)."""
   model = loaded.load_model(_bilm_tf_ids(name_or_path, resolve_model(name_or_path)))
+  if model.token_ids is not None:  # a safetensors folder of an EFML-style model: known once it is read
+    _bilm_tf_ids(name_or_path, dataclasses.replace(model.source, efml_dir=model.source.path))
   return model.options, model.params
 
 

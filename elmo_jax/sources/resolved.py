@@ -28,6 +28,8 @@ class ResolvedModel:
     tfhub_dir: a TF-Hub `elmo/3`-layout module folder (`formats/tfhub.py`; no options or weight file then).
     efml_dir: an ELMoForManyLangs model folder (`formats/efml.py`; options_file, weight_file: its config.json
       and encoder.pkl).
+    folder_dir: elmo_jax's own model folder (`formats/model_folder.py`: config.json + model.safetensors; no
+      options or weight file then).
   """
   options_file: str | None = None
   weight_file: str | None = None
@@ -37,6 +39,7 @@ class ResolvedModel:
   path: str | None = None
   tfhub_dir: str | None = None
   efml_dir: str | None = None
+  folder_dir: str | None = None
 
   @property
   def files(self) -> tuple[str, str]:
@@ -47,13 +50,14 @@ class ResolvedModel:
   def read_files(self) -> tuple[str, ...]:
     """Every local file a load of it reads, or that its model folder holds, found from the names alone (nothing
     loaded or downloaded), absolute: the options, weight and vocabulary files; every file of an EFML folder
-    (config.json, the architecture JSON, char.dic, word.dic, the pickles) or of a TF-Hub module (its index and
-    data shards); a run's export/, lexicon/, config.json and vocabulary. What no writer may overwrite: the
+    (config.json, the architecture JSON, char.dic, word.dic, the pickles), of a TF-Hub module (its index and
+    data shards) or of a model folder (config.json, model.safetensors, its lexicons, vocab.txt, README.md); a
+    run's export/, lexicon/, config.json and vocabulary. What no writer may overwrite: the
     embed command's output, a run's workdir, `convert --to`, evaluation outputs (`LoadedModel.input_files`)."""
     named = [self.options_file, self.weight_file, self.vocab_file]
     if self.weight_file:  # the softmax's words beside the weights (`load_model` reads them), and their counts
       named += [os.path.join(os.path.dirname(self.weight_file), n) for n in (VOCAB_FILE, VOCAB_COUNTS_FILE)]
-    folders = [self.efml_dir, self.tfhub_dir]
+    folders = [self.efml_dir, self.tfhub_dir, self.folder_dir]
     if self.workdir is not None:
       named += [os.path.join(self.workdir, n) for n in (CONFIG_FILE, VOCAB_COUNTS_FILE)]
       folders += [os.path.join(self.workdir, EXPORT_DIR), os.path.join(self.workdir, LEXICON_DIR)]

@@ -63,7 +63,8 @@ def base_config() -> ml_collections.ConfigDict:
   # none): a random softmax's first gradients would otherwise flow into the pretrained biLM. 0 = off.
   c.freeze_bilm_steps = 0
   # The export's format (WORKDIR/export/): "" = the model's own ("efml" for an ELMoForManyLangs-style model:
-  # a release folder its Embedder loads; else "bilm-hdf5"); a format that cannot hold the model is refused.
+  # a release folder its Embedder loads; else "bilm-hdf5"); "safetensors": elmo_jax's own folder (any model);
+  # a format that cannot hold the model is refused.
   c.export_format = ""
   _profile_keys(c)
   return c

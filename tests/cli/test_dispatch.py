@@ -13,7 +13,7 @@ from paths import REPO_ROOT
 
 from elmo_jax import cli
 
-COMMANDS = ["train", "evaluate", "embed", "prepare", "plan", "convert", "downstream", "serve"]
+COMMANDS = ["train", "evaluate", "embed", "prepare", "plan", "convert", "push", "downstream", "serve"]
 
 
 def _listed(text: str) -> dict[str, str]:
@@ -29,10 +29,10 @@ def _flags(text: str) -> list[str]:
 
 # A flag each command must list (defined at run time by its define_flags, or at import by its module).
 _A_FLAG = {"train": "--workdir", "evaluate": "--task", "embed": "--output_file", "prepare": "--output_dir",
-           "plan": "--config", "convert": "--to", "downstream": "--task", "serve": "--max_batch_tokens"}
+           "plan": "--config", "convert": "--to", "push": "--to", "downstream": "--task", "serve": "--max_batch_tokens"}
 
 
-@pytest.mark.slow  # nine command processes
+@pytest.mark.slow  # ten command processes
 def test_every_command_help_lists_its_flags_and_exits_0():
   """One process per command (evaluate and downstream both define --task at import: not in one process)."""
   env = {**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"}
@@ -61,7 +61,7 @@ def test_help_lists_every_command_on_one_line(capsys):
 @pytest.mark.parametrize("argv,want", [
     (["elmo-jax"], "usage: elmo-jax <command>"),
     (["elmo-jax", "bogus"], "elmo-jax: error: unknown command 'bogus'; one of train, evaluate, embed, prepare, plan, "
-                            "convert, downstream, serve (--help for usage)"),
+                            "convert, push, downstream, serve (--help for usage)"),
 ])
 def test_no_or_unknown_command_exits_2(argv, want, capsys):
   with pytest.raises(SystemExit) as done:

@@ -77,6 +77,12 @@ RUN_BY = {
         "tests/training/test_efml_finetune.py::test_new_language_config_beats_unigram_and_exports_for_efml",
     r"^curl -sf http://127\.0\.0\.1:8000/": "tests/serving/test_serve_process.py::test_docs_curl_and_python_examples_run",
     r"^python benchmarks/serve_load\.py --preset=small$": "tests/serving/test_serve_process.py::test_load_benchmark_smoke",
+    r"^elmo-jax convert --format=safetensors --from=small --to=elmo_small/$":
+        "tests/interop/test_make_zoo.py::test_make_zoo_converts_every_released_model_from_a_mirror",
+    r"^elmo-jax embed --model=elmo_small/ --input_file=sentences\.txt --output_file=out\.hdf5$":
+        "tests/interop/test_make_zoo.py::test_make_zoo_converts_every_released_model_from_a_mirror",
+    r"^elmo-jax push --to=hf://owner/elmo-small elmo_small/$":
+        "tests/interop/test_hub.py::test_the_push_command_pushes_a_checked_folder",
 }
 # command -> why no test runs it
 NOT_RUN = {
@@ -121,6 +127,12 @@ NOT_RUN = {
         "tests/embedding/test_embed_latency.py's smoke run",
     r"^python benchmarks/portable_latency\.py ": "a latency benchmark (JSON, never asserted); its keys are "
         "tests/interop/test_portable.py's smoke run",
+    r"^elmo-jax embed --model=hf://owner/elmo-small@v1 ": "a real Hub repository (internet); hf:// specs are "
+        "tests/interop/test_hub.py's, against a fake Hub on 127.0.0.1",
+    r"^bash scripts/make_zoo\.sh zoo/$": "downloads every released model (internet, about 1 GB); "
+        "tests/interop/test_make_zoo.py runs it against a file:// mirror of fixture models",
+    r"^for d in zoo/\*/; do elmo-jax push --to=hf://OWNER/": "publishes to the real Hub with its owner's token; "
+        "tests/interop/test_hub.py::test_the_push_command_pushes_a_checked_folder pushes to a fake Hub",
 }
 COMMAND_START = re.compile(r"^(python|bash|pip|elmo-jax|tensorboard|gcloud|curl|for )")
 
