@@ -47,7 +47,7 @@ class Service:
     layer: what `sentence_vector` and `/v1/embeddings` average over the tokens ("average", "top", "all" is not a
       vector; an int layer).
     tokenize: str -> tokens for text inputs (default: split at whitespace).
-    max_tokens: the longest sentence accepted (413 past it); at most what the warm Embedder compiled.
+    max_tokens: the longest sentence accepted (413 past it); any length runs (`embedding/long_sentence.py`).
     max_body_bytes: the largest body (413 past it).
     timeout_s: seconds from a request's arrival to its answer (504 past them).
     access_log: one line per request on stderr.

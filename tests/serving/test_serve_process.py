@@ -212,7 +212,7 @@ def test_load_benchmark_smoke(tmp_path):
 @pytest.mark.parametrize("flags,words", [
     (["--model=x", "--stateful"], "--stateful is refused: a server's batch rows are shared by every client"),
     ([], "--model is required"),
-    (["--model=x", "--max_tokens=600"], "--max_tokens must be <= 512"),
+    (["--model=x", "--max_tokens=0"], "--max_tokens must be >= 1"),
     (["--model=x", "--port=70000"], "--port must be <= 65535"),
     (["--model=x", "--timeout_s=0"], "--timeout_s must be > 0"),
     (["--model=x", "--layer=middle"], "--layer must be average, top or a layer index"),
