@@ -10,7 +10,8 @@ through its positions on the host and its layers `[n_layers + 1, n_tokens, 2P]`.
 
 Per length: `seconds` of the call, `compiles` during it (`CompileCounter`: traces and backend compiles, both 0),
 `layers_mb` (the output's size), `rss_mb` (the process's resident memory after the call, the output still held)
-and `peak_rss_mb` (the process's peak so far: it only grows, so each length's includes the shorter ones').
+and `peak_rss_mb` (the process's peak so far, `VmHWM`: it only grows, so each length's includes the shorter
+ones' and the load's).
 Also `rss_after_load_mb` and `peak_rss_after_load_mb`. The script exits 1 if any call compiled.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from absl import app
 from absl import flags
 
-from bench_util import memory_mb, peak_rss_mb  # pylint: disable=g-bad-import-order
+from bench_util import memory_mb  # pylint: disable=g-bad-import-order
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 FLAGS = flags.FLAGS
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> None:
   result: dict[str, Any] = {"preset": "custom" if FLAGS.options_file else FLAGS.preset,
                             "load_s": round(time.perf_counter() - start, 2),
                             "rss_after_load_mb": memory_mb().get("rss"),
-                            "peak_rss_after_load_mb": round(peak_rss_mb(), 1), "lengths": []}
+                            "peak_rss_after_load_mb": memory_mb().get("hwm"), "lengths": []}
   for n in sorted(map(int, FLAGS.lengths)):
     sentence = long_sentence(FLAGS.corpus, n)
     with CompileCounter() as compiles:
@@ -73,7 +74,7 @@ def main(argv: list[str]) -> None:
     assert layers.shape[1] == n, layers.shape
     result["lengths"].append({"length": n, "seconds": round(seconds, 2), "compiles": compiles.as_dict(),
                               "layers_mb": round(layers.nbytes / 2**20, 1), "rss_mb": memory_mb().get("rss"),
-                              "peak_rss_mb": round(peak_rss_mb(), 1)})
+                              "peak_rss_mb": memory_mb().get("hwm")})
     del layers
     print(json.dumps(result["lengths"][-1]), file=sys.stderr, flush=True)
   print(json.dumps(result, indent=1))
