@@ -63,6 +63,7 @@ def test_warm_embedder_compiles_nothing_after_load_at_any_length(warm):
   assert (compiles.traces, compiles.compiles) == (0, 0), compiles.as_dict()
   got = warm.embed_sentences([_sentence(3), _sentence(2000, 1), _sentence(9)])
   assert [g.shape[1] for g in got] == [3, 2000, 9] and all(np.isfinite(g).all() for g in got)
+  assert all(g.base is None for g in got)  # each its own array: no view keeps a padded batch alive
 
 
 @pytest.mark.slow
