@@ -7,8 +7,6 @@ import resource
 import time
 from typing import Any, Callable, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 
@@ -30,6 +28,8 @@ def memory_mb(pid: int | str = "self") -> dict[str, float]:
 
 def matmul_peak(n: int = 2048, reps: int = 10) -> float:
   """Best FLOP/s of an n x n float32 matmul (jit, XLA:CPU's Eigen/oneDNN path)."""
+  import jax  # pylint: disable=g-import-not-at-top  (here: a baseline's process that reads its memory has no jax)
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
   b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
   f = jax.jit(lambda a, b: a @ b)

@@ -188,16 +188,19 @@ class Steps:
     for width, size in ((w, r) for w in widths for r in CNN_CHUNK_ROWS):
       ids = np.zeros((self.mesh.size * size, width), np.int32)
       table = self.cnn_into(params, table, put(ids), put(np.full(len(ids), np.iinfo(np.int32).max, np.int32)))
-    out = []
+    last = None  # one output held at a time: all of them at once would hold ~260 MB (small preset, 64 rows)
     for n, time in ((n, t) for n in rows for t in times):
       positions = put(np.full((n, time), -1, np.int32))
-      out.append(self.layers(params, table, positions) if state is None else
-                 self.layers_stateful(params, table, positions, jax.device_put(state(n), self.state_sharding)))
+      out = (self.layers(params, table, positions) if state is None else
+             self.layers_stateful(params, table, positions, jax.device_put(state(n), self.state_sharding)))
+      jax.block_until_ready(last)  # the one before has run while this one compiled
+      last = out
     if stretch:
       none = put(np.full((self.mesh.size, stretch), -1, np.int32))
-      out.append(self.stretch(params, table, none, none, jax.device_put(state_zeros(self.mesh.size),
-                                                                        self.state_sharding)))
-    jax.block_until_ready((table, out))
+      out = self.stretch(params, table, none, none, jax.device_put(state_zeros(self.mesh.size), self.state_sharding))
+      jax.block_until_ready(last)
+      last = out
+    jax.block_until_ready((table, last))
     return table
 
 

@@ -63,6 +63,7 @@ def test_warm_embedder_compiles_nothing_after_load_at_any_length(warm):
   assert (compiles.traces, compiles.compiles) == (0, 0), compiles.as_dict()
   got = warm.embed_sentences([_sentence(3), _sentence(2000, 1), _sentence(9)])
   assert [g.shape[1] for g in got] == [3, 2000, 9] and all(np.isfinite(g).all() for g in got)
+  assert all(g.base is None for g in got)  # each its own array: no view keeps a padded batch alive
 
 
 @pytest.mark.slow
@@ -185,3 +186,20 @@ def test_latency_benchmark_prints_its_keys(tmp_path):
   assert warm["batch_1"]["ours_over_floor"] > 0 and {"8", "128"} <= warm["floor"]["by_length_ms"].keys()
   assert {"ms", "split_ms"} <= warm["flax_ms"].keys() and "p50" in warm["stateful_ms"]
   assert warm["compiles_after_load"]["compiles"] == 0
+
+
+@pytest.mark.slow
+def test_long_sentence_benchmark_embeds_without_compiling(tmp_path):
+  options = tmp_path / "options.json"
+  options.write_text(json.dumps(tiny_options()))
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "benchmarks")]),
+         "ELMO_JAX_CACHE": str(tmp_path / "cache")}
+  proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "benchmarks", "long_sentence.py"),
+                         f"--options_file={options}", "--lengths=1500,600"], capture_output=True, text=True,
+                        env=env, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout[proc.stdout.index("{"):])
+  assert [r["length"] for r in result["lengths"]] == [600, 1500]  # both past the longest time bucket (512)
+  for r in result["lengths"]:
+    assert r["compiles"]["traces"] == r["compiles"]["compiles"] == 0
+    assert r["peak_rss_mb"] >= r["rss_mb"] > 0 and r["layers_mb"] > 0
