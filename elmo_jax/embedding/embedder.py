@@ -356,8 +356,7 @@ class Embedder:
     done = 0
     for _, chunk, layers, _ in self.batches(sentences, batch_size):
       for row, i in enumerate(chunk):
-        # A copy of a batch's row: a view would keep the whole padded batch alive. A long sentence's layers are
-        # its own array (`long_sentence`), kept as they are: a copy would double its memory for a moment.
+        # a batch row is copied (a view keeps the padded batch alive); a long sentence's own array is kept as is
         own = layers[row].base is None and layers[row].shape[1] == len(sentences[i])
         results[i] = layers[row] if own else np.array(layers[row][:, :len(sentences[i])])
       done += len(chunk)
