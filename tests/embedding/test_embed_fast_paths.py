@@ -122,6 +122,7 @@ def test_token_rows_flush_keeps_pinned_rows_and_grows_for_a_big_batch():
   assert rows.capacity == 2 + 16 and list(new) == list(range(9)) and list(r) == list(range(2, 11)) + [0]
 
 
+@pytest.mark.slow
 def test_cnn_cache_across_batches_is_exact_through_flushes_and_growth():
   """A token's char-CNN output computed in an earlier batch (or chunk, or after the table was emptied or
   grown) is the same numbers as computing it in its own batch, to XLA:CPU's rounding of a row by the shape of

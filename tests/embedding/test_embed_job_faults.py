@@ -190,6 +190,7 @@ def _wait_stopped(pid: int, timeout: float = 30.0) -> None:
   raise AssertionError(f"process {pid} did not stop within {timeout} s")
 
 
+@pytest.mark.slow
 def test_a_second_command_on_a_running_jobs_output_is_refused(tmp_path):
   """Run A paused mid-job, B started on the same output: B is refused in one line and changes nothing; A then
   finishes the file."""

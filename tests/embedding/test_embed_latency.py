@@ -57,6 +57,7 @@ def _calls(emb: Embedder, lengths=_LENGTHS) -> None:
   emb.sentence_vectors(mixed, "top")
 
 
+@pytest.mark.slow
 def test_warm_embedder_compiles_nothing_after_load_at_any_length(warm):
   with CompileCounter() as compiles:
     _calls(warm, [n for n in _LENGTHS if n <= 1100] + [5000])

@@ -51,6 +51,7 @@ def run_like(tmp_path_factory) -> str:
   return str(src)
 
 
+@pytest.mark.slow
 def test_hdf5_and_tfhub_round_trips_are_bit_for_bit(run_like, tmp_path):
   st = str(tmp_path / "st")
   source = _load(run_like)

@@ -142,6 +142,7 @@ def test_missing_variable_is_named():
                           "(options expect shape (8, 4))")
 
 
+@pytest.mark.slow
 def test_embed_command_writes_the_module_outputs(hub, ref, tmp_path):
   lines = ["The bank flooded .", "a river bank", "bank"]
   text = tmp_path / "in.txt"

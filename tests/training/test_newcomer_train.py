@@ -187,6 +187,7 @@ def test_tensorboard_purges_steps_of_a_killed_run_and_holds_config_and_hparams(t
   assert "hparams" in plugins
 
 
+@pytest.mark.slow
 def test_metrics_import_tensorboardx_without_torch(tmp_path):
   """tensorboardX imports torch whenever torch is installed (1.3-1.6 s of every train.py start, for torch
   tensors we never pass): the metrics writer's import leaves it out, its event files are still written, and
