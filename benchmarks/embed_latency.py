@@ -49,6 +49,7 @@ flags.DEFINE_integer("split_calls", 50, "single-sentence calls timed phase by ph
 flags.DEFINE_string("corpus", _CORPUS, "gzip (or plain) text, one whitespace-tokenized sentence per line.")
 flags.DEFINE_string("allennlp_path", "/tmp/allennlp_pkg", "pip --target folder holding allennlp 2.10.1 "
                     "(benchmarks/allennlp_baseline.py); empty or missing: no baseline.")
+flags.DEFINE_bool("cold_cache", True, "also measure a load with an empty compilation cache (a process of its own).")
 flags.DEFINE_string("child", None, "internal: measure this preset in this process.")
 flags.DEFINE_bool("latency", True, "internal: measure the latency tables too (else load and first call).")
 
@@ -195,7 +196,7 @@ def main(argv: Sequence[str]) -> None:
                             "calls": FLAGS.calls, "warmup": FLAGS.warmup, "presets": {}}
   for preset in (["custom"] if FLAGS.options_file else FLAGS.presets):
     with tempfile.TemporaryDirectory() as cache:
-      cold = run_child(preset, cache, with_latency=False)
+      cold = run_child(preset, cache, with_latency=False) if FLAGS.cold_cache else None
       warm = run_child(preset, cache, with_latency=True)
     result["presets"][preset] = {"cold_cache": cold, "warm_cache": warm}
   print(json.dumps(result, indent=1))

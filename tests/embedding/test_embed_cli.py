@@ -212,8 +212,8 @@ def test_stateful_chunking_keeps_batches(tmp_path):
     out = tmp_path / f"out{chunk_size}.hdf5"
     embed.embed_file(emb, path, out, batch_size=3, chunk_size=chunk_size, progress_every=None)
     outs.append(read_output(out))
-  for key in outs[0][0]:
-    np.testing.assert_array_equal(outs[0][0][key], outs[1][0][key])
+  for key in outs[0][0]:  # the token table is cleared at other points: XLA's rounding by call shape (~1e-7) apart
+    np.testing.assert_allclose(outs[0][0][key], outs[1][0][key], rtol=0, atol=1e-6)
   assert outs[0][1] == outs[1][1]
 
 
@@ -249,8 +249,8 @@ def test_failure_mid_run_leaves_nothing(tmp_path, embedder, monkeypatch):
   assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5"]
   arrays, _ = read_output(out)
   expected = embedder.embed_sentences([s.split() for s in SENTENCES[0]], batch_size=2)
-  for i in range(len(SENTENCES[0])):
-    np.testing.assert_array_equal(arrays[str(i)], expected[i])
+  for i in range(len(SENTENCES[0])):  # one pass, its table never cleared: XLA's rounding by call shape apart
+    np.testing.assert_allclose(arrays[str(i)], expected[i], rtol=0, atol=1e-6)
 
 
 def test_count_lines(tmp_path):
