@@ -110,7 +110,8 @@ def typical_split(emb: Any, sentences: list[list[str]], floor: Floor) -> dict[st
     emb._write_new_tokens(prepared)  # pylint: disable=protected-access
     jax.block_until_ready(emb._table)  # pylint: disable=protected-access
     t2 = time.perf_counter()
-    layers = steps.layers(emb.params, emb._table, steps.put_rows(prepared.positions))  # pylint: disable=protected-access
+    table = emb._table  # pylint: disable=protected-access
+    layers = steps.layers(emb.params, table, steps.put_rows(prepared.positions))
     jax.block_until_ready(layers)
     t3 = time.perf_counter()
     _ = np.array(np.asarray(layers)[0, :, :len(s)])
@@ -120,7 +121,8 @@ def typical_split(emb: Any, sentences: list[list[str]], floor: Floor) -> dict[st
     widths = []  # the char width each new token needs (device 0's rows of each chunk)
     for chunk, dest in zip(prepared.chunks, prepared.dests):
       rows = chunk[:chunk.shape[0] // steps.mesh.size][dest[:dest.shape[0] // steps.mesh.size] != _NO_ROW]
-      widths += [int(w) for w in embed_step.char_widths(rows, emb._max_width, **emb._pad)]  # pylint: disable=protected-access
+      cut = embed_step.char_widths(rows, emb._max_width, **emb._pad)  # pylint: disable=protected-access
+      widths += [int(w) for w in cut]
     bucket = prepared.positions.shape[1]
     for key, value in (("tokens", len(s)), ("new_tokens", len(widths)), ("cnn_calls", len(prepared.chunks)),
                        ("cnn_rows", sum(c.shape[0] for c in prepared.chunks) // steps.mesh.size),
@@ -133,7 +135,8 @@ def typical_split(emb: Any, sentences: list[list[str]], floor: Floor) -> dict[st
   return {"ms": {k: round(statistics.median(v), 3) for k, v in phases.items()},
           "calls": {k: round(statistics.mean(v), 2) for k, v in did.items()},
           "new_token_width_mean": round(statistics.mean(all_widths), 1) if all_widths else 0.0,
-          "floor_ms_p50": round(statistics.median(floors), 3), "ours_over_floor_p50": round(statistics.median(ratios), 2)}
+          "floor_ms_p50": round(statistics.median(floors), 3),
+          "ours_over_floor_p50": round(statistics.median(ratios), 2)}
 
 
 def by_length(floor: Floor, new_share: float, mean_width: float, lengths=(8, 16, 23, 32, 64, 128)) -> dict[str, Any]:

@@ -54,7 +54,8 @@ class PartWriter:
     self._thread.start()
 
   def put(self, layers: np.ndarray, lines: list[tuple[int, str, int]]) -> None:
-    """Queues one batch: layers `[rows, n_layers + 1, time, 2P]` (or a list of rows, `Embedder.batches`) and (line index, text, n_tokens) per row."""
+    """Queues one batch: layers `[rows, n_layers + 1, time, 2P]` (or a list of rows, `Embedder.batches`) and
+    (line index, text, n_tokens) per row."""
     self._put(("batch", layers, lines))
 
   def commit(self, part: tuple[int, int], state=None) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 from elmo_jax.data import chars
 from elmo_jax.data import lexicon as lexicon_lib
 from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import param_names
 from elmo_jax.formats import safetensors
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files
@@ -89,12 +90,6 @@ def _param_shapes(options_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
                for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0])
 
 
-def flat(params: dict[str, Any], prefix: str) -> dict[str, np.ndarray]:
-  """A nested dict of arrays as {prefix/a/b: float32 numpy}."""
-  return {f"{prefix}/" + "/".join(k.key for k in path): np.asarray(leaf, np.float32)
-          for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
-
-
 def write(folder: str, options: dict[str, Any], params: dict[str, Any], *, softmax: dict[str, Any] | None = None,
           mix: dict[str, Any] | None = None, vocab_file: str | None = None,
           lexicon: lexicon_lib.Lexicon | None = None, card: str = "") -> None:
@@ -103,11 +98,11 @@ def write(folder: str, options: dict[str, Any], params: dict[str, Any], *, softm
   variant = variant_of(options)
   if variant == EFML and lexicon is None:
     raise FolderError(f"{folder}: an ELMoForManyLangs-style model needs its char.dic / word.dic to be written")
-  tensors = flat(params, "bilm")
+  tensors = param_names.flat(params, "bilm")
   if set(tensors) != set(param_shapes(options)):
     raise FolderError(f"{folder}: the params do not match the options (tensors {sorted(set(tensors))[:3]}...)")
   for part, name in ((softmax, "softmax"), (mix, "mix")):
-    tensors.update(flat(part, name) if part else {})
+    tensors.update(param_names.flat(part, name) if part else {})
   files.write_json(os.path.join(folder, CONFIG), {"format": FORMAT, "format_version": VERSION, "variant": variant,
                                                    "options": options})
   safetensors.save(os.path.join(folder, WEIGHTS), tensors, {"format": FORMAT})
@@ -157,17 +152,6 @@ def read_config(folder: str) -> tuple[dict[str, Any], str]:
   return options, config["variant"]
 
 
-def _nest(flat_tensors: dict[str, np.ndarray], prefix: str) -> dict[str, Any]:
-  out: dict[str, Any] = {}
-  for name, value in flat_tensors.items():
-    node = out
-    *parents, leaf = name[len(prefix) + 1:].split("/")
-    for key in parents:
-      node = node.setdefault(key, {})
-    node[leaf] = value
-  return out
-
-
 def _optional(tensors: dict[str, np.ndarray], prefix: str, shapes: dict[str, tuple], where: str):
   """The `prefix/` tensors of `shapes` ({leaf: shape}), checked, nested; None if none is there."""
   if not any(f"{prefix}/{leaf}" in tensors for leaf in shapes):
@@ -195,7 +179,8 @@ def check_tensors(tensors: dict[str, np.ndarray], options: dict[str, Any], where
                       f"options give ({len(unknown)} unknown)")
   try:
     flat_params = {name: _checked(tensors, name, shape, where) for name, shape in expected.items()}
-    return (_nest(flat_params, "bilm"), *(_optional(tensors, p, part, where) for p, part in optional.items()))
+    return (param_names.nested(flat_params, "bilm"),
+            *(_optional(tensors, p, part, where) for p, part in optional.items()))
   except weights_lib.WeightFileError as e:
     raise FolderError(str(e)) from None
 

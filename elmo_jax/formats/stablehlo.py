@@ -5,7 +5,7 @@
     out = run(char_ids)                                      # {"layers": [b, L + 1, t, 2P], "mask": [b, t]}
 
 A folder of three files: `model.stablehlo` (the serialized `jax.export.Exported`: batch and time symbolic,
-lowered for `PLATFORMS`), `weights.npz` (the params, one array per `/`-joined name, `flat_params`) and
+lowered for `PLATFORMS`), `weights.npz` (the params, one array per `/`-joined name, `param_names.flat`) and
 `stablehlo.json` (format version, the input and output contract). The weights are the exported function's first
 argument, not constants folded into the module: one module for any weights of the shape, and a module file that
 stays small. The input is what `data.chars.batch_to_ids` returns (int32 `[batch, time, token_width]`, 0 = no
@@ -26,6 +26,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from elmo_jax.formats import param_names
+
 MODULE_FILE, WEIGHTS_FILE, META_FILE = "model.stablehlo", "weights.npz", "stablehlo.json"
 FORMAT = "elmo_jax.stablehlo"
 VERSION = 1
@@ -34,30 +36,6 @@ PLATFORMS = ("cpu", "cuda", "tpu")
 
 class ExportedError(ValueError):
   """An artifact folder that is not what `write` writes; one line naming the file."""
-
-
-def flat_params(params: dict[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
-  """Nested params -> {"char_cnn/W_cnn_0": array, ...} (float32 numpy), the weights file's names."""
-  out: dict[str, np.ndarray] = {}
-  for key in sorted(params):
-    value, name = params[key], f"{prefix}{key}"
-    if isinstance(value, dict):
-      out.update(flat_params(value, name + "/"))
-    else:
-      out[name] = np.asarray(value, np.float32)
-  return out
-
-
-def nested_params(flat: dict[str, Any]) -> dict[str, Any]:
-  """`flat_params`'s inverse."""
-  out: dict[str, Any] = {}
-  for name, value in flat.items():
-    *parents, leaf = name.split("/")
-    node = out
-    for part in parents:
-      node = node.setdefault(part, {})
-    node[leaf] = value
-  return out
 
 
 def forward(options: dict[str, Any]) -> Callable[[dict[str, Any], jax.Array], dict[str, jax.Array]]:
@@ -69,7 +47,7 @@ def forward(options: dict[str, Any]) -> Callable[[dict[str, Any], jax.Array], di
   model = BiLM(BiLMConfig.from_options(options))
 
   def run(weights: dict[str, Any], char_ids: jax.Array) -> dict[str, jax.Array]:
-    params = {"params": nested_params(weights)}
+    params = {"params": param_names.nested(weights)}
     mask = jax.numpy.any(char_ids > 0, axis=-1)
     emb = model.apply(params, char_ids, method=BiLM.embed_tokens)
     out = model.apply(params, token_embeddings=emb, mask=mask, skip_padding=True)
@@ -83,7 +61,7 @@ def export(options: dict[str, Any], params: dict[str, Any], platforms: tuple[str
   """`forward(options)` lowered for `platforms` with batch and time symbolic (no device of them needed)."""
   from elmo_jax.model import BiLMConfig  # pylint: disable=g-import-not-at-top
   width = BiLMConfig.from_options(options).token_width
-  weights = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in flat_params(params).items()}
+  weights = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in param_names.flat(params).items()}
   ids = jax.ShapeDtypeStruct(jax.export.symbolic_shape(f"b, t, {width}"), np.int32)
   return jax.export.export(jax.jit(forward(options)), platforms=platforms)(weights, ids)
 
@@ -97,7 +75,7 @@ def write(folder: str, options: dict[str, Any], params: dict[str, Any],
   exported = export(options, params, platforms)
   with open(os.path.join(folder, MODULE_FILE), "wb") as f:
     f.write(exported.serialize())
-  np.savez(os.path.join(folder, WEIGHTS_FILE), **flat_params(params))
+  np.savez(os.path.join(folder, WEIGHTS_FILE), **param_names.flat(params))
   meta = {"format": FORMAT, "version": VERSION, "platforms": list(exported.platforms),
           "input": {"name": "char_ids", "dtype": "int32", "shape": ["batch", "time", cfg.token_width],
                     "ids": "efml-lexicon" if cfg.n_words or cfg.special_ids else "bilm-tf-bytes",
