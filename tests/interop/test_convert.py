@@ -8,16 +8,15 @@ import subprocess
 import sys
 
 import h5py
-import numpy as np
 import pytest
 
 from elmo_jax.formats import options as options_lib
-from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files
 from elmo_jax.sources import convert
 
+import fixture_models
 import launch_util
-from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT, TFHUB_BILM, TFHUB_MODULE
+from paths import REPO_ROOT, TFHUB_BILM, TFHUB_MODULE
 
 
 def _datasets(path) -> dict[str, tuple[str, tuple, bytes]]:
@@ -45,14 +44,7 @@ def test_round_trips_return_the_same_bits(tmp_path):
   assert (tmp_path / "hub" / "options.json").read_bytes() == (tmp_path / "again" / "options.json").read_bytes()
   # a model with a softmax and its vocabulary (what a run exports): both go along
   src = tmp_path / "src"
-  src.mkdir()
-  options = options_lib.load(FIXTURE_OPTIONS)
-  params = weights_lib.load_hdf5(FIXTURE_WEIGHTS, options)["params"]
-  rng = np.random.default_rng(0)
-  softmax = {"W": rng.standard_normal((5, 16)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32)}
-  weights_lib.save_hdf5(src / "weights.hdf5", params, options, softmax=softmax)
-  options_lib.save(options, src / "options.json")
-  (src / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nthe\nbank\n")
+  fixture_models.write_run_like(src)
   convert.convert(str(src), str(tmp_path / "run"))
   _same_model(str(src), str(tmp_path / "run"))
   assert "softmax/W" in _datasets(tmp_path / "run" / "weights.hdf5")

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import efml_util
+import fixture_models
 import torch_files
 from elmo_jax.formats import model_folder
-from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import safetensors
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.sources import card
@@ -23,7 +23,7 @@ from elmo_jax.sources import convert
 from elmo_jax.sources import loaded
 from elmo_jax.sources import pretrained
 from elmo_jax.training.export import export_model
-from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, TFHUB_BILM, TFHUB_MODULE
+from paths import TFHUB_BILM, TFHUB_MODULE
 
 
 def _bits(model: loaded.LoadedModel) -> dict[str, tuple[str, tuple, bytes]]:
@@ -40,15 +40,7 @@ def _load(spec: str) -> loaded.LoadedModel:
 @pytest.fixture(scope="module")
 def run_like(tmp_path_factory) -> str:
   """bilm-tf's fixture with a softmax and its vocabulary, as a run exports it."""
-  src = tmp_path_factory.mktemp("src")
-  options = options_lib.load(FIXTURE_OPTIONS)
-  params = weights_lib.load_hdf5(FIXTURE_WEIGHTS, options)["params"]
-  rng = np.random.default_rng(0)
-  softmax = {"W": rng.standard_normal((5, 16)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32)}
-  weights_lib.save_hdf5(src / "weights.hdf5", params, options, softmax=softmax)
-  options_lib.save(options, src / "options.json")
-  (src / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nthe\nbank\n")
-  return str(src)
+  return fixture_models.write_run_like(tmp_path_factory.mktemp("src"))
 
 
 @pytest.mark.slow
