@@ -16,8 +16,11 @@ the corpus in data/. Per preset, two fresh processes share a new persistent comp
     the calls did; ours / the floor per call); `floor`: the floor model (`latency_floor.py`: FLOPs / the
     measured matmul peak vs weight bytes / the measured read bandwidth, per program), its p50 over the same
     calls, per sentence length, and `batch_1.ours_over_floor`;
-  * `stateful_ms`: the stateful Embedder, one sentence a call; `flax_ms`: `load_elmo`'s `Elmo` + a jitted
-    `apply` on `batch_to_ids` padded to the Embedder's warm buckets (the Flax API; `ids` and `apply` split).
+  * with batch size 1, in the same interleaving on the same sentences: `stateful_ms`, the stateful Embedder (one
+    sentence a call, like AllenNLP's `Elmo`, stateful by default); `flax_ms`, `load_elmo`'s `Elmo` + a jitted
+    `apply` on `batch_to_ids` padded to the Embedder's warm buckets (the Flax API; `ids` and `apply` split);
+  * per row, `by_length`: the same stats per band of the call's longest sentence (1-30, 31-126, 127-510 tokens:
+    the warm time buckets), where `max_over_p50` is the calls' spread at one length, not the mix's lengths.
 """
 from __future__ import annotations
 
@@ -78,51 +81,70 @@ def baseline(options: dict[str, Any], params: Any, folder: str) -> Any:
     return None
 
 
-def latency(embed: Callable[[list], Any], other: Callable[[list], Any] | None, groups: list[list]) -> dict:
-  """Warm-up calls, then `--calls` timed ones, each interleaved with `other`'s on the same sentences
-  (which goes first alternates)."""
+# Bands of a call's longest sentence, by the warm Embedder's time buckets (`<S>`/`</S>` take two steps)
+_BANDS = ((1, 30), (31, 126), (127, 510), (511, 1 << 30))
+
+
+def latency(embeds: dict[str, Callable[[list], Any]], other: Callable[[list], Any] | None, groups: list[list]
+            ) -> dict[str, dict]:
+  """Warm-up calls, then `--calls` timed ones: each group embedded by every one of `embeds` and by `other` (the
+  baseline) in turn, the order rotating from call to call. Per name: `ms` (stats), `by_length` (stats per band
+  of the group's longest sentence: a long sentence's call costs more than a short one's by its length, not by
+  jitter) and, with a baseline, `baseline_ms` and `p50_ratio` (ours / the baseline's, the same calls)."""
+  runs = {**embeds, **({"baseline": other} if other is not None else {})}
+  names = list(runs)
   for g in groups[:FLAGS.warmup]:
-    embed(g)
+    for name in names:
+      runs[name](g)
+  timed = groups[FLAGS.warmup:FLAGS.warmup + FLAGS.calls]
+  ms: dict[str, list[float]] = {name: [] for name in names}
+  for k, g in enumerate(timed):
+    for name in names[k % len(names):] + names[:k % len(names)]:
+      ms[name].append(clock(lambda: runs[name](g)))
+  longest = np.array([max(len(s) for s in g) for g in timed])
+  out = {}
+  for name in embeds:
+    out[name] = {"ms": stats(ms[name]), "by_length": {
+        f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+": {"calls": int(sum(m)), **stats(np.asarray(ms[name])[m])}
+        for lo, hi in _BANDS if (m := (longest >= lo) & (longest <= hi)).any()}}
     if other is not None:
-      other(g)
-  ours, theirs = [], []
-  for k, g in enumerate(groups[FLAGS.warmup:FLAGS.warmup + FLAGS.calls]):
-    if other is not None and k % 2:
-      theirs.append(clock(lambda: other(g)))
-    ours.append(clock(lambda: embed(g)))
-    if other is not None and not k % 2:
-      theirs.append(clock(lambda: other(g)))
-  out = {"ms": stats(ours)}
-  if theirs:
-    out["baseline_ms"] = stats(theirs)
-    out["p50_ratio"] = round(out["ms"]["p50"] / out["baseline_ms"]["p50"], 3)
+      out[name]["baseline_ms"] = stats(ms["baseline"])
+      out[name]["p50_ratio"] = round(out[name]["ms"]["p50"] / out[name]["baseline_ms"]["p50"], 3)
   return out
 
 
-def flax_latency(options: dict[str, Any], params: Any, sentences: list[list[str]]) -> dict[str, Any]:
-  """`Elmo` (what `load_elmo` builds) + one jitted `apply` per warm bucket, compiled before the clock."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from elmo_jax.data import chars  # pylint: disable=g-import-not-at-top
-  from elmo_jax.embedding.host_batch import WARM_TIME_BUCKETS, bucket  # pylint: disable=g-import-not-at-top
-  from elmo_jax.model import BiLMConfig, Elmo, elmo_variables  # pylint: disable=g-import-not-at-top
-  elmo = Elmo(BiLMConfig.from_options(options), dropout=0.0)
-  variables = elmo_variables(elmo, params)
-  apply = jax.jit(lambda v, ids: elmo.apply(v, ids)["elmo_representations"][0])
-  width = options["char_cnn"]["max_characters_per_token"]
-  start = time.perf_counter()
-  for t in WARM_TIME_BUCKETS:
-    jax.block_until_ready(apply(variables, np.zeros((1, t, width), np.int32)))
-  compile_s = time.perf_counter() - start
-  ids_ms, apply_ms = [], []
-  for s in sentences:
+class FlaxElmo:
+  """The Flax API on a group of sentences: `Elmo` (what `load_elmo` builds) and one jitted `apply` of
+  `batch_to_ids` padded to the Embedder's warm buckets, each bucket compiled at construction (`compile_s`);
+  `split_ms` after the calls: host ids and apply, medians."""
+
+  def __init__(self, options: dict[str, Any], params: Any):
+    import jax  # pylint: disable=g-import-not-at-top
+    from elmo_jax.embedding.host_batch import WARM_TIME_BUCKETS  # pylint: disable=g-import-not-at-top
+    from elmo_jax.model import BiLMConfig, Elmo, elmo_variables  # pylint: disable=g-import-not-at-top
+    elmo = Elmo(BiLMConfig.from_options(options), dropout=0.0)
+    self.variables = elmo_variables(elmo, params)
+    self.apply = jax.jit(lambda v, ids: elmo.apply(v, ids)["elmo_representations"][0])
+    self.width = options["char_cnn"]["max_characters_per_token"]
+    start = time.perf_counter()
+    for t in WARM_TIME_BUCKETS:
+      jax.block_until_ready(self.apply(self.variables, np.zeros((1, t, self.width), np.int32)))
+    self.compile_s = round(time.perf_counter() - start, 2)
+    self.ids_ms, self.apply_ms = [], []
+
+  def __call__(self, group: list[list[str]]) -> np.ndarray:
+    from elmo_jax.data import chars  # pylint: disable=g-import-not-at-top
+    from elmo_jax.embedding.host_batch import WARM_TIME_BUCKETS, bucket  # pylint: disable=g-import-not-at-top
     t0 = time.perf_counter()
-    ids = chars.batch_to_ids([s], max_chars=width, pad_to=bucket(len(s), WARM_TIME_BUCKETS))
+    ids = chars.batch_to_ids(group, max_chars=self.width, pad_to=bucket(max(map(len, group)), WARM_TIME_BUCKETS))
     t1 = time.perf_counter()
-    np.asarray(apply(variables, ids))
-    ids_ms.append((t1 - t0) * 1e3)
-    apply_ms.append((time.perf_counter() - t1) * 1e3)
-  return {"compile_s": round(compile_s, 2), "ms": stats([a + b for a, b in zip(ids_ms, apply_ms)]),
-          "split_ms": {"ids": round(statistics.median(ids_ms), 3), "apply": round(statistics.median(apply_ms), 3)}}
+    out = np.asarray(self.apply(self.variables, ids))
+    self.ids_ms.append((t1 - t0) * 1e3)
+    self.apply_ms.append((time.perf_counter() - t1) * 1e3)
+    return out
+
+  def split_ms(self) -> dict[str, float]:
+    return {"ids": round(statistics.median(self.ids_ms), 3), "apply": round(statistics.median(self.apply_ms), 3)}
 
 
 def measure(preset: str, with_latency: bool) -> dict[str, Any]:
@@ -144,6 +166,9 @@ def measure(preset: str, with_latency: bool) -> dict[str, Any]:
   n = max(int(b) for b in FLAGS.batch_sizes) * (FLAGS.warmup + FLAGS.calls)
   sentences = load_sentences(FLAGS.corpus, n)
   floor = latency_floor.Floor(options, matmul_peak()) if with_latency else None  # its own compiles: not a call's
+  if with_latency:  # loaded (compiled) before the count: single sentences through the other two paths
+    singles = {"stateful": Embedder(options, params, stateful=True, warm=True).embed_sentences,
+               "flax": FlaxElmo(options, params)}
   with CompileCounter() as after:
     out["first_call_s"] = round(clock(lambda: emb.embed_sentences([sentences[0]])) / 1e3, 3)
     if with_latency:
@@ -152,7 +177,12 @@ def measure(preset: str, with_latency: bool) -> dict[str, Any]:
         out["baseline"] = None if other is None else "allennlp==2.10.1 Elmo (benchmarks/allennlp_baseline.py)"
         for b in map(int, FLAGS.batch_sizes):
           groups = [sentences[i:i + b] for i in range(0, len(sentences) - b + 1, b)]
-          out[f"batch_{b}"] = latency(emb.embed_sentences, other, groups)
+          runs = latency({"ours": emb.embed_sentences, **(singles if b == 1 else {})}, other, groups)
+          out[f"batch_{b}"] = runs["ours"]
+          if b == 1:
+            out["stateful_ms"] = runs["stateful"]
+            out["flax_ms"] = {**runs["flax"], "compile_s": singles["flax"].compile_s,
+                              "split_ms": singles["flax"].split_ms()}
       unseen = load_sentences(FLAGS.corpus, n + FLAGS.split_calls)[n:]  # the mix's next sentences, new to the table
       out["typical_call"] = latency_floor.typical_split(emb, unseen, floor)
       calls = out["typical_call"]["calls"]
@@ -162,10 +192,6 @@ def measure(preset: str, with_latency: bool) -> dict[str, Any]:
       out["batch_1"]["ours_over_floor"] = round(out["batch_1"]["ms"]["p50"] / out["floor"]["p50_ms"], 2) \
           if "batch_1" in out else None
   out["compiles_after_load"] = after.as_dict()
-  if with_latency:
-    stateful = Embedder(options, params, stateful=True, warm=True)
-    out["stateful_ms"] = latency(stateful.embed_sentences, None, [[s] for s in sentences])["ms"]
-    out["flax_ms"] = flax_latency(options, params, sentences[:FLAGS.calls])
   out["devices"] = [str(d) for d in jax.local_devices()]
   return out
 

@@ -5,7 +5,9 @@ A call of a sentence of n tokens runs two kinds of programs (embedding/step.py):
     `width_chunks`): FLOPs of the convolutions over each token's char positions, the highway layers and the
     projection; bytes: its weights, read once per call;
   * the biLSTM over n + 2 steps (`<S>`, `</S>`), each step a matrix-vector product per cell (2 directions x
-    n_layers cells, batch 1): FLOPs 2 (I + P) 4H + 2 H P per cell; bytes: each cell's weights, read every step.
+    n_layers cells, batch 1): FLOPs 2 (I + P) 4H + 2 H P per cell; bytes: the recurrent weights (W_h [P, 4H] and
+    W_P [H, P]) every step, the input weights (W_x [I, 4H]) once a call: x @ W_x of every step is one matmul
+    (`model/lstm.lstm_steps` reads them once per 32 steps).
 A program's floor is max(FLOPs / the measured matmul peak, bytes / the measured read bandwidth of a working set of
 that many bytes: the bandwidth a cache-resident LSTM gets if its weights fit, DRAM's if not); a call's floor is the
 sum. Host work, dispatch and copies have no floor here: they are what the split shows.
@@ -55,14 +57,14 @@ def cnn_cost(options: dict[str, Any], widths: list[int]) -> tuple[float, float]:
   return float(flops), float(weights * _F32 if widths else 0)
 
 
-def lstm_cost(options: dict[str, Any]) -> tuple[float, float]:
-  """(FLOPs, weight bytes) of one biLSTM step at batch 1: both directions, every layer."""
+def lstm_cost(options: dict[str, Any]) -> tuple[float, float, float]:
+  """(FLOPs, recurrent weight bytes) of one biLSTM step at batch 1, both directions, every layer; and the input
+  weight bytes (W_x and the biases) a call reads once."""
   lstm = options["lstm"]
   h, p, layers = int(lstm["dim"]), int(lstm["projection_dim"]), int(lstm["n_layers"])
   cells = 2 * layers
   flops = cells * (2 * (p + p) * 4 * h + 2 * h * p)
-  weights = cells * ((p + p) * 4 * h + h * p + 4 * h)
-  return float(flops), float(weights * _F32)
+  return float(flops), float(cells * (p * 4 * h + h * p) * _F32), float(cells * (p * 4 * h + 4 * h) * _F32)
 
 
 class Floor:
@@ -70,7 +72,7 @@ class Floor:
 
   def __init__(self, options: dict[str, Any], peak: float):
     self.options, self.peak = options, peak
-    self._step_flops, self._step_bytes = lstm_cost(options)
+    self._step_flops, self._step_bytes, self._input_bytes = lstm_cost(options)
     self._cnn_bytes = cnn_cost(options, [16])[1]
     self.bandwidth = {"lstm_weights": read_bandwidth(int(self._step_bytes)),
                       "cnn_weights": read_bandwidth(int(self._cnn_bytes)),
@@ -81,7 +83,7 @@ class Floor:
     flops, nbytes = cnn_cost(self.options, new_token_widths)
     cnn = max(flops / self.peak, nbytes / self.bandwidth["cnn_weights"]) if new_token_widths else 0.0
     step = max(self._step_flops / self.peak, self._step_bytes / self.bandwidth["lstm_weights"])
-    lstm = (n_tokens + 2) * step
+    lstm = (n_tokens + 2) * step + self._input_bytes / self.bandwidth["lstm_weights"]
     return {"cnn": cnn * 1e3, "lstm": lstm * 1e3, "total": (cnn + lstm) * 1e3}
 
   def describe(self) -> dict[str, Any]:
@@ -89,6 +91,7 @@ class Floor:
     return {"matmul_peak_gflops": round(self.peak / 1e9, 1),
             "read_gbytes_per_s": {k: round(v / 1e9, 1) for k, v in self.bandwidth.items()},
             "lstm_step": {"mflops": round(self._step_flops / 1e6, 2), "weight_mb": round(self._step_bytes / 2**20, 2)},
+            "lstm_call_input_weight_mb": round(self._input_bytes / 2**20, 2),
             "cnn_call_weight_mb": round(self._cnn_bytes / 2**20, 2)}
 
 

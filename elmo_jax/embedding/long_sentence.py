@@ -5,9 +5,9 @@ Stateless ELMo is bidirectional: the backward stack must read the whole sentence
 pieces (with or without overlap) is not ELMo. Here nothing is cut. Each direction's reading of the sentence
 (`<S>`, the tokens, `</S>`; the backward one reversed) is fed to `Steps.stretch` `STRETCH` steps at a time, the
 LSTM state of both stacks carried from stretch to stretch on the device, as one run over the whole reading
-carries it from step to step. A step is the same fused step (`model.lstm.lstm_steps`) in both, so the layers have
-the bits of the compile-as-you-go path (an Embedder with `warm=False`, which compiles a time bucket of the
-sentence's length). The char CNN fills the token table as for any batch of that one sentence.
+carries it from step to step. A step is the same step (`model.lstm.lstm_steps`; the input half computed for the
+same 32-step chunks, which a stretch holds whole) in both, so the layers have the bits of the compile-as-you-go
+path (an Embedder with `warm=False`, which compiles a time bucket of the sentence's length). The char CNN fills the token table as for any batch of that one sentence.
 
 Device memory is that of one stretch; the host holds the sentence's positions and its layers
 `[n_layers + 1, n_tokens, 2P]`; stretch k + 1 is dispatched before stretch k is copied back.

@@ -24,12 +24,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax.data import chars
 from elmo_jax.model import BiLM
+from elmo_jax.model.char_cnn import widths
 
 AXIS = "rows"
 _STATE = P(None, None, AXIS)  # LSTMState arrays are [layers, 2, rows, dim]
-# Char positions the CNN sees for tokens short enough (else all max_characters_per_token); measured on 2 CPU
-# cores the convolutions cost in proportion to the positions, and most tokens fit in 16.
-CHAR_WIDTHS = (16, 24, 32)
 CNN_ROWS = 64  # distinct tokens per char-CNN call: a fixed shape (per width), little padding per batch
 # A call that brings at most CNN_ROWS new tokens (a sentence or a few) runs them in one chunk of the first of these
 # sizes that holds them, at the widest width they need: on 2 CPU cores a char-CNN call costs ~2.5 ms however few
@@ -68,11 +66,6 @@ def local_mesh(devices: int | Sequence[Any] | None = None) -> Mesh:
     if not chosen or len(set(ids)) != len(ids) or any(d not in local for d in chosen):
       raise DeviceError(f"devices must be distinct local devices of this process ({local}), got {chosen}")
   return Mesh(np.array(chosen), (AXIS,))
-
-
-def widths(max_chars: int) -> list[int]:
-  """The char CNN's input widths for tokens of `max_chars` ids: `CHAR_WIDTHS` below it, and itself."""
-  return [w for w in CHAR_WIDTHS if w < max_chars] + [max_chars]
 
 
 def char_widths(ids: np.ndarray, max_width: int, pad_id: int = PAD_ID, lead: int = 0) -> np.ndarray:

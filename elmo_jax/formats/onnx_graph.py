@@ -87,7 +87,7 @@ def char_cnn(g: Graph, ids: str, cfg: Any, cnn: dict[str, np.ndarray]) -> str:
 
 
 def _cell_body(cfg: Any, w: str, bias: str, w_p: str) -> onnx.GraphProto:
-  """One time step of both directions (`lstm._step_fn`, inference): (c [2, B, H], h [2, B, P], x_t [2, B, I],
+  """One time step of both directions (`lstm_step.step_fn`, inference): (c [2, B, H], h [2, B, P], x_t [2, B, I],
   keep_t [1, B, 1] bool) -> (c, h, y_t [2, B, P])."""
   g = Graph("step_")
   c, h, x, keep = "c_in", "h_in", "x_t", "keep_t"

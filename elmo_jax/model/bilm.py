@@ -15,7 +15,7 @@ import numpy as np
 from flax import linen as nn
 
 from elmo_jax.data import chars
-from elmo_jax.model.char_cnn import CharCNN
+from elmo_jax.model.char_cnn import CharCNN, embed_compact
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.dropout import Dropout, Rows
 from elmo_jax.model.lstm import BiLSTMStack, LSTMState
@@ -62,10 +62,20 @@ class BiLM(nn.Module):
     self.lstm = BiLSTMStack(cfg, self.dropout_rate, self.dtype, self.unroll)
     self.output_dropout = Dropout(self.dropout_rate)
 
-  def embed_tokens(self, char_ids: jax.Array) -> jax.Array:
-    """Context-independent token embeddings: `[..., max_chars]` -> `[..., P]` (0 where no token)."""
+  def embed_tokens(self, char_ids: jax.Array, compact: bool = False) -> jax.Array:
+    """Context-independent token embeddings: `[..., max_chars]` -> `[..., P]` (0 where no token).
+
+    compact: the char CNN runs over the positions that hold a token only, at the narrowest exact char width
+    (`char_cnn.embed_compact`; inference: not differentiable). The same values to float rounding."""
     mask = jnp.any(char_ids > 0, axis=-1, keepdims=True)
-    return jnp.where(mask, self.char_cnn(char_ids), 0.0)
+    if compact and not self.is_initializing():
+      cfg = self.config
+      cnn, params = CharCNN(cfg, dtype=self.dtype, parent=None), self.char_cnn.variables["params"]
+      emb = embed_compact(lambda ids: cnn.apply({"params": params}, ids), char_ids,
+                          max(w for w, _ in cfg.filters), lead=1 if cfg.n_words else 0)
+    else:
+      emb = self.char_cnn(char_ids)
+    return jnp.where(mask, emb, 0.0)
 
   def __call__(self, char_ids: jax.Array | None = None, *, token_embeddings: jax.Array | None = None,
                mask: jax.Array | None = None, state: LSTMState | None = None, add_bos_eos: bool = True,
@@ -77,15 +87,15 @@ class BiLM(nn.Module):
         `token_embeddings` [batch, time, P] and `mask` [batch, time] are given (precomputed, e.g. deduped).
       state: initial LSTMState (stateful use) or None for zeros.
       add_bos_eos: wrap each sentence in `<S>`/`</S>` and remove them from the output.
-      skip_padding: the LSTMs stop after the longest row (same result; for time-bucketed inference,
-        not differentiable).
+      skip_padding: inference (not differentiable): the char CNN runs over the positions that hold a token
+        only and the LSTMs stop after the longest row (the same result to float rounding).
     Returns:
       {"layers": [batch, n_layers + 1, time, 2P] (layer 0 = [tok; tok]), "mask": [batch, time] bool,
        "state": final LSTMState}.
     """
     if token_embeddings is None:
       mask = jnp.any(char_ids > 0, axis=-1)
-      token_embeddings = self.embed_tokens(char_ids)
+      token_embeddings = self.embed_tokens(char_ids, compact=skip_padding)
     elif mask is None:
       raise ValueError("token_embeddings needs a mask [batch, time]")
     mask = mask.astype(bool)
@@ -126,7 +136,7 @@ class BiLM(nn.Module):
     """Both LSTM stacks over one stretch of each direction's reading (inference): `fwd_x`, `bwd_x` [batch, time,
     P] with `<S>`/`</S>` already in place, masks [batch, time] (a prefix of each row), `state` carried in from
     the stretch before. Running a sentence stretch by stretch gives the bits of one run over all of it (the
-    steps are the same fused step, `lstm_steps`). Returns outputs [n_layers, 2, batch, time, P], the state."""
+    steps are the same, `lstm_steps`). Returns outputs [n_layers, 2, batch, time, P], the state."""
     n_steps = jnp.maximum(jnp.max(jnp.sum(fwd_mask, 1)), jnp.max(jnp.sum(bwd_mask, 1))).astype(jnp.int32)
     return self.lstm(fwd_x, bwd_x, fwd_mask, bwd_mask, state, True, n_steps)
 

@@ -15,6 +15,12 @@ from flax import linen as nn
 from elmo_jax.model.config import BiLMConfig
 
 Dtype = Any
+# Char positions the CNN sees for tokens short enough (else all of `token_width`): measured on 2 CPU cores the
+# convolutions cost in proportion to the positions, and most tokens fit in 16.
+CHAR_WIDTHS = (16, 24, 32)
+# Tokens per char-CNN call of `embed_compact` (a sentence's usually in one or two; on 2 CPU cores 32 measured best
+# in the whole program, ahead of 16 and 64 and of a chunk size chosen per call)
+COMPACT_ROWS = 32
 
 
 def _normal(stddev: float):
@@ -131,3 +137,43 @@ class CharCNN(nn.Module):
     if cfg.projection_dim != h.shape[-1] or cfg.n_words:
       h = Projection(cfg.projection_dim, dtype=self.dtype, name="CNN_proj")(h)
     return h.reshape(*lead, h.shape[-1])
+
+
+def widths(token_width: int) -> list[int]:
+  """The char CNN's input widths for tokens of `token_width` ids: `CHAR_WIDTHS` below it, and itself."""
+  return [w for w in CHAR_WIDTHS if w < token_width] + [token_width]
+
+
+def embed_compact(cnn: Any, char_ids: jax.Array, max_filter_width: int, lead: int = 0,
+                  rows: int = COMPACT_ROWS) -> jax.Array:
+  """`cnn(ids [rows, width])` -> `[rows, P]` over the positions of `char_ids [..., token_width]` that hold a token
+  only, `rows` at a time (a loop with a run-time trip count), at the narrowest of `widths` exact for every token
+  of the call: `[..., P]`, unspecified where no token. Inference: not differentiable (reverse mode).
+
+  Exact for the same reason as the embedder's cut (`embedding/step.char_widths`): every position after a token's
+  last char holds the same padding id (whatever the char scheme's), so every conv window that starts there gives
+  the same value, and a cut keeping `max_filter_width` of them keeps the max over positions. A token's last char
+  is the last position whose id differs from the final position's (`lead` word ids before the chars kept).
+  """
+  lead_shape, token_width = char_ids.shape[:-1], char_ids.shape[-1]
+  ids = char_ids.reshape(-1, token_width)
+  n = ids.shape[0]
+  has_token = jnp.any(ids > 0, axis=-1)
+  count = jnp.sum(has_token).astype(jnp.int32)
+  differs = ids[:, lead:] != ids[:, -1:]
+  n_chars = jnp.where(jnp.any(differs, -1), differs.shape[1] - jnp.argmax(differs[:, ::-1], -1), 0)
+  need = lead + jnp.max(jnp.where(has_token, n_chars, 0)) + max_filter_width
+  cuts = widths(token_width)
+  width = jnp.minimum(jnp.searchsorted(jnp.asarray(cuts), need), len(cuts) - 1)
+  # tokens first, in order; `rows` spare entries point at a dummy row n, dropped at the end
+  order = jnp.concatenate([jnp.argsort(~has_token, stable=True).astype(jnp.int32), jnp.full((rows,), n, jnp.int32)])
+  ids = jnp.concatenate([ids, jnp.zeros((1, token_width), ids.dtype)])
+  at_width = [lambda x, w=w: cnn(x[:, :w]).astype(jnp.float32) for w in cuts]
+  out_dim = jax.eval_shape(at_width[0], ids[:rows]).shape[-1]
+
+  def chunk(k, out):
+    idx = jax.lax.dynamic_slice_in_dim(order, k * rows, rows)
+    return out.at[idx].set(jax.lax.switch(width, at_width, ids[idx]))
+
+  out = jax.lax.fori_loop(0, (count + rows - 1) // rows, chunk, jnp.zeros((n + 1, out_dim), jnp.float32))
+  return out[:n].reshape(*lead_shape, out_dim)

@@ -60,7 +60,16 @@ class Elmo(nn.Module):
 
     Returns {"elmo_representations": list of [batch, time, 2P], "mask": [batch, time] bool}.
     """
-    bilm = BiLM(self.config, dtype=self.dtype, name="bilm")
+    frozen = not self.requires_grad
+    if frozen:
+      # A frozen biLM is a constant to differentiation (its params reach it through stop_gradient), so it runs its
+      # inference form: the char CNN over the positions that hold a token, the LSTMs over the longest sentence's
+      # steps only -- loops with run-time trip counts, which reverse mode could not differentiate.
+      bilm = nn.map_variables(BiLM, "params", lambda v: jax.tree_util.tree_map(jax.lax.stop_gradient, v),
+                              init=self.is_initializing(), methods=["__call__", "embed_tokens"]
+                              )(self.config, dtype=self.dtype, name="bilm")
+    else:
+      bilm = BiLM(self.config, dtype=self.dtype, name="bilm")
     token_embeddings = mask = None
     if word_ids is not None:
       if self.vocab_to_cache is None:
@@ -71,7 +80,8 @@ class Elmo(nn.Module):
       token_embeddings = jnp.take(table.value, word_ids, axis=0)
       mask = hit
       if char_ids is not None:
-        token_embeddings = jnp.where(hit[..., None], token_embeddings, bilm.embed_tokens(char_ids))
+        missed = jnp.where(hit[..., None], 0, char_ids)  # the char CNN runs for words outside the cache only
+        token_embeddings = jnp.where(hit[..., None], token_embeddings, bilm.embed_tokens(missed, compact=frozen))
         mask = hit | jnp.any(char_ids > 0, axis=-1)
       char_ids = None
     elif char_ids is None:
@@ -84,7 +94,7 @@ class Elmo(nn.Module):
       c = self.variable("lstm_state", "c", lambda: zero_state(self.config, self.max_batch_size)[0])
       h = self.variable("lstm_state", "h", lambda: zero_state(self.config, self.max_batch_size)[1])
       state = (c.value[:, :, :batch], h.value[:, :, :batch])
-    out = bilm(char_ids, token_embeddings=token_embeddings, mask=mask, state=state)
+    out = bilm(char_ids, token_embeddings=token_embeddings, mask=mask, state=state, skip_padding=frozen)
     if self.stateful and not self.is_initializing():
       c.value = c.value.at[:, :, :batch].set(out["state"][0])
       h.value = h.value.at[:, :, :batch].set(out["state"][1])

@@ -27,7 +27,7 @@ zero-fills (`recurrence.scan_into_buffers`). The float32 path gives the same num
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,8 @@ from flax import linen as nn
 
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.dropout import Dropout, Rows
-from elmo_jax.model.recurrence import rounded_gate_grads, saved_gates, scan_into_buffers
+from elmo_jax.model.lstm_step import cell_update, lstm_steps, step_fn
+from elmo_jax.model.recurrence import rounded_gate_grads, scan_into_buffers
 
 Dtype = Any
 FORGET_BIAS = 1.0
@@ -47,28 +48,6 @@ def zero_state(config: BiLMConfig, batch_size: int, xp: Any = jnp) -> LSTMState:
   """The all-zero LSTMState of `batch_size` rows; `xp=np` gives writable host arrays."""
   return (xp.zeros((config.n_layers, 2, batch_size, config.lstm_dim), xp.float32),
           xp.zeros((config.n_layers, 2, batch_size, config.projection_dim), xp.float32))
-
-
-class Residuals(NamedTuple):
-  """What the forward pass saves per step for the hand-written backward pass, each [T, D, B, ...].
-
-  Four arrays (the four gate activations stacked into one write per step), not the ten per-step values the
-  backward pass uses: the cell state before the clip and the projection's input are recomputed
-  elementwise from these (the same ops on the same values, so the same numbers; tanh, the costly one, is
-  saved), and whether a clip was active is read off the clipped value (|clip(x)| < c iff -c < x < c).
-  With bfloat16 matmuls the activations are saved in bfloat16; float32 runs save float32.
-  """
-  gates: jax.Array  # [..., 4H]: sigmoid(i), tanh(j), sigmoid(f), sigmoid(o), in the matmul dtype
-  c_prev: jax.Array  # [..., H]: cell state before the step
-  tc: jax.Array  # [..., H]: tanh of the (clipped) new cell state, in the matmul dtype
-  h_prev: jax.Array  # [..., P]: projected output before the step
-
-
-def _cell(si: jax.Array, tj: jax.Array, sf: jax.Array, c_prev: jax.Array, cell_clip) -> tuple[jax.Array, jax.Array]:
-  """(c_raw, c_new) of a step from its gate activations: the cell update before and after the clip.
-  Shared by the forward pass and the backward pass's recomputation."""
-  c_raw = sf * c_prev + si * tj
-  return c_raw, (jnp.clip(c_raw, -cell_clip, cell_clip) if cell_clip else c_raw)
 
 
 class LSTMWeights(nn.Module):
@@ -107,73 +86,10 @@ def lstm_scan(gx, w_h, w_p, mask, c0, h0, cell_clip=None, proj_clip=None, dtype=
   return _lstm_scan(gx, w_h, w_p, mask, c0, h0, bias, cell_clip or None, proj_clip or None, dtype, int(unroll))
 
 
-def lstm_steps(x, w, bias, w_p, mask, c0, h0, n_steps, cell_clip=None, proj_clip=None, dtype=jnp.float32):
-  """Inference form of `lstm_scan`: the first `n_steps` steps only, gates from one fused matmul per step.
-
-  Args:
-    x: [T, D, B, I] inputs; w: [D, I + P, 4H] (W_0: input rows, then recurrent); bias: [D, 4H] incl. the
-      forget bias; w_p, mask, c0, h0: as `lstm_scan`.
-    n_steps: int scalar (may be traced); every step from it on must be padding in every row. Those are
-      skipped (a loop with a run-time trip count) with the same result: outputs 0, state unchanged.
-  Returns:
-    outputs [T, D, B, P] and the final (c, h), as `lstm_scan`. Not differentiable (reverse mode).
-
-  Why not `input_gates` + `lstm_scan`: [x_t; h] @ W_0 per step never materialises the [T, D, B, 4H] gate
-  inputs, which at inference batch sizes (hundreds of MB) made the pass memory-bound and set its peak RSS.
-  """
-  step = _step_fn(w.astype(dtype), w_p.astype(dtype), cell_clip or None, proj_clip or None, dtype, False,
-                  bias=bias)
-
-  def body(t, carry):
-    state, out = carry
-    state, y = step(state, (x[t], mask[t]))
-    return state, out.at[t].set(y)
-
-  out = jnp.zeros(x.shape[:-1] + (w_p.shape[-1],), jnp.float32)
-  final, out = jax.lax.fori_loop(0, n_steps, body, ((c0, h0), out))
-  return out, final
-
-
 def _forward(gx, w_h, w_p, mask, c0, h0, bias, cell_clip, proj_clip, dtype, unroll, save):
   """The recurrence; with `save`, also the per-step values the hand-written backward pass needs."""
-  step = _step_fn(w_h.astype(dtype), w_p.astype(dtype), cell_clip, proj_clip, dtype, save, gx_bias=bias)
+  step = step_fn(w_h.astype(dtype), w_p.astype(dtype), cell_clip, proj_clip, dtype, save, gx_bias=bias)
   return scan_into_buffers(step, (c0, h0), (gx, mask), mask.shape[0], unroll=unroll)
-
-
-def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None, gx_bias=None):
-  """One time step of all directions: ((c, h), (gx_t, mask_t)) -> ((c, h), y_t [, saved values]).
-
-  With `bias`, the inputs are (x_t, mask_t) and w_h is all of W_0: gates = [x_t; h] @ W_0 + bias.
-  With `gx_bias` [D, 4H], gx_t is x_t @ W_x in the matmul dtype: gates = gx_t + gx_bias + h @ W_h in float32.
-  """
-
-  def step(carry, inputs):
-    c, h = carry
-    g, m = inputs
-    if isinstance(g, tuple):  # one [B, 4H] slice per direction (`input_gates_split`)
-      g = jnp.stack([gk.astype(jnp.float32) for gk in g])
-    if gx_bias is not None:
-      g = g.astype(jnp.float32) + gx_bias[:, None]
-    if bias is None:
-      g = g + jnp.einsum("dbp,dpg->dbg", h.astype(dtype), w_h, preferred_element_type=jnp.float32)
-    else:
-      xh = jnp.concatenate([g.astype(dtype), h.astype(dtype)], axis=-1)
-      g = jnp.einsum("dbi,dig->dbg", xh, w_h, preferred_element_type=jnp.float32) + bias[:, None]
-    i, j, f, o = jnp.split(g, 4, axis=-1)
-    si, tj, sf, so = jax.nn.sigmoid(i), jnp.tanh(j), jax.nn.sigmoid(f), jax.nn.sigmoid(o)
-    _, c_new = _cell(si, tj, sf, c, cell_clip)
-    tc = jnp.tanh(c_new)
-    m_new = so * tc
-    h_raw = jnp.einsum("dbh,dhp->dbp", m_new.astype(dtype), w_p, preferred_element_type=jnp.float32)
-    h_new = jnp.clip(h_raw, -proj_clip, proj_clip) if proj_clip else h_raw
-    keep = m[..., None]
-    y = jnp.where(keep, h_new, 0.0)
-    carry = (jnp.where(keep, c_new, c), jnp.where(keep, h_new, h))
-    if save:
-      return carry, (y, Residuals(saved_gates(g, si, tj, sf, so, dtype), c, tc.astype(dtype), h))
-    return carry, y
-
-  return step
 
 
 # Hand-written backward pass. Autodiff of `lax.scan` accumulates the weight gradients in the loop carry, i.e.
@@ -203,7 +119,7 @@ def _lstm_scan_bwd(cell_clip, proj_clip, dtype, unroll, res, cts):
     r, dy, m = inputs
     si, tj, sf, so = jnp.split(r.gates.astype(jnp.float32), 4, axis=-1)
     tc = r.tc.astype(jnp.float32)
-    c_raw, _ = _cell(si, tj, sf, r.c_prev, cell_clip)
+    c_raw, _ = cell_update(si, tj, sf, r.c_prev, cell_clip)
     keep = m[..., None]
     dh_new = jnp.where(keep, dh + dy, 0.0)
     if proj_clip:  # jnp.clip's gradient: 0 outside the open interval (|clip(x)| < c iff -c < x < c)

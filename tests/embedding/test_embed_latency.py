@@ -4,6 +4,7 @@ it goes (main's programs: the char CNN, the gather and the biLM as separate prog
 buckets; an Embedder with warm=False for long sentences)."""
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from elmo_jax.embedding import host_batch
 from elmo_jax.embedding import long_sentence
 from elmo_jax.embedding import row_state
+from elmo_jax.embedding import step as embed_step
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.runtime.compile_count import CompileCounter
 
@@ -74,6 +76,34 @@ def test_warm_embedders_compile_nothing_after_load_for_every_length_to_5000(warm
     _calls(warm)
     _calls(stateful)
   assert (compiles.traces, compiles.compiles) == (0, 0), compiles.as_dict()
+
+
+@pytest.mark.slow
+def test_every_length_to_5000_plans_only_shapes_compiled_at_load(warm):
+  """Every length from 1 to 5,000, one sentence a call (the tests above run ~90 of them end to end, stateless and
+  stateful, with 0 compiles): the host side of the call (`_prepare`, the same for both) plans only shapes a warm
+  load compiles (`Steps.warm`): one row at a warm time bucket, or a long sentence's stretches (one shape whatever
+  its length); char-CNN chunks of a warmed width and size. The token table is cleared before each call, so
+  every call plans its tokens as new; three calls of distinct tokens plan several chunks."""
+  # pylint: disable=protected-access
+  devices = warm._steps.mesh.size
+  warmed_chunks = {(devices * r, w) for w in embed_step.widths(warm.config.token_width)
+                   for r in embed_step.CNN_CHUNK_ROWS}
+  planned = collections.Counter()
+  sentences = [_sentence(n, n) for n in range(1, 5001)] + [[f"w{i}" for i in range(n)] for n in (65, 300, 5000)]
+  try:
+    for s in sentences:
+      warm.clear_token_table()
+      prepared = warm._prepare([s], None)
+      long = warm._is_long(s)
+      assert long or prepared.positions.shape in {(devices, t) for t in warm._time_buckets}, len(s)
+      assert long == (len(s) > max(host_batch.WARM_TIME_BUCKETS)), len(s)
+      assert {c.shape for c in prepared.chunks} <= warmed_chunks, len(s)
+      planned["long" if long else prepared.positions.shape[1]] += 1
+      planned["chunks"] += len(prepared.chunks)
+  finally:
+    warm.clear_token_table()
+  assert planned["long"] == 5000 - max(host_batch.WARM_TIME_BUCKETS) + 1 and planned["chunks"] > len(sentences)
 
 
 @pytest.mark.slow
@@ -185,7 +215,8 @@ def test_latency_benchmark_prints_its_keys(tmp_path):
   assert set(warm["typical_call"]["ms"]) == {"ids", "cnn", "bilm", "copy"}
   assert warm["typical_call"]["calls"]["tokens"] > 0 and warm["floor"]["p50_ms"] > 0
   assert warm["batch_1"]["ours_over_floor"] > 0 and {"8", "128"} <= warm["floor"]["by_length_ms"].keys()
-  assert {"ms", "split_ms"} <= warm["flax_ms"].keys() and "p50" in warm["stateful_ms"]
+  assert {"ms", "split_ms", "compile_s", "by_length"} <= warm["flax_ms"].keys() and "p50" in warm["stateful_ms"]["ms"]
+  assert sum(band["calls"] for band in warm["batch_1"]["by_length"].values()) == 3  # every timed call in a band
   assert warm["compiles_after_load"]["compiles"] == 0
 
 

@@ -238,6 +238,49 @@ def test_elmo_requires_grad_reaches_bilm(tiny, ids):
   assert np.any(np.asarray(g["scalar_mix_0"]["scalar_parameters"]) != 0)
 
 
+@pytest.mark.parametrize("n_words", [0, 5])
+def test_compact_char_cnn_equals_the_char_cnn_over_every_position(n_words):
+  """`embed_compact` (a frozen biLM's char CNN): only the positions holding a token, 32 at a time (here 45 tokens:
+  two chunks), at the narrowest exact width (a 48-char word needs all 50 ids) -- the CharCNN's values; with a word
+  id before the chars (ELMoForManyLangs) too."""
+  from elmo_jax.model import char_cnn
+  options = tiny_options()
+  if n_words:
+    options["char_cnn"]["word_embedding"] = {"n_words": n_words, "dim": 3}
+  cfg = BiLMConfig.from_options(options)
+  cnn = char_cnn.CharCNN(cfg)
+  sentences = [["a", "bank", "x" * 48, "é"] * 5, ["the"] * 25]
+  ids = chars.batch_to_ids(sentences, pad_to=30)
+  for short in (False, True):  # the widest token 48 chars (50 ids), or 4 (a 16-id cut)
+    long_word = (ids == chars.token_to_ids("x" * 48, 50)).all(-1, keepdims=True)
+    x = np.where(long_word, chars.token_to_ids("y" * 4, 50), ids) if short else ids
+    if n_words:
+      x = np.concatenate([np.where(x.any(-1, keepdims=True), 2, 0), x], -1).astype(np.int32)
+    params = jax.jit(cnn.init)(jax.random.key(1), x[:1, :1])
+    want = np.asarray(jax.jit(cnn.apply)(params, x))
+    got = np.asarray(jax.jit(lambda p, i: char_cnn.embed_compact(lambda t: cnn.apply(p, t), i, 3, lead=int(
+        bool(n_words))))(params, x))
+    has = x.any(-1)
+    assert has.sum() == 45
+    np.testing.assert_allclose(got[has], want[has], rtol=0, atol=1e-6)
+
+
+def test_frozen_elmo_runs_the_inference_form_with_the_same_values(tiny):
+  """A frozen `Elmo` (requires_grad=False) skips padded positions and steps; a fine-tuned one runs them all: the
+  same representations to float rounding, on sentences padded far past their lengths."""
+  options, _, bilm_params = tiny
+  padded = chars.batch_to_ids(SENTENCES, pad_to=40)
+  got = {}
+  for requires_grad in (False, True):
+    elmo = _elmo(options, requires_grad=requires_grad, dropout=0.0)
+    params = _elmo_params(elmo, padded, bilm_params)
+    text = str(jax.jit(lambda p, x: elmo.apply({"params": p}, x)).lower(params, padded).as_text())
+    assert ("stablehlo.case" in text) == (not requires_grad)  # the compact char CNN's choice of width
+    got[requires_grad] = np.asarray(jax.jit(lambda p, x: elmo.apply({"params": p}, x))(params, padded)[
+        "elmo_representations"][0])
+  np.testing.assert_allclose(got[False], got[True], rtol=0, atol=1e-6)
+
+
 def test_elmo_dropout_only_when_training(tiny, ids):
   options, _, bilm_params = tiny
   elmo = _elmo(options, dropout=0.5)
