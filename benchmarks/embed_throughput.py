@@ -169,7 +169,8 @@ def split_pass(embedder: Embedder, sentences, batch_size: int) -> dict[str, Any]
       positions = embedder._steps.put_rows(prepared.positions)
       jax.block_until_ready(embedder._table)
       t.append(time.perf_counter())  # the gather runs with the biLM, in one program
-      layers = jax.block_until_ready(embedder._steps.layers(embedder.params, embedder._table, positions))
+      layers = jax.block_until_ready(embedder._steps.layers(embedder.params, embedder.lstm_weights, embedder._table,
+                                                            positions))
       # pylint: enable=protected-access
       t.append(time.perf_counter())
       host = np.asarray(layers)[:len(chunk)]

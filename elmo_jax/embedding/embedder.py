@@ -52,8 +52,7 @@ class Embedder:
     stateful: carry each batch row's LSTM state into the next batch (bilm-tf semantics); sentences are then
       processed in the given order, row k of each batch continuing row k of the previous one.
     dtype: matmul dtype (jnp.float32 or jnp.bfloat16).
-    token_embedding_file: char-CNN outputs of a vocabulary (`elmo-jax embed --dump_token_embeddings`);
-      its words skip the char CNN, other words still run through it.
+    token_embedding_file: char-CNN outputs of a vocabulary (`embed --dump_token_embeddings`): its words skip the CNN.
     token_vocab_file: the vocabulary of a bilm-tf token embedding file (ours store their words).
     compilation_cache: turn on JAX's persistent compilation cache (`enable_compilation_cache`).
     cnn_cache_tokens: char-CNN outputs kept on each device across batches (`token_cache.TokenRows`; small:
@@ -61,8 +60,7 @@ class Embedder:
     devices: this process's devices to split each batch over (`embed_step.local_mesh`): None = all local devices,
       an int k = the first k, or a list. Rows are padded to a multiple of the device count; each device
       computes as a one-device Embedder would, so the outputs equal one device's.
-    token_ids: token -> ids where they are not bilm-tf's UTF-8 bytes (`chars.LexiconIds` of an
-      ELMoForManyLangs model, `from_efml`).
+    token_ids: token -> ids where not bilm-tf's UTF-8 bytes (an ELMoForManyLangs model's `chars.LexiconIds`).
     warm: compile at load every program a call runs (`warm_shapes`; from the persistent compilation cache when
       it has them), so no call compiles: time buckets `host_batch.WARM_TIME_BUCKETS`, batches up to
       `default_batch_size`, longer sentences in fixed stretches (`long_sentence`). False (scripts, the embed
@@ -86,6 +84,7 @@ class Embedder:
     self.model = BiLM(self.config, dtype=dtype)
     self._steps = embed_step.steps(self.model, self.mesh)
     self.params = jax.device_put(jax.tree_util.tree_map(jnp.asarray, params), self._steps.replicated)
+    self.lstm_weights = self._steps.lstm_weights(self.params)  # made once, not copied in every call
     self._state = None
     self._fingerprint: str | None = None
     self._untrimmed = 0  # batches run since the allocator last handed memory back
@@ -126,7 +125,7 @@ class Embedder:
     batch = self.default_batch_size
     rows = sorted({embed_step.round_rows(min(batch, 1 << k), self.mesh) for k in range(batch.bit_length())})
     state = (lambda n: row_state.grown(None, self.config, n)) if self.stateful else None
-    self._table = self._steps.warm(self.params, self._table, rows, self._time_buckets,
+    self._table = self._steps.warm(self.params, self.lstm_weights, self._table, rows, self._time_buckets,
                                    embed_step.widths(self.config.token_width), state, long_sentence.STRETCH,
                                    lambda n: row_state.grown(None, self.config, n))
 
@@ -257,8 +256,9 @@ class Embedder:
     """A long sentence -> `[n_layers + 1, n, 2P]`; stateful, it continues batch row `row`'s state."""
     prepared = self._prepare([sentence], None)  # its tokens through the char CNN as a batch of it alone would
     self._write_new_tokens(prepared)
-    layers, state = long_sentence.embed(self._steps, self.params, self._table, prepared.positions[0, :len(sentence)],
-                                        self.config, self._state if self.stateful else None, row)
+    layers, state = long_sentence.embed(self._steps, self.params, self.lstm_weights, self._table,
+                                        prepared.positions[0, :len(sentence)], self.config,
+                                        self._state if self.stateful else None, row)
     self._state = state
     return layers
 
@@ -283,11 +283,11 @@ class Embedder:
     self._write_new_tokens(prepared)
     positions = self._steps.put_rows(prepared.positions)
     if not self.stateful:
-      return self._steps.layers(self.params, self._table, positions)
+      return self._steps.layers(self.params, self.lstm_weights, self._table, positions)
     n_rows = prepared.positions.shape[0]
     self._state = row_state.grown(self._state, self.config, n_rows)
     state = jax.device_put(row_state.first_rows(self._state, n_rows), self._steps.state_sharding)
-    layers, state = self._steps.layers_stateful(self.params, self._table, positions, state)
+    layers, state = self._steps.layers_stateful(self.params, self.lstm_weights, self._table, positions, state)
     self._state = row_state.advanced(self._state, state, prepared.n)  # the rows that held sentences move on
     return layers
 

@@ -7,7 +7,7 @@ over windows that already contain the boundaries, in each direction's reading or
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +19,7 @@ from elmo_jax.model.char_cnn import CharCNN, embed_compact
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.dropout import Dropout, Rows
 from elmo_jax.model.lstm import BiLSTMStack, LSTMState
+from elmo_jax.model.lstm_step import StepWeights
 
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -79,7 +80,8 @@ class BiLM(nn.Module):
 
   def __call__(self, char_ids: jax.Array | None = None, *, token_embeddings: jax.Array | None = None,
                mask: jax.Array | None = None, state: LSTMState | None = None, add_bos_eos: bool = True,
-               deterministic: bool = True, skip_padding: bool = False) -> dict[str, Any]:
+               deterministic: bool = True, skip_padding: bool = False,
+               lstm_weights: Sequence[StepWeights] | None = None) -> dict[str, Any]:
     """Contextual representations of whole sentences.
 
     Args:
@@ -89,6 +91,8 @@ class BiLM(nn.Module):
       add_bos_eos: wrap each sentence in `<S>`/`</S>` and remove them from the output.
       skip_padding: inference (not differentiable): the char CNN runs over the positions that hold a token
         only and the LSTMs stop after the longest row (the same result to float rounding).
+      lstm_weights: with `skip_padding`, `lstm.stacked_weights(params["lstm"], config)` made ahead (a caller
+        that runs many calls), else made in the call.
     Returns:
       {"layers": [batch, n_layers + 1, time, 2P] (layer 0 = [tok; tok]), "mask": [batch, time] bool,
        "state": final LSTMState}.
@@ -112,7 +116,7 @@ class BiLM(nn.Module):
       emb = jnp.where(mask[..., None], emb, 0.0)
     bwd = reverse_within_length(emb, lengths)
     n_steps = jnp.max(lengths) if skip_padding else None
-    outputs, new_state = self.lstm(emb, bwd, mask, mask, state, deterministic, n_steps)
+    outputs, new_state = self.lstm(emb, bwd, mask, mask, state, deterministic, n_steps, weights=lstm_weights)
     fwd_layers = outputs[:, 0]  # [L, B, T, P]
     bwd_layers = jax.vmap(reverse_within_length, in_axes=(0, None))(outputs[:, 1], lengths)
     contextual = jnp.concatenate([fwd_layers, bwd_layers], axis=-1)  # [L, B, T, 2P]
@@ -132,13 +136,15 @@ class BiLM(nn.Module):
     return self.char_cnn(jnp.asarray(special))
 
   def lstm_stretch(self, fwd_x: jax.Array, bwd_x: jax.Array, fwd_mask: jax.Array, bwd_mask: jax.Array,
-                   state: LSTMState) -> tuple[jax.Array, LSTMState]:
+                   state: LSTMState, lstm_weights: Sequence[StepWeights] | None = None
+                   ) -> tuple[jax.Array, LSTMState]:
     """Both LSTM stacks over one stretch of each direction's reading (inference): `fwd_x`, `bwd_x` [batch, time,
     P] with `<S>`/`</S>` already in place, masks [batch, time] (a prefix of each row), `state` carried in from
     the stretch before. Running a sentence stretch by stretch gives the bits of one run over all of it (the
-    steps are the same, `lstm_steps`). Returns outputs [n_layers, 2, batch, time, P], the state."""
+    steps are the same, `lstm_steps`). `lstm_weights`: as `__call__`'s. Returns outputs [n_layers, 2, batch, time,
+    P], the state."""
     n_steps = jnp.maximum(jnp.max(jnp.sum(fwd_mask, 1)), jnp.max(jnp.sum(bwd_mask, 1))).astype(jnp.int32)
-    return self.lstm(fwd_x, bwd_x, fwd_mask, bwd_mask, state, True, n_steps)
+    return self.lstm(fwd_x, bwd_x, fwd_mask, bwd_mask, state, True, n_steps, weights=lstm_weights)
 
   def lm_windows(self, fwd_char_ids: jax.Array | None, bwd_char_ids: jax.Array | None, state: LSTMState | None = None,
          deterministic: bool = True, *, token_chars: jax.Array | None = None, fwd_index: jax.Array | None = None,

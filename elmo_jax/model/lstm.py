@@ -27,7 +27,7 @@ zero-fills (`recurrence.scan_into_buffers`). The float32 path gives the same num
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,7 @@ from flax import linen as nn
 
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.dropout import Dropout, Rows
-from elmo_jax.model.lstm_step import cell_update, lstm_steps, step_fn
+from elmo_jax.model.lstm_step import StepWeights, cell_update, lstm_steps, stack_layer, step_fn
 from elmo_jax.model.recurrence import rounded_gate_grads, scan_into_buffers
 
 Dtype = Any
@@ -248,7 +248,7 @@ class BiLSTMStack(nn.Module):
   @nn.compact
   def __call__(self, fwd_x: jax.Array, bwd_x: jax.Array, fwd_mask: jax.Array, bwd_mask: jax.Array,
                state: LSTMState | None = None, deterministic: bool = True, n_steps: jax.Array | None = None,
-               rows: Rows = None):
+               rows: Rows = None, weights: Sequence[StepWeights] | None = None):
     """Runs both stacks, each over its own reading order.
 
     Args:
@@ -256,6 +256,8 @@ class BiLSTMStack(nn.Module):
       fwd_mask, bwd_mask: [batch, time] bool.
       state: initial LSTMState or None for zeros.
       n_steps: optional int scalar, all steps from it on are padding: skipped (inference, `lstm_steps`).
+      weights: with `n_steps`, every layer's `StepWeights` made ahead (`stacked_weights` of these params),
+        else they are made from the params in the call.
       rows: where these batch rows sit in the global batch (a data-parallel shard): dropout draws the
         global batch's masks (`dropout.Dropout`).
     Returns:
@@ -267,14 +269,13 @@ class BiLSTMStack(nn.Module):
     x = jnp.stack([fwd_x, bwd_x]).astype(jnp.float32)  # [2, B, T, P]
     mask = jnp.stack([fwd_mask, bwd_mask]).astype(bool)  # [2, B, T]
     mask_t = jnp.transpose(mask, (2, 0, 1))  # [T, 2, B]
-    forget_bias = FORGET_BIAS if cfg.implicit_forget_bias else 0.0
-    forget = jnp.zeros((4 * hidden,), jnp.float32).at[2 * hidden:3 * hidden].set(forget_bias)
+    forget = forget_gate_bias(cfg)
     outputs, cs, hs = [], [], []
     for k in range(cfg.n_layers):
       in_dim = x.shape[-1]
-      weights = [LSTMWeights(in_dim, hidden, cfg.projection_dim, name=f"{d}_layer_{k}")()
-                 for d in ("forward", "backward")]
-      w, b, w_p = (jnp.stack(t) for t in zip(*weights))  # [2, ...]
+      weights_k = [LSTMWeights(in_dim, hidden, cfg.projection_dim, name=f"{d}_layer_{k}")()
+                   for d in ("forward", "backward")]
+      w, b, w_p = (jnp.stack(t) for t in zip(*weights_k))  # [2, ...]
       inp = x
       if self.dropout_rate > 0.0:
         inp = Dropout(self.dropout_rate)(inp, deterministic, rows, batch_axis=1)
@@ -290,8 +291,9 @@ class BiLSTMStack(nn.Module):
         out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], cfg.cell_clip, cfg.proj_clip,
                                 self.dtype, self.unroll, **extra)
       else:
-        out, (c, h) = lstm_steps(jnp.transpose(inp, (2, 0, 1, 3)), w, b + forget, w_p, mask_t, c0[k], h0[k],
-                                 n_steps, cfg.cell_clip, cfg.proj_clip, self.dtype)
+        layer = weights[k] if weights is not None else stack_layer(*weights_k, forget)
+        out, (c, h) = lstm_steps(jnp.transpose(inp, (2, 0, 1, 3)), layer, mask_t, c0[k], h0[k], n_steps,
+                                 cfg.cell_clip, cfg.proj_clip, self.dtype)
       out = jnp.transpose(out, (1, 2, 0, 3))  # [2, B, T, P]
       if cfg.use_skip_connections and k > 0:
         out = out + jnp.where(mask[..., None], inp, 0.0)
@@ -300,3 +302,21 @@ class BiLSTMStack(nn.Module):
       hs.append(h)
       x = out
     return jnp.stack(outputs), (jnp.stack(cs), jnp.stack(hs))
+
+
+def forget_gate_bias(config: BiLMConfig) -> jax.Array:
+  """[4H]: FORGET_BIAS on the forget gate's quarter where the cell adds it (bilm-tf's), else zeros."""
+  hidden = config.lstm_dim
+  forget_bias = FORGET_BIAS if config.implicit_forget_bias else 0.0
+  return jnp.zeros((4 * hidden,), jnp.float32).at[2 * hidden:3 * hidden].set(forget_bias)
+
+
+def stacked_weights(lstm_params: Any, config: BiLMConfig) -> tuple[StepWeights, ...]:
+  """Every layer's `StepWeights` from a biLM's `params["lstm"]`: made once, they spare each inference call the
+  copy that stacking the directions and splitting W_0 costs (`BiLSTMStack(weights=...)`; 268 MB a layer in the
+  `original` preset)."""
+  forget = forget_gate_bias(config)
+  def cell(name):
+    return tuple(lstm_params[name][n] for n in ("W_0", "B", "W_P_0"))
+  return tuple(stack_layer(cell(f"forward_layer_{k}"), cell(f"backward_layer_{k}"), forget)
+               for k in range(config.n_layers))

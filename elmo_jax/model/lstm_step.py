@@ -82,12 +82,29 @@ HOIST_MAX_ROWS = 8
 HOIST_CHUNK = 32
 
 
-def lstm_steps(x, w, bias, w_p, mask, c0, h0, n_steps, cell_clip=None, proj_clip=None, dtype=jnp.float32):
+class StepWeights(NamedTuple):
+  """One layer's weights as `lstm_steps` reads them, both directions stacked (direction 0 = forward)."""
+  w_x: jax.Array  # [2, I, 4H]: W_0's input rows
+  w_h: jax.Array  # [2, P, 4H]: W_0's recurrent rows
+  w_p: jax.Array  # [2, H, P]: W_P_0
+  bias: jax.Array  # [2, 4H]: B + the forget bias
+
+
+def stack_layer(forward: tuple[jax.Array, jax.Array, jax.Array], backward: tuple[jax.Array, jax.Array, jax.Array],
+                forget: jax.Array) -> StepWeights:
+  """A layer's (W_0 [I + P, 4H], B [4H], W_P_0 [H, P]) of each direction and the forget bias [4H] -> its
+  `StepWeights`: one copy of every weight. Made once per call inside a program, or once per model
+  (`lstm.stacked_weights`) by a caller that runs many (the Embedder)."""
+  in_dim = forward[0].shape[0] - forward[2].shape[1]
+  w, b, w_p = (jnp.stack(t) for t in zip(forward, backward))
+  return StepWeights(w[:, :in_dim], w[:, in_dim:], w_p, b + forget)
+
+
+def lstm_steps(x, weights: StepWeights, mask, c0, h0, n_steps, cell_clip=None, proj_clip=None, dtype=jnp.float32):
   """Inference form of `lstm_scan`: the first `n_steps` steps only.
 
   Args:
-    x: [T, D, B, I] inputs; w: [D, I + P, 4H] (W_0: input rows, then recurrent); bias: [D, 4H] incl. the
-      forget bias; w_p, mask, c0, h0: as `lstm_scan`.
+    x: [T, D, B, I] inputs; weights: the layer's `StepWeights`; mask, c0, h0: as `lstm_scan`.
     n_steps: int scalar (may be traced); every step from it on must be padding in every row. Those are
       skipped (a loop with a run-time trip count) with the same result: outputs 0, state unchanged.
   Returns:
@@ -98,38 +115,41 @@ def lstm_steps(x, w, bias, w_p, mask, c0, h0, n_steps, cell_clip=None, proj_clip
   materialises the [T, D, B, 4H] gate inputs (at inference batch sizes hundreds of MB, which made the pass
   memory-bound and set its peak RSS).
   """
-  args = (x, w, bias, w_p, mask, c0, h0, n_steps, cell_clip or None, proj_clip or None, dtype)
+  args = (x, weights, mask, c0, h0, n_steps)
+  static = (cell_clip or None, proj_clip or None, dtype)
   rows = x.shape[2]
   if isinstance(rows, int):
-    return (_hoisted_steps if rows <= HOIST_MAX_ROWS else _fused_steps)(*args)
+    return (_hoisted_steps if rows <= HOIST_MAX_ROWS else _fused_steps)(*args, *static)
   # a symbolic batch (an exported program): the same choice, made when it runs
-  return jax.lax.cond(jnp.asarray(rows) <= HOIST_MAX_ROWS, lambda a: _hoisted_steps(*a, *args[8:]),
-                      lambda a: _fused_steps(*a, *args[8:]), args[:8])
+  return jax.lax.cond(jnp.asarray(rows) <= HOIST_MAX_ROWS, lambda a: _hoisted_steps(*a, *static),
+                      lambda a: _fused_steps(*a, *static), args)
 
 
-def _fused_steps(x, w, bias, w_p, mask, c0, h0, n_steps, cell_clip, proj_clip, dtype):
+def _fused_steps(x, weights, mask, c0, h0, n_steps, cell_clip, proj_clip, dtype):
   """`lstm_steps` of many rows: [x_t; h] @ W_0 a step."""
-  step = step_fn(w.astype(dtype), w_p.astype(dtype), cell_clip, proj_clip, dtype, False, bias=bias)
+  w = jnp.concatenate([weights.w_x, weights.w_h], axis=1)  # W_0 of both directions, as stored
+  step = step_fn(w.astype(dtype), weights.w_p.astype(dtype), cell_clip, proj_clip, dtype, False, bias=weights.bias)
 
   def body(t, carry):
     state, out = carry
     state, y = step(state, (x[t], mask[t]))
     return state, out.at[t].set(y)
 
-  out = jnp.zeros(x.shape[:-1] + (w_p.shape[-1],), jnp.float32)
+  out = jnp.zeros(x.shape[:-1] + (weights.w_p.shape[-1],), jnp.float32)
   final, out = jax.lax.fori_loop(0, n_steps, body, ((c0, h0), out))
   return out, final
 
 
-def _hoisted_steps(x, w, bias, w_p, mask, c0, h0, n_steps, cell_clip, proj_clip, dtype, chunk=HOIST_CHUNK):
+def _hoisted_steps(x, weights, mask, c0, h0, n_steps, cell_clip, proj_clip, dtype, chunk=HOIST_CHUNK):
   """`lstm_steps` of few rows: per chunk of `chunk` steps, the input gates at once (x @ W_x + bias, in float32;
   with a narrower matmul dtype rounded, the bias added in the step, as `lstm_scan`), then the chunk's steps that
   are not padding, each h @ W_h (`step_fn`, as `lstm_scan`)."""
   time, d, b, in_dim = x.shape
+  proj = weights.w_p.shape[-1]
   wide = jnp.dtype(dtype) == jnp.float32
-  step = step_fn(w[:, in_dim:].astype(dtype), w_p.astype(dtype), cell_clip, proj_clip, dtype, False,
-                  gx_bias=None if wide else bias)
-  w_x = w[:, :in_dim].astype(dtype)
+  step = step_fn(weights.w_h.astype(dtype), weights.w_p.astype(dtype), cell_clip, proj_clip, dtype, False,
+                 gx_bias=None if wide else weights.bias)
+  w_x = weights.w_x.astype(dtype)
   # `chunk` more steps of padding, so a chunk's slice never runs past the end (a symbolic T stays symbolic)
   x = jnp.pad(x, ((0, chunk), (0, 0), (0, 0), (0, 0)))
   mask = jnp.pad(mask, ((0, chunk), (0, 0), (0, 0)))
@@ -143,7 +163,7 @@ def _hoisted_steps(x, w, bias, w_p, mask, c0, h0, n_steps, cell_clip, proj_clip,
     gx = jax.lax.dot_general(jnp.transpose(xs, (1, 0, 2, 3)).reshape(d, chunk * b, in_dim).astype(dtype), w_x,
                              (((2,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32)
     gx = jnp.transpose(gx.reshape(d, chunk, b, -1), (1, 0, 2, 3))  # [C, D, B, 4H]
-    gx = gx + bias[None, :, None] if wide else gx.astype(dtype)
+    gx = gx + weights.bias[None, :, None] if wide else gx.astype(dtype)
     ms = jax.lax.dynamic_slice_in_dim(mask, start, chunk)
 
     def body(t, carry):
@@ -151,10 +171,10 @@ def _hoisted_steps(x, w, bias, w_p, mask, c0, h0, n_steps, cell_clip, proj_clip,
       state, y = step(state, (gx[t], ms[t]))
       return state, ys.at[t].set(y)
 
-    ys = jnp.zeros((chunk, d, b, w_p.shape[-1]), jnp.float32)
+    ys = jnp.zeros((chunk, d, b, proj), jnp.float32)
     state, ys = jax.lax.fori_loop(0, jnp.minimum(chunk, n_steps - start), body, (state, ys))
     return state, jax.lax.dynamic_update_slice_in_dim(out, ys, start, 0)
 
-  out = jnp.zeros((time + chunk, d, b, w_p.shape[-1]), jnp.float32)
+  out = jnp.zeros((time + chunk, d, b, proj), jnp.float32)
   final, out = jax.lax.fori_loop(0, (n_steps + chunk - 1) // chunk, run_chunk, ((c0, h0), out))
   return out[:time], final

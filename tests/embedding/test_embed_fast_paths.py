@@ -61,7 +61,10 @@ def test_embedder_matches_plain_bilm_across_chunks_and_widths():
     np.testing.assert_allclose(got[i], want[i, :, :len(s)], rtol=0, atol=2e-5)
 
 
-def test_lstm_steps_matches_lstm_scan():
+@pytest.mark.parametrize("hoist_max_rows", [8, 0])  # the hoisted form at 3 rows, the fused one
+def test_lstm_steps_matches_lstm_scan(hoist_max_rows, monkeypatch):
+  from elmo_jax.model import lstm_step
+  monkeypatch.setattr(lstm_step, "HOIST_MAX_ROWS", hoist_max_rows)
   rng = np.random.default_rng(0)
   t, d, b, i, h, p = 9, 2, 3, 5, 8, 6
   x = jnp.asarray(rng.normal(size=(t, d, b, i)), jnp.float32)
@@ -74,7 +77,8 @@ def test_lstm_steps_matches_lstm_scan():
   h0 = jnp.asarray(rng.normal(size=(d, b, p)), jnp.float32)
   gx = lstm_mod.input_gates(jnp.transpose(x, (1, 2, 0, 3)), w[:, :i], bias)
   want, (wc, wh) = lstm_mod.lstm_scan(gx, w[:, i:], w_p, mask, c0, h0, 3.0, 3.0)
-  got, (gc, gh) = jax.jit(lambda n: lstm_mod.lstm_steps(x, w, bias, w_p, mask, c0, h0, n, 3.0, 3.0))(7)
+  weights = lstm_step.StepWeights(w[:, :i], w[:, i:], w_p, bias)
+  got, (gc, gh) = jax.jit(lambda n: lstm_mod.lstm_steps(x, weights, mask, c0, h0, n, 3.0, 3.0))(7)
   for a, e in ((got, want), (gc, wc), (gh, wh)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=0, atol=1e-5)
   np.testing.assert_array_equal(np.asarray(gc[:, 2]), np.asarray(c0[:, 2]))  # the empty row kept its state
