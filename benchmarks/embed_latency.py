@@ -19,8 +19,8 @@ the corpus in data/. Per preset, two fresh processes share a new persistent comp
   * with batch size 1, in the same interleaving on the same sentences: `stateful_ms`, the stateful Embedder (one
     sentence a call, like AllenNLP's `Elmo`, stateful by default); `flax_ms`, `load_elmo`'s `Elmo` + a jitted
     `apply` on `batch_to_ids` padded to the Embedder's warm buckets (the Flax API; `ids` and `apply` split);
-  * per row, `by_length`: the same stats per band of the call's longest sentence (1-30, 31-126, 127-510 tokens:
-    the warm time buckets), where `max_over_p50` is the calls' spread at one length, not the mix's lengths.
+  * per row, `by_length`: the same stats per band of the call's longest sentence (1-16, 17-32, 33-64, ... tokens:
+    within a factor of two), where `max_over_p50` is the spread of calls of like length, not the mix's lengths.
 """
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ def baseline(options: dict[str, Any], params: Any, folder: str) -> Any:
     return None
 
 
-# Bands of a call's longest sentence, by the warm Embedder's time buckets (`<S>`/`</S>` take two steps)
-_BANDS = ((1, 30), (31, 126), (127, 510), (511, 1 << 30))
+# Bands of a call's longest sentence, each within a factor of two of length (a call's work grows with it)
+_BANDS = ((1, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 512), (513, 1 << 30))
 
 
 def latency(embeds: dict[str, Callable[[list], Any]], other: Callable[[list], Any] | None, groups: list[list]

@@ -146,9 +146,10 @@ def widths(token_width: int) -> list[int]:
 
 def embed_compact(cnn: Any, char_ids: jax.Array, max_filter_width: int, lead: int = 0,
                   rows: int = COMPACT_ROWS) -> jax.Array:
-  """`cnn(ids [rows, width])` -> `[rows, P]` over the positions of `char_ids [..., token_width]` that hold a token
-  only, `rows` at a time (a loop with a run-time trip count), at the narrowest of `widths` exact for every token
-  of the call: `[..., P]`, unspecified where no token. Inference: not differentiable (reverse mode).
+  """`cnn(ids [rows, width])` -> `[rows, P]` over each distinct token of `char_ids [..., token_width]` once
+  (positions with no token skipped), `rows` tokens at a time (a loop with a run-time trip count), at the narrowest
+  of `widths` exact for every token of the call: `[..., P]`, unspecified where no token. Inference: not
+  differentiable (reverse mode).
 
   Exact for the same reason as the embedder's cut (`embedding/step.char_widths`): every position after a token's
   last char holds the same padding id (whatever the char scheme's), so every conv window that starts there gives
@@ -156,24 +157,32 @@ def embed_compact(cnn: Any, char_ids: jax.Array, max_filter_width: int, lead: in
   is the last position whose id differs from the final position's (`lead` word ids before the chars kept).
   """
   lead_shape, token_width = char_ids.shape[:-1], char_ids.shape[-1]
-  ids = char_ids.reshape(-1, token_width)
+  ids = jnp.asarray(char_ids).reshape(-1, token_width)
   n = ids.shape[0]
   has_token = jnp.any(ids > 0, axis=-1)
-  count = jnp.sum(has_token).astype(jnp.int32)
   differs = ids[:, lead:] != ids[:, -1:]
   n_chars = jnp.where(jnp.any(differs, -1), differs.shape[1] - jnp.argmax(differs[:, ::-1], -1), 0)
   need = lead + jnp.max(jnp.where(has_token, n_chars, 0)) + max_filter_width
   cuts = widths(token_width)
   width = jnp.minimum(jnp.searchsorted(jnp.asarray(cuts), need), len(cuts) - 1)
-  # tokens first, in order; `rows` spare entries point at a dummy row n, dropped at the end
-  order = jnp.concatenate([jnp.argsort(~has_token, stable=True).astype(jnp.int32), jnp.full((rows,), n, jnp.int32)])
-  ids = jnp.concatenate([ids, jnp.zeros((1, token_width), ids.dtype)])
+  # The distinct tokens: positions sorted by (no token, then every id: one sort, each column a key); the first
+  # of each run of equal rows is a distinct token, and they come first in `distinct` (in sorted order).
+  keys = (jnp.logical_not(has_token).astype(jnp.int32),) + tuple(ids[:, j] for j in range(token_width))
+  *_, position = jax.lax.sort(keys + (jnp.arange(n, dtype=jnp.int32),), num_keys=len(keys))
+  sorted_ids = ids[position]
+  first = has_token[position] & jnp.concatenate([jnp.ones((1,), bool), jnp.any(sorted_ids[1:] != sorted_ids[:-1],
+                                                                              -1)])
+  count = jnp.sum(first).astype(jnp.int32)
+  distinct = jnp.concatenate([sorted_ids[jnp.argsort(~first, stable=True)], jnp.zeros((rows, token_width),
+                                                                                      ids.dtype)])
   at_width = [lambda x, w=w: cnn(x[:, :w]).astype(jnp.float32) for w in cuts]
   out_dim = jax.eval_shape(at_width[0], ids[:rows]).shape[-1]
 
   def chunk(k, out):
-    idx = jax.lax.dynamic_slice_in_dim(order, k * rows, rows)
-    return out.at[idx].set(jax.lax.switch(width, at_width, ids[idx]))
+    x = jax.lax.dynamic_slice_in_dim(distinct, k * rows, rows)
+    return jax.lax.dynamic_update_slice_in_dim(out, jax.lax.switch(width, at_width, x), k * rows, 0)
 
-  out = jax.lax.fori_loop(0, (count + rows - 1) // rows, chunk, jnp.zeros((n + 1, out_dim), jnp.float32))
-  return out[:n].reshape(*lead_shape, out_dim)
+  out = jax.lax.fori_loop(0, (count + rows - 1) // rows, chunk, jnp.zeros((n + rows, out_dim), jnp.float32))
+  # each position takes its token's row: the distinct tokens before it in sorted order (a running count)
+  out = jnp.zeros((n, out_dim), jnp.float32).at[position].set(out[jnp.maximum(jnp.cumsum(first) - 1, 0)])
+  return out.reshape(*lead_shape, out_dim)

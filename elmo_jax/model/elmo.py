@@ -25,7 +25,8 @@ class Elmo(nn.Module):
       task's encoder).
     dropout: dropout on each returned representation (AllenNLP default 0.5).
     do_layer_norm: layer-normalise each biLM layer inside the mixes.
-    requires_grad: let gradients flow into the biLM (default False: the biLM is frozen).
+    requires_grad: let gradients flow into the biLM (default False: the biLM is frozen, and runs its inference
+      form: the char CNN over token positions only, the LSTMs over the longest sentence's steps; docs/latency.md).
     scalar_mix_parameters: fixed mix logits (then the mixes are not trained), as in AllenNLP.
     l2_coef: L2 penalty on the mix logits, sown into the "losses" collection.
     stateful: carry each batch row's final LSTM state into the next call (bilm-tf semantics). The state

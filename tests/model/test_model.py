@@ -240,17 +240,17 @@ def test_elmo_requires_grad_reaches_bilm(tiny, ids):
 
 @pytest.mark.parametrize("n_words", [0, 5])
 def test_compact_char_cnn_equals_the_char_cnn_over_every_position(n_words):
-  """`embed_compact` (a frozen biLM's char CNN): only the positions holding a token, 32 at a time (here 45 tokens:
-  two chunks), at the narrowest exact width (a 48-char word needs all 50 ids) -- the CharCNN's values; with a word
-  id before the chars (ELMoForManyLangs) too."""
+  """`embed_compact` (a frozen biLM's char CNN): each distinct token once, 32 at a time (here 65 tokens, 45
+  distinct: two chunks), at the narrowest exact width (a 48-char word needs all 50 ids) -- the CharCNN's values at
+  every position, repeated words included; with a word id before the chars (ELMoForManyLangs) too."""
   from elmo_jax.model import char_cnn
   options = tiny_options()
   if n_words:
     options["char_cnn"]["word_embedding"] = {"n_words": n_words, "dim": 3}
   cfg = BiLMConfig.from_options(options)
   cnn = char_cnn.CharCNN(cfg)
-  sentences = [["a", "bank", "x" * 48, "é"] * 5, ["the"] * 25]
-  ids = chars.batch_to_ids(sentences, pad_to=30)
+  sentences = [["a", "bank", "x" * 48, "é"] * 5, ["the"] * 5 + [f"w{i}" for i in range(40)]]
+  ids = chars.batch_to_ids(sentences, pad_to=50)
   for short in (False, True):  # the widest token 48 chars (50 ids), or 4 (a 16-id cut)
     long_word = (ids == chars.token_to_ids("x" * 48, 50)).all(-1, keepdims=True)
     x = np.where(long_word, chars.token_to_ids("y" * 4, 50), ids) if short else ids
@@ -261,7 +261,7 @@ def test_compact_char_cnn_equals_the_char_cnn_over_every_position(n_words):
     got = np.asarray(jax.jit(lambda p, i: char_cnn.embed_compact(lambda t: cnn.apply(p, t), i, 3, lead=int(
         bool(n_words))))(params, x))
     has = x.any(-1)
-    assert has.sum() == 45
+    assert has.sum() == 65
     np.testing.assert_allclose(got[has], want[has], rtol=0, atol=1e-6)
 
 
