@@ -66,7 +66,7 @@ class BiLM(nn.Module):
   def embed_tokens(self, char_ids: jax.Array, compact: bool = False) -> jax.Array:
     """Context-independent token embeddings: `[..., max_chars]` -> `[..., P]` (0 where no token).
 
-    compact: the char CNN runs over the positions that hold a token only, at the narrowest exact char width
+    compact: the char CNN runs over each distinct token once, at the narrowest exact char width
     (`char_cnn.embed_compact`; inference: not differentiable). The same values to float rounding."""
     mask = jnp.any(char_ids > 0, axis=-1, keepdims=True)
     if compact and not self.is_initializing():
@@ -89,8 +89,8 @@ class BiLM(nn.Module):
         `token_embeddings` [batch, time, P] and `mask` [batch, time] are given (precomputed, e.g. deduped).
       state: initial LSTMState (stateful use) or None for zeros.
       add_bos_eos: wrap each sentence in `<S>`/`</S>` and remove them from the output.
-      skip_padding: inference (not differentiable): the char CNN runs over the positions that hold a token
-        only and the LSTMs stop after the longest row (the same result to float rounding).
+      skip_padding: inference (not differentiable): the char CNN runs over each distinct token once and the
+        LSTMs stop after the longest row (the same result to float rounding).
       lstm_weights: with `skip_padding`, `lstm.stacked_weights(params["lstm"], config)` made ahead (a caller
         that runs many calls), else made in the call.
     Returns:

@@ -26,7 +26,7 @@ class Elmo(nn.Module):
     dropout: dropout on each returned representation (AllenNLP default 0.5).
     do_layer_norm: layer-normalise each biLM layer inside the mixes.
     requires_grad: let gradients flow into the biLM (default False: the biLM is frozen, and runs its inference
-      form: the char CNN over token positions only, the LSTMs over the longest sentence's steps; docs/latency.md).
+      form: the char CNN over each distinct token once, the LSTMs over the longest sentence's steps; docs/latency.md).
     scalar_mix_parameters: fixed mix logits (then the mixes are not trained), as in AllenNLP.
     l2_coef: L2 penalty on the mix logits, sown into the "losses" collection.
     stateful: carry each batch row's final LSTM state into the next call (bilm-tf semantics). The state
@@ -64,7 +64,7 @@ class Elmo(nn.Module):
     frozen = not self.requires_grad
     if frozen:
       # A frozen biLM is a constant to differentiation (its params reach it through stop_gradient), so it runs its
-      # inference form: the char CNN over the positions that hold a token, the LSTMs over the longest sentence's
+      # inference form: the char CNN over each distinct token once, the LSTMs over the longest sentence's
       # steps only -- loops with run-time trip counts, which reverse mode could not differentiate.
       bilm = nn.map_variables(BiLM, "params", lambda v: jax.tree_util.tree_map(jax.lax.stop_gradient, v),
                               init=self.is_initializing(), methods=["__call__", "embed_tokens"]
