@@ -8,6 +8,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from elmo_jax.model import BiLMConfig, BiLSTMStack
 from elmo_jax.model import lstm as lstm_mod
@@ -139,6 +140,7 @@ def test_separate_bias_path_matches_autodiff_in_float32():
     assert scale > 0 and float(jnp.max(jnp.abs(a - e))) <= 1e-5 * scale, name
 
 
+@pytest.mark.slow  # a rerun in a process of its own (the product's code generation)
 def test_per_direction_gates_equal_the_stacked_form_in_bfloat16(request):
   """The bf16 stack's per-direction input projections (`input_gates_split`, a tuple `gx`) give the same loss and
   the same gradients, to the bit on CPU under the product's fusion emitters, as the one [T, D, B, 4H] array

@@ -238,7 +238,7 @@ def test_elmo_requires_grad_reaches_bilm(tiny, ids):
   assert np.any(np.asarray(g["scalar_mix_0"]["scalar_parameters"]) != 0)
 
 
-@pytest.mark.parametrize("n_words", [0, 5])
+@pytest.mark.parametrize("n_words", [0, pytest.param(5, marks=pytest.mark.slow)])
 def test_compact_char_cnn_equals_the_char_cnn_over_every_position(n_words):
   """`embed_compact` (a frozen biLM's char CNN): each distinct token once, 32 at a time (here 65 tokens, 45
   distinct: two chunks), at the narrowest exact width (a 48-char word needs all 50 ids) -- the CharCNN's values at
@@ -265,6 +265,7 @@ def test_compact_char_cnn_equals_the_char_cnn_over_every_position(n_words):
     np.testing.assert_allclose(got[has], want[has], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_frozen_elmo_runs_the_inference_form_with_the_same_values(tiny):
   """A frozen `Elmo` (requires_grad=False) skips padded positions and steps; a fine-tuned one runs them all: the
   same representations to float rounding, on sentences padded far past their lengths."""
