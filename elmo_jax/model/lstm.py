@@ -273,9 +273,8 @@ class BiLSTMStack(nn.Module):
     outputs, cs, hs = [], [], []
     for k in range(cfg.n_layers):
       in_dim = x.shape[-1]
-      weights_k = [LSTMWeights(in_dim, hidden, cfg.projection_dim, name=f"{d}_layer_{k}")()
-                   for d in ("forward", "backward")]
-      w, b, w_p = (jnp.stack(t) for t in zip(*weights_k))  # [2, ...]
+      layer = stack_layer(*[LSTMWeights(in_dim, hidden, cfg.projection_dim, name=f"{d}_layer_{k}")()
+                            for d in ("forward", "backward")], forget)
       inp = x
       if self.dropout_rate > 0.0:
         inp = Dropout(self.dropout_rate)(inp, deterministic, rows, batch_axis=1)
@@ -284,16 +283,15 @@ class BiLSTMStack(nn.Module):
         # projection in that dtype and the bias added in float32 in the step (lstm_scan's `bias`)
         wide = jnp.dtype(self.dtype) == jnp.float32
         if wide:  # float32 calls lstm_scan as it always has
-          gx = input_gates(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype), b + forget)
+          gx = input_gates(inp.astype(self.dtype), layer.w_x.astype(self.dtype), layer.bias)
         else:  # one [T, B, 4H] array per direction
-          gx = input_gates_split(inp.astype(self.dtype), w[:, :in_dim].astype(self.dtype))
-        extra = {} if wide else {"bias": b + forget}
-        out, (c, h) = lstm_scan(gx, w[:, in_dim:], w_p, mask_t, c0[k], h0[k], cfg.cell_clip, cfg.proj_clip,
+          gx = input_gates_split(inp.astype(self.dtype), layer.w_x.astype(self.dtype))
+        extra = {} if wide else {"bias": layer.bias}
+        out, (c, h) = lstm_scan(gx, layer.w_h, layer.w_p, mask_t, c0[k], h0[k], cfg.cell_clip, cfg.proj_clip,
                                 self.dtype, self.unroll, **extra)
-      else:
-        layer = weights[k] if weights is not None else stack_layer(*weights_k, forget)
-        out, (c, h) = lstm_steps(jnp.transpose(inp, (2, 0, 1, 3)), layer, mask_t, c0[k], h0[k], n_steps,
-                                 cfg.cell_clip, cfg.proj_clip, self.dtype)
+      else:  # the layer's weights made ahead where given (the same values, not copied in this call)
+        out, (c, h) = lstm_steps(jnp.transpose(inp, (2, 0, 1, 3)), layer if weights is None else weights[k], mask_t,
+                                 c0[k], h0[k], n_steps, cfg.cell_clip, cfg.proj_clip, self.dtype)
       out = jnp.transpose(out, (1, 2, 0, 3))  # [2, B, T, P]
       if cfg.use_skip_connections and k > 0:
         out = out + jnp.where(mask[..., None], inp, 0.0)

@@ -84,6 +84,26 @@ def test_lstm_steps_matches_lstm_scan(hoist_max_rows, monkeypatch):
   np.testing.assert_array_equal(np.asarray(gc[:, 2]), np.asarray(c0[:, 2]))  # the empty row kept its state
 
 
+def test_lstm_steps_hoisted_in_bfloat16_is_the_bfloat16_scan():
+  """The hoisted form with bfloat16 matmuls rounds x @ W_x and adds the bias in float32 in the step, as the bf16
+  `lstm_scan` does: the same numbers to bf16 rounding (equal on jax 0.10)."""
+  from elmo_jax.model import lstm_step
+  rng = np.random.default_rng(0)
+  t, d, b, i, h, p = 9, 2, 3, 5, 8, 6
+  x = jnp.asarray(rng.normal(size=(t, d, b, i)), jnp.float32)
+  w = jnp.asarray(rng.normal(0, 0.5, size=(d, i + p, 4 * h)), jnp.float32)
+  bias = jnp.asarray(rng.normal(size=(d, 4 * h)), jnp.float32)
+  w_p = jnp.asarray(rng.normal(0, 0.5, size=(d, h, p)), jnp.float32)
+  mask = jnp.asarray(np.arange(t)[:, None, None] < np.array([7, 2, 0])[None, None]).repeat(d, 1)
+  c0, h0 = jnp.zeros((d, b, h)), jnp.zeros((d, b, p))
+  gx = lstm_mod.input_gates_split(jnp.transpose(x, (1, 2, 0, 3)).astype(jnp.bfloat16), w[:, :i].astype(jnp.bfloat16))
+  want, _ = lstm_mod.lstm_scan(gx, w[:, i:], w_p, mask, c0, h0, 3.0, 3.0, jnp.bfloat16, bias=bias)
+  weights = lstm_step.StepWeights(w[:, :i], w[:, i:], w_p, bias)
+  got, _ = jax.jit(lambda n: lstm_mod.lstm_steps(x, weights, mask, c0, h0, n, 3.0, 3.0, jnp.bfloat16))(7)
+  assert b <= lstm_step.HOIST_MAX_ROWS
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=4e-3)
+
+
 def test_compilation_cache_dir_from_environment():
   Embedder.random(tiny_options())
   assert jax.config.jax_compilation_cache_dir == os.environ["ELMO_JAX_CACHE"]
