@@ -169,7 +169,7 @@ def split_pass(embedder: Embedder, sentences, batch_size: int) -> dict[str, Any]
       positions = embedder._steps.put_rows(prepared.positions)
       jax.block_until_ready(embedder._table)
       t.append(time.perf_counter())  # the gather runs with the biLM, in one program
-      layers = jax.block_until_ready(embedder._steps.layers(embedder.params, embedder.lstm_weights, embedder._table,
+      layers = jax.block_until_ready(embedder._steps.layers(embedder.params, embedder.constants, embedder._table,
                                                             positions))
       # pylint: enable=protected-access
       t.append(time.perf_counter())

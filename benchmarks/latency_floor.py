@@ -114,7 +114,7 @@ def typical_split(emb: Any, sentences: list[list[str]], floor: Floor) -> dict[st
     jax.block_until_ready(emb._table)  # pylint: disable=protected-access
     t2 = time.perf_counter()
     table = emb._table  # pylint: disable=protected-access
-    layers = steps.layers(emb.params, emb.lstm_weights, table, steps.put_rows(prepared.positions))
+    layers = steps.layers(emb.params, emb.constants, table, steps.put_rows(prepared.positions))
     jax.block_until_ready(layers)
     t3 = time.perf_counter()
     _ = np.array(np.asarray(layers)[0, :, :len(s)])

@@ -84,7 +84,7 @@ class Embedder:
     self.model = BiLM(self.config, dtype=dtype)
     self._steps = embed_step.steps(self.model, self.mesh)
     self.params = jax.device_put(jax.tree_util.tree_map(jnp.asarray, params), self._steps.replicated)
-    self.lstm_weights = self._steps.lstm_weights(self.params)  # made once, not copied in every call
+    self.constants = self._steps.constants(self.params)  # made once, not in every call
     self._state = None
     self._fingerprint: str | None = None
     self._untrimmed = 0  # batches run since the allocator last handed memory back
@@ -125,7 +125,7 @@ class Embedder:
     batch = self.default_batch_size
     rows = sorted({embed_step.round_rows(min(batch, 1 << k), self.mesh) for k in range(batch.bit_length())})
     state = (lambda n: row_state.grown(None, self.config, n)) if self.stateful else None
-    self._table = self._steps.warm(self.params, self.lstm_weights, self._table, rows, self._time_buckets,
+    self._table = self._steps.warm(self.params, self.constants, self._table, rows, self._time_buckets,
                                    embed_step.widths(self.config.token_width), state, long_sentence.STRETCH,
                                    lambda n: row_state.grown(None, self.config, n))
 
@@ -256,7 +256,7 @@ class Embedder:
     """A long sentence -> `[n_layers + 1, n, 2P]`; stateful, it continues batch row `row`'s state."""
     prepared = self._prepare([sentence], None)  # its tokens through the char CNN as a batch of it alone would
     self._write_new_tokens(prepared)
-    layers, state = long_sentence.embed(self._steps, self.params, self.lstm_weights, self._table,
+    layers, state = long_sentence.embed(self._steps, self.params, self.constants, self._table,
                                         prepared.positions[0, :len(sentence)], self.config,
                                         self._state if self.stateful else None, row)
     self._state = state
@@ -283,11 +283,11 @@ class Embedder:
     self._write_new_tokens(prepared)
     positions = self._steps.put_rows(prepared.positions)
     if not self.stateful:
-      return self._steps.layers(self.params, self.lstm_weights, self._table, positions)
+      return self._steps.layers(self.params, self.constants, self._table, positions)
     n_rows = prepared.positions.shape[0]
     self._state = row_state.grown(self._state, self.config, n_rows)
     state = jax.device_put(row_state.first_rows(self._state, n_rows), self._steps.state_sharding)
-    layers, state = self._steps.layers_stateful(self.params, self.lstm_weights, self._table, positions, state)
+    layers, state = self._steps.layers_stateful(self.params, self.constants, self._table, positions, state)
     self._state = row_state.advanced(self._state, state, prepared.n)  # the rows that held sentences move on
     return layers
 

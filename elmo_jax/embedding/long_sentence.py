@@ -56,7 +56,7 @@ def _place(layers: np.ndarray, start: int, tokens: Any, outputs: Any) -> None:
   layers[1:, bwd, dim:] = outputs[:, 1, real]
 
 
-def embed(steps: embed_step.Steps, params: Any, weights: Any, table: jax.Array, positions: np.ndarray,
+def embed(steps: embed_step.Steps, params: Any, constants: Any, table: jax.Array, positions: np.ndarray,
           config: BiLMConfig, state: row_state.State | None = None, row: int = 0
           ) -> tuple[np.ndarray, row_state.State | None]:
   """One sentence whose tokens sit at table rows `positions [n]` of device 0's table -> its layers
@@ -71,7 +71,7 @@ def embed(steps: embed_step.Steps, params: Any, weights: Any, table: jax.Array, 
   layers = np.zeros((config.n_layers + 1, len(positions), 2 * config.projection_dim), np.float32)
   pending: collections.deque = collections.deque()
   for start, fwd, bwd in readings(positions, rows):
-    tokens, outputs, carried = steps.stretch(params, weights, table, steps.put_rows(fwd), steps.put_rows(bwd),
+    tokens, outputs, carried = steps.stretch(params, constants, table, steps.put_rows(fwd), steps.put_rows(bwd),
                                              carried)
     pending.append((start, tokens, outputs))
     if len(pending) > 1:

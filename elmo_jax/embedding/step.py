@@ -24,8 +24,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elmo_jax.data import chars
 from elmo_jax.model import BiLM
+from elmo_jax.model.bilm import inference_constants
 from elmo_jax.model.char_cnn import widths
-from elmo_jax.model.lstm import stacked_weights
 
 AXIS = "rows"
 _STATE = P(None, None, AXIS)  # LSTMState arrays are [layers, 2, rows, dim]
@@ -144,17 +144,17 @@ class Steps:
   mesh: Mesh
   cnn_into: Callable[..., jax.Array]  # (params, tables [devices, capacity, P], ids [d*R, width], dest [d*R])
   gather: Callable[..., jax.Array]  # (tables, positions [rows, time]) -> [rows, time, P]
-  # `weights`: the LSTMs' `lstm.stacked_weights` of `params`, made once by the Embedder
-  bilm: Callable[..., Any]  # (params, weights, emb, mask [rows, time]) -> layers [rows, n_layers + 1, time, 2P]
-  bilm_stateful: Callable[..., Any]  # (params, weights, emb, mask, state) -> (layers, state)
-  # gather + bilm in one program (one dispatch): (params, weights, tables, positions [rows, time], -1 = no token)
+  # `constants`: the `bilm.inference_constants` of `params`, made once by the Embedder
+  bilm: Callable[..., Any]  # (params, constants, emb, mask [rows, time]) -> layers [rows, n_layers + 1, time, 2P]
+  bilm_stateful: Callable[..., Any]  # (params, constants, emb, mask, state) -> (layers, state)
+  # gather + bilm in one program (one dispatch): (params, constants, tables, positions [rows, time], -1 = no token)
   layers: Callable[..., Any]  # -> layers [rows, n_layers + 1, time, 2P]
   layers_stateful: Callable[..., Any]  # (..., state) -> (layers, state)
-  # one stretch of a long sentence (`long_sentence`): (params, weights, tables, fwd, bwd positions [rows, STRETCH]
+  # one stretch of a long sentence (`long_sentence`): (params, constants, tables, fwd, bwd positions [rows, STRETCH]
   # in each direction's reading order, BOS_ROW / EOS_ROW included, state) -> (tokens [rows, STRETCH, P],
   # outputs [n_layers, 2, rows, STRETCH, P], state)
   stretch: Callable[..., Any]
-  lstm_weights: Callable[..., Any]  # params -> the LSTMs' `lstm.stacked_weights` (each call's `weights`)
+  constants: Callable[..., Any]  # params -> their `bilm.inference_constants` (each call's `constants`)
 
   @property
   def replicated(self) -> NamedSharding:
@@ -172,7 +172,7 @@ class Steps:
     """A host array `[rows, ...]` onto the devices, each its own block (one copy per device, no broadcast)."""
     return jax.device_put(x, self.by_rows)
 
-  def warm(self, params, weights, table: jax.Array, rows: Sequence[int], times: Sequence[int], widths: Sequence[int],
+  def warm(self, params, constants, table: jax.Array, rows: Sequence[int], times: Sequence[int], widths: Sequence[int],
            state: Callable[[int], Any] | None = None, stretch: int = 0,
            state_zeros: Callable[[int], Any] | None = None) -> jax.Array:
     """Compiles (or loads from the persistent compilation cache) every program a call of `rows` x `times`
@@ -187,13 +187,13 @@ class Steps:
     last = None  # one output held at a time: all of them at once would hold ~260 MB (small preset, 64 rows)
     for n, time in ((n, t) for n in rows for t in times):
       positions = put(np.full((n, time), -1, np.int32))
-      out = (self.layers(params, weights, table, positions) if state is None else
-             self.layers_stateful(params, weights, table, positions, jax.device_put(state(n), self.state_sharding)))
+      out = (self.layers(params, constants, table, positions) if state is None else
+             self.layers_stateful(params, constants, table, positions, jax.device_put(state(n), self.state_sharding)))
       jax.block_until_ready(last)  # the one before has run while this one compiled
       last = out
     if stretch:
       none = put(np.full((self.mesh.size, stretch), -1, np.int32))
-      out = self.stretch(params, weights, table, none, none,
+      out = self.stretch(params, constants, table, none, none,
                          jax.device_put(state_zeros(self.mesh.size), self.state_sharding))
       jax.block_until_ready(last)
       last = out
@@ -216,17 +216,17 @@ def steps(model: BiLM, mesh: Mesh) -> Steps:
   def gather(tables, positions):
     return jnp.take(tables[0], positions, axis=0)
 
-  def bilm(params, weights, emb, mask, state=None):
+  def bilm(params, constants, emb, mask, state=None):
     out = model.apply({"params": params}, token_embeddings=emb, mask=mask, state=state, skip_padding=True,
-                      lstm_weights=weights)
+                      constants=constants)
     return out["layers"] if state is None else (out["layers"], out["state"])
 
-  def layers(params, weights, tables, positions, state=None):
+  def layers(params, constants, tables, positions, state=None):
     # the gather's value at a padded slot is never read (the biLM zeroes the slots its mask leaves out)
-    return bilm(params, weights, gather(tables, jnp.maximum(positions, 0)), positions >= 0, state)
+    return bilm(params, constants, gather(tables, jnp.maximum(positions, 0)), positions >= 0, state)
 
-  def stretch(params, weights, tables, fwd, bwd, state):
-    boundary = model.apply({"params": params}, method=BiLM.boundary_embeddings)
+  def stretch(params, constants, tables, fwd, bwd, state):
+    boundary = constants.boundary
 
     def embeddings(positions):  # as `BiLM.__call__` places tokens and boundaries: the same values
       tokens = jnp.take(tables[0], jnp.maximum(positions, 0), axis=0)
@@ -235,8 +235,8 @@ def steps(model: BiLM, mesh: Mesh) -> Steps:
                                                              jnp.where(at >= 0, tokens, 0.0)))
 
     fwd_x = embeddings(fwd)
-    outputs, state = model.apply({"params": params}, fwd_x, embeddings(bwd), fwd != -1, bwd != -1, state, weights,
-                                 method=BiLM.lstm_stretch)
+    outputs, state = model.apply({"params": params}, fwd_x, embeddings(bwd), fwd != -1, bwd != -1, state,
+                                 constants.lstm, method=BiLM.lstm_stretch)
     return fwd_x, outputs, state
 
   # check_vma=False: inference only (no transpose to type), and the LSTM scan's zero initial carry is
@@ -255,4 +255,4 @@ def steps(model: BiLM, mesh: Mesh) -> Steps:
                                       out_specs=(P(AXIS), _STATE))),
       stretch=jax.jit(by_rows(stretch, in_specs=(P(), P(), P(AXIS), P(AXIS), P(AXIS), _STATE),
                               out_specs=(P(AXIS), P(None, None, AXIS), _STATE))),
-      lstm_weights=jax.jit(lambda params: stacked_weights(params["lstm"], model.config)))
+      constants=jax.jit(functools.partial(inference_constants, model)))

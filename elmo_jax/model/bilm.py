@@ -7,7 +7,7 @@ over windows that already contain the boundaries, in each direction's reading or
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,7 @@ from elmo_jax.data import chars
 from elmo_jax.model.char_cnn import CharCNN, embed_compact
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.dropout import Dropout, Rows
-from elmo_jax.model.lstm import BiLSTMStack, LSTMState
+from elmo_jax.model.lstm import BiLSTMStack, LSTMState, stacked_weights
 from elmo_jax.model.lstm_step import StepWeights
 
 
@@ -41,6 +41,14 @@ def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
   idx = jnp.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)
   idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
   return jnp.take_along_axis(x, idx, axis=1)
+
+
+class InferenceConstants(NamedTuple):
+  """What an inference call reads that the params alone decide, made once per params (`inference_constants`)
+  by a caller that runs many calls: a call that made them would run the char CNN's highway layers for two rows
+  (reading all their weights: 32 MB in `small`, 268 MB in `original`) and copy every LSTM weight."""
+  boundary: jax.Array  # [2, P]: `BiLM.boundary_embeddings`, the char CNN's `<S>` and `</S>`
+  lstm: tuple[StepWeights, ...]  # every layer's, `lstm.stacked_weights`
 
 
 class BiLM(nn.Module):
@@ -81,7 +89,7 @@ class BiLM(nn.Module):
   def __call__(self, char_ids: jax.Array | None = None, *, token_embeddings: jax.Array | None = None,
                mask: jax.Array | None = None, state: LSTMState | None = None, add_bos_eos: bool = True,
                deterministic: bool = True, skip_padding: bool = False,
-               lstm_weights: Sequence[StepWeights] | None = None) -> dict[str, Any]:
+               constants: InferenceConstants | None = None) -> dict[str, Any]:
     """Contextual representations of whole sentences.
 
     Args:
@@ -91,8 +99,8 @@ class BiLM(nn.Module):
       add_bos_eos: wrap each sentence in `<S>`/`</S>` and remove them from the output.
       skip_padding: inference (not differentiable): the char CNN runs over each distinct token once and the
         LSTMs stop after the longest row (the same result to float rounding).
-      lstm_weights: with `skip_padding`, `lstm.stacked_weights(params["lstm"], config)` made ahead (a caller
-        that runs many calls), else made in the call.
+      constants: with `skip_padding`, `inference_constants` of these params, made ahead (a caller that runs many
+        calls); else made in the call.
     Returns:
       {"layers": [batch, n_layers + 1, time, 2P] (layer 0 = [tok; tok]), "mask": [batch, time] bool,
        "state": final LSTMState}.
@@ -106,7 +114,7 @@ class BiLM(nn.Module):
     emb = jnp.where(mask[..., None], token_embeddings.astype(jnp.float32), 0.0)
     lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
     if add_bos_eos:
-      bos, eos = self.boundary_embeddings()
+      bos, eos = self.boundary_embeddings() if constants is None else constants.boundary
       batch, time = mask.shape
       t = jnp.arange(time + 2)[None, :, None]
       shifted = jnp.pad(emb, ((0, 0), (1, 1), (0, 0)))
@@ -116,7 +124,8 @@ class BiLM(nn.Module):
       emb = jnp.where(mask[..., None], emb, 0.0)
     bwd = reverse_within_length(emb, lengths)
     n_steps = jnp.max(lengths) if skip_padding else None
-    outputs, new_state = self.lstm(emb, bwd, mask, mask, state, deterministic, n_steps, weights=lstm_weights)
+    outputs, new_state = self.lstm(emb, bwd, mask, mask, state, deterministic, n_steps,
+                                     weights=None if constants is None else constants.lstm)
     fwd_layers = outputs[:, 0]  # [L, B, T, P]
     bwd_layers = jax.vmap(reverse_within_length, in_axes=(0, None))(outputs[:, 1], lengths)
     contextual = jnp.concatenate([fwd_layers, bwd_layers], axis=-1)  # [L, B, T, 2P]
@@ -141,8 +150,8 @@ class BiLM(nn.Module):
     """Both LSTM stacks over one stretch of each direction's reading (inference): `fwd_x`, `bwd_x` [batch, time,
     P] with `<S>`/`</S>` already in place, masks [batch, time] (a prefix of each row), `state` carried in from
     the stretch before. Running a sentence stretch by stretch gives the bits of one run over all of it (the
-    steps are the same, `lstm_steps`). `lstm_weights`: as `__call__`'s. Returns outputs [n_layers, 2, batch, time,
-    P], the state."""
+    steps are the same, `lstm_steps`). `lstm_weights`: `InferenceConstants.lstm`, or None. Returns outputs
+    [n_layers, 2, batch, time, P], the state."""
     n_steps = jnp.maximum(jnp.max(jnp.sum(fwd_mask, 1)), jnp.max(jnp.sum(bwd_mask, 1))).astype(jnp.int32)
     return self.lstm(fwd_x, bwd_x, fwd_mask, bwd_mask, state, True, n_steps, weights=lstm_weights)
 
@@ -190,3 +199,9 @@ class BiLM(nn.Module):
     emb = jnp.take_along_axis(table, idx, axis=1, mode="clip")
     emb = emb.reshape(batch, 2, time, -1)
     return emb[:, 0], emb[:, 1]
+
+
+def inference_constants(model: BiLM, params: Any) -> InferenceConstants:
+  """The `InferenceConstants` of `model` with these params (its "params" collection); jit it."""
+  return InferenceConstants(model.apply({"params": params}, method=BiLM.boundary_embeddings),
+                            stacked_weights(params["lstm"], model.config))

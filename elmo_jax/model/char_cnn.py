@@ -5,7 +5,7 @@ so that weight interop is a reshape, not a translation table.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,9 +18,11 @@ Dtype = Any
 # Char positions the CNN sees for tokens short enough (else all of `token_width`): measured on 2 CPU cores the
 # convolutions cost in proportion to the positions, and most tokens fit in 16.
 CHAR_WIDTHS = (16, 24, 32)
-# Tokens per char-CNN call of `embed_compact` (a sentence's usually in one or two; on 2 CPU cores 32 measured best
-# in the whole program, ahead of 16 and 64 and of a chunk size chosen per call)
-COMPACT_ROWS = 32
+# Tokens per char-CNN call of `embed_compact`: the first size that holds a call's distinct tokens, else chunks of the
+# last. A call costs about the same fixed time (the highway's weights read and packed: ~2.3 ms for `small` on 2 CPU
+# cores) plus ~0.08 ms a row, so 33-64 tokens run faster as one chunk of 64 than as two of 32 (the whole frozen
+# `Elmo`, sentences of 33-64 tokens: p50 19.4 ms vs 21.7 ms); 16 gained nothing.
+COMPACT_ROWS = (32, 64)
 
 
 def _normal(stddev: float):
@@ -145,11 +147,11 @@ def widths(token_width: int) -> list[int]:
 
 
 def embed_compact(cnn: Any, char_ids: jax.Array, max_filter_width: int, lead: int = 0,
-                  rows: int = COMPACT_ROWS) -> jax.Array:
+                  rows: Sequence[int] = COMPACT_ROWS) -> jax.Array:
   """`cnn(ids [rows, width])` -> `[rows, P]` over each distinct token of `char_ids [..., token_width]` once
-  (positions with no token skipped), `rows` tokens at a time (a loop with a run-time trip count), at the narrowest
-  of `widths` exact for every token of the call: `[..., P]`, unspecified where no token. Inference: not
-  differentiable (reverse mode).
+  (positions with no token skipped), in chunks of the first of `rows` that holds them all, else of the last (a loop
+  with a run-time trip count), at the narrowest of `widths` exact for every token of the call: `[..., P]`,
+  unspecified where no token. Inference: not differentiable (reverse mode).
 
   Exact for the same reason as the embedder's cut (`embedding/step.char_widths`): every position after a token's
   last char holds the same padding id (whatever the char scheme's), so every conv window that starts there gives
@@ -173,16 +175,19 @@ def embed_compact(cnn: Any, char_ids: jax.Array, max_filter_width: int, lead: in
   first = has_token[position] & jnp.concatenate([jnp.ones((1,), bool), jnp.any(sorted_ids[1:] != sorted_ids[:-1],
                                                                               -1)])
   count = jnp.sum(first).astype(jnp.int32)
-  distinct = jnp.concatenate([sorted_ids[jnp.argsort(~first, stable=True)], jnp.zeros((rows, token_width),
+  distinct = jnp.concatenate([sorted_ids[jnp.argsort(~first, stable=True)], jnp.zeros((max(rows), token_width),
                                                                                       ids.dtype)])
   at_width = [lambda x, w=w: cnn(x[:, :w]).astype(jnp.float32) for w in cuts]
-  out_dim = jax.eval_shape(at_width[0], ids[:rows]).shape[-1]
+  out_dim = jax.eval_shape(at_width[0], ids[:1]).shape[-1]
 
-  def chunk(k, out):
-    x = jax.lax.dynamic_slice_in_dim(distinct, k * rows, rows)
-    return jax.lax.dynamic_update_slice_in_dim(out, jax.lax.switch(width, at_width, x), k * rows, 0)
+  def run(size):
+    def chunk(k, out):
+      x = jax.lax.dynamic_slice_in_dim(distinct, k * size, size)
+      return jax.lax.dynamic_update_slice_in_dim(out, jax.lax.switch(width, at_width, x), k * size, 0)
+    return lambda: jax.lax.fori_loop(0, (count + size - 1) // size, chunk,
+                                     jnp.zeros((n + max(rows), out_dim), jnp.float32))
 
-  out = jax.lax.fori_loop(0, (count + rows - 1) // rows, chunk, jnp.zeros((n + rows, out_dim), jnp.float32))
+  out = jax.lax.switch(jnp.minimum(jnp.searchsorted(jnp.asarray(rows), count), len(rows) - 1), [run(s) for s in rows])
   # each position takes its token's row: the distinct tokens before it in sorted order (a running count)
   out = jnp.zeros((n, out_dim), jnp.float32).at[position].set(out[jnp.maximum(jnp.cumsum(first) - 1, 0)])
   return out.reshape(*lead_shape, out_dim)

@@ -31,7 +31,6 @@ def plan_embed(options: dict[str, Any], target_spec: str, time_buckets: Sequence
   from elmo_jax.embedding import embedder as embedder_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.plan import train as train_plan  # pylint: disable=g-import-not-at-top
   from elmo_jax.model import BiLM, BiLMConfig  # pylint: disable=g-import-not-at-top
-  from elmo_jax.model import lstm as lstm_lib  # pylint: disable=g-import-not-at-top
 
   compile_ = train_plan._compile  # pylint: disable=protected-access  (the train planner's: OOM is a result)
   target = targets_lib.make_target(target_spec)
@@ -47,14 +46,14 @@ def plan_embed(options: dict[str, Any], target_spec: str, time_buckets: Sequence
   p = config.projection_dim
   table_rows = (cnn_cache_tokens or embedder_lib._CNN_CACHE_TOKENS) + 1  # pylint: disable=protected-access
   table = jax.ShapeDtypeStruct((n, table_rows, p), jnp.float32, sharding=by_rows)  # one per device
-  weights = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-                                   jax.eval_shape(lambda p: lstm_lib.stacked_weights(p["lstm"], config), params))
-  param_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves((params, weights)))
+  constants = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+                                     jax.eval_shape(steps.constants, params))
+  param_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves((params, constants)))
 
   def bilm_hbm(rows: int, time: int):
     emb = jax.ShapeDtypeStruct((rows * n, time, p), jnp.float32, sharding=by_rows)
     mask = jax.ShapeDtypeStruct((rows * n, time), jnp.bool_, sharding=by_rows)
-    _, hbm, fits = compile_(steps.bilm, (params, weights, emb, mask), capacity)
+    _, hbm, fits = compile_(steps.bilm, (params, constants, emb, mask), capacity)
     return hbm, fits
 
   chunk_rows = n * embed_step.CNN_ROWS

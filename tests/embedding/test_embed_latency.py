@@ -149,10 +149,10 @@ def _main_path(emb: Embedder, sentences, batch_size: int, stateful: bool) -> lis
     if stateful:
       state = row_state.grown(state, emb.config, rows)
       first = jax.device_put(row_state.first_rows(state, rows), steps.state_sharding)
-      layers, after = steps.bilm_stateful(emb.params, emb.lstm_weights, tokens, mask, first)
+      layers, after = steps.bilm_stateful(emb.params, emb.constants, tokens, mask, first)
       state = row_state.advanced(state, after, len(chunk))
     else:
-      layers = steps.bilm(emb.params, emb.lstm_weights, tokens, mask)
+      layers = steps.bilm(emb.params, emb.constants, tokens, mask)
     for row, i in enumerate(chunk):
       out[i] = np.asarray(layers)[row, :, :len(sentences[i])]
   return out

@@ -9,7 +9,7 @@ import pytest
 
 from elmo_jax.data import chars
 from elmo_jax.formats import weights as weights_lib
-from elmo_jax.model import BiLM, BiLMConfig, Elmo, zero_state
+from elmo_jax.model import BiLM, BiLMConfig, Elmo, elmo_variables, zero_state
 from elmo_jax.model import lstm as lstm_mod
 
 from tiny import tiny_options
@@ -240,8 +240,8 @@ def test_elmo_requires_grad_reaches_bilm(tiny, ids):
 
 @pytest.mark.parametrize("n_words", [0, pytest.param(5, marks=pytest.mark.slow)])
 def test_compact_char_cnn_equals_the_char_cnn_over_every_position(n_words):
-  """`embed_compact` (a frozen biLM's char CNN): each distinct token once, 32 at a time (here 65 tokens, 45
-  distinct: two chunks), at the narrowest exact width (a 48-char word needs all 50 ids) -- the CharCNN's values at
+  """`embed_compact` (a frozen biLM's char CNN): each distinct token once (here 65 tokens, 45 distinct: one chunk
+  of 64, or two of 32), at the narrowest exact width (a 48-char word needs all 50 ids) -- the CharCNN's values at
   every position, repeated words included; with a word id before the chars (ELMoForManyLangs) too."""
   from elmo_jax.model import char_cnn
   options = tiny_options()
@@ -258,11 +258,12 @@ def test_compact_char_cnn_equals_the_char_cnn_over_every_position(n_words):
       x = np.concatenate([np.where(x.any(-1, keepdims=True), 2, 0), x], -1).astype(np.int32)
     params = jax.jit(cnn.init)(jax.random.key(1), x[:1, :1])
     want = np.asarray(jax.jit(cnn.apply)(params, x))
-    got = np.asarray(jax.jit(lambda p, i: char_cnn.embed_compact(lambda t: cnn.apply(p, t), i, 3, lead=int(
-        bool(n_words))))(params, x))
     has = x.any(-1)
     assert has.sum() == 65
-    np.testing.assert_allclose(got[has], want[has], rtol=0, atol=1e-6)
+    for rows in (char_cnn.COMPACT_ROWS, (16, 32)):
+      got = np.asarray(jax.jit(lambda p, i, rows=rows: char_cnn.embed_compact(
+          lambda t: cnn.apply(p, t), i, 3, lead=int(bool(n_words)), rows=rows))(params, x))
+      np.testing.assert_allclose(got[has], want[has], rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -280,6 +281,14 @@ def test_frozen_elmo_runs_the_inference_form_with_the_same_values(tiny):
     got[requires_grad] = np.asarray(jax.jit(lambda p, x: elmo.apply({"params": p}, x))(params, padded)[
         "elmo_representations"][0])
   np.testing.assert_allclose(got[False], got[True], rtol=0, atol=1e-6)
+  # `elmo_variables` makes a frozen biLM's constants once (<S>/</S>, the LSTM weights laid out): the same values
+  elmo = _elmo(options, dropout=0.0)
+  variables = elmo_variables(elmo, bilm_params)
+  assert set(variables) == {"params", "bilm_constants"}
+  assert variables["bilm_constants"]["boundary"].shape == (2, elmo.config.projection_dim)
+  made = np.asarray(jax.jit(lambda v, x: elmo.apply(v, x))(variables, padded)["elmo_representations"][0])
+  np.testing.assert_allclose(made, got[False], rtol=0, atol=1e-6)
+  assert "bilm_constants" not in elmo_variables(_elmo(options, requires_grad=True), bilm_params)
 
 
 def test_elmo_dropout_only_when_training(tiny, ids):
