@@ -22,7 +22,8 @@ def serve(handler, directory, **attrs):
   server.requests = []
   for key, value in attrs.items():
     setattr(server, key, value)
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  # shutdown() returns at the loop's next poll: socketserver's default of 0.5 s would add that to every test
+  thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
   thread.start()
   try:
     yield server, f"http://127.0.0.1:{server.server_address[1]}"

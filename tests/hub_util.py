@@ -146,7 +146,8 @@ def serve():
   server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HubHandler)
   server.repos, server.tamper, server.requests = {}, set(), []
   server.url = f"http://127.0.0.1:{server.server_address[1]}"
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  # shutdown() returns at the loop's next poll: socketserver's default of 0.5 s would add that to every test
+  thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
   thread.start()
   try:
     yield server

