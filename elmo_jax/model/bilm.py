@@ -99,8 +99,8 @@ class BiLM(nn.Module):
       add_bos_eos: wrap each sentence in `<S>`/`</S>` and remove them from the output.
       skip_padding: inference (not differentiable): the char CNN runs over each distinct token once and the
         LSTMs stop after the longest row (the same result to float rounding).
-      constants: with `skip_padding`, `inference_constants` of these params, made ahead (a caller that runs many
-        calls); else made in the call.
+      constants: `inference_constants` of these params, made ahead by a caller that runs many calls: their
+        `<S>`/`</S>` and (with `skip_padding`) their LSTM weights as the steps read them; else made in the call.
     Returns:
       {"layers": [batch, n_layers + 1, time, 2P] (layer 0 = [tok; tok]), "mask": [batch, time] bool,
        "state": final LSTMState}.
