@@ -7,10 +7,9 @@ Speed: sentences are sorted by length and padded to a few time buckets (`host_ba
 runs through the char CNN once (exact: the CNN sees one token at a time), over fewer char positions when short
 (`embed_step.char_widths`), in fixed chunks, into an on-device token table that outlives the batch
 (`token_cache.TokenRows`); the biLM gathers its tokens from it in the same program. Batch k+1 is prepared and
-dispatched before batch k is copied back. A warm Embedder (the default) compiles every shape at load, or reads
-it from JAX's persistent compilation cache (`compile_cache`), so no call compiles. Every batch is split over
-this process's devices (`devices=`; the programs are in `embed_step`); stateful, `row_state` keeps each row's
-LSTM state.
+dispatched before batch k is copied back. A warm Embedder (the default) compiles every shape at load, or reads it
+from JAX's persistent compilation cache (`compile_cache`), so no call compiles. Every batch is split over this
+process's devices (`devices=`; the programs are in `embed_step`); stateful, `row_state` keeps each row's state.
 """
 from __future__ import annotations
 
@@ -37,7 +36,9 @@ from elmo_jax.runtime import memory
 from elmo_jax.sources import loaded
 from elmo_jax.sources import pretrained
 
-_TRIM_EVERY_BATCHES, _TRIM_AFTER_PASS = 32, 8  # `malloc_trim` (~10 ms): every 32 batches, after a pass of 8+
+# `malloc_trim` (10-100 ms, more the more the heap freed): every 2,048 sentences counted across calls (as often as
+# memory grows, not once every few single-sentence calls) and after a pass of 8+ batches
+_TRIM_EVERY_ROWS, _TRIM_AFTER_PASS = 2048, 8
 _CNN_CACHE_TOKENS = 1 << 15
 DEFAULT_BATCH_SIZE = 64  # sentences per device (stateless) or per batch (stateful: it defines the rows)
 
@@ -85,9 +86,7 @@ class Embedder:
     self._steps = embed_step.steps(self.model, self.mesh)
     self.params = jax.device_put(jax.tree_util.tree_map(jnp.asarray, params), self._steps.replicated)
     self.constants = self._steps.constants(self.params)  # made once, not in every call
-    self._state = None
-    self._fingerprint: str | None = None
-    self._untrimmed = 0  # batches run since the allocator last handed memory back
+    self._state, self._fingerprint, self._untrimmed = None, None, 0  # _untrimmed: sentences since the last trim
     self.token_ids = token_ids
     self._char_ids = chars.CharIdCache(self.config.max_characters_per_token, max_size=200_000, ids_of=token_ids)
     # what the char CNN's width cut must know of the ids (embed_step.char_widths)
@@ -128,6 +127,7 @@ class Embedder:
     self._table = self._steps.warm(self.params, self.constants, self._table, rows, self._time_buckets,
                                    embed_step.widths(self.config.token_width), state, long_sentence.STRETCH,
                                    lambda n: row_state.grown(None, self.config, n))
+    self._untrimmed = self._trimmed(1, 1)  # what compiling freed goes back in the load, not in a call's trim
 
   # --- construction -------------------------------------------------------------------------------------
   @classmethod
@@ -319,8 +319,8 @@ class Embedder:
         continue
       if fresh_every and k % fresh_every == 0:
         self.clear_token_table()
-      self._untrimmed = self._trimmed(_TRIM_EVERY_BATCHES, self._untrimmed + 1)
       chunk = order[start:start + batch_size]
+      self._untrimmed = self._trimmed(_TRIM_EVERY_ROWS, self._untrimmed + len(chunk))
       long = [self._is_long(sentences[i]) for i in chunk]  # their rows run empty here (a state stays as it was)
       prepared = self._prepare([[] if is_long else sentences[i] for i, is_long in zip(chunk, long)],
                                batch_size if full_rows else min(batch_size, 1 << max(0, len(chunk) - 1).bit_length()))
@@ -335,12 +335,12 @@ class Embedder:
         pending = None
     if pending is not None:
       yield pending[0], pending[1], np.asarray(pending[3])[:pending[2]], pending[4]
-    self._untrimmed = self._trimmed(1 if len(order) >= _TRIM_AFTER_PASS * batch_size else _TRIM_EVERY_BATCHES,
+    self._untrimmed = self._trimmed(1 if len(order) >= _TRIM_AFTER_PASS * batch_size else _TRIM_EVERY_ROWS,
                                     self._untrimmed)
 
   @staticmethod
-  def _trimmed(every: int, batches: int) -> int:  # memory handed back once `batches` reach `every`: the count after
-    return batches if batches < every else memory.release_free_memory() or 0
+  def _trimmed(every: int, rows: int) -> int:  # memory handed back once `rows` reach `every`: the count after
+    return rows if rows < every else memory.release_free_memory() or 0
 
   def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None,
                       progress: Any = None) -> list[np.ndarray]:

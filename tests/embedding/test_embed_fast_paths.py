@@ -111,24 +111,29 @@ def test_compilation_cache_dir_from_environment():
 
 
 def test_embedding_hands_freed_memory_back(monkeypatch):
-  """`batches` releases the allocator's free pages every _TRIM_EVERY_BATCHES batches counted across calls and
+  """`batches` releases the allocator's free pages every _TRIM_EVERY_ROWS sentences counted across calls and
   at the end of a pass of _TRIM_AFTER_PASS or more, never after each small call (a trim costs more than a
-  sentence's device time) (elmo_jax/runtime/memory.py); on glibc the call reaches malloc_trim."""
+  sentence's device time) (elmo_jax/runtime/memory.py; a warm load trims once more, test_embed_latency.py); on
+  glibc the call reaches malloc_trim."""
   from elmo_jax.embedding import embedder as embedder_lib
   from elmo_jax.runtime import memory
   calls = []
   monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1))
-  monkeypatch.setattr(embedder_lib, "_TRIM_EVERY_BATCHES", 4)
+  monkeypatch.setattr(embedder_lib, "_TRIM_EVERY_ROWS", 4)
   monkeypatch.setattr(embedder_lib, "_TRIM_AFTER_PASS", 3)
   emb = Embedder.random(tiny_options(), seed=0)
   assert len(emb.embed_sentences([["a", "b"]] * 9, batch_size=1)) == 9
   assert len(calls) == 3  # batches 4 and 8, and the end of a pass of 9 >= 3 batches
   calls.clear()
-  for _ in range(3):  # single-sentence calls: no trim until 4 batches have run since the last
+  for _ in range(3):  # single-sentence calls: no trim until 4 sentences have run since the last
     emb.embed_sentences([["a"]])
   assert not calls
   emb.embed_sentences([["a"]])
   assert len(calls) == 1
+  emb.embed_sentences([["a"], ["b"], ["c"]])  # one batch of three sentences counts three
+  assert len(calls) == 1
+  emb.embed_sentences([["d"]])
+  assert len(calls) == 2
   monkeypatch.undo()
   memory.release_free_memory()  # the real call: a no-op off glibc, never an error
 
