@@ -36,8 +36,7 @@ from elmo_jax.runtime import memory
 from elmo_jax.sources import loaded
 from elmo_jax.sources import pretrained
 
-# `malloc_trim` (10-100 ms, more the more the heap freed): every 2,048 sentences counted across calls (as often as
-# memory grows, not once every few single-sentence calls) and after a pass of 8+ batches
+# `malloc_trim` (10-100 ms): every 2,048 sentences across calls (as memory grows, docs/latency.md), after 8+ batches
 _TRIM_EVERY_ROWS, _TRIM_AFTER_PASS = 2048, 8
 _CNN_CACHE_TOKENS = 1 << 15
 DEFAULT_BATCH_SIZE = 64  # sentences per device (stateless) or per batch (stateful: it defines the rows)
@@ -86,7 +85,7 @@ class Embedder:
     self._steps = embed_step.steps(self.model, self.mesh)
     self.params = jax.device_put(jax.tree_util.tree_map(jnp.asarray, params), self._steps.replicated)
     self.constants = self._steps.constants(self.params)  # made once, not in every call
-    self._state, self._fingerprint, self._untrimmed = None, None, 0  # _untrimmed: sentences since the last trim
+    self._state, self._fingerprint, self._untrimmed = None, None, 0  # _untrimmed: sentences since last trim
     self.token_ids = token_ids
     self._char_ids = chars.CharIdCache(self.config.max_characters_per_token, max_size=200_000, ids_of=token_ids)
     # what the char CNN's width cut must know of the ids (embed_step.char_widths)
@@ -127,7 +126,8 @@ class Embedder:
     self._table = self._steps.warm(self.params, self.constants, self._table, rows, self._time_buckets,
                                    embed_step.widths(self.config.token_width), state, long_sentence.STRETCH,
                                    lambda n: row_state.grown(None, self.config, n))
-    self._untrimmed = self._trimmed(1, 1)  # what compiling freed goes back in the load, not in a call's trim
+    memory.release_free_memory()  # what compiling freed goes back in the load, not in a call's trim
+    self._untrimmed = 0
 
   # --- construction -------------------------------------------------------------------------------------
   @classmethod
