@@ -15,6 +15,8 @@ are answered, new ones get 503, then it exits 0 (a second signal: at once). Need
 """
 from __future__ import annotations
 
+import ipaddress
+import os
 import socket
 import sys
 import time
@@ -28,6 +30,7 @@ from elmo_jax.embedding import host_batch
 from elmo_jax.runtime import memory
 
 FLAGS = flags.FLAGS
+API_KEY_ENV = "ELMO_JAX_API_KEY"
 _STATEFUL = ("--stateful is refused: a server's batch rows are shared by every client, so no row's LSTM state "
              "belongs to one caller; embed a document as one request, or use `elmo-jax embed --stateful`")
 
@@ -42,7 +45,8 @@ def define_flags() -> None:
                       "average (the mean of the layers), top, or a layer index (0: the char CNN's).")
   flags.DEFINE_bool("tokenize", False, "Tokenize text inputs with the trainer's Moses tokenizer (default: split "
                     "at whitespace, as the embed command reads lines).")
-  flags.DEFINE_integer("max_batch_tokens", 4096, "Tokens one device batch gathers at most from queued requests.")
+  flags.DEFINE_integer("max_batch_tokens", 4096, "Tokens one batch gathers at most from queued requests, "
+                       "however many sentences (they are packed end to end into the warm shapes' rows).")
   flags.DEFINE_float("max_wait_ms", 2.0, "Milliseconds a batch waits for more requests under load (never for a "
                      "lone client).")
   flags.DEFINE_integer("max_queue", 256, "Requests waiting at most; past it: 503 with Retry-After.")
@@ -52,9 +56,13 @@ def define_flags() -> None:
                        "the batcher while it does.")
   flags.DEFINE_float("timeout_s", 30.0, "Seconds from a request's arrival to its answer; past them: 504.")
   flags.DEFINE_float("drain_s", 30.0, "Seconds SIGTERM waits for accepted requests before the server exits.")
-  flags.DEFINE_integer("batch_size", None, "Sentences per device in one batch (default 64): the warm shapes' rows.")
+  flags.DEFINE_integer("batch_size", None, "Rows per device in one batch (default 64): the warm shapes' rows, each "
+                       "holding as many sentences as fit end to end.")
   flags.DEFINE_integer("devices", None, "Local devices to split each batch over (default: all of them).")
   flags.DEFINE_bool("stateful", False, "Refused (one line says why): a server is stateless.")
+  flags.DEFINE_string("api_key", None, "A bearer token every request but the health checks must send "
+                      "(`Authorization: Bearer KEY`; 401 without it); required when --host is not a loopback address. "
+                      f"Default: ${API_KEY_ENV} (an environment variable is not shown in `ps`, a flag is).")
   flags.DEFINE_bool("access_log", True, "One line per request on stderr.")
   flags.DEFINE_bool("compilation_cache", True, "Read and keep compiled shapes in JAX's persistent compilation "
                     "cache under $ELMO_JAX_CACHE, so the next start is fast.")
@@ -76,6 +84,28 @@ def _check_flags(argv: list[str]) -> None:
       + [(FLAGS["max_wait_ms"], ">= 0 (milliseconds)", lambda x: x >= 0)])
   if FLAGS.port > 65535:
     raise app.UsageError(f"--port must be <= 65535, got {FLAGS.port}")
+
+
+def is_loopback(host: str) -> bool:
+  """Whether `host` (an address or a name) only ever reaches this machine."""
+  if host == "localhost":
+    return True
+  try:
+    return ipaddress.ip_address(host.strip("[]")).is_loopback
+  except ValueError:
+    return False
+
+
+def _api_key() -> str | None:
+  """--api_key, else $ELMO_JAX_API_KEY; off loopback one is required (a copied `--host=0.0.0.0` must not serve the
+  whole network)."""
+  key = FLAGS.api_key if FLAGS.api_key is not None else os.environ.get(API_KEY_ENV)
+  if key is not None and (not key.strip() or key != key.strip() or not key.isprintable()):
+    raise app.UsageError("--api_key (or $ELMO_JAX_API_KEY) must be printable text without surrounding spaces")
+  if not key and not is_loopback(FLAGS.host):
+    raise app.UsageError(f"--host={FLAGS.host} serves beyond this machine: give an API key (--api_key=KEY or "
+                         f"${API_KEY_ENV}; clients send 'Authorization: Bearer KEY'), or bind 127.0.0.1")
+  return key or None
 
 
 def _layer() -> str | int:
@@ -105,6 +135,7 @@ def _bind() -> socket.socket:
 def main(argv: list[str]) -> int:
   _check_flags(argv)
   layer = _layer()
+  api_key = _api_key()
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   try:
@@ -132,7 +163,7 @@ def main(argv: list[str]) -> int:
     tokenize = Tokenizer()
   service = serving.Service(
       embedder, model_name=FLAGS.model_name, layer=layer, tokenize=tokenize, max_tokens=FLAGS.max_tokens,
-      max_body_bytes=FLAGS.max_body_bytes, timeout_s=FLAGS.timeout_s, access_log=FLAGS.access_log,
+      max_body_bytes=FLAGS.max_body_bytes, timeout_s=FLAGS.timeout_s, access_log=FLAGS.access_log, api_key=api_key,
       max_batch_tokens=FLAGS.max_batch_tokens, max_wait_ms=FLAGS.max_wait_ms, max_queue=FLAGS.max_queue)
   config = uvicorn.Config(serving.make_app(service), log_level="warning", access_log=False, lifespan="off",
                           timeout_graceful_shutdown=int(FLAGS.drain_s) + 1)

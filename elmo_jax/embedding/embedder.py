@@ -86,6 +86,8 @@ class Embedder:
     self.params = jax.device_put(jax.tree_util.tree_map(jnp.asarray, params), self._steps.replicated)
     self.constants = self._steps.constants(self.params)  # made once, not in every call
     self._state, self._fingerprint, self._untrimmed = None, None, 0  # _untrimmed: sentences since last trim
+    # LSTM row-steps of the packed batches so far: [run (rows x the fullest row's steps), needed (slots filled)]
+    self.row_steps = [0, 0]
     self.token_ids = token_ids
     self._char_ids = chars.CharIdCache(self.config.max_characters_per_token, max_size=200_000, ids_of=token_ids)
     # what the char CNN's width cut must know of the ids (embed_step.char_widths)
@@ -254,7 +256,7 @@ class Embedder:
 
   def _embed_long(self, sentence: Sequence[str], row: int) -> np.ndarray:
     """A long sentence -> `[n_layers + 1, n, 2P]`; stateful, it continues batch row `row`'s state."""
-    prepared = self._prepare([sentence], None)  # its tokens through the char CNN as a batch of it alone would
+    prepared = self._prepare([sentence], None, bounded=False)  # its tokens through the CNN as a batch of it alone
     self._write_new_tokens(prepared)
     layers, state = long_sentence.embed(self._steps, self.params, self.constants, self._table,
                                         prepared.positions[0, :len(sentence)], self.config,
@@ -262,11 +264,17 @@ class Embedder:
     self._state = state
     return layers
 
-  def _prepare(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None) -> host_batch.Prepared:
-    """Host side of a batch (`host_batch.prepare`), each device's rows against its own token table."""
-    rows = embed_step.round_rows(max(len(sentences), pad_batch_to or 0), self.mesh)
+  def _prepare(self, sentences: Sequence[Sequence[str]], pad_batch_to: int | None,
+               packing: Sequence[Sequence[int]] | None = None, bounded: bool | None = None) -> host_batch.Prepared:
+    """Host side of a batch (`host_batch.prepare`), each device's rows against its own token table. `packing`:
+    the rows' sentences (`host_batch.pack`); None: one sentence a row, laid between its boundaries for the
+    stateless program unless `bounded` is False (the stateful program's form; default: stateless)."""
+    if packing is None and (not self.stateful if bounded is None else bounded):
+      packing = [[i] for i in range(len(sentences))]
+    rows = embed_step.round_rows(max(len(sentences) if packing is None else len(packing), pad_batch_to or 0),
+                                 self.mesh)
     return host_batch.prepare(sentences, rows, self._token_rows, self._char_ids, self._time_buckets,
-                              self._max_width, self._pad)
+                              self._max_width, self._pad, packing)
 
   def _write_new_tokens(self, prepared: host_batch.Prepared) -> None:
     """The batch's new tokens through the char CNN into the table (on device). Runs right after the batch's
@@ -352,6 +360,8 @@ class Embedder:
     """
     batch_size = self.default_batch_size if batch_size is None else batch_size
     sentences = check_sentences(sentences, batch_size)
+    if not self.stateful:
+      return self._embed_packed(sentences, batch_size, progress)
     results: list[np.ndarray | None] = [None] * len(sentences)
     done = 0
     for _, chunk, layers, _ in self.batches(sentences, batch_size):
@@ -363,6 +373,62 @@ class Embedder:
       if progress is not None:
         progress(done)
     return results  # type: ignore[return-value]
+
+  def _embed_packed(self, sentences: Sequence[Sequence[str]], rows: int, progress: Any) -> list[np.ndarray]:
+    """Stateless `embed_sentences`: sentences laid end to end in batches of `rows` rows (`host_batch.pack`), so
+    a batch runs about the steps its tokens need, whatever the mix of lengths and their order; each sentence's
+    layers are cut back out. A sentence past the longest warm bucket runs alone (`long_sentence`). Batch k + 1 is
+    dispatched before batch k is copied back."""
+    results: list[np.ndarray | None] = [None] * len(sentences)
+    empty = np.zeros((self.n_layers, 0, self.output_dim), np.float32)
+    short = []
+    for i, sentence in enumerate(sentences):
+      if not sentence:
+        results[i] = empty.copy()
+      elif not self._is_long(sentence):
+        short.append(i)
+    round_rows = lambda n: embed_step.round_rows(min(rows, 1 << max(0, n - 1).bit_length()), self.mesh)
+    packed = host_batch.pack([len(sentences[i]) for i in short], rows, self._time_buckets[-1] + 2, round_rows)
+    done, pending = 0, None
+    for batch in packed:
+      batch = [[short[j] for j in row] for row in batch]
+      self._untrimmed = self._trimmed(_TRIM_EVERY_ROWS, self._untrimmed + sum(map(len, batch)))
+      prepared = self._prepare(sentences, round_rows(len(batch)), packing=batch)
+      self.row_steps[0] += prepared.positions.shape[0] * int((prepared.positions != -1).sum(1).max())
+      self.row_steps[1] += int((prepared.positions != -1).sum())
+      launched = (batch, self._launch(prepared))
+      if pending is not None:
+        done += self._cut(sentences, *pending, results)
+        if progress is not None:
+          progress(done)
+      pending = launched
+    if pending is not None:
+      done += self._cut(sentences, *pending, results)
+      if progress is not None:
+        progress(done)
+    for i, sentence in enumerate(sentences):
+      if results[i] is None:  # long: in stretches, alone
+        results[i] = self._embed_long(sentence, 0)
+        done += 1
+        if progress is not None:
+          progress(done)
+    self._untrimmed = self._trimmed(1 if len(sentences) >= _TRIM_AFTER_PASS * rows else _TRIM_EVERY_ROWS,
+                                    self._untrimmed)
+    return results  # type: ignore[return-value]
+
+  @staticmethod
+  def _cut(sentences: Sequence[Sequence[str]], batch: list[list[int]], layers: jax.Array,
+           results: list[np.ndarray | None]) -> int:
+    """Each sentence's own layers `[n_layers + 1, n, 2P]` out of a packed batch's (`Steps.layers`: a sentence
+    whose `<S>` is at slot o has its tokens at o .. o + n - 1); returns how many."""
+    out = np.asarray(layers)
+    for r, row in enumerate(batch):
+      at = 0
+      for i in row:
+        n = len(sentences[i])
+        results[i] = np.array(out[r, :, at:at + n])
+        at += n + 2
+    return sum(map(len, batch))
 
   def __call__(self, sentences: Iterable[Sequence[str]], batch_size: int | None = None) -> list[np.ndarray]:
     return self.embed_sentences(sentences, batch_size)

@@ -1,9 +1,11 @@
-"""The host side of an `Embedder` batch: time buckets, token positions against each device's token table,
-and the char ids of the tokens the table does not hold yet, cut into the char CNN's fixed chunks."""
+"""The host side of an `Embedder` batch: sentences packed into rows (`pack`), time buckets, token positions against
+each device's token table, and the char ids of the tokens the table does not hold yet, cut into the char CNN's
+fixed chunks."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -24,10 +26,70 @@ def bucket(n: int, buckets: Sequence[int] = TIME_BUCKETS) -> int:
   return -(-n // top) * top
 
 
+# What one step of a batch costs beyond its rows' work, in rows: the LSTM weights' read (memory-bound at a few
+# rows). The packer's measure of a batch: steps x (rows + STEP_ROWS) per token.
+STEP_ROWS = 3
+_CAPACITY_FACTORS = (1, 1.25, 1.5, 2, 3, 4, 6, 8, 12, 16)  # a row's slots tried: multiples of the longest sentence
+
+
+def pack(lengths: Sequence[int], max_rows: int, max_slots: int, round_rows: Callable[[int], int]
+         ) -> list[list[list[int]]]:
+  """Sentences of `lengths` tokens laid end to end into rows: batches, each a list of rows, each the indices of
+  the sentences it holds in order. A sentence takes its tokens + 2 slots (its `<S>` and `</S>`); a row at most
+  `max_slots` (or the longest sentence's, if more); a batch at most `max_rows` rows, run as `round_rows(rows)`
+  rows for as many steps as its fullest row holds.
+
+  Longest first, best fit (each sentence into the row it fills most, a new row where none has room), for each
+  of a few row lengths from the longest sentence's up; of those, the batch that costs least per token (steps x
+  (rounded rows + `STEP_ROWS`)), the shortest rows on a near tie. Sentences left over start the next batch."""
+  sizes = [n + 2 for n in lengths]
+  remaining = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+  batches = []
+  while remaining:
+    longest = sizes[remaining[0]]
+    caps = sorted({min(max(longest, max_slots), int(longest * f)) for f in _CAPACITY_FACTORS})
+    best = None
+    for cap in caps:
+      rows, fills, rest = _best_fit(remaining, sizes, cap, max_rows)
+      cost = max(fills) * (round_rows(len(rows)) + STEP_ROWS) / sum(fills)
+      if best is None or cost < best[0] * 0.98:
+        best = (cost, rows, rest)
+    batches.append(best[1])
+    remaining = best[2]
+  return batches
+
+
+def _best_fit(order: Sequence[int], sizes: Sequence[int], cap: int, max_rows: int
+              ) -> tuple[list[list[int]], list[int], list[int]]:
+  """`order` (longest first) into at most `max_rows` rows of `cap` slots: (rows, their fills, the indices left
+  over, longest first)."""
+  rows: list[list[int]] = []
+  fills: list[int] = []
+  free: list[tuple[int, int]] = []  # (slots left, row), sorted: the fullest row with room is a bisect away
+  rest = []
+  for i in order:
+    size = sizes[i]
+    at = bisect.bisect_left(free, (size, -1))
+    if at < len(free):
+      left, row = free.pop(at)
+      rows[row].append(i)
+      fills[row] += size
+      if left > size:
+        bisect.insort(free, (left - size, row))
+    elif len(rows) < max_rows:
+      rows.append([i])
+      fills.append(size)
+      if cap > size:
+        bisect.insort(free, (cap - size, len(rows) - 1))
+    else:
+      rest.append(i)
+  return rows, fills, rest
+
+
 @dataclasses.dataclass
 class Prepared:
-  """One batch on the host: sentences [n], `positions` [rows, time] (table rows; -1: no token), char-CNN
-  input chunks."""
+  """One batch on the host: `n` rows that hold sentences, `positions` [rows, time] (table rows, -1: no token;
+  packed: each sentence between `embed_step.BOS_ROW` and `EOS_ROW`), char-CNN input chunks."""
   n: int
   positions: np.ndarray
   chunks: list[np.ndarray]  # [devices * CNN_ROWS, width]: char ids of tokens not yet in their device's table
@@ -40,25 +102,42 @@ class Prepared:
 
 
 def prepare(sentences: Sequence[Sequence[str]], rows: int, token_rows: Sequence[Any], char_ids: Any,
-            time_buckets: Sequence[int], max_width: int, pad: dict[str, int]) -> Prepared:
+            time_buckets: Sequence[int], max_width: int, pad: dict[str, int],
+            packing: Sequence[Sequence[int]] | None = None) -> Prepared:
   """Sentences -> a `Prepared` batch of `rows` rows (a multiple of the devices, one `token_cache.TokenRows`
   each in `token_rows`: device d's rows are block d). `char_ids`: a `chars.CharIdCache`; `max_width`, `pad`:
-  as `embed_step.width_chunks`."""
-  n = len(sentences)
+  as `embed_step.width_chunks`.
+
+  `packing`: row r holds the sentences `packing[r]` (indices into `sentences`; `pack`), each between its
+  boundaries, positions `[rows, bucket + 2]` (the stateless program, `embed_step.Steps.layers`); an empty
+  sentence takes no slot. None: sentence r in row r, no boundaries (the stateful program)."""
+  n = len(sentences) if packing is None else len(packing)
   per_device = rows // len(token_rows)
-  time = bucket(max((len(s) for s in sentences), default=1) or 1, time_buckets)
+  if packing is None:
+    time = bucket(max((len(s) for s in sentences), default=1) or 1, time_buckets)
+  else:
+    slots = max((sum(len(sentences[i]) + 2 for i in row if sentences[i]) for row in packing), default=2)
+    time = bucket(max(slots - 2, 1), time_buckets) + 2
   positions = np.full((rows, time), -1, np.int32)
   chunks = []
   for d, table_rows in enumerate(token_rows):
     block = slice(d * per_device, (d + 1) * per_device)
     index: dict[str, int] = {}  # this device's distinct tokens, in order of first use
     for b in range(block.start, min(block.stop, n)):
-      positions[b, :len(sentences[b])] = [index.setdefault(token, len(index)) for token in sentences[b]]
+      if packing is None:
+        laid = [index.setdefault(token, len(index)) for token in sentences[b]]
+      else:
+        laid = []
+        for i in packing[b]:
+          if sentences[i]:
+            laid += [embed_step.BOS_ROW, *(index.setdefault(token, len(index)) for token in sentences[i]),
+                     embed_step.EOS_ROW]
+      positions[b, :len(laid)] = laid
     tokens = list(index)
     row, new = table_rows.assign(tokens)
     ids = char_ids.many([tokens[u] for u in new])
     chunks.append(embed_step.width_chunks(ids, row[new], max_width, **pad))
     if len(row):
       mine = positions[block]
-      positions[block] = np.where(mine >= 0, row[np.maximum(mine, 0)], -1)
+      positions[block] = np.where(mine >= 0, row[np.maximum(mine, 0)], mine)  # boundaries and -1 stay
   return Prepared(n, positions, *embed_step.stack_chunks(chunks))

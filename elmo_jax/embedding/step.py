@@ -36,7 +36,8 @@ CNN_ROWS = 64  # distinct tokens per char-CNN call: a fixed shape (per width), l
 # 64-row call per width several times over.
 CNN_CHUNK_ROWS = (8, 16, 32, CNN_ROWS)
 PAD_ID = chars.PAD_CHAR + 1  # token_to_ids shifts ids by one
-# A long sentence's positions (`stretch`): table rows, or these for its boundary tokens; -1: no token
+# Packed rows' and a long sentence's positions (`layers`, `stretch`): table rows, or these for a sentence's boundary
+# tokens; -1: no token
 BOS_ROW, EOS_ROW = -2, -3
 
 
@@ -147,9 +148,11 @@ class Steps:
   # `constants`: the `bilm.inference_constants` of `params`, made once by the Embedder
   bilm: Callable[..., Any]  # (params, constants, emb, mask [rows, time]) -> layers [rows, n_layers + 1, time, 2P]
   bilm_stateful: Callable[..., Any]  # (params, constants, emb, mask, state) -> (layers, state)
-  # gather + bilm in one program (one dispatch): (params, constants, tables, positions [rows, time], -1 = no token)
-  layers: Callable[..., Any]  # -> layers [rows, n_layers + 1, time, 2P]
-  layers_stateful: Callable[..., Any]  # (..., state) -> (layers, state)
+  # gather + biLM in one program (one dispatch): (params, constants, tables, positions [rows, time + 2]: packed
+  # rows, table rows between BOS_ROW and EOS_ROW, -1 = no token) -> layers [rows, n_layers + 1, time, 2P] (`pack`)
+  layers: Callable[..., Any]
+  # stateful, one sentence a row: (params, constants, tables, positions [rows, time], -1 = no token, state)
+  layers_stateful: Callable[..., Any]  # -> (layers [rows, n_layers + 1, time, 2P], state)
   # one stretch of a long sentence (`long_sentence`): (params, constants, tables, fwd, bwd positions [rows, STRETCH]
   # in each direction's reading order, BOS_ROW / EOS_ROW included, state) -> (tokens [rows, STRETCH, P],
   # outputs [n_layers, 2, rows, STRETCH, P], state)
@@ -186,9 +189,11 @@ class Steps:
       table = self.cnn_into(params, table, put(ids), put(np.full(len(ids), np.iinfo(np.int32).max, np.int32)))
     last = None  # one output held at a time: all of them at once would hold ~260 MB (small preset, 64 rows)
     for n, time in ((n, t) for n in rows for t in times):
-      positions = put(np.full((n, time), -1, np.int32))
-      out = (self.layers(params, constants, table, positions) if state is None else
-             self.layers_stateful(params, constants, table, positions, jax.device_put(state(n), self.state_sharding)))
+      if state is None:  # packed rows: two slots more for the first sentence's boundaries
+        out = self.layers(params, constants, table, put(np.full((n, time + 2), -1, np.int32)))
+      else:
+        out = self.layers_stateful(params, constants, table, put(np.full((n, time), -1, np.int32)),
+                                   jax.device_put(state(n), self.state_sharding))
       jax.block_until_ready(last)  # the one before has run while this one compiled
       last = out
     if stretch:
@@ -221,22 +226,30 @@ def steps(model: BiLM, mesh: Mesh) -> Steps:
                       constants=constants)
     return out["layers"] if state is None else (out["layers"], out["state"])
 
-  def layers(params, constants, tables, positions, state=None):
+  def embeddings(tables, positions, boundary):  # as `BiLM.__call__` places tokens and boundaries: the same values
+    tokens = jnp.take(tables[0], jnp.maximum(positions, 0), axis=0)
+    at = positions[..., None]
+    return jnp.where(at == BOS_ROW, boundary[0], jnp.where(at == EOS_ROW, boundary[1],
+                                                           jnp.where(at >= 0, tokens, 0.0)))
+
+  def layers(params, constants, tables, positions):
+    # Packed rows (`pack`): each sentence between its own BOS_ROW and EOS_ROW, several to a row, the LSTMs'
+    # state reset at each (`BiLM.packed`); one sentence a row is the same program. Slot 0 is always a row's
+    # first `<S>`, so the layers are returned from slot 1 on: a sentence whose `<S>` is at slot o has its tokens
+    # at o .. o + n - 1 of the output (one a row: 0 .. n - 1, as `BiLM.__call__` gives them); zeros elsewhere.
+    out = model.apply({"params": params}, embeddings(tables, positions, constants.boundary), positions != -1,
+                      positions == BOS_ROW, positions == EOS_ROW, constants.lstm, method=BiLM.packed)
+    token = positions[:, 1:-1] >= 0
+    return jnp.where(token[:, None, :, None], out[:, :, 1:-1], 0.0)
+
+  def layers_stateful(params, constants, tables, positions, state):
     # the gather's value at a padded slot is never read (the biLM zeroes the slots its mask leaves out)
     return bilm(params, constants, gather(tables, jnp.maximum(positions, 0)), positions >= 0, state)
 
   def stretch(params, constants, tables, fwd, bwd, state):
-    boundary = constants.boundary
-
-    def embeddings(positions):  # as `BiLM.__call__` places tokens and boundaries: the same values
-      tokens = jnp.take(tables[0], jnp.maximum(positions, 0), axis=0)
-      at = positions[..., None]
-      return jnp.where(at == BOS_ROW, boundary[0], jnp.where(at == EOS_ROW, boundary[1],
-                                                             jnp.where(at >= 0, tokens, 0.0)))
-
-    fwd_x = embeddings(fwd)
-    outputs, state = model.apply({"params": params}, fwd_x, embeddings(bwd), fwd != -1, bwd != -1, state,
-                                 constants.lstm, method=BiLM.lstm_stretch)
+    fwd_x = embeddings(tables, fwd, constants.boundary)
+    outputs, state = model.apply({"params": params}, fwd_x, embeddings(tables, bwd, constants.boundary), fwd != -1,
+                                 bwd != -1, state, constants.lstm, method=BiLM.lstm_stretch)
     return fwd_x, outputs, state
 
   # check_vma=False: inference only (no transpose to type), and the LSTM scan's zero initial carry is
@@ -251,7 +264,7 @@ def steps(model: BiLM, mesh: Mesh) -> Steps:
       bilm_stateful=jax.jit(by_rows(bilm, in_specs=(P(), P(), P(AXIS), P(AXIS), _STATE),
                                     out_specs=(P(AXIS), _STATE))),
       layers=jax.jit(by_rows(layers, in_specs=(P(), P(), P(AXIS), P(AXIS)), out_specs=P(AXIS))),
-      layers_stateful=jax.jit(by_rows(layers, in_specs=(P(), P(), P(AXIS), P(AXIS), _STATE),
+      layers_stateful=jax.jit(by_rows(layers_stateful, in_specs=(P(), P(), P(AXIS), P(AXIS), _STATE),
                                       out_specs=(P(AXIS), _STATE))),
       stretch=jax.jit(by_rows(stretch, in_specs=(P(), P(), P(AXIS), P(AXIS), P(AXIS), _STATE),
                               out_specs=(P(AXIS), P(None, None, AXIS), _STATE))),

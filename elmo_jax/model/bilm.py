@@ -155,6 +155,26 @@ class BiLM(nn.Module):
     n_steps = jnp.maximum(jnp.max(jnp.sum(fwd_mask, 1)), jnp.max(jnp.sum(bwd_mask, 1))).astype(jnp.int32)
     return self.lstm(fwd_x, bwd_x, fwd_mask, bwd_mask, state, True, n_steps, weights=lstm_weights)
 
+  def packed(self, x: jax.Array, mask: jax.Array, starts: jax.Array, ends: jax.Array,
+             lstm_weights: Sequence[StepWeights] | None = None) -> jax.Array:
+    """Layers of rows that hold several sentences end to end (inference): `x` [batch, time, P] with each
+    sentence's `<S>` and `</S>` embeddings in place, `mask` [batch, time] (a prefix of each row), `starts` /
+    `ends` [batch, time] bool at each sentence's `<S>` / `</S>`. The forward stacks start from zeros at every
+    `<S>`; the backward stacks read each row reversed, so they meet each sentence at its `</S>`, reversed, and
+    start from zeros there: every sentence gets the numbers a row of its own would give (to float rounding: a
+    row is rounded by its position). Returns `[batch, n_layers + 1, time, 2P]` over every slot, the boundaries'
+    included (layer 0 = [x; x]); the slots past a row's length are zeros."""
+    lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
+    bwd_x, bwd_starts = reverse_within_length(x, lengths), reverse_within_length(ends, lengths)
+    n_steps = jnp.max(lengths)
+    outputs, _ = self.lstm(x, bwd_x, mask, mask, None, True, n_steps, weights=lstm_weights,
+                           resets=(starts & mask, bwd_starts & mask))
+    bwd_layers = jax.vmap(reverse_within_length, in_axes=(0, None))(outputs[:, 1], lengths)
+    contextual = jnp.concatenate([outputs[:, 0], bwd_layers], axis=-1)  # [L, B, T, 2P]
+    x = jnp.where(mask[..., None], x, 0.0)
+    token_layer = jnp.concatenate([x, x], axis=-1)[None]
+    return jnp.transpose(jnp.concatenate([token_layer, contextual], 0), (1, 0, 2, 3))
+
   def lm_windows(self, fwd_char_ids: jax.Array | None, bwd_char_ids: jax.Array | None, state: LSTMState | None = None,
          deterministic: bool = True, *, token_chars: jax.Array | None = None, fwd_index: jax.Array | None = None,
          bwd_index: jax.Array | None = None, rows: Rows = None) -> tuple[jax.Array, jax.Array, LSTMState]:

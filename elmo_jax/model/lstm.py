@@ -248,7 +248,8 @@ class BiLSTMStack(nn.Module):
   @nn.compact
   def __call__(self, fwd_x: jax.Array, bwd_x: jax.Array, fwd_mask: jax.Array, bwd_mask: jax.Array,
                state: LSTMState | None = None, deterministic: bool = True, n_steps: jax.Array | None = None,
-               rows: Rows = None, weights: Sequence[StepWeights] | None = None):
+               rows: Rows = None, weights: Sequence[StepWeights] | None = None,
+               resets: tuple[jax.Array, jax.Array] | None = None):
     """Runs both stacks, each over its own reading order.
 
     Args:
@@ -260,6 +261,8 @@ class BiLSTMStack(nn.Module):
         else they are made from the params in the call.
       rows: where these batch rows sit in the global batch (a data-parallel shard): dropout draws the
         global batch's masks (`dropout.Dropout`).
+      resets: with `n_steps`, (forward, backward) [batch, time] bool in each reading order: the steps where a
+        sentence starts, whose state is zeros (rows packed with several sentences end to end, `lstm_steps`).
     Returns:
       outputs [n_layers, 2, batch, time, P] in reading order, and the final LSTMState.
     """
@@ -269,6 +272,9 @@ class BiLSTMStack(nn.Module):
     x = jnp.stack([fwd_x, bwd_x]).astype(jnp.float32)  # [2, B, T, P]
     mask = jnp.stack([fwd_mask, bwd_mask]).astype(bool)  # [2, B, T]
     mask_t = jnp.transpose(mask, (2, 0, 1))  # [T, 2, B]
+    if resets is not None and n_steps is None:
+      raise ValueError("resets (packed rows) are an inference form: they need n_steps")
+    reset_t = None if resets is None else jnp.transpose(jnp.stack(resets).astype(bool), (2, 0, 1))  # [T, 2, B]
     forget = forget_gate_bias(cfg)
     outputs, cs, hs = [], [], []
     for k in range(cfg.n_layers):
@@ -291,7 +297,7 @@ class BiLSTMStack(nn.Module):
                                 self.dtype, self.unroll, **extra)
       else:  # the layer's weights made ahead where given (the same values, not copied in this call)
         out, (c, h) = lstm_steps(jnp.transpose(inp, (2, 0, 1, 3)), layer if weights is None else weights[k], mask_t,
-                                 c0[k], h0[k], n_steps, cfg.cell_clip, cfg.proj_clip, self.dtype)
+                                 c0[k], h0[k], n_steps, cfg.cell_clip, cfg.proj_clip, self.dtype, reset_t)
       out = jnp.transpose(out, (1, 2, 0, 3))  # [2, B, T, P]
       if cfg.use_skip_connections and k > 0:
         out = out + jnp.where(mask[..., None], inp, 0.0)

@@ -1,7 +1,8 @@
 """One LSTMP step, shared by the training scan (`lstm.lstm_scan`) and the inference loops here (`lstm_steps`).
 
 The step is bilm-tf's cell (see `lstm.py`): gates in TF order (i, j, f, o), cell clip, projection and its clip;
-padded steps leave (c, h) unchanged and output zeros. `lstm_steps` runs the first `n_steps` steps of a sentence
+padded steps leave (c, h) unchanged and output zeros; a reset step (packed rows: a sentence's first step in its
+direction's reading) starts from zeros, as a sentence in a row of its own does. `lstm_steps` runs the first `n_steps` steps of a sentence
 batch for inference, in one of two forms chosen by the rows (`HOIST_MAX_ROWS`), with the same values to float
 rounding.
 """
@@ -39,7 +40,9 @@ def cell_update(si: jax.Array, tj: jax.Array, sf: jax.Array, c_prev: jax.Array, 
 
 
 def step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None, gx_bias=None):
-  """One time step of all directions: ((c, h), (gx_t, mask_t)) -> ((c, h), y_t [, saved values]).
+  """One time step of all directions: ((c, h), (gx_t, mask_t[, reset_t])) -> ((c, h), y_t [, saved values]).
+
+  `reset_t` [D, B] bool (inference on packed rows, `lstm_steps(reset=)`): those rows' (c, h) are zeros before the step.
 
   With `bias`, the inputs are (x_t, mask_t) and w_h is all of W_0: gates = [x_t; h] @ W_0 + bias.
   With `gx_bias` [D, 4H], gx_t is x_t @ W_x in the matmul dtype: gates = gx_t + gx_bias + h @ W_h in float32.
@@ -47,7 +50,10 @@ def step_fn(w_h, w_p, cell_clip, proj_clip, dtype, save, bias=None, gx_bias=None
 
   def step(carry, inputs):
     c, h = carry
-    g, m = inputs
+    g, m = inputs[:2]
+    if len(inputs) == 3:  # a sentence starts here: the state a row of its own would start from
+      fresh = inputs[2][..., None]
+      c, h = jnp.where(fresh, 0.0, c), jnp.where(fresh, 0.0, h)
     if isinstance(g, tuple):  # one [B, 4H] slice per direction (`input_gates_split`)
       g = jnp.stack([gk.astype(jnp.float32) for gk in g])
     if gx_bias is not None:
@@ -100,13 +106,16 @@ def stack_layer(forward: tuple[jax.Array, jax.Array, jax.Array], backward: tuple
   return StepWeights(w[:, :in_dim], w[:, in_dim:], w_p, b + forget)
 
 
-def lstm_steps(x, weights: StepWeights, mask, c0, h0, n_steps, cell_clip=None, proj_clip=None, dtype=jnp.float32):
+def lstm_steps(x, weights: StepWeights, mask, c0, h0, n_steps, cell_clip=None, proj_clip=None, dtype=jnp.float32,
+               reset=None):
   """Inference form of `lstm_scan`: the first `n_steps` steps only.
 
   Args:
     x: [T, D, B, I] inputs; weights: the layer's `StepWeights`; mask, c0, h0: as `lstm_scan`.
     n_steps: int scalar (may be traced); every step from it on must be padding in every row. Those are
       skipped (a loop with a run-time trip count) with the same result: outputs 0, state unchanged.
+    reset: None, or [T, D, B] bool: the state is zeros before those steps (rows that hold several sentences end
+      to end, each starting in its direction's reading where the one before ended; `step_fn`).
   Returns:
     outputs [T, D, B, P] and the final (c, h), as `lstm_scan`. Not differentiable (reverse mode).
 
@@ -115,7 +124,7 @@ def lstm_steps(x, weights: StepWeights, mask, c0, h0, n_steps, cell_clip=None, p
   materialises the [T, D, B, 4H] gate inputs (at inference batch sizes hundreds of MB, which made the pass
   memory-bound and set its peak RSS).
   """
-  args = (x, weights, mask, c0, h0, n_steps)
+  args = (x, weights, mask, c0, h0, n_steps, reset)
   static = (cell_clip or None, proj_clip or None, dtype)
   rows = x.shape[2]
   if isinstance(rows, int):
@@ -125,14 +134,14 @@ def lstm_steps(x, weights: StepWeights, mask, c0, h0, n_steps, cell_clip=None, p
                       lambda a: _fused_steps(*a, *static), args)
 
 
-def _fused_steps(x, weights, mask, c0, h0, n_steps, cell_clip, proj_clip, dtype):
+def _fused_steps(x, weights, mask, c0, h0, n_steps, reset, cell_clip, proj_clip, dtype):
   """`lstm_steps` of many rows: [x_t; h] @ W_0 a step."""
   w = jnp.concatenate([weights.w_x, weights.w_h], axis=1)  # W_0 of both directions, as stored
   step = step_fn(w.astype(dtype), weights.w_p.astype(dtype), cell_clip, proj_clip, dtype, False, bias=weights.bias)
 
   def body(t, carry):
     state, out = carry
-    state, y = step(state, (x[t], mask[t]))
+    state, y = step(state, (x[t], mask[t]) if reset is None else (x[t], mask[t], reset[t]))
     return state, out.at[t].set(y)
 
   out = jnp.zeros(x.shape[:-1] + (weights.w_p.shape[-1],), jnp.float32)
@@ -140,7 +149,7 @@ def _fused_steps(x, weights, mask, c0, h0, n_steps, cell_clip, proj_clip, dtype)
   return out, final
 
 
-def _hoisted_steps(x, weights, mask, c0, h0, n_steps, cell_clip, proj_clip, dtype, chunk=HOIST_CHUNK):
+def _hoisted_steps(x, weights, mask, c0, h0, n_steps, reset, cell_clip, proj_clip, dtype, chunk=HOIST_CHUNK):
   """`lstm_steps` of few rows: per chunk of `chunk` steps, the input gates at once (x @ W_x + bias, in float32;
   with a narrower matmul dtype rounded, the bias added in the step, as `lstm_scan`), then the chunk's steps that
   are not padding, each h @ W_h (`step_fn`, as `lstm_scan`)."""
@@ -153,6 +162,8 @@ def _hoisted_steps(x, weights, mask, c0, h0, n_steps, cell_clip, proj_clip, dtyp
   # `chunk` more steps of padding, so a chunk's slice never runs past the end (a symbolic T stays symbolic)
   x = jnp.pad(x, ((0, chunk), (0, 0), (0, 0), (0, 0)))
   mask = jnp.pad(mask, ((0, chunk), (0, 0), (0, 0)))
+  if reset is not None:
+    reset = jnp.pad(reset, ((0, chunk), (0, 0), (0, 0)))
 
   def run_chunk(k, carry):
     state, out = carry
@@ -165,10 +176,11 @@ def _hoisted_steps(x, weights, mask, c0, h0, n_steps, cell_clip, proj_clip, dtyp
     gx = jnp.transpose(gx.reshape(d, chunk, b, -1), (1, 0, 2, 3))  # [C, D, B, 4H]
     gx = gx + weights.bias[None, :, None] if wide else gx.astype(dtype)
     ms = jax.lax.dynamic_slice_in_dim(mask, start, chunk)
+    rs = None if reset is None else jax.lax.dynamic_slice_in_dim(reset, start, chunk)
 
     def body(t, carry):
       state, ys = carry
-      state, y = step(state, (gx[t], ms[t]))
+      state, y = step(state, (gx[t], ms[t]) if rs is None else (gx[t], ms[t], rs[t]))
       return state, ys.at[t].set(y)
 
     ys = jnp.zeros((chunk, d, b, proj), jnp.float32)

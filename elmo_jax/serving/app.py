@@ -4,14 +4,17 @@
     app = make_app(Service(embedder, model_name="elmo"))   # uvicorn runs it (elmo_jax/cli/serve.py)
 
 Every failure is an HTTP status and a one-line JSON error, and the server stays up: 400 for a malformed request,
-404 for another model's name or an unknown route, 413 for a body over `max_body_bytes` or a sentence over
-`max_tokens`, 503 with Retry-After for a full queue or while draining, 504 past `timeout_s`. One access-log line
-per request on stderr.
+401 without the server's API key (`api_key`: a bearer token; the health routes need none), 404 for another model's
+name or an unknown route, 413 for a body over `max_body_bytes` or a sentence over `max_tokens`, 503 with
+Retry-After for a full queue or while draining, 504 past `timeout_s`. An answer's headers say where its time went,
+in milliseconds, as TEI's do: `x-queue-time` (waiting for its batch), `x-inference-time` (its batch), `x-total-time`
+(from arrival to answer). One access-log line per request on stderr.
 """
 from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import importlib.metadata
 import json
 import sys
@@ -51,16 +54,18 @@ class Service:
     max_body_bytes: the largest body (413 past it).
     timeout_s: seconds from a request's arrival to its answer (504 past them).
     access_log: one line per request on stderr.
+    api_key: None (every client is served), or the bearer token every route but health needs (401 without it).
     **batching: `Batcher`'s keyword arguments (max_batch_tokens, max_wait_ms, max_queue).
   """
 
   def __init__(self, embedder: Any, *, model_name: str = "elmo", layer: Any = "average",
                tokenize: Callable[[str], list[str]] = str.split, max_tokens: int = 512,
                max_body_bytes: int = 8 << 20, timeout_s: float = 30.0, access_log: bool = True,
-               **batching: Any):
+               api_key: str | None = None, **batching: Any):
     self.embedder, self.model_name, self.layer, self.tokenize = embedder, model_name, layer, tokenize
     self.max_tokens, self.max_body_bytes, self.timeout_s = max_tokens, max_body_bytes, timeout_s
     self.access_log = access_log
+    self.api_key = api_key
     self.metrics = Metrics()
     self.batcher = Batcher(embedder, on_batch=self.metrics.observe_batch, **batching)
     self.draining = False
@@ -71,19 +76,25 @@ class Service:
     self.batcher.start()
     self.metrics.ready()
 
-  async def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
-    """Each sentence's layers `[n_layers + 1, n_tokens, 2P]`, batched with other requests' sentences."""
+  async def embed(self, sentences: list[list[str]], timing: dict[str, float] | None = None) -> list[np.ndarray]:
+    """Each sentence's layers `[n_layers + 1, n_tokens, 2P]`, batched with other requests' sentences; `timing`
+    gets the request's `queue_s` and `inference_s` (`Batcher.submit`)."""
     for i, s in enumerate(sentences):
       if len(s) > self.max_tokens:
         raise RequestError(f"sentence {i} has {len(s)} tokens; this server takes at most {self.max_tokens} "
                            "(--max_tokens)", 413)
     if self.draining:
       raise Draining("the server is shutting down")
-    return await asyncio.wait_for(self.batcher.submit(sentences), self.timeout_s)
+    return await asyncio.wait_for(self.batcher.submit(sentences, timing), self.timeout_s)
 
 
 def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
   return Response(json.dumps(value).encode(), status, headers, media_type="application/json")
+
+
+def _timing_headers(timing: dict[str, float]) -> dict[str, str]:
+  """A request's `x-queue-time` and `x-inference-time` (ms), from what its batch recorded."""
+  return {f"x-{name}-time": f"{timing[f'{name}_s'] * 1e3:.3f}" for name in ("queue", "inference") if f"{name}_s" in timing}
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -115,6 +126,7 @@ def _endpoint(name: str, errors: Callable[[str, int], bytes] | None = None):
         service.in_flight -= 1
         service.answered += 1
       seconds = time.perf_counter() - start
+      response.headers["x-total-time"] = f"{seconds * 1e3:.3f}"
       service.metrics.observe_request(name, response.status_code, seconds)
       if service.access_log:
         client = f"{request.client.host}:{request.client.port}" if request.client else "-"
@@ -158,20 +170,22 @@ async def infer(service: Service, request: Request) -> Response:
   _check_model(service, request)
   body = await _read_body(request, service.max_body_bytes)
   sentences, outputs, request_id = v2.parse_infer(body, request.headers.get(v2.HEADER_LENGTH))
-  layers = await service.embed(sentences)
+  timing: dict[str, float] = {}
+  layers = await service.embed(sentences, timing)
   arrays = v2.output_arrays(layers, list(outputs), service.layer)
   content, headers = v2.response(service.model_name, request_id, arrays, outputs)
-  return Response(content, 200, headers)
+  return Response(content, 200, {**headers, **_timing_headers(timing)})
 
 
 @_endpoint("embeddings", openai_api.error_body)
 async def embeddings(service: Service, request: Request) -> Response:
   body = await _read_body(request, service.max_body_bytes)
   sentences, fmt = openai_api.parse(body, service.model_name, service.embedder.output_dim, service.tokenize)
-  layers = await service.embed(sentences)
+  timing: dict[str, float] = {}
+  layers = await service.embed(sentences, timing)
   arrays = v2.output_arrays(layers, ["sentence_vector"], service.layer)
   return Response(openai_api.response(arrays["sentence_vector"], sentences, fmt, service.model_name), 200,
-                  media_type="application/json")
+                  _timing_headers(timing), media_type="application/json")
 
 
 @_endpoint("models")
@@ -217,8 +231,35 @@ async def _not_found(request: Request, exc: Exception) -> Response:
   return _json({"error": f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}"}, status)
 
 
+# Open without the API key: what a load balancer or Kubernetes probes ask (liveness and readiness)
+OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+
+
+class BearerKey:
+  """ASGI middleware: every HTTP request but `OPEN_PATHS` needs `Authorization: Bearer KEY` (compared in constant
+  time: the time of a refusal says nothing of how much of a guess was right); else 401 and one line."""
+
+  def __init__(self, app: Any, key: str):
+    self.app, self._want = app, f"Bearer {key}".encode()
+
+  async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+    if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+      return await self.app(scope, receive, send)
+    given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+    if hmac.compare_digest(given, self._want):
+      return await self.app(scope, receive, send)
+    message = "this server needs its API key: send the header 'Authorization: Bearer KEY' (--api_key)"
+    body = (openai_api.error_body(message, 401) if scope["path"].startswith("/v1/")
+            else json.dumps({"error": message}).encode())
+    await send({"type": "http.response.start", "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"www-authenticate", b'Bearer realm="elmo_jax"')]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def make_app(service: Service) -> Starlette:
-  """The routes over `service` (started and stopped with the app's lifespan)."""
+  """The routes over `service` (started and stopped with the app's lifespan); behind `BearerKey` when the
+  service has an API key."""
   model = "/v2/models/{name}"
   routes = [
       Route("/v2", server_metadata), Route("/v2/health/live", live), Route("/v2/health/ready", ready),
@@ -231,4 +272,6 @@ def make_app(service: Service) -> Starlette:
   ]
   app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_found})
   app.state.service = service
+  if service.api_key:
+    app.add_middleware(BearerKey, key=service.api_key)
   return app

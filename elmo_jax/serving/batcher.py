@@ -6,7 +6,8 @@
 
 One thread owns the Embedder (it is not thread-safe, and one program at a time is what the devices run best): it
 takes the oldest request, then every request already queued behind it until `max_batch_tokens`, and runs them as
-one `embed_sentences` call (sorted by length into the warm Embedder's buckets, split over every local device).
+one `embed_sentences` call: the sentences laid end to end in the rows of the warm shapes (`host_batch.pack`), so a
+batch runs about the LSTM steps its tokens need whatever the mix of lengths, split over every local device.
 Under load it waits up to `max_wait_ms` for as many requests as were outstanding (queued or running) while the last
 batch ran: closed-loop clients whose answers went out together come back into one batch, and two groups of
 clients that would take turns (each waiting for the other's batch, then its own) merge into one; a lone client
@@ -38,6 +39,19 @@ class _Request:
   tokens: int
   future: asyncio.Future
   loop: asyncio.AbstractEventLoop
+  timing: dict[str, float]  # filled by the batch thread before the answer: queue_s, inference_s
+  queued_at: float = dataclasses.field(default_factory=time.perf_counter)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchStats:
+  """What one batch held and cost (the server's metrics)."""
+  requests: int
+  sentences: int
+  tokens: int
+  seconds: float
+  queue_s: tuple[float, ...]  # each request's wait from submit to its batch's start
+  padding: float  # the share of LSTM row-steps that ran on no token (0: none; the Embedder's `row_steps`)
 
 
 class Batcher:
@@ -45,19 +59,18 @@ class Batcher:
 
   Args:
     embedder: a warm `Embedder` (every shape compiled at load): a call never compiles.
-    max_batch_tokens: tokens (over all sentences) one batch gathers at most; a single request larger than this
-      still runs, alone.
+    max_batch_tokens: tokens (over all sentences) one batch gathers at most, however many sentences they make (the
+      Embedder packs them into rows); a single request larger than this still runs, alone.
     max_wait_ms: the longest a batch waits for more requests once it has one (only while more than one request
       was outstanding during the last batch: see the module docstring).
     max_queue: requests waiting at most; one more is refused (`QueueFull`).
-    on_batch: called after each batch with (requests, sentences, tokens, seconds) (the server's metrics).
+    on_batch: called after each batch with its `BatchStats` (the server's metrics).
   """
 
   def __init__(self, embedder: Any, *, max_batch_tokens: int = 4096, max_wait_ms: float = 2.0,
-               max_queue: int = 256, on_batch: Callable[[int, int, int, float], None] | None = None):
+               max_queue: int = 256, on_batch: Callable[[BatchStats], None] | None = None):
     self.embedder = embedder
     self.max_batch_tokens, self.max_wait_s, self.max_queue = max_batch_tokens, max_wait_ms / 1000, max_queue
-    self._max_sentences = embedder.default_batch_size  # the warm shapes' largest row count: no new compile
     self._on_batch = on_batch
     self._queue: collections.deque[_Request] = collections.deque()
     self._cond = threading.Condition()
@@ -81,11 +94,13 @@ class Batcher:
     """Requests waiting (not the batch running)."""
     return len(self._queue)
 
-  def submit(self, sentences: list[list[str]]) -> asyncio.Future:
+  def submit(self, sentences: list[list[str]], timing: dict[str, float] | None = None) -> asyncio.Future:
     """Queues one request (its sentences answered together); returns a future of its layers, one
-    `[n_layers + 1, n_tokens, 2P]` array per sentence. Call from the event loop's thread."""
+    `[n_layers + 1, n_tokens, 2P]` array per sentence. `timing`, if given, gets the request's `queue_s` and
+    `inference_s` (its batch's time) before the future is done. Call from the event loop's thread."""
     loop = asyncio.get_running_loop()
-    request = _Request(sentences, sum(map(len, sentences)), loop.create_future(), loop)
+    request = _Request(sentences, sum(map(len, sentences)), loop.create_future(), loop,
+                       {} if timing is None else timing)
     with self._cond:
       if self._stopped:
         raise Draining("the server is shutting down")
@@ -125,22 +140,21 @@ class Batcher:
     return batch
 
   def _full(self, batch: Sequence[_Request]) -> bool:
-    return (sum(r.tokens for r in batch) >= self.max_batch_tokens
-            or sum(len(r.sentences) for r in batch) >= self._max_sentences)
+    return sum(r.tokens for r in batch) >= self.max_batch_tokens
 
   def _fill(self, batch: Sequence[_Request]) -> list[_Request]:
     """Queued requests that fit beside `batch` (the caller holds the lock); skips those already cancelled."""
-    tokens, rows, added = sum(r.tokens for r in batch), sum(len(r.sentences) for r in batch), []
+    tokens, added = sum(r.tokens for r in batch), []
     while self._queue:
       nxt = self._queue[0]
       if nxt.future.cancelled():  # timed out while queued: never run
         self._queue.popleft()
         self._outstanding -= 1
         continue
-      if tokens + nxt.tokens > self.max_batch_tokens or rows + len(nxt.sentences) > self._max_sentences:
+      if tokens + nxt.tokens > self.max_batch_tokens:
         break
       added.append(self._queue.popleft())
-      tokens, rows = tokens + nxt.tokens, rows + len(nxt.sentences)
+      tokens += nxt.tokens
     return added
 
   def _run(self) -> None:
@@ -157,6 +171,7 @@ class Batcher:
       return
     sentences = [s for r in batch for s in r.sentences]
     start = time.perf_counter()
+    run, needed = getattr(self.embedder, "row_steps", (0, 0))
     try:
       layers = self.embedder.embed_sentences(sentences) if sentences else []
     except Exception as e:  # pylint: disable=broad-except  (answered to each request; the server stays up)
@@ -166,10 +181,15 @@ class Batcher:
     seconds = time.perf_counter() - start
     at = 0
     for r in batch:
+      r.timing.update(queue_s=start - r.queued_at, inference_s=seconds)
       _hand_back(r, layers[at:at + len(r.sentences)], None)
       at += len(r.sentences)
     if self._on_batch is not None:
-      self._on_batch(len(batch), len(sentences), sum(r.tokens for r in batch), seconds)
+      run_after, needed_after = getattr(self.embedder, "row_steps", (0, 0))
+      ran = run_after - run
+      self._on_batch(BatchStats(len(batch), len(sentences), sum(r.tokens for r in batch), seconds,
+                                tuple(start - r.queued_at for r in batch),
+                                1 - (needed_after - needed) / ran if ran else 0.0))
 
 
 def _hand_back(request: _Request, result: list[np.ndarray] | None, error: BaseException | None) -> None:
