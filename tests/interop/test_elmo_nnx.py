@@ -97,6 +97,21 @@ def test_tiny_model_equals_linen_and_refuses_what_it_does_not_take(tmp_path):
     pretrained.load_elmo_nnx(spec, rngs=nnx.Rngs(0), stateful=True)
 
 
+def test_constants_follow_weights_set_after_the_load_and_dropout_draws_its_stream(tmp_path):
+  first, other = (_write_model(tmp_path / name, tiny.tiny_options(), scale) for name, scale in (("a", 0.5), ("b", 0.3)))
+  model = pretrained.load_elmo_nnx(first, rngs=nnx.Rngs(0), dropout=0.5)
+  elmo, variables = pretrained.load_elmo(other, dropout=0.5)
+  nnx.update(model, nnx.state(pretrained.load_elmo_nnx(other, rngs=nnx.Rngs(0), dropout=0.5), BiLMWeight))
+  model.rebuild_constants()
+  _assert_same(_pure(nnx.state(model, BiLMConstant))["bilm_constants"], variables["bilm_constants"])
+  call = nnx.jit(lambda m, x, deterministic: m(x, deterministic), static_argnums=2)
+  _assert_same(call(model, IDS, True), jax.jit(elmo.apply)(variables, IDS))
+  first_draw, second_draw = (np.asarray(call(model, IDS, False)["elmo_representations"][0]) for _ in range(2))
+  assert not np.array_equal(first_draw, second_draw)  # each call takes the stream's next key
+  assert np.any(first_draw == 0) and not np.array_equal(first_draw, np.asarray(call(model, IDS, True)[
+      "elmo_representations"][0]))
+
+
 @pytest.mark.slow  # the small preset's programs compile for seconds
 def test_small_preset_equals_linen(tmp_path):
   spec = _write_model(tmp_path, options_lib.validate(options_lib.preset("small")), 0.05)
@@ -157,7 +172,6 @@ def test_frozen_bilm_stays_exactly_and_the_mix_trains(frozen):
   assert np.any(np.asarray(model.elmo.scalar_mix_0["scalar_parameters"][...]) != 0)
 
 
-@pytest.mark.slow  # the gradient through the whole biLM compiles for seconds
 def test_fine_tuned_bilm_moves_at_its_own_rate(tmp_path):
   model = _tagger(requires_grad=True)
   before = _pure(nnx.state(model, BiLMWeight))
