@@ -386,14 +386,13 @@ def load_elmo(name_or_path: str, *, vocab_to_cache: Sequence[str] | None = None,
 
 def load_elmo_nnx(name_or_path: str, *, rngs, dropout: float = 0.5, l2_coef: float = 0.0,
                   num_output_representations: int = 1, requires_grad: bool = False, **elmo_kwargs):
-  """`load_elmo`'s model as a Flax NNX module (`model.elmo_nnx.ElmoNNX`: linen `Elmo`'s outputs, bit for bit):
-  the biLM's weights are `BiLMWeight`s, which `nnx.Optimizer(model, tx, wrt=nnx.Param)` leaves alone; the mixes
-  are `nnx.Param`. `rngs` (`nnx.Rngs`): its "dropout" stream. More `Elmo` attributes: `elmo_kwargs`."""
-  from elmo_jax.model import BiLMConfig, Elmo  # pylint: disable=g-import-not-at-top
-  from elmo_jax.model.elmo_nnx import ElmoNNX  # pylint: disable=g-import-not-at-top
+  """`load_elmo`'s model as a Flax NNX module (`model.elmo_nnx.ElmoNNX`, linen `Elmo`'s outputs bit for bit): its
+  biLM weights are `BiLMWeight`s, left alone by `nnx.Optimizer(..., wrt=nnx.Param)`; `rngs`: the dropout stream."""
+  from elmo_jax.model import BiLMConfig, Elmo, elmo_nnx  # pylint: disable=g-import-not-at-top
   options, params = load(name_or_path)
-  return ElmoNNX(Elmo(BiLMConfig.from_options(options), dropout=dropout, l2_coef=l2_coef, requires_grad=requires_grad,
-                      num_output_representations=num_output_representations, **elmo_kwargs), params, rngs=rngs)
+  elmo = Elmo(BiLMConfig.from_options(options), dropout=dropout, l2_coef=l2_coef, requires_grad=requires_grad,
+              num_output_representations=num_output_representations, **elmo_kwargs)
+  return elmo_nnx.ElmoNNX(elmo, params, rngs=rngs)
 
 
 __all__ = ["MODELS", "Released", "ResolvedModel", "SourceError", "resolve_model", "resolve", "load", "load_elmo",
