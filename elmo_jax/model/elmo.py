@@ -196,10 +196,15 @@ def elmo_variables(elmo: Elmo, bilm_params: Any, token_cache: np.ndarray | None 
       raise ValueError(f"token cache has shape {token_cache.shape}, expected {want}")
     variables["token_cache"] = {"embedding": jnp.asarray(token_cache, jnp.float32)}
   if not elmo.requires_grad:
-    made = jax.jit(functools.partial(inference_constants, BiLM(cfg, dtype=elmo.dtype)))(params["bilm"])
-    variables["bilm_constants"] = {"boundary": made.boundary,
-                                   "lstm": {f"layer_{k}": w._asdict() for k, w in enumerate(made.lstm)}}
+    variables["bilm_constants"] = bilm_constants(elmo, params["bilm"])
   return variables
+
+
+def bilm_constants(elmo: Elmo, bilm_params: Any) -> dict[str, Any]:
+  """A frozen `elmo`'s "bilm_constants" collection, made from these biLM params (`bilm.inference_constants`):
+  `{"boundary": [2, P], "lstm": {"layer_k": StepWeights as a dict}}`."""
+  made = jax.jit(functools.partial(inference_constants, BiLM(elmo.config, dtype=elmo.dtype)))(bilm_params)
+  return {"boundary": made.boundary, "lstm": {f"layer_{k}": w._asdict() for k, w in enumerate(made.lstm)}}
 
 
 def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:

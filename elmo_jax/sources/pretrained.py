@@ -3,6 +3,7 @@
     model = pretrained.resolve_model("original")                  # downloads once, then works offline
     options_file, weight_file = model.files                       # also: pretrained.resolve("original")
     elmo, variables = pretrained.load_elmo("small", dropout=0.5, l2_coef=1e-3)
+    elmo = pretrained.load_elmo_nnx("small", rngs=nnx.Rngs(0), dropout=0.5)  # the same as a Flax NNX module
     model = loaded.load_model(pretrained.resolve_model("small"))  # options, params, softmax, vocab, ...
 
 A task model's optimizer that keeps the biLM still: `elmo_jax.training.freeze.freeze_bilm`.
@@ -383,5 +384,16 @@ def load_elmo(name_or_path: str, *, vocab_to_cache: Sequence[str] | None = None,
   return elmo, elmo_variables(elmo, params)
 
 
+def load_elmo_nnx(name_or_path: str, *, rngs, dropout: float = 0.5, l2_coef: float = 0.0,
+                  num_output_representations: int = 1, requires_grad: bool = False, **elmo_kwargs):
+  """`load_elmo`'s model as a Flax NNX module (`model.elmo_nnx.ElmoNNX`, linen `Elmo`'s outputs bit for bit): its
+  biLM weights are `BiLMWeight`s, left alone by `nnx.Optimizer(..., wrt=nnx.Param)`; `rngs`: the dropout stream."""
+  from elmo_jax.model import BiLMConfig, Elmo, elmo_nnx  # pylint: disable=g-import-not-at-top
+  options, params = load(name_or_path)
+  elmo = Elmo(BiLMConfig.from_options(options), dropout=dropout, l2_coef=l2_coef, requires_grad=requires_grad,
+              num_output_representations=num_output_representations, **elmo_kwargs)
+  return elmo_nnx.ElmoNNX(elmo, params, rngs=rngs)
+
+
 __all__ = ["MODELS", "Released", "ResolvedModel", "SourceError", "resolve_model", "resolve", "load", "load_elmo",
-           "is_model_spec"]
+           "load_elmo_nnx", "is_model_spec"]
