@@ -217,10 +217,13 @@ def test_load_benchmark_smoke(tmp_path):
     (["--model=x", "--timeout_s=0"], "--timeout_s must be > 0"),
     (["--model=x", "--layer=middle"], "--layer must be average, top or a layer index"),
     (["--model=/nonexistent/model"], "/nonexistent/model"),
+    (["--model=x", "--host=0.0.0.0"], "--host=0.0.0.0 serves beyond this machine: give an API key"),
+    (["--model=x", "--api_key= padded "], "must be printable text without surrounding spaces"),
 ])
 def test_usage_errors_are_one_line(flags, words):
+  env = {k: v for k, v in os.environ.items() if k != "ELMO_JAX_API_KEY"}
   proc = subprocess.run([sys.executable, "-m", "elmo_jax", "serve", "--port=0", *flags], capture_output=True,
-                        text=True, cwd=REPO_ROOT, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                        text=True, cwd=REPO_ROOT, timeout=120, env={**env, "JAX_PLATFORMS": "cpu"})
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode != 0 and len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
 
