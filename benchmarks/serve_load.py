@@ -1,22 +1,29 @@
-"""Load on `elmo-jax serve`: a bounded closed-loop load generator on 127.0.0.1 next to sequential direct calls;
-prints one JSON object.
+"""Load on `elmo-jax serve` and what a batch costs the `Embedder`, in one run: a bounded closed-loop load generator
+on 127.0.0.1 next to sequential direct calls; prints one JSON object.
 
-    python benchmarks/serve_load.py [--preset=small] [--clients=1,4,16] [--requests=600] [--soak_requests=20000]
+    python benchmarks/serve_load.py [--preset=small] [--clients=1,4,16,64] [--requests=600] [--soak_requests=20000]
 
 Random weights of the preset's released shape (speed does not depend on the values) in a temporary model folder,
 real sentences from the corpus in data/, one sentence per request. In order, on one machine:
-  * `direct`: a warm `Embedder` in this process, `embed_sentences([s])` one call after another (`--requests`
-    calls after `--warmup`), with AllenNLP's `Elmo` called the same way interleaved call by call where
-    `--allennlp_path` holds it (`baseline_ms`); sentences per second and ms p50/p95/p99/max;
+  * `direct`: a warm `Embedder` in this process, `embed_sentences([s])` one call after another on sentences it has
+    not seen (`--requests` calls after `--warmup`), with AllenNLP's `Elmo` called the same way interleaved call by
+    call where `--allennlp_path` holds it (`baseline_ms`); sentences per second and ms p50/p95/p99/max;
+    `direct_seen`: the same sentences again (every token already in the token table);
+  * `batches`: the same Embedder, every token in its table: `--batch_rows` (16, 64) different consecutive real
+    sentences in one call (packed into rows), next to the same-length ceiling -- as many copies of one sentence of
+    the groups' mean length in one call (no padding to waste) -- interleaved call by call; sentences/s of each,
+    their ratio, the padding share of the packed calls;
   * `serve`: `python -m elmo_jax serve --model=FOLDER` with its defaults (access log on; `--server_flags` adds
-    flags), its load time, then per client count a closed loop —
-    each client one keep-alive connection, its next request sent when its answer came — of `sentence_vector`
-    requests (JSON): sentences per second, ms percentiles, the mean batch (from `/metrics`); at 1 client also
-    `layers` in the binary extension and in JSON; `http_cost`: the same sentences, warm in both token tables,
-    a direct call and each request kind interleaved (`http_cost_ms`: the requests' p50 minus the direct one);
+    flags), its load time, then per client count a closed loop -- each client one keep-alive connection, its next
+    request sent when its answer came -- of `sentence_vector` requests (JSON) on sentences no phase used:
+    sentences per second, ms percentiles, requests per batch and the padding share of the batches (from
+    `/metrics`), and this load generator's own CPU share (it shares the cores with the server); at 1 client also
+    `layers` in the binary extension and in JSON; `http_cost`: the same sentences, warm in both token tables, a
+    direct call and each request kind interleaved (`http_cost_ms`: the requests' p50 minus the direct one);
   * `soak`: `--soak_requests` more at the highest client count over 2,000 sentences (their tokens new in the
     first quarter only); the server's RSS after the warm-up and after each quarter (`rss_mb`);
   * `direct_again`: the direct calls again (the machine's drift between the two);
+  * `speedup_vs_direct`: each client count's sentences/s over `direct`'s (one run: both sides measured here);
   * `compiles_since_ready` from `/metrics` (0: no request compiled), the load average before and after.
 Every loop is bounded by its request count and `--deadline_s`: the generator stops by itself.
 """
@@ -45,7 +52,9 @@ FLAGS = flags.FLAGS
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 flags.DEFINE_string("preset", "small", "options preset (small | medium | original).")
 flags.DEFINE_string("options_file", None, "an options.json instead of the preset (e.g. a tiny smoke test).")
-flags.DEFINE_list("clients", ["1", "4", "16"], "concurrent clients per level.")
+flags.DEFINE_list("clients", ["1", "4", "16", "64"], "concurrent clients per level.")
+flags.DEFINE_list("batch_rows", ["16", "64"], "sentences per call of the `batches` phase.")
+flags.DEFINE_integer("batch_calls", 30, "timed calls per kind and size in the `batches` phase.")
 flags.DEFINE_integer("requests", 600, "requests per level (and direct calls).")
 flags.DEFINE_integer("warmup", 50, "untimed requests or calls first.")
 flags.DEFINE_integer("soak_requests", 20000, "requests of the RSS soak at the highest client count (0: none).")
@@ -118,6 +127,36 @@ def direct(folder: str, sentences: list[list[str]], with_baseline: bool) -> dict
     out["baseline"] = "allennlp==2.10.1 Elmo (benchmarks/allennlp_baseline.py), stateful as it defaults"
     out["baseline_ms"] = stats(theirs)
     out["baseline_sentences_per_s"] = round(len(theirs) / (sum(theirs) / 1e3), 1)
+  if with_baseline:  # the same sentences again, every token in the table now
+    seen = [clock(lambda: emb.embed_sentences([s])) for s in sentences[FLAGS.warmup:]]
+    out["seen"] = {"ms": stats(seen), "sentences_per_s": round(len(seen) / (sum(seen) / 1e3), 1)}
+    out["batches"] = batches(emb, sentences)
+  return out
+
+
+def batches(emb: Any, sentences: list[list[str]]) -> dict[str, Any]:
+  """Per size k of `--batch_rows`: k different consecutive real sentences in one call, and the same-length ceiling
+  (k copies of one real sentence of the groups' mean length), every token already in the table, interleaved call
+  by call: sentences/s of each, their ratio, the packed calls' padding share (`Embedder.row_steps`)."""
+  out = {}
+  for k in map(int, FLAGS.batch_rows):
+    groups = [[sentences[(i * k + j) % len(sentences)] for j in range(k)] for i in range(FLAGS.batch_calls + 2)]
+    mean = round(float(np.mean([len(s) for g in groups for s in g])))
+    same = [s[:mean] for s in sentences if len(s) >= mean][:len(groups)]
+    same = [[s] * k for s in same]
+    for g in groups[:2] + same[:2]:  # warm: their tokens into the table, the shapes' first runs
+      emb.embed_sentences(g)
+    mixed, ceiling, run, needed = [], [], 0, 0
+    for g, c in zip(groups[2:], same[2:]):
+      before = list(emb.row_steps)
+      mixed.append(clock(lambda: emb.embed_sentences(g)))
+      run, needed = run + emb.row_steps[0] - before[0], needed + emb.row_steps[1] - before[1]
+      ceiling.append(clock(lambda: emb.embed_sentences(c)))
+    rate = lambda ms: round(k / (float(np.median(ms)) / 1e3), 1)
+    out[str(k)] = {"mixed_sentences_per_s": rate(mixed), "ceiling_sentences_per_s": rate(ceiling),
+                   "ratio_to_ceiling": round(rate(mixed) / rate(ceiling), 2), "ceiling_tokens": mean,
+                   "mixed_ms": stats(mixed), "ceiling_ms": stats(ceiling),
+                   "padding_share": round(1 - needed / run, 3) if run else 0.0}
   return out
 
 
@@ -163,14 +202,16 @@ def closed_loop(port: int, sentences: list[list[str]], clients: int, n: int, kin
     conn.close()
 
   threads = [threading.Thread(target=client) for _ in range(clients)]
-  start = time.perf_counter()
+  start, cpu = time.perf_counter(), os.times()
   for t in threads:
     t.start()
   for t in threads:
     t.join()
-  wall = time.perf_counter() - start
+  wall, cpu_after = time.perf_counter() - start, os.times()
+  used = cpu_after.user + cpu_after.system - cpu.user - cpu.system
   return {"clients": clients, "requests": len(latencies), "failures": failures[:10],
-          "sentences_per_s": round(len(latencies) / wall, 1), "ms": stats(latencies)}
+          "sentences_per_s": round(len(latencies) / wall, 1), "ms": stats(latencies),
+          "generator_cpu_share": round(used / wall / os.cpu_count(), 3)}  # of the machine's cores
 
 
 def http_cost(port: int, emb: Any, sentences: list[list[str]]) -> dict[str, Any]:
@@ -210,6 +251,9 @@ def _metric(port: int, name: str) -> float:
   return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
 
 
+_BATCH_METRICS = ("elmo_batch_requests_count", "elmo_batch_padding_ratio_sum", "elmo_batch_padding_ratio_count")
+
+
 def serve(folder: str, fresh: Fresh) -> dict[str, Any]:
   """The server's load, each client level, the 1-client layers rows, the HTTP cost and the soak."""
   log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
@@ -226,10 +270,12 @@ def serve(folder: str, fresh: Fresh) -> dict[str, Any]:
     closed_loop(port, fresh.take(FLAGS.warmup * 4), 4, FLAGS.warmup * 4)
     levels = []
     for clients in map(int, FLAGS.clients):
-      batches = _metric(port, "elmo_batch_requests_count")
+      counts = {n: _metric(port, n) for n in _BATCH_METRICS}
       level = closed_loop(port, fresh.take(FLAGS.requests), clients, FLAGS.requests)
-      level["mean_batch_requests"] = round(level["requests"] / max(_metric(port, "elmo_batch_requests_count")
-                                                                  - batches, 1), 2)
+      delta = {n: _metric(port, n) - counts[n] for n in _BATCH_METRICS}
+      level["mean_batch_requests"] = round(level["requests"] / max(delta["elmo_batch_requests_count"], 1), 2)
+      level["padding_share"] = round(delta["elmo_batch_padding_ratio_sum"]
+                                     / max(delta["elmo_batch_padding_ratio_count"], 1), 3)
       levels.append(level)
     out["levels"] = levels
     for kind in ("layers_binary", "layers_json"):
@@ -276,8 +322,8 @@ def main(argv: Sequence[str]) -> None:
     result["direct"] = direct(folder, fresh.take(FLAGS.warmup + FLAGS.requests), with_baseline=True)
     result["serve"] = serve(folder, fresh)
     result["direct_again"] = direct(folder, fresh.take(FLAGS.warmup + FLAGS.requests), with_baseline=False)
-  top = result["serve"]["levels"][-1]
-  result["speedup_vs_direct"] = round(top["sentences_per_s"] / result["direct"]["sentences_per_s"], 2)
+  result["speedup_vs_direct"] = {str(lv["clients"]): round(lv["sentences_per_s"] / result["direct"]["sentences_per_s"], 2)
+                                 for lv in result["serve"]["levels"]}
   result["http_cost_ms"] = result["serve"]["http_cost"]["cost_p50_ms"]
   result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
   print(json.dumps(result, indent=1))

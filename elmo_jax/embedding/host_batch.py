@@ -28,7 +28,7 @@ def bucket(n: int, buckets: Sequence[int] = TIME_BUCKETS) -> int:
 
 # What one step of a batch costs beyond its rows' work, in rows: the LSTM weights' read (memory-bound at a few
 # rows). The packer's measure of a batch: steps x (rows + STEP_ROWS) per token.
-STEP_ROWS = 3
+STEP_ROWS = 6
 _CAPACITY_FACTORS = (1, 1.25, 1.5, 2, 3, 4, 6, 8, 12, 16)  # a row's slots tried: multiples of the longest sentence
 
 

@@ -168,12 +168,27 @@ def test_warm_path_outputs_are_bit_identical_to_mains_programs(params, warm, sta
   if stateful:
     warm = Embedder(tiny_options(), params, stateful=True, warm=True, batch_size=_BATCH)
   warm.clear_token_table()  # as a new Embedder: the char CNN sees the same chunks
-  got = warm.embed_sentences(sentences)
+  got = _one_a_row(warm, sentences)
   for i, (g, w) in enumerate(zip(got, want)):
     assert g.shape == w.shape and np.array_equal(g, w), f"sentence {i}"
   cold = Embedder(tiny_options(), params, stateful=stateful, warm=False, batch_size=_BATCH)  # the embed command's
-  for i, (g, w) in enumerate(zip(cold.embed_sentences(sentences), want)):
+  for i, (g, w) in enumerate(zip(_one_a_row(cold, sentences), want)):
     assert np.array_equal(g, w), f"sentence {i} (warm=False)"
+  # embed_sentences: stateless, sentences packed end to end in rows (tests/embedding/test_packing.py): a row's
+  # position rounds it; stateful, one sentence a row (its state is the row's), the same bits
+  warm.clear_token_table()
+  warm.reset_state()
+  for i, (g, w) in enumerate(zip(warm.embed_sentences(sentences), want)):
+    np.testing.assert_allclose(g, w, rtol=0, atol=0 if stateful else 1e-6, err_msg=f"sentence {i}")
+
+
+def _one_a_row(emb: Embedder, sentences) -> list[np.ndarray]:
+  """`Embedder.batches` (the embed command's path): one sentence a row, in length order (stateless)."""
+  out = [None] * len(sentences)
+  for _, chunk, layers, _ in emb.batches(sentences, _BATCH):
+    for row, i in enumerate(chunk):
+      out[i] = np.array(layers[row][:, :len(sentences[i])])
+  return out
 
 
 @pytest.mark.slow

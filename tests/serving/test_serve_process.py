@@ -198,7 +198,7 @@ def test_load_benchmark_smoke(tmp_path):
   """benchmarks/serve_load.py end to end on bilm-tf's fixture shape, a few requests a level: its JSON carries
   every row the docs' table reads (no timing is asserted)."""
   proc = subprocess.run([sys.executable, "serve_load.py", f"--options_file={FIXTURE_OPTIONS}", "--requests=12",
-                         "--warmup=2", "--soak_requests=40", "--clients=1,4", "--allennlp_path="],
+                         "--warmup=2", "--soak_requests=40", "--clients=1,4", "--allennlp_path=", "--batch_calls=3"],
                         cwd=os.path.join(REPO_ROOT, "benchmarks"), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(proc.stdout[proc.stdout.index("{"):])
@@ -207,6 +207,11 @@ def test_load_benchmark_smoke(tmp_path):
   assert all(not lv["failures"] for lv in levels) and result["serve"]["compiles_since_ready"] == 0
   assert result["serve"]["soak"]["requests"] == 40 and result["serve"]["soak"]["rss_mb_after"] > 0
   assert {"direct", "direct_again", "speedup_vs_direct", "http_cost_ms", "load_average_after"} <= set(result)
+  assert set(result["speedup_vs_direct"]) == {"1", "4"} and result["direct"]["seen"]["sentences_per_s"] > 0
+  assert all(0 <= lv["padding_share"] < 1 and 0 <= lv["generator_cpu_share"] <= 1 for lv in levels)
+  for k in ("16", "64"):
+    row = result["direct"]["batches"][k]
+    assert row["mixed_sentences_per_s"] > 0 and row["ceiling_sentences_per_s"] > 0 and 0 <= row["padding_share"] < 1
 
 
 @pytest.mark.parametrize("flags,words", [
