@@ -302,13 +302,16 @@ class Embedder:
   def batches(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None, *,
               full_rows: bool = False, skip: Callable[[int], bool] | None = None,
               fresh_every: int | None = None) -> Iterator[tuple[int, list[int], np.ndarray, Any]]:
-    """Yields (k, indices into `sentences`, layers `[len(indices), n_layers + 1, time, 2P]`, stateful: the
-    state right after batch k, else None) batch by batch; batches with `skip(k)` are neither run nor yielded
-    (a resumed job's finished parts). A batch that holds a sentence past a warm Embedder's longest time bucket
-    yields its layers as a list of `[n_layers + 1, time, 2P]` arrays, one per sentence (`layers[row][:, :n]`
-    reads either form), so the long one's length does not pad the others.
+    """Yields (k, indices into `sentences`, layers, stateful: the state right after batch k, else None) batch by
+    batch; batches with `skip(k)` are neither run nor yielded (a resumed job's finished parts). Layers: stateful,
+    `[len(indices), n_layers + 1, time, 2P]` (row r: sentence r, zeros past its length); stateless, and a batch that
+    holds a sentence past a warm Embedder's longest time bucket, a list of one `[n_layers + 1, n, 2P]` array per
+    sentence (`layers[row][:, :n]` reads either form).
 
-    Stateless: sentences sorted by length (stable), so batches hold similar lengths. Stateful: input order, row k
+    Stateless: sentences sorted by length (stable), so batches hold similar lengths, and each batch's sentences
+    packed end to end into as few rows as pay (`host_batch.pack`; the LSTMs start afresh at each sentence): a
+    batch of unlike lengths (a short input, a server's requests) runs about the steps its tokens need, not its
+    longest sentence's in every row. Stateful: one sentence a row (the row's state is its own), input order, row k
     of a batch continuing row k of the one before. Batches hold `batch_size` sentences (None: `default_batch_size`);
     a short last batch is padded to a power of two of rows, not to batch_size (stateless, it holds the longest
     sentences, so full padding would dominate its cost; stateful, the rows past it keep their state and are not
@@ -330,21 +333,49 @@ class Embedder:
       chunk = order[start:start + batch_size]
       self._untrimmed = self._trimmed(_TRIM_EVERY_ROWS, self._untrimmed + len(chunk))
       long = [self._is_long(sentences[i]) for i in chunk]  # their rows run empty here (a state stays as it was)
-      prepared = self._prepare([[] if is_long else sentences[i] for i, is_long in zip(chunk, long)],
-                               batch_size if full_rows else min(batch_size, 1 << max(0, len(chunk) - 1).bit_length()))
-      launched = (k, chunk, prepared.n, self._launch(prepared), self._state)
+      mine = [[] if is_long else sentences[i] for i, is_long in zip(chunk, long)]
+      rows = lambda n: batch_size if full_rows else min(batch_size, 1 << max(0, n - 1).bit_length())
+      packing = None if self.stateful else host_batch.pack(
+          [len(s) for s in mine], self._time_buckets[-1] + 2, lambda n: embed_step.round_rows(rows(n), self.mesh))
+      prepared = self._prepare(mine, rows(len(chunk) if packing is None else len(packing)), packing)
+      if packing is not None:
+        self._count_steps(prepared)
+      launched = (k, chunk, mine, packing, self._launch(prepared), self._state)
       if pending is not None:
-        yield pending[0], pending[1], np.asarray(pending[3])[:pending[2]], pending[4]
+        yield self._fetched(*pending)
       pending = launched
       if any(long):
-        out = np.asarray(launched[3])
-        rows = [self._embed_long(sentences[i], r) if long[r] else out[r] for r, i in enumerate(chunk)]
-        yield k, chunk, rows, self._state
+        layers = self._fetched(*launched)[2]
+        yield k, chunk, [self._embed_long(sentences[i], r) if long[r] else layers[r]
+                         for r, i in enumerate(chunk)], self._state
         pending = None
     if pending is not None:
-      yield pending[0], pending[1], np.asarray(pending[3])[:pending[2]], pending[4]
+      yield self._fetched(*pending)
     self._untrimmed = self._trimmed(1 if len(order) >= _TRIM_AFTER_PASS * batch_size else _TRIM_EVERY_ROWS,
                                     self._untrimmed)
+
+  @staticmethod
+  def _fetched(k: int, chunk: list[int], mine: list[Sequence[str]], packing: list[list[int]] | None,
+               layers: jax.Array, state: Any) -> tuple[int, list[int], Any, Any]:
+    """A launched batch as `batches` yields it: its layers copied to the host; packed, one array per sentence,
+    `[n_layers + 1, n, 2P]` views cut out of its row (`Steps.layers`: a sentence whose `<S>` is at slot o has its
+    tokens at o .. o + n - 1)."""
+    out = np.asarray(layers)
+    if packing is None:
+      return k, chunk, out[:len(chunk)], state
+    cut: list[np.ndarray] = [out[0, :, :0]] * len(chunk)  # an empty sentence: no slot
+    for r, row in enumerate(packing):
+      at = 0
+      for i in row:
+        cut[i] = out[r, :, at:at + len(mine[i])]
+        at += len(mine[i]) + 2
+    return k, chunk, cut, state
+
+  def _count_steps(self, prepared: host_batch.Prepared) -> None:
+    """`row_steps` of a packed batch: rows x its fullest row's steps, and the slots its sentences fill."""
+    filled = (prepared.positions != -1).sum(axis=1)
+    self.row_steps[0] += prepared.positions.shape[0] * int(filled.max())
+    self.row_steps[1] += int(filled.sum())
 
   @staticmethod
   def _trimmed(every: int, rows: int) -> int:  # memory handed back once `rows` reach `every`: the count after
@@ -360,8 +391,6 @@ class Embedder:
     """
     batch_size = self.default_batch_size if batch_size is None else batch_size
     sentences = check_sentences(sentences, batch_size)
-    if not self.stateful:
-      return self._embed_packed(sentences, batch_size, progress)
     results: list[np.ndarray | None] = [None] * len(sentences)
     done = 0
     for _, chunk, layers, _ in self.batches(sentences, batch_size):
@@ -373,62 +402,6 @@ class Embedder:
       if progress is not None:
         progress(done)
     return results  # type: ignore[return-value]
-
-  def _embed_packed(self, sentences: Sequence[Sequence[str]], rows: int, progress: Any) -> list[np.ndarray]:
-    """Stateless `embed_sentences`: sentences laid end to end in batches of `rows` rows (`host_batch.pack`), so
-    a batch runs about the steps its tokens need, whatever the mix of lengths and their order; each sentence's
-    layers are cut back out. A sentence past the longest warm bucket runs alone (`long_sentence`). Batch k + 1 is
-    dispatched before batch k is copied back."""
-    results: list[np.ndarray | None] = [None] * len(sentences)
-    empty = np.zeros((self.n_layers, 0, self.output_dim), np.float32)
-    short = []
-    for i, sentence in enumerate(sentences):
-      if not sentence:
-        results[i] = empty.copy()
-      elif not self._is_long(sentence):
-        short.append(i)
-    round_rows = lambda n: embed_step.round_rows(min(rows, 1 << max(0, n - 1).bit_length()), self.mesh)
-    packed = host_batch.pack([len(sentences[i]) for i in short], rows, self._time_buckets[-1] + 2, round_rows)
-    done, pending = 0, None
-    for batch in packed:
-      batch = [[short[j] for j in row] for row in batch]
-      self._untrimmed = self._trimmed(_TRIM_EVERY_ROWS, self._untrimmed + sum(map(len, batch)))
-      prepared = self._prepare(sentences, round_rows(len(batch)), packing=batch)
-      self.row_steps[0] += prepared.positions.shape[0] * int((prepared.positions != -1).sum(1).max())
-      self.row_steps[1] += int((prepared.positions != -1).sum())
-      launched = (batch, self._launch(prepared))
-      if pending is not None:
-        done += self._cut(sentences, *pending, results)
-        if progress is not None:
-          progress(done)
-      pending = launched
-    if pending is not None:
-      done += self._cut(sentences, *pending, results)
-      if progress is not None:
-        progress(done)
-    for i, sentence in enumerate(sentences):
-      if results[i] is None:  # long: in stretches, alone
-        results[i] = self._embed_long(sentence, 0)
-        done += 1
-        if progress is not None:
-          progress(done)
-    self._untrimmed = self._trimmed(1 if len(sentences) >= _TRIM_AFTER_PASS * rows else _TRIM_EVERY_ROWS,
-                                    self._untrimmed)
-    return results  # type: ignore[return-value]
-
-  @staticmethod
-  def _cut(sentences: Sequence[Sequence[str]], batch: list[list[int]], layers: jax.Array,
-           results: list[np.ndarray | None]) -> int:
-    """Each sentence's own layers `[n_layers + 1, n, 2P]` out of a packed batch's (`Steps.layers`: a sentence
-    whose `<S>` is at slot o has its tokens at o .. o + n - 1); returns how many."""
-    out = np.asarray(layers)
-    for r, row in enumerate(batch):
-      at = 0
-      for i in row:
-        n = len(sentences[i])
-        results[i] = np.array(out[r, :, at:at + n])
-        at += n + 2
-    return sum(map(len, batch))
 
   def __call__(self, sentences: Iterable[Sequence[str]], batch_size: int | None = None) -> list[np.ndarray]:
     return self.embed_sentences(sentences, batch_size)
