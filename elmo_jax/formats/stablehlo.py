@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from elmo_jax.formats import param_names
+from elmo_jax.runtime import json_bounded
 
 MODULE_FILE, WEIGHTS_FILE, META_FILE = "model.stablehlo", "weights.npz", "stablehlo.json"
 FORMAT = "elmo_jax.stablehlo"
@@ -121,8 +122,7 @@ def load_exported(folder: str | os.PathLike) -> Loaded:
     raise ExportedError(problem)
   meta_file = os.path.join(folder, META_FILE)
   try:
-    with open(meta_file, encoding="utf-8") as f:
-      meta = json.load(f)
+    meta = json_bounded.load(meta_file)
   except (OSError, ValueError) as e:
     raise ExportedError(f"{meta_file}: not JSON ({e})") from None
   if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:

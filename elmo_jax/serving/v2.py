@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from elmo_jax.embedding.args import sentence_means
+from elmo_jax.runtime import json_bounded
 
 INPUT = "text"
 OUTPUTS = ("layers", "top", "average", "sentence_vector", "lengths")
@@ -45,7 +46,9 @@ def json_object(body: bytes, what: str = "request") -> dict[str, Any]:
   except UnicodeDecodeError as e:
     raise RequestError(f"the {what} is not UTF-8 (byte {e.start})") from None
   try:
-    value = json.loads(text)
+    value = json_bounded.loads(text, f"the {what}", max_bytes=len(text))
+  except json_bounded.JSONLimitError as e:
+    raise RequestError(str(e)) from None
   except json.JSONDecodeError as e:
     raise RequestError(f"the {what} is not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
   if not isinstance(value, dict):
