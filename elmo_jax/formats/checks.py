@@ -61,7 +61,7 @@ def _json_problem(path: str | os.PathLike, options: bool) -> str | None:
   try:
     obj = json_bounded.load(path)
   except json_bounded.JSONLimitError as e:
-    return one_line(str(e).removeprefix(f"{path}: "))
+    return f"not a JSON file this reader accepts ({e})"
   except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
     looks = files.looks_like(path)
     return (f"not a readable JSON file (truncated? {one_line(e)})" if looks == "a JSON file" else

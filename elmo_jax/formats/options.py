@@ -165,7 +165,7 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
   if os.path.isdir(path):
     raise OptionsError(f"{path}: is a directory, not an options.json file")
   try:
-    options = json_bounded.load(path)
+    options = json_bounded.load(path, str(path))
   except FileNotFoundError:
     raise OptionsError(f"{path}: options file not found") from None
   except json_bounded.JSONLimitError as e:

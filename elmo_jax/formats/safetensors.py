@@ -88,7 +88,7 @@ def read_header(path: str | os.PathLike) -> tuple[dict[str, tuple[np.dtype, tupl
       raise SafetensorsError(f"{path}: header of {n:,} bytes in a file of {size:,} (truncated?)")
     raw = f.read(n)
   try:
-    header = json_bounded.loads(raw, path, max_bytes=MAX_HEADER)
+    header = json_bounded.loads(raw, max_bytes=MAX_HEADER)
   except (UnicodeDecodeError, ValueError) as e:
     raise SafetensorsError(f"{path}: header is not UTF-8 JSON ({' '.join(str(e).split())[:80]})") from None
   if not isinstance(header, dict):

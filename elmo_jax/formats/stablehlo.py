@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
+import zlib
 from typing import Any, Callable
 
 import jax
@@ -33,6 +35,7 @@ MODULE_FILE, WEIGHTS_FILE, META_FILE = "model.stablehlo", "weights.npz", "stable
 FORMAT = "elmo_jax.stablehlo"
 VERSION = 1
 PLATFORMS = ("cpu", "cuda", "tpu")
+_NPY_HEADER = 4096  # bytes a .npy member holds beyond its data (numpy writes 64 to a few hundred)
 
 
 class ExportedError(ValueError):
@@ -138,18 +141,32 @@ def load_exported(folder: str | os.PathLike) -> Loaded:
 
 
 def _weights(path: str, exported: jax.export.Exported) -> dict[str, np.ndarray]:
-  """The weights file's arrays, each checked against the module's own argument of that name."""
+  """The weights file's arrays, each checked against the module's own argument of that name: the members' names
+  and uncompressed sizes before any is read (a small npz may inflate to gigabytes), then dtype, shape and
+  finite values."""
   wanted_tree = jax.tree_util.tree_unflatten(exported.in_tree, exported.in_avals)[0][0]
   try:
+    with zipfile.ZipFile(path) as z:
+      sizes = {info.filename.removesuffix(".npy"): info.file_size for info in z.infolist()}
+    if set(sizes) != set(wanted_tree):
+      missing = sorted(set(wanted_tree) - set(sizes)) or sorted(set(sizes) - set(wanted_tree))
+      raise ExportedError(f"{path}: its arrays are not the module's (first difference: {missing[0]})")
+    for name, aval in wanted_tree.items():
+      need = np.dtype(aval.dtype).itemsize * int(np.prod(aval.shape, dtype=np.int64))
+      if sizes[name] > need + _NPY_HEADER:
+        raise ExportedError(f"{path}: {name} inflates to {sizes[name]:,} bytes; the module's {aval.dtype} "
+                            f"{list(aval.shape)} is {need:,}")
     with np.load(path, allow_pickle=False) as npz:
       found = {name: npz[name] for name in npz.files}
-  except (OSError, ValueError) as e:
-    raise ExportedError(f"{path}: not a readable .npz ({e})") from None
-  if set(found) != set(wanted_tree):
-    missing = sorted(set(wanted_tree) - set(found)) or sorted(set(found) - set(wanted_tree))
-    raise ExportedError(f"{path}: its arrays are not the module's (first difference: {missing[0]})")
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError) as e:
+    if isinstance(e, ExportedError):
+      raise
+    raise ExportedError(f"{path}: not a readable .npz ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+                        ) from None
   for name, aval in wanted_tree.items():
     if found[name].shape != tuple(aval.shape) or found[name].dtype != aval.dtype:
       raise ExportedError(f"{path}: {name} is {found[name].dtype} {list(found[name].shape)}, the module takes "
                           f"{aval.dtype} {list(aval.shape)}")
+    if np.issubdtype(found[name].dtype, np.floating) and not np.isfinite(found[name]).all():
+      raise ExportedError(f"{path}: {name} holds NaN or infinite values (a damaged or diverged model)")
   return found

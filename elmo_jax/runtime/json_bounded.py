@@ -35,25 +35,28 @@ def depth(text: str) -> int:
   return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
 
 
-def loads(text: str | bytes, where: str = "JSON", max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH) -> Any:
-  """`json.loads(text)` after the limits: JSONLimitError naming `where` over them; json.JSONDecodeError or
-  UnicodeDecodeError (ValueErrors) as json.loads raises them."""
+def _error(where: str, why: str) -> JSONLimitError:
+  return JSONLimitError(f"{where}: {why}" if where else why)
+
+
+def loads(text: str | bytes, where: str = "", max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH) -> Any:
+  """`json.loads(text)` after the limits: JSONLimitError over them (naming `where` if given: a reader that
+  names its file itself passes none); json.JSONDecodeError or UnicodeDecodeError (ValueErrors) as json.loads
+  raises them."""
   if len(text) > max_bytes:
-    raise JSONLimitError(f"{where}: {len(text):,} bytes of JSON, over the {max_bytes:,} this reader accepts")
+    raise _error(where, f"{len(text):,} bytes of JSON, over the {max_bytes:,} accepted")
   if isinstance(text, (bytes, bytearray)):
     text = bytes(text).decode("utf-8")
   if depth(text) > max_depth:
-    raise JSONLimitError(f"{where}: JSON nested deeper than {max_depth} levels (arrays and objects); not a file "
-                         "elmo_jax writes or reads")
+    raise _error(where, f"JSON nested deeper than {max_depth} levels")
   return json.loads(text)
 
 
-def load(path: str | os.PathLike, where: str | None = None, max_bytes: int = MAX_BYTES,
+def load(path: str | os.PathLike, where: str = "", max_bytes: int = MAX_BYTES,
          max_depth: int = MAX_DEPTH) -> Any:
   """`loads` of a UTF-8 file, its size checked before it is read; OSError as open raises it."""
-  where = where or os.fspath(path)
   with open(path, "rb") as f:
     size = os.fstat(f.fileno()).st_size
     if size > max_bytes:
-      raise JSONLimitError(f"{where}: {size:,} bytes of JSON, over the {max_bytes:,} this reader accepts")
+      raise _error(where, f"{size:,} bytes of JSON, over the {max_bytes:,} accepted")
     return loads(f.read(max_bytes + 1), where, max_bytes, max_depth)

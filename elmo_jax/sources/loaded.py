@@ -23,6 +23,7 @@ from elmo_jax.data import chars
 from elmo_jax.formats import efml
 from elmo_jax.formats import model_folder
 from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import param_names
 from elmo_jax.formats import tfhub
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime.run_layout import VOCAB_FILE
@@ -74,7 +75,23 @@ def load_model(found: ResolvedModel) -> LoadedModel:
   """Reads what `found` names: a TF-Hub module, an EFML folder, or an options.json + weights.hdf5 pair (a run's
   export: FileNotFoundError, one line, until it has one). Raises the readers' one-line errors
   (options.OptionsError, weights.WeightFileError, efml.EFMLError, tf_bundle.BundleError; a model folder's
-  model_folder.FolderError and safetensors.SafetensorsError are WeightFileErrors)."""
+  model_folder.FolderError and safetensors.SafetensorsError are WeightFileErrors); a weight that is NaN or
+  infinite in any format is a WeightFileError naming it (a model of them answers NaN layers without a word)."""
+  return _finite(_read(found))
+
+
+def _finite(model: LoadedModel) -> LoadedModel:
+  """`model` if every weight it holds is finite, else WeightFileError naming the first that is not."""
+  for part, tree in (("bilm", model.params), ("softmax", model.softmax), ("mix", model.mix)):
+    for name, value in param_names.flat(tree or {}, part).items():
+      if not np.isfinite(value.sum(dtype=np.float64)):  # a float64 sum of float32s cannot overflow: only NaN/inf
+        where = model.files[1] if len(model.files) > 1 and model.format == BILM_HDF5 else model.files[0]
+        raise weights_lib.WeightFileError(f"{where}: the weight {name} holds NaN or infinite values (a damaged "
+                                          "or diverged model)")
+  return model
+
+
+def _read(found: ResolvedModel) -> LoadedModel:
   if found.tfhub_dir is not None:
     return _tfhub(found)
   if found.efml_dir is not None:
