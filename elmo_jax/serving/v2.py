@@ -160,6 +160,8 @@ def _shape(spec: dict[str, Any], limits: Limits) -> list[int]:
   if len(shape) == 2 and shape[1] > limits.max_tokens:
     raise RequestError(f"input '{INPUT}': shape {shape} has rows of {shape[1]} tokens; this server takes at most "
                        f"{limits.max_tokens} (--max_tokens)"[:300], 413)
+  if shape[0] == 0:
+    raise RequestError(f"input '{INPUT}': shape {shape} holds no sentence; send at least one")
   return shape
 
 
