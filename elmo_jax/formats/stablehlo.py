@@ -70,11 +70,22 @@ def export(options: dict[str, Any], params: dict[str, Any], platforms: tuple[str
   return jax.export.export(jax.jit(forward(options)), platforms=platforms)(weights, ids)
 
 
+def require_flatbuffers() -> None:
+  """ExportedError (one line) unless `flatbuffers` imports: jax.export serializes with it, and jax does not
+  require it (elmo_jax's dependencies and both locks name it)."""
+  try:
+    import flatbuffers  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    raise ExportedError("StableHLO artifacts need the flatbuffers package (jax.export's serialization): "
+                        "pip install flatbuffers, or pip install -r requirements.txt") from None
+
+
 def write(folder: str, options: dict[str, Any], params: dict[str, Any],
           platforms: tuple[str, ...] = PLATFORMS) -> None:
   """Writes the artifact's three files into `folder` (an existing, empty one: `convert` gives a temp folder
   renamed into place when whole)."""
   from elmo_jax.model import BiLMConfig  # pylint: disable=g-import-not-at-top
+  require_flatbuffers()
   cfg = BiLMConfig.from_options(options)
   exported = export(options, params, platforms)
   with open(os.path.join(folder, MODULE_FILE), "wb") as f:
@@ -120,6 +131,7 @@ def _problem(folder: str) -> str | None:
 def load_exported(folder: str | os.PathLike) -> Loaded:
   """Reads a folder `write` wrote. Raises ExportedError (one line) for a folder that is not one."""
   folder = os.fspath(folder)
+  require_flatbuffers()
   problem = _problem(folder)
   if problem:
     raise ExportedError(problem)
