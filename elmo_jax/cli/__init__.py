@@ -113,6 +113,10 @@ def _one_line_usage_errors(main: Callable, name: str | None, dont_write_bytecode
     except app.UsageError as e:
       print(usage_error_line(name or command_name(), e), file=sys.stderr)
       sys.exit(e.exitcode if e.exitcode else 2)
+    except MemoryError as e:  # past every reader's own checks: one line, not a traceback
+      print(f"{name or command_name()}: error: out of memory ({' '.join(str(e).split())[:160] or 'MemoryError'}); "
+            "a smaller --batch_size or model, or a machine with more memory", file=sys.stderr, flush=True)
+      sys.exit(1)
     except KeyboardInterrupt:  # e.g. during a first (uncached) load; commands that save on Ctrl-C catch it first
       print(f"{name or command_name()}: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
       sys.stdout.flush()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -76,8 +77,16 @@ def load_model(found: ResolvedModel) -> LoadedModel:
   export: FileNotFoundError, one line, until it has one). Raises the readers' one-line errors
   (options.OptionsError, weights.WeightFileError, efml.EFMLError, tf_bundle.BundleError; a model folder's
   model_folder.FolderError and safetensors.SafetensorsError are WeightFileErrors); a weight that is NaN or
-  infinite in any format is a WeightFileError naming it (a model of them answers NaN layers without a word)."""
-  return _finite(_read(found))
+  infinite in any format is a WeightFileError naming it (a model of them answers NaN layers without a word), and
+  so is a reader's MemoryError or zipfile.BadZipFile (a file that claims more than this machine holds, a torch
+  file that is no zip), whichever reader meets it."""
+  try:
+    model = _read(found)
+  except (MemoryError, zipfile.BadZipFile) as e:
+    what = "needs more memory than this process can have" if isinstance(e, MemoryError) else "is a damaged zip"
+    raise weights_lib.WeightFileError(f"{found.path or 'the model'}: reading it failed: it {what} "
+                                      f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
+  return _finite(model)
 
 
 def _finite(model: LoadedModel) -> LoadedModel:

@@ -257,3 +257,24 @@ def test_nan_weights_of_any_format_are_refused_by_the_one_load(monkeypatch, fixt
   with pytest.raises(weights_lib.WeightFileError) as e:
     loaded.load_model(None)
   assert "mix/weights" in _one_line(e)
+
+
+@pytest.mark.parametrize("error", [MemoryError("cannot allocate 4.0 TiB"), zipfile.BadZipFile("File is not a zip")])
+def test_a_readers_memory_or_zip_error_is_one_line_from_the_one_load(monkeypatch, error):
+  def fail(found):
+    raise error
+  monkeypatch.setattr(loaded, "_read", fail)
+  with pytest.raises(weights_lib.WeightFileError) as e:
+    loaded.load_model(pretrained.ResolvedModel(path="model/"))
+  assert _one_line(e).startswith("model/: reading it failed") and type(error).__name__ in str(e.value)
+
+
+def test_a_commands_memory_error_is_one_line(capsys):
+  from elmo_jax import cli  # pylint: disable=g-import-not-at-top
+
+  def main(argv):
+    raise MemoryError("cannot allocate")
+  with pytest.raises(SystemExit) as e:
+    cli._one_line_usage_errors(main, "elmo-jax embed", False)([])  # pylint: disable=protected-access
+  assert e.value.code == 1
+  assert capsys.readouterr().err.strip().startswith("elmo-jax embed: error: out of memory (cannot allocate)")
