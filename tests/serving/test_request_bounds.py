@@ -138,3 +138,32 @@ def test_fuzzed_requests_are_answered_or_refused_never_5xx_with_memory_flat(serv
     one_line_error(reply)
   assert call(server.port, "GET", "/v2/health/ready")[0] == 200
   assert _rss_mb() - before < 200  # the whole fuzz stays within the answer limit's order, never gigabytes
+
+
+def test_connections_are_capped_below_the_open_file_limit(monkeypatch):
+  from elmo_jax.serving import server as server_lib  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(resource, "getrlimit", lambda which: (128, 4096))
+  assert server_lib.connection_limit() == 128 - server_lib.SPARE_FILES
+  monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+  assert server_lib.connection_limit() == 1024
+
+
+def test_sigterm_waits_drain_s_once_not_again_in_uvicorns_shutdown():
+  import concurrent.futures  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  embedder = FakeEmbedder()
+  s = ThreadServer(Service(embedder, access_log=False, timeout_s=60), drain_s=1.0, timeout_graceful_shutdown=30)
+  with s:
+    embedder.release.clear()  # a request that never finishes
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      stuck = pool.submit(call, s.port, "POST", INFER, infer_json(["a"]), None, 60)
+      deadline = time.time() + 10
+      while s.service.in_flight != 1:
+        assert time.time() < deadline
+        time.sleep(0.01)
+      start = time.perf_counter()
+      s.server.handle_exit(signal.SIGTERM, None)
+      s.thread.join(20)
+      assert not s.thread.is_alive() and time.perf_counter() - start < 4  # ~drain_s, not drain_s + 30
+      embedder.release.set()
+      stuck.exception(30)
