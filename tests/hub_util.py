@@ -33,9 +33,9 @@ class Repo:
     self.commits: dict[str, dict[str, bytes]] = {}
     self.refs: dict[str, str] = {}
 
-  def commit(self, files: dict[str, bytes], ref: str = "main") -> str:
+  def commit(self, files: dict[str, bytes], ref: str = "main", deleted: tuple[str, ...] = ()) -> str:
     parent = self.commits.get(self.refs.get(ref, ""), {})
-    tree = {**parent, **files}
+    tree = {p: d for p, d in {**parent, **files}.items() if p not in deleted}
     oid = hashlib.sha1(json.dumps({p: git_blob_id(d) for p, d in sorted(tree.items())}).encode()
                        + str(len(self.commits)).encode()).hexdigest()
     self.commits[oid], self.refs[ref] = tree, oid
@@ -116,9 +116,13 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
     if self.path.startswith("/api/repos/create"):
       req = json.loads(body)
       repo_id = f"{req['organization']}/{req['name']}" if req.get("organization") else req["name"]
-      if repo_id in self.server.repos:
-        return self._reply(409, error="RepoExists")
+      if repo_id in self.server.repos:  # the Hub's 409 carries the repository's url, as its 200 does
+        return self._reply(409, json.dumps({"error": "You already created this model repo",
+                                            "url": f"{self.server.url}/{repo_id}"}).encode(),
+                           {"Content-Type": "application/json"}, error="RepoExists")
       self.server.repos[repo_id] = Repo()
+      self.server.repos[repo_id].private = req.get("private", {"private": True, "public": False}.get(
+          req.get("visibility")))
       return self._json({"url": f"{self.server.url}/{repo_id}", "name": repo_id})
     repo_id, route, rev, _ = self._route()
     repo = self.server.repos.get(repo_id)
@@ -129,12 +133,14 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
       return self._json({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
                                    for f in files]})
     if route == "commit":
-      added = {}
+      added, deleted = {}, []
       for line in body.decode().splitlines():
         item = json.loads(line)
         if item["key"] == "file":
           added[item["value"]["path"]] = base64.b64decode(item["value"]["content"])
-      oid = repo.commit(added, rev)
+        if item["key"] == "deletedFile":
+          deleted.append(item["value"]["path"])
+      oid = repo.commit(added, rev, tuple(deleted))
       return self._json({"commitUrl": f"{self.server.url}/{repo_id}/commit/{oid}", "commitOid": oid,
                          "pullRequestUrl": None})
     return self._reply(404, error="EntryNotFound")

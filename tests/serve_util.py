@@ -38,14 +38,14 @@ class FakeEmbedder:
 class ThreadServer:
   """`make_app(service)` on a real uvicorn server (the `DrainingServer`) in a thread, on a free port."""
 
-  def __init__(self, service, drain_s: float = 10.0):
+  def __init__(self, service, drain_s: float = 10.0, header_timeout_s: float | None = None, **config):
     import uvicorn  # pylint: disable=g-import-not-at-top
     from elmo_jax.serving.app import make_app  # pylint: disable=g-import-not-at-top
     from elmo_jax.serving.server import DrainingServer  # pylint: disable=g-import-not-at-top
     self.service = service
     config = uvicorn.Config(make_app(service), host="127.0.0.1", port=0, log_level="warning", access_log=False,
-                            lifespan="off")
-    self.server = DrainingServer(config, service, drain_s)
+                            lifespan="off", **config)
+    self.server = DrainingServer(config, service, drain_s, header_timeout_s)
     self.thread = threading.Thread(target=self.server.run, daemon=True)
 
   def __enter__(self) -> "ThreadServer":

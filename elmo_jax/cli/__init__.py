@@ -113,6 +113,16 @@ def _one_line_usage_errors(main: Callable, name: str | None, dont_write_bytecode
     except app.UsageError as e:
       print(usage_error_line(name or command_name(), e), file=sys.stderr)
       sys.exit(e.exitcode if e.exitcode else 2)
+    except MemoryError as e:  # past every reader's own checks: one line, not a traceback
+      print(f"{name or command_name()}: error: out of memory ({' '.join(str(e).split())[:160] or 'MemoryError'}); "
+            "a smaller --batch_size or model, or a machine with more memory", file=sys.stderr, flush=True)
+      sys.exit(1)
+    except KeyboardInterrupt:  # e.g. during a first (uncached) load; commands that save on Ctrl-C catch it first
+      print(f"{name or command_name()}: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+      sys.stdout.flush()
+      # At once: XLA's compile and loader threads may still run, and an interpreter shutdown under them can
+      # crash (a segmentation fault after the traceback); every `finally` has run on the way up here.
+      os._exit(130)
   return wrapped
 
 
@@ -120,7 +130,7 @@ def run_main(main: Callable, define_flags: Callable[[], None] | None = None, nam
   """Every command's start: glibc keeps freed memory for XLA's buffers (first, before JAX allocates; see
   elmo_jax/runtime/memory.py), then the command's flags where it defines them only when run, then absl. A usage
   error (`app.UsageError`) from `main` is one line, `NAME: error: MESSAGE (--help for usage)`, exit code
-  its `exitcode` (1 by default); `name` defaults to how the command was invoked (`command_name`). `--help`
+  its `exitcode` (1 by default); Ctrl-C that reaches it is one line, exit 130; `name` defaults to how the command was invoked (`command_name`). `--help`
   lists the command's flags, exit 0 (`flag_help`). While the flags are defined and parsed, which loads a `--config=FILE`, Python writes no bytecode: a user's config folder
   gets no `__pycache__` from a command that only reads it."""
   memory.reuse_freed_memory()

@@ -22,6 +22,7 @@ from absl import flags
 
 from elmo_jax import cli
 from elmo_jax.formats import onnx_export
+from elmo_jax.formats import stablehlo
 from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import tf_bundle
 from elmo_jax.formats import weights as weights_lib
@@ -53,8 +54,10 @@ def main(argv: list[str]) -> int:
       raise app.UsageError(f"--{name} is required")
   source, to = FLAGS["from"].value, FLAGS.to
   try:
+    if FLAGS.format == convert_lib.STABLEHLO:
+      stablehlo.require_flatbuffers()  # before the model is loaded
     model = convert_lib.convert(source, to, FLAGS.format)
-  except (convert_lib.ConvertError, onnx_export.OnnxExportError, files.UnsafeOutputError, weights_lib.WeightFileError,
+  except (convert_lib.ConvertError, onnx_export.OnnxExportError, stablehlo.ExportedError, files.UnsafeOutputError, weights_lib.WeightFileError,
           options_lib.OptionsError, tf_bundle.BundleError, download.DownloadError, storage.StorageError,
           OSError) as e:
     print(f"error: {e}", file=sys.stderr)

@@ -5,7 +5,9 @@
 
 The folder must be elmo_jax's own (`convert --format=safetensors`: config.json, model.safetensors, its model card
 README.md, and the lexicons or vocab.txt it has) and must load: it is read and checked before anything is
-sent. The repository is created if it is missing; the token is `HF_TOKEN`'s or huggingface_hub's stored login
+sent, and only the files its loader reads and its card are sent (regular files inside the folder: no symlink,
+no dotfile, no stray; the list is shown first); the repository's other files (an older model's) are deleted in
+the same commit. The repository is created private if it is missing (`--public`: public); the token is `HF_TOKEN`'s or huggingface_hub's stored login
 (`hf auth login`). Prints `hf://owner/name@<commit>`, the pinned spec of what was pushed (`--model=` takes it).
 Needs huggingface_hub (`pip install 'elmo_jax[hub]'`).
 """
@@ -31,16 +33,27 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
   flags.DEFINE_string("to", None, "The repository: hf://owner/name (or hf://owner/name@branch).")
   flags.DEFINE_string("message", None, "The commit message (default: 'elmo-jax push FOLDER').")
+  flags.DEFINE_bool("public", False, "Create a missing repository public (default: private).")
 
 
-def check_folder(folder: str) -> None:
-  """Refuses (HubError, one line) a folder that is not a loadable safetensors model folder with its card."""
+def check_folder(folder: str) -> list[str]:
+  """Refuses (HubError, one line) a folder that is not a loadable safetensors model folder with its card;
+  returns what a push publishes: the files its loader read (`LoadedModel.files`: config.json, model.safetensors,
+  the lexicons; its vocab.txt) and the card, each a regular file inside the folder (`hub.publishable`)."""
   if not os.path.isdir(folder) or not model_folder.is_folder(folder):
     raise hub.HubError(f"{folder}: not a safetensors model folder (config.json + model.safetensors); write one "
                        f"with elmo-jax convert --format=safetensors --from=MODEL --to={folder}")
   if not os.path.isfile(os.path.join(folder, model_folder.CARD)):
     raise hub.HubError(f"{folder}: holds no {model_folder.CARD} (the model card convert writes)")
-  loaded.load_model(ResolvedModel(path=folder, folder_dir=folder))
+  model = loaded.load_model(ResolvedModel(path=folder, folder_dir=folder))
+  read = [*model.files, *([model.vocab_file] if model.vocab_file else [])]
+  return hub.publishable(folder, [*read, os.path.join(folder, model_folder.CARD)])
+
+
+def _all_files(folder: str) -> list[str]:
+  """Every name under `folder` (relative, `/`-separated), links included: what is shown as left out."""
+  return [os.path.relpath(os.path.join(top, n), folder).replace(os.sep, "/")
+          for top, dirs, names in os.walk(folder) for n in names + [d for d in dirs if os.path.islink(os.path.join(top, d))]]
 
 
 def main(argv: list[str]) -> int:
@@ -51,8 +64,12 @@ def main(argv: list[str]) -> int:
   folder = argv[1]
   try:
     hub.parse(FLAGS.to)
-    check_folder(folder)
-    pushed = hub.push(folder, FLAGS.to, FLAGS.message)
+    names = check_folder(folder)
+    others = sorted(set(_all_files(folder)) - set(names))
+    print(f"pushing {len(names)} files to {FLAGS.to} ({'public' if FLAGS.public else 'private'} if new): "
+          f"{', '.join(names)}" + (f"; not the model's, not pushed: {', '.join(others)}" if others else ""),
+          file=sys.stderr, flush=True)
+    pushed = hub.push(folder, FLAGS.to, names, FLAGS.message, public=FLAGS.public)
   except (hub.HubError, weights_lib.WeightFileError, options_lib.OptionsError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1

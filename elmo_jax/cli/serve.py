@@ -31,6 +31,8 @@ from elmo_jax.runtime import memory
 
 FLAGS = flags.FLAGS
 API_KEY_ENV = "ELMO_JAX_API_KEY"
+BACKLOG = 2048  # uvicorn's default backlog
+MAX_WAIT_MS = 10_000  # a batch's wait for more requests; far more would stall every client (and overflow a wait)
 _STATEFUL = ("--stateful is refused: a server's batch rows are shared by every client, so no row's LSTM state "
              "belongs to one caller; embed a document as one request, or use `elmo-jax embed --stateful`")
 
@@ -81,7 +83,7 @@ def _check_flags(argv: list[str]) -> None:
                                               ("max_body_bytes", 1), ("max_tokens", 1), ("batch_size", 1),
                                               ("devices", 1))],
       within=[(FLAGS[n], "> 0 (seconds)", lambda x: x > 0) for n in ("timeout_s", "drain_s")]
-      + [(FLAGS["max_wait_ms"], ">= 0 (milliseconds)", lambda x: x >= 0)])
+      + [(FLAGS["max_wait_ms"], f"in [0, {MAX_WAIT_MS}] (milliseconds)", lambda x: 0 <= x <= MAX_WAIT_MS)])
   if FLAGS.port > 65535:
     raise app.UsageError(f"--port must be <= 65535, got {FLAGS.port}")
 
@@ -119,7 +121,9 @@ def _layer() -> str | int:
 
 
 def _bind() -> socket.socket:
-  """The listening address, bound before the model loads: a taken port is one line at once, not after it."""
+  """The listening address, bound and listening before the model loads: a taken port is one line at once, not
+  after it (two sockets bound with SO_REUSEADDR share a port until one listens). A connection made while the
+  model loads waits in the backlog until the server is ready."""
   family = socket.AF_INET6 if ":" in FLAGS.host else socket.AF_INET
   sock = socket.socket(family, socket.SOCK_STREAM)
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -129,7 +133,19 @@ def _bind() -> socket.socket:
     sock.close()
     raise OSError(f"cannot bind {FLAGS.host}:{FLAGS.port}: {e.strerror} (--host, --port; --port=0 for any free "
                   "port)") from None
+  try:
+    sock.listen(BACKLOG)
+  except OSError as e:
+    sock.close()
+    raise OSError(f"cannot listen on {FLAGS.host}:{FLAGS.port}: {e.strerror} (another server there? --port)"
+                  ) from None
   return sock
+
+
+def _check_layer(layer: str | int, n_layers: int) -> None:
+  """--layer against the loaded model's layers (one line before the server listens, not a 500 per request)."""
+  if isinstance(layer, int) and not -n_layers <= layer < n_layers:
+    raise app.UsageError(f"--layer={layer}: the model has {n_layers} layers (0 .. {n_layers - 1}, -1 for the top)")
 
 
 def main(argv: list[str]) -> int:
@@ -141,7 +157,7 @@ def main(argv: list[str]) -> int:
   try:
     import uvicorn  # pylint: disable=g-import-not-at-top
     from elmo_jax.serving import app as serving  # pylint: disable=g-import-not-at-top
-    from elmo_jax.serving.server import DrainingServer  # pylint: disable=g-import-not-at-top
+    from elmo_jax.serving import server as server_lib  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     print(f"error: `elmo-jax serve` needs the serve extra ({e.name} is missing): pip install -e \".[serve]\"",
           file=sys.stderr)
@@ -157,6 +173,7 @@ def main(argv: list[str]) -> int:
   except (OSError, ValueError, download.DownloadError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+  _check_layer(layer, embedder.n_layers)
   tokenize = str.split
   if FLAGS.tokenize:
     from elmo_jax.data.tokenize import Tokenizer  # pylint: disable=g-import-not-at-top
@@ -166,12 +183,12 @@ def main(argv: list[str]) -> int:
       max_body_bytes=FLAGS.max_body_bytes, timeout_s=FLAGS.timeout_s, access_log=FLAGS.access_log, api_key=api_key,
       max_batch_tokens=FLAGS.max_batch_tokens, max_wait_ms=FLAGS.max_wait_ms, max_queue=FLAGS.max_queue)
   config = uvicorn.Config(serving.make_app(service), log_level="warning", access_log=False, lifespan="off",
-                          timeout_graceful_shutdown=int(FLAGS.drain_s) + 1)
-  server = DrainingServer(config, service, FLAGS.drain_s)
+                          timeout_graceful_shutdown=int(FLAGS.drain_s) + 1, backlog=BACKLOG,
+                          timeout_keep_alive=server_lib.KEEP_ALIVE_S, limit_concurrency=server_lib.connection_limit())
+  server = server_lib.DrainingServer(config, service, FLAGS.drain_s, header_timeout_s=FLAGS.timeout_s)
   host, port = sock.getsockname()[:2]
   memory.freeze_loaded_objects()  # the model and the runtime stay for the process's life: out of the GC's full passes
   service.start()
-  sock.listen(config.backlog)  # from the ready line on, a connection waits in the backlog until uvicorn accepts it
   print(f"ready: http://{host}:{port} serves {FLAGS.model_name!r} ({FLAGS.model}: {embedder.n_layers} layers x "
         f"{embedder.output_dim}, {len(embedder.devices)} device(s), loaded in {time.perf_counter() - start:.1f} s)",
         file=sys.stderr, flush=True)

@@ -147,13 +147,20 @@ class LexiconIds:
     return tuple(int(i) for i in self(EFML_BOS)), tuple(int(i) for i in self(EFML_EOS))
 
 
+# What a CharIdCache may hold, in bytes of ids: its rows are `max_chars` wide, which a model's options set
+# (`formats/options.LIMITS`): the count of rows alone would not bound it.
+MAX_CACHE_BYTES = 256 * 2**20
+
+
 class CharIdCache:
   """Memoises `token_to_ids` (or `ids_of`, e.g. a `LexiconIds`): corpora repeat tokens, and the UTF-8 work
-  dominates otherwise."""
+  dominates otherwise. Holds at most `max_size` tokens and `max_bytes` of ids (whichever is fewer rows)."""
 
-  def __init__(self, max_chars: int = MAX_CHARS, max_size: int = 1_000_000, ids_of=None):
+  def __init__(self, max_chars: int = MAX_CHARS, max_size: int = 1_000_000, ids_of=None,
+               max_bytes: int = MAX_CACHE_BYTES):
     self.max_chars = max_chars
-    self.max_size = max_size
+    # +1: an EFML token's word id before its char ids; 4 bytes an int32 id
+    self.max_size = min(max_size, max_bytes // (4 * (max_chars + 1)))
     self._bytes = ids_of is None  # bilm-tf's byte ids: `many` builds them vectorised
     self.ids_of = ids_of or (lambda token: token_to_ids(token, max_chars))
     self._cache: dict[str, np.ndarray] = {}

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import h5py
 
 from elmo_jax.runtime import files
+from elmo_jax.runtime import json_bounded
 
 KINDS = ("hdf5", "json", "options")
 
@@ -58,8 +59,9 @@ def _hdf5_problem(path: str | os.PathLike) -> str | None:
 def _json_problem(path: str | os.PathLike, options: bool) -> str | None:
   """Why `path` is not a JSON object (`options`: one that passes `elmo_jax.formats.options.validate`)."""
   try:
-    with open(path, encoding="utf-8") as f:
-      obj = json.load(f)
+    obj = json_bounded.load(path)
+  except json_bounded.JSONLimitError as e:
+    return f"not a JSON file this reader accepts ({e})"
   except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
     looks = files.looks_like(path)
     return (f"not a readable JSON file (truncated? {one_line(e)})" if looks == "a JSON file" else

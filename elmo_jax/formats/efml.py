@@ -28,6 +28,7 @@ from elmo_jax.formats import torch_pickle
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.formats.weights import WeightFileError
 from elmo_jax.runtime import files
+from elmo_jax.runtime import json_bounded
 from elmo_jax.runtime import log
 
 FORMAT = "elmoformanylangs"
@@ -84,8 +85,7 @@ def architecture(folder: str) -> dict[str, Any]:
   releases name `../configs/X.json`); missing: the published default."""
   config_file = os.path.join(folder, CONFIG)
   try:
-    with open(config_file, encoding="utf-8") as f:
-      config = json.load(f)
+    config = json_bounded.load(config_file)
   except (OSError, ValueError) as e:
     raise EFMLError(f"{config_file}: not a readable JSON file ({checks.one_line(e)})") from None
   named = config.get("config_path") if isinstance(config, dict) else None
@@ -101,8 +101,7 @@ def architecture(folder: str) -> dict[str, Any]:
   for path in candidates:
     if os.path.isfile(path):
       try:
-        with open(path, encoding="utf-8") as f:
-          return json.load(f)
+        return json_bounded.load(path)
       except (OSError, ValueError) as e:
         raise EFMLError(f"{path}: not a readable architecture JSON ({checks.one_line(e)})") from None
   log.info(f"{config_file}: its architecture {named} is not in {folder}; using the published default "
@@ -154,7 +153,6 @@ def load(folder: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any], cha
     token_ids = chars.LexiconIds(char2id, word2id, int(emb["max_characters_per_token"]))
   except (ValueError, KeyError) as e:
     raise EFMLError(f"{folder}/{e.args[0] if isinstance(e, ValueError) else 'architecture: missing ' + str(e)}") from None
-  te = _state(folder, TOKEN_EMBEDDER)
   options = options_lib.validate({
       "char_cnn": {"activation": emb.get("activation", "relu"), "embedding": {"dim": int(emb["char_dim"])},
                    "filters": emb["filters"], "n_highway": int(emb.get("n_highway") or 0),
@@ -166,6 +164,7 @@ def load(folder: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any], cha
                "cell_clip": enc.get("cell_clip"), "proj_clip": enc.get("proj_clip"),
                "use_skip_connections": True, "implicit_forget_bias": False},
       "format": FORMAT}, f"{folder}/{CONFIG}")
+  te = _state(folder, TOKEN_EMBEDDER)  # after the options are checked: their sizes bound what is read
   params = {"char_cnn": _char_cnn(te, options, folder, char2id, word2id),
             "lstm": _lstm(_state(folder, ENCODER), options, folder)}
   return options, params, token_ids

@@ -23,6 +23,7 @@ from elmo_jax.formats import efml
 from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import torch_save
 from elmo_jax.runtime import files
+from elmo_jax.runtime import json_bounded
 
 
 class EFMLExportError(ValueError):
@@ -45,10 +46,8 @@ def architecture_name(options: dict[str, Any]) -> str:
 
 def arch_name_of(folder: str) -> str | None:
   """The architecture JSON's name (without .json) that an EFML folder's config.json names, else None."""
-  import json
   try:
-    with open(os.path.join(folder, efml.CONFIG), encoding="utf-8") as f:
-      named = json.load(f).get("config_path")
+    named = json_bounded.load(os.path.join(folder, efml.CONFIG)).get("config_path")
   except (OSError, ValueError, AttributeError):
     return None
   return os.path.splitext(os.path.basename(named))[0] if isinstance(named, str) and named else None

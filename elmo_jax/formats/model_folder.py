@@ -37,6 +37,7 @@ from elmo_jax.formats import param_names
 from elmo_jax.formats import safetensors
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files
+from elmo_jax.runtime import json_bounded
 from elmo_jax.runtime.run_layout import VOCAB_FILE
 
 FORMAT, VERSION = "elmo_jax", 1
@@ -130,8 +131,7 @@ def read_config(folder: str) -> tuple[dict[str, Any], str]:
   if os.path.getsize(path) > MAX_CONFIG:
     raise FolderError(f"{path}: {os.path.getsize(path):,} bytes, over the {MAX_CONFIG:,} a config.json may be")
   try:
-    with open(path, encoding="utf-8") as f:
-      config = json.load(f)
+    config = json_bounded.load(path, max_bytes=MAX_CONFIG)
   except (UnicodeDecodeError, ValueError) as e:
     raise FolderError(f"{path}: not a readable JSON file ({' '.join(str(e).split())[:80]})") from None
   if not isinstance(config, dict) or config.get("format") != FORMAT:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from typing import Any
 
 from elmo_jax.runtime import files
+from elmo_jax.runtime import json_bounded
 
 # The released ELMo sizes (allennlp.org/elmo). The char CNN is the same for all three.
 _CHAR_CNN = {
@@ -39,6 +41,28 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# What an options file may say, inclusive: every released model (bilm-tf's small/medium/original/original_5.5B,
+# TF-Hub elmo/3, ELMoForManyLangs) fits well inside. No tensor depends on `max_characters_per_token` (a 10**6
+# makes the char-id cache build a 4 MB row per token) and shapes are products of the rest: an options file is
+# data from outside, bounded like a tensor before anything is built from it.
+LIMITS: dict[str, int] = {
+    "lstm.dim": 16_384,  # released: 4096
+    "lstm.projection_dim": 8_192,  # 512
+    "lstm.n_layers": 16,  # 2
+    "char_cnn.embedding.dim": 1_024,  # 16 (EFML: 50)
+    "char_cnn.max_characters_per_token": 1_024,  # 50
+    "char_cnn.n_highway": 16,  # 1 or 2
+    "char_cnn.filters": 64,  # [width, count] pairs; 7
+    "char_cnn.filters.width": 64,  # 7 (and at most max_characters_per_token)
+    "char_cnn.filters.count": 16_384,  # 1024
+    "char_cnn.n_filters": 65_536,  # the counts' sum: 2048
+    "char_cnn.char_vocab_size": 2_000_000,  # EFML's char.dic: Unicode has 1,114,112 code points
+    "char_cnn.word_embedding.n_words": 20_000_000,  # EFML's word.dic
+    "char_cnn.word_embedding.dim": 4_096,  # EFML: 100
+    "n_tokens_vocab": 20_000_000,  # bilm-tf's softmax vocabulary: 793,471
+}
+
+
 class OptionsError(ValueError):
   """An options.json that cannot describe an ELMo model; the message names the file and key."""
 
@@ -61,6 +85,7 @@ def validate(options: dict[str, Any], source: str = "options") -> dict[str, Any]
         raise OptionsError(f"{source}: missing key '{section}.{key}'")
   cnn, lstm = options["char_cnn"], options["lstm"]
   _check_types(options, source)
+  _check_bounds(options, source)
   if cnn.get("activation", "relu") not in ("relu", "tanh"):
     raise OptionsError(f"{source}: char_cnn.activation must be 'relu' or 'tanh', got {cnn['activation']!r}")
   if cnn.get("n_characters", 262) not in (261, 262):
@@ -107,14 +132,44 @@ def _check_types(options: dict[str, Any], source: str) -> None:
     raise bad("char_cnn.filters", filters, "a non-empty list of [width, count] integer pairs")
 
 
+def _check_bounds(options: dict[str, Any], source: str) -> None:
+  """Every size the model or the char ids are built from within `LIMITS` (types checked first)."""
+  cnn, lstm = options["char_cnn"], options["lstm"]
+  words = cnn.get("word_embedding") if isinstance(cnn.get("word_embedding"), dict) else {}
+  sizes = {"lstm.dim": lstm["dim"], "lstm.projection_dim": lstm["projection_dim"], "lstm.n_layers": lstm["n_layers"],
+           "char_cnn.embedding.dim": cnn["embedding"]["dim"],
+           "char_cnn.max_characters_per_token": cnn["max_characters_per_token"],
+           "char_cnn.n_highway": cnn.get("n_highway") or 0, "char_cnn.filters": len(cnn["filters"]),
+           "char_cnn.filters.width": max(w for w, _ in cnn["filters"]),
+           "char_cnn.filters.count": max(n for _, n in cnn["filters"]),
+           "char_cnn.n_filters": sum(n for _, n in cnn["filters"]),
+           "char_cnn.char_vocab_size": cnn.get("char_vocab_size", 0),
+           "char_cnn.word_embedding.n_words": words.get("n_words", 0),
+           "char_cnn.word_embedding.dim": words.get("dim", 0), "n_tokens_vocab": options.get("n_tokens_vocab", 0)}
+  for key, value in sizes.items():
+    if value is not None and not _is_int(value, 0):
+      raise OptionsError(f"{source}: {key} must be an integer >= 0, got {value!r:.40} ({type(value).__name__})")
+    if value is not None and value > LIMITS[key]:
+      raise OptionsError(f"{source}: {key} is {value:,}, over the {LIMITS[key]:,} this reader accepts (every "
+                         "released ELMo is far below it)")
+  if sizes["char_cnn.filters.width"] > cnn["max_characters_per_token"]:
+    raise OptionsError(f"{source}: char_cnn.filters has a width {sizes['char_cnn.filters.width']} over "
+                       f"char_cnn.max_characters_per_token ({cnn['max_characters_per_token']})")
+  for key in ("cell_clip", "proj_clip"):
+    value = lstm.get(key)
+    if value is not None and not (math.isfinite(value) and value >= 0):
+      raise OptionsError(f"{source}: lstm.{key} must be a finite number >= 0 or null, got {value!r}")
+
+
 def load(path: str | os.PathLike) -> dict[str, Any]:
   if os.path.isdir(path):
     raise OptionsError(f"{path}: is a directory, not an options.json file")
   try:
-    with open(path, encoding="utf-8") as f:
-      options = json.load(f)
+    options = json_bounded.load(path, str(path))
   except FileNotFoundError:
     raise OptionsError(f"{path}: options file not found") from None
+  except json_bounded.JSONLimitError as e:
+    raise OptionsError(str(e)) from None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     kind = files.looks_like(path)
     if kind == "an HDF5 file":

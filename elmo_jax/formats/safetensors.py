@@ -30,6 +30,7 @@ import numpy as np
 
 from elmo_jax.formats.weights import WeightFileError
 from elmo_jax.runtime import files
+from elmo_jax.runtime import json_bounded
 
 # The dtypes read (safetensors' names -> numpy, little-endian); the floats a model's parameters may be stored in
 # (`weights.checked` makes them float32). Integer and bool tensors have no place in a model here.
@@ -87,7 +88,7 @@ def read_header(path: str | os.PathLike) -> tuple[dict[str, tuple[np.dtype, tupl
       raise SafetensorsError(f"{path}: header of {n:,} bytes in a file of {size:,} (truncated?)")
     raw = f.read(n)
   try:
-    header = json.loads(raw.decode("utf-8"))
+    header = json_bounded.loads(raw, max_bytes=MAX_HEADER)
   except (UnicodeDecodeError, ValueError) as e:
     raise SafetensorsError(f"{path}: header is not UTF-8 JSON ({' '.join(str(e).split())[:80]})") from None
   if not isinstance(header, dict):

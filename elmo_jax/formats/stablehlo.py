@@ -21,17 +21,21 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
+import zlib
 from typing import Any, Callable
 
 import jax
 import numpy as np
 
 from elmo_jax.formats import param_names
+from elmo_jax.runtime import json_bounded
 
 MODULE_FILE, WEIGHTS_FILE, META_FILE = "model.stablehlo", "weights.npz", "stablehlo.json"
 FORMAT = "elmo_jax.stablehlo"
 VERSION = 1
 PLATFORMS = ("cpu", "cuda", "tpu")
+_NPY_HEADER = 4096  # bytes a .npy member holds beyond its data (numpy writes 64 to a few hundred)
 
 
 class ExportedError(ValueError):
@@ -66,11 +70,22 @@ def export(options: dict[str, Any], params: dict[str, Any], platforms: tuple[str
   return jax.export.export(jax.jit(forward(options)), platforms=platforms)(weights, ids)
 
 
+def require_flatbuffers() -> None:
+  """ExportedError (one line) unless `flatbuffers` imports: jax.export serializes with it, and jax does not
+  require it (elmo_jax's dependencies and both locks name it)."""
+  try:
+    import flatbuffers  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    raise ExportedError("StableHLO artifacts need the flatbuffers package (jax.export's serialization): "
+                        "pip install flatbuffers, or pip install -r requirements.txt") from None
+
+
 def write(folder: str, options: dict[str, Any], params: dict[str, Any],
           platforms: tuple[str, ...] = PLATFORMS) -> None:
   """Writes the artifact's three files into `folder` (an existing, empty one: `convert` gives a temp folder
   renamed into place when whole)."""
   from elmo_jax.model import BiLMConfig  # pylint: disable=g-import-not-at-top
+  require_flatbuffers()
   cfg = BiLMConfig.from_options(options)
   exported = export(options, params, platforms)
   with open(os.path.join(folder, MODULE_FILE), "wb") as f:
@@ -116,13 +131,13 @@ def _problem(folder: str) -> str | None:
 def load_exported(folder: str | os.PathLike) -> Loaded:
   """Reads a folder `write` wrote. Raises ExportedError (one line) for a folder that is not one."""
   folder = os.fspath(folder)
+  require_flatbuffers()
   problem = _problem(folder)
   if problem:
     raise ExportedError(problem)
   meta_file = os.path.join(folder, META_FILE)
   try:
-    with open(meta_file, encoding="utf-8") as f:
-      meta = json.load(f)
+    meta = json_bounded.load(meta_file)
   except (OSError, ValueError) as e:
     raise ExportedError(f"{meta_file}: not JSON ({e})") from None
   if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
@@ -138,18 +153,32 @@ def load_exported(folder: str | os.PathLike) -> Loaded:
 
 
 def _weights(path: str, exported: jax.export.Exported) -> dict[str, np.ndarray]:
-  """The weights file's arrays, each checked against the module's own argument of that name."""
+  """The weights file's arrays, each checked against the module's own argument of that name: the members' names
+  and uncompressed sizes before any is read (a small npz may inflate to gigabytes), then dtype, shape and
+  finite values."""
   wanted_tree = jax.tree_util.tree_unflatten(exported.in_tree, exported.in_avals)[0][0]
   try:
+    with zipfile.ZipFile(path) as z:
+      sizes = {info.filename.removesuffix(".npy"): info.file_size for info in z.infolist()}
+    if set(sizes) != set(wanted_tree):
+      missing = sorted(set(wanted_tree) - set(sizes)) or sorted(set(sizes) - set(wanted_tree))
+      raise ExportedError(f"{path}: its arrays are not the module's (first difference: {missing[0]})")
+    for name, aval in wanted_tree.items():
+      need = np.dtype(aval.dtype).itemsize * int(np.prod(aval.shape, dtype=np.int64))
+      if sizes[name] > need + _NPY_HEADER:
+        raise ExportedError(f"{path}: {name} inflates to {sizes[name]:,} bytes; the module's {aval.dtype} "
+                            f"{list(aval.shape)} is {need:,}")
     with np.load(path, allow_pickle=False) as npz:
       found = {name: npz[name] for name in npz.files}
-  except (OSError, ValueError) as e:
-    raise ExportedError(f"{path}: not a readable .npz ({e})") from None
-  if set(found) != set(wanted_tree):
-    missing = sorted(set(wanted_tree) - set(found)) or sorted(set(found) - set(wanted_tree))
-    raise ExportedError(f"{path}: its arrays are not the module's (first difference: {missing[0]})")
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError) as e:
+    if isinstance(e, ExportedError):
+      raise
+    raise ExportedError(f"{path}: not a readable .npz ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+                        ) from None
   for name, aval in wanted_tree.items():
     if found[name].shape != tuple(aval.shape) or found[name].dtype != aval.dtype:
       raise ExportedError(f"{path}: {name} is {found[name].dtype} {list(found[name].shape)}, the module takes "
                           f"{aval.dtype} {list(aval.shape)}")
+    if np.issubdtype(found[name].dtype, np.floating) and not np.isfinite(found[name]).all():
+      raise ExportedError(f"{path}: {name} holds NaN or infinite values (a damaged or diverged model)")
   return found

@@ -94,20 +94,30 @@ def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) 
 
 def _timing_headers(timing: dict[str, float]) -> dict[str, str]:
   """A request's `x-queue-time` and `x-inference-time` (ms), from what its batch recorded."""
-  return {f"x-{name}-time": f"{timing[f'{name}_s'] * 1e3:.3f}" for name in ("queue", "inference") if f"{name}_s" in timing}
+  return {f"x-{name}-time": f"{timing[f'{name}_s'] * 1e3:.3f}" for name in ("queue", "inference")
+          if f"{name}_s" in timing}
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-  """The body, refused (413) as soon as it is known to pass `limit` bytes (Content-Length, else while read)."""
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+  """The body, refused (413) as soon as it is known to pass `limit` bytes (Content-Length, else while read),
+  and 408 unless all of it arrives within `timeout_s` (a client that sends half a body and waits holds a
+  connection and a file descriptor: it gets no more than a request's own time)."""
   length = request.headers.get("content-length")
   if length is not None and length.isdigit() and int(length) > limit:
     raise RequestError(f"the body has {length} bytes; this server takes at most {limit} (--max_body_bytes)", 413)
-  chunks, size = [], 0
-  async for chunk in request.stream():
-    size += len(chunk)
-    if size > limit:
-      raise RequestError(f"the body passes {limit} bytes (--max_body_bytes)", 413)
-    chunks.append(chunk)
+  chunks: list[bytes] = []
+
+  async def read() -> None:
+    size = 0
+    async for chunk in request.stream():
+      size += len(chunk)
+      if size > limit:
+        raise RequestError(f"the body passes {limit} bytes (--max_body_bytes)", 413)
+      chunks.append(chunk)
+  try:
+    await asyncio.wait_for(read(), timeout_s)
+  except asyncio.TimeoutError:
+    raise RequestError(f"the body did not arrive within {timeout_s:g} s (--timeout_s)", 408) from None
   return b"".join(chunks)
 
 
@@ -165,11 +175,18 @@ def _check_model(service: Service, request: Request) -> None:
     raise RequestError(f"model {name!r} has no version {version!r}; its one version is '1'"[:300], 404)
 
 
+def _limits(service: Service) -> v2.Limits:
+  """What one request may cost (`v2.Limits.derived` from the server's flags and the model's shape)."""
+  return v2.Limits.derived(service.max_body_bytes, service.max_tokens, service.batcher.max_batch_tokens,
+                           service.embedder.n_layers, service.embedder.output_dim)
+
+
 @_endpoint("infer")
 async def infer(service: Service, request: Request) -> Response:
   _check_model(service, request)
-  body = await _read_body(request, service.max_body_bytes)
-  sentences, outputs, request_id = v2.parse_infer(body, request.headers.get(v2.HEADER_LENGTH))
+  body = await _read_body(request, service.max_body_bytes, service.timeout_s)
+  sentences, outputs, request_id = v2.parse_infer(body, request.headers.get(v2.HEADER_LENGTH), _limits(service),
+                                                  service.tokenize)
   timing: dict[str, float] = {}
   layers = await service.embed(sentences, timing)
   arrays = v2.output_arrays(layers, list(outputs), service.layer)
@@ -179,8 +196,9 @@ async def infer(service: Service, request: Request) -> Response:
 
 @_endpoint("embeddings", openai_api.error_body)
 async def embeddings(service: Service, request: Request) -> Response:
-  body = await _read_body(request, service.max_body_bytes)
-  sentences, fmt = openai_api.parse(body, service.model_name, service.embedder.output_dim, service.tokenize)
+  body = await _read_body(request, service.max_body_bytes, service.timeout_s)
+  sentences, fmt = openai_api.parse(body, service.model_name, service.embedder.output_dim, service.tokenize,
+                                    _limits(service))
   timing: dict[str, float] = {}
   layers = await service.embed(sentences, timing)
   arrays = v2.output_arrays(layers, ["sentence_vector"], service.layer)

@@ -16,9 +16,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from elmo_jax.serving.v2 import RequestError, json_object
-
-MAX_INPUTS = 2048  # OpenAI's own limit of inputs per request
+from elmo_jax.serving.v2 import OPENAI_MAX_INPUTS as MAX_INPUTS
+from elmo_jax.serving.v2 import Limits, RequestError, json_object
 
 
 def error_body(message: str, status: int) -> bytes:
@@ -29,9 +28,10 @@ def error_body(message: str, status: int) -> bytes:
   return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
 
 
-def parse(body: bytes, model_name: str, dim: int, tokenize: Callable[[str], list[str]]
+def parse(body: bytes, model_name: str, dim: int, tokenize: Callable[[str], list[str]], limits: Limits
           ) -> tuple[list[list[str]], str]:
-  """A request -> (each input's tokens, encoding_format); `RequestError` (400, or 404 for another model)."""
+  """A request -> (each input's tokens, encoding_format); `RequestError` (400, 404 for another model, 413 past
+  `limits`: a sentence's tokens or the request's)."""
   request = json_object(body)
   model = request.get("model")
   if not isinstance(model, str):
@@ -54,7 +54,9 @@ def parse(body: bytes, model_name: str, dim: int, tokenize: Callable[[str], list
   dims = request.get("dimensions")
   if dims is not None and dims != dim:
     raise RequestError(f"dimensions: this model's vectors have {dim}, got {dims!r} (ELMo cannot shorten them)"[:300])
-  return [tokenize(t) for t in texts], fmt
+  sentences = [tokenize(t) for t in texts]
+  limits.check_sentences(sentences)
+  return sentences, fmt
 
 
 def response(vectors: np.ndarray, sentences: Sequence[Sequence[str]], fmt: str, model_name: str) -> bytes:

@@ -17,17 +17,74 @@ outputs, with the request parameter `binary_data_output`) comes back the same wa
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import struct
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from elmo_jax.embedding.args import sentence_means
+from elmo_jax.runtime import json_bounded
 
 INPUT = "text"
 OUTPUTS = ("layers", "top", "average", "sentence_vector", "lengths")
 HEADER_LENGTH = "Inference-Header-Content-Length"
+OPENAI_MAX_INPUTS = 2048  # OpenAI's own limit of inputs per request
+JSON_FLOAT_BYTES = 25  # the longest `repr` of a float32 as a double, and its comma: -1.1754943508222875e-38,
+_JSON_CHUNK = 1 << 16  # elements formatted at once (no Python list of a whole answer)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """What one request may cost, known before any work: sentences, tokens per sentence and in all, and the
+  answer's bytes (each checked in `parse_infer` / `openai_api.parse`, a 413 naming the limit).
+
+  `derived` makes them from the server's flags: a sentence at most `--max_tokens`; a request at most 16 device
+  batches of tokens (`--max_batch_tokens`: what a timeout can wait for) and 4 batches of sentences (an empty
+  sentence costs an answer row); an answer at most 16 times `--max_body_bytes` (64 MiB at least). `n_layers`,
+  `dim`: the model's (an answer's size is known from the sentences' lengths).
+  """
+  max_tokens: int
+  max_sentences: int
+  max_total_tokens: int
+  max_answer_bytes: int
+  n_layers: int
+  dim: int
+
+  @classmethod
+  def derived(cls, max_body_bytes: int, max_tokens: int, max_batch_tokens: int, n_layers: int,
+              dim: int) -> "Limits":
+    return cls(max_tokens=max_tokens, max_sentences=max(OPENAI_MAX_INPUTS, 4 * max_batch_tokens),
+               max_total_tokens=max(max_tokens, 16 * max_batch_tokens),
+               max_answer_bytes=max(64 << 20, 16 * max_body_bytes), n_layers=n_layers, dim=dim)
+
+  def check_sentences(self, sentences: Sequence[Sequence[str]]) -> None:
+    """413 for a sentence over `max_tokens` or tokens in all over `max_total_tokens`."""
+    total = 0
+    for i, s in enumerate(sentences):
+      total += len(s)
+      if len(s) > self.max_tokens:
+        raise RequestError(f"sentence {i} has {len(s)} tokens; this server takes at most {self.max_tokens} "
+                           "(--max_tokens)", 413)
+    if total > self.max_total_tokens:
+      raise RequestError(f"the request has {total} tokens; this server takes at most {self.max_total_tokens} in "
+                         "one request (16 x --max_batch_tokens); split it", 413)
+
+  def answer_bytes(self, lengths: Sequence[int], outputs: dict[str, bool]) -> int:
+    """An upper bound of the answer's bytes: every element of each output, at `JSON_FLOAT_BYTES` in JSON."""
+    n, time = len(lengths), max(lengths, default=0)
+    elements = {"layers": n * self.n_layers * time * self.dim, "top": n * time * self.dim,
+                "average": n * time * self.dim, "sentence_vector": n * self.dim, "lengths": n}
+    return sum(elements[name] * (4 if binary else JSON_FLOAT_BYTES) for name, binary in outputs.items())
+
+  def check_answer(self, lengths: Sequence[int], outputs: dict[str, bool]) -> None:
+    size = self.answer_bytes(lengths, outputs)
+    if size > self.max_answer_bytes:
+      raise RequestError(f"the answer would take up to {size:,} bytes ({len(lengths)} sentences padded to "
+                         f"{max(lengths, default=0)} tokens); this server writes at most {self.max_answer_bytes:,} "
+                         "(16 x --max_body_bytes): ask for fewer sentences, sentence_vector, or binary_data", 413)
 
 
 class RequestError(ValueError):
@@ -45,7 +102,9 @@ def json_object(body: bytes, what: str = "request") -> dict[str, Any]:
   except UnicodeDecodeError as e:
     raise RequestError(f"the {what} is not UTF-8 (byte {e.start})") from None
   try:
-    value = json.loads(text)
+    value = json_bounded.loads(text, f"the {what}", max_bytes=len(text))
+  except json_bounded.JSONLimitError as e:
+    raise RequestError(str(e)) from None
   except json.JSONDecodeError as e:
     raise RequestError(f"the {what} is not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
   if not isinstance(value, dict):
@@ -88,24 +147,43 @@ def _flat_strings(data: Any) -> list[str]:
   return [s for item in data for s in _flat_strings(item)]
 
 
-def _shape(spec: dict[str, Any]) -> list[int]:
+def _shape(spec: dict[str, Any], limits: Limits) -> list[int]:
+  """The input's shape, each dimension within `limits` (a zero beside a huge one included) before any work."""
   shape = spec.get("shape")
   if (not isinstance(shape, list) or not 1 <= len(shape) <= 2
       or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
     raise RequestError(f"input '{INPUT}': shape must be [n] (a sentence per element) or [n, t] (a sentence's "
                        f"tokens per row), got {shape!r}"[:300])
+  if shape[0] > limits.max_sentences:
+    raise RequestError(f"input '{INPUT}': shape {shape} has {shape[0]} sentences; this server takes at most "
+                       f"{limits.max_sentences} in one request (4 x --max_batch_tokens)"[:300], 413)
+  if len(shape) == 2 and shape[1] > limits.max_tokens:
+    raise RequestError(f"input '{INPUT}': shape {shape} has rows of {shape[1]} tokens; this server takes at most "
+                       f"{limits.max_tokens} (--max_tokens)"[:300], 413)
+  if shape[0] == 0:
+    raise RequestError(f"input '{INPUT}': shape {shape} holds no sentence; send at least one")
   return shape
 
 
-def _input_strings(spec: dict[str, Any], binary: memoryview, at: int) -> tuple[list[str], list[int], int]:
+def _object(value: Any, what: str) -> dict[str, Any]:
+  """`value` (absent: {}) as a JSON object, else 400 naming `what`."""
+  if value is None:
+    return {}
+  if not isinstance(value, dict):
+    raise RequestError(f"{what} must be a JSON object, got {type(value).__name__}")
+  return value
+
+
+def _input_strings(spec: dict[str, Any], binary: memoryview, at: int, limits: Limits
+                   ) -> tuple[list[str], list[int], int]:
   """One input's elements as str, its shape, and the binary offset past its data."""
   if spec.get("name") != INPUT:
     raise RequestError(f"unknown input {spec.get('name')!r}: the model's one input is '{INPUT}' (BYTES)"[:300])
   if spec.get("datatype") != "BYTES":
     raise RequestError(f"input '{INPUT}' has datatype BYTES (tokens as UTF-8), got {spec.get('datatype')!r}"[:300])
-  shape = _shape(spec)
-  count = int(np.prod(shape))
-  size = (spec.get("parameters") or {}).get("binary_data_size")
+  shape = _shape(spec, limits)
+  count = shape[0] * (shape[1] if len(shape) == 2 else 1)
+  size = _object(spec.get("parameters"), f"input '{INPUT}': parameters").get("binary_data_size")
   if size is not None:
     if not isinstance(size, int) or size < 0 or at + size > len(binary):
       raise RequestError(f"input '{INPUT}': binary_data_size {size!r} past the {len(binary) - at} bytes left"[:300])
@@ -120,8 +198,12 @@ def _input_strings(spec: dict[str, Any], binary: memoryview, at: int) -> tuple[l
   return strings, shape, at
 
 
-def parse_infer(body: bytes, header_length: str | None) -> tuple[list[list[str]], dict[str, bool], Any]:
-  """An inference request -> (sentences as tokens, {output name: binary?} in output order, the request id)."""
+def parse_infer(body: bytes, header_length: str | None, limits: Limits,
+                tokenize: Callable[[str], list[str]] = str.split) -> tuple[list[list[str]], dict[str, bool], Any]:
+  """An inference request -> (sentences as tokens, {output name: binary?} in output order, the request id);
+  every dimension, the tokens and the answer's size checked against `limits` (400 / 413) before any work. A
+  sentence of shape `[n]` is `tokenize`d (the server's `--tokenize`, as `/v1/embeddings`); `[n, t]` rows are
+  tokens already."""
   if header_length is not None:
     try:
       n = int(header_length)
@@ -136,18 +218,21 @@ def parse_infer(body: bytes, header_length: str | None) -> tuple[list[list[str]]
   inputs = header.get("inputs")
   if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
     raise RequestError(f"'inputs' must be a list of one input, '{INPUT}' (BYTES)")
-  strings, shape, _ = _input_strings(inputs[0], binary, 0)
+  outputs = _outputs(header)
+  strings, shape, _ = _input_strings(inputs[0], binary, 0, limits)
   if len(shape) == 1:
-    sentences = [s.split() for s in strings]
+    sentences = [tokenize(s) for s in strings]
   else:
     sentences = [[t for t in strings[i * shape[1]:(i + 1) * shape[1]] if t] for i in range(shape[0])]
-  return sentences, _outputs(header), header.get("id")
+  limits.check_sentences(sentences)
+  limits.check_answer([len(s) for s in sentences], outputs)
+  return sentences, outputs, header.get("id")
 
 
 def _outputs(header: dict[str, Any]) -> dict[str, bool]:
   """The outputs asked for (all, when none is named, as the protocol says), each with whether it goes binary."""
-  params = header.get("parameters") or {}
-  binary_default = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
+  params = _object(header.get("parameters"), "the request's parameters")
+  binary_default = bool(params.get("binary_data_output", False))
   asked = header.get("outputs")
   if asked is None:
     return {name: binary_default for name in OUTPUTS}
@@ -157,7 +242,8 @@ def _outputs(header: dict[str, Any]) -> dict[str, bool]:
   for o in asked:
     if o.get("name") not in OUTPUTS:
       raise RequestError(f"unknown output {o.get('name')!r}; the model's outputs: {', '.join(OUTPUTS)}"[:300])
-    out[o["name"]] = bool((o.get("parameters") or {}).get("binary_data", binary_default))
+    parameters = _object(o.get("parameters"), f"output {o['name']!r}: parameters")
+    out[o["name"]] = bool(parameters.get("binary_data", binary_default))
   return out
 
 
@@ -180,23 +266,42 @@ def output_arrays(per_sentence: Sequence[np.ndarray], names: Sequence[str], laye
   return {name: np.ascontiguousarray(out[name], np.int32 if name == "lengths" else np.float32) for name in names}
 
 
+def _json_floats(array: np.ndarray) -> bytes:
+  """The JSON array `json.dumps(array.ravel().tolist())` gives (compact), made `_JSON_CHUNK` elements at a
+  time: never one Python list of a whole answer."""
+  flat, out = array.ravel(), [b"["]
+  for at in range(0, len(flat), _JSON_CHUNK):
+    out.append((b"," if at else b"") + json.dumps(flat[at:at + _JSON_CHUNK].tolist(),
+                                                  separators=(",", ":"))[1:-1].encode())
+  out.append(b"]")
+  return b"".join(out)
+
+
+def _dumps(head: dict[str, Any], data: list[np.ndarray | None]) -> bytes:
+  """`head` as compact JSON, output k's entry with `"data"`: `data[k]` (None: an entry without data)."""
+  compact = functools.partial(json.dumps, separators=(",", ":"))
+  entries = [compact(e).encode() if d is None else compact(e).encode()[:-1] + b',"data":' + _json_floats(d) + b"}"
+             for e, d in zip(head["outputs"], data)]
+  rest = compact({k: v for k, v in head.items() if k != "outputs"}).encode()
+  return rest[:-1] + (b"," if len(rest) > 2 else b"") + b'"outputs":[' + b",".join(entries) + b"]}"
+
+
 def response(model_name: str, request_id: Any, arrays: dict[str, np.ndarray],
              binary: dict[str, bool]) -> tuple[bytes, dict[str, str]]:
   """The response body and its headers (JSON, or JSON + the binary outputs with `HEADER_LENGTH`)."""
-  entries, blobs = [], []
+  entries, blobs, data = [], [], []
   for name, array in arrays.items():
     entry = {"name": name, "datatype": "INT32" if array.dtype == np.int32 else "FP32", "shape": list(array.shape)}
     if binary[name]:
-      data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-      entry["parameters"] = {"binary_data_size": len(data)}
-      blobs.append(data)
-    else:
-      entry["data"] = array.ravel().tolist()
+      raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+      entry["parameters"] = {"binary_data_size": len(raw)}
+      blobs.append(raw)
+    data.append(None if binary[name] else array)
     entries.append(entry)
   head = {"model_name": model_name, "model_version": "1", "outputs": entries}
   if request_id is not None:
     head["id"] = request_id
-  text = json.dumps(head, separators=(",", ":")).encode()
+  text = _dumps(head, data)
   if not blobs:
     return text, {"content-type": "application/json"}
   return b"".join([text, *blobs]), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(text))}

@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterator
 
 from elmo_jax.formats import checks
 from elmo_jax.runtime import files
+from elmo_jax.runtime import json_bounded
 from elmo_jax.runtime import log
 from elmo_jax.runtime.cache import cache_dir, cache_label
 from elmo_jax.runtime.progress import progress
@@ -120,8 +121,7 @@ def _stamp(path: str) -> list[int]:
 def _read_manifest(path: str) -> tuple[dict[str, Any], str | None]:
   """(manifest, None), ({}, None) when there is none, or ({}, why it cannot be trusted)."""
   try:
-    with open(path, encoding="utf-8") as f:
-      manifest = json.load(f)
+    manifest = json_bounded.load(path)
   except FileNotFoundError:
     return {}, None
   except (OSError, ValueError) as e:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import sys
 
 from elmo_jax.formats.checks import one_line
@@ -140,10 +141,30 @@ def verify(spec: str, folder: str, expected: dict[str, tuple[str, str]] | None) 
                        f"from the Hub's {want[:16]}...; the cached copy is deleted")
 
 
-def push(folder: str, spec: str, message: str | None = None) -> str:
-  """Uploads the model folder's files to the repository `spec` names (created, private: no, if missing), with
-  the token of `HF_TOKEN` or huggingface_hub's login; returns `hf://owner/name@<commit>`. The caller checks the
-  folder first (it must load)."""
+def publishable(folder: str, paths: list[str]) -> list[str]:
+  """The names (relative to `folder`, `/`-separated) of `paths`, the files a model's loader reads, each a regular
+  file inside `folder`: HubError (one line) for a symlink, a file outside the folder or a dotfile, which a push
+  would publish (a link's target's content, a `.env`)."""
+  root, names = os.path.realpath(folder), []
+  for path in dict.fromkeys(paths):
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(folder)).replace(os.sep, "/")
+    if rel.startswith("../") or rel == ".." or os.path.isabs(rel):
+      raise HubError(f"{path}: the model reads it from outside {folder}; copy it into the folder to push it")
+    if any(part.startswith(".") for part in rel.split("/")):
+      raise HubError(f"{folder}/{rel}: a hidden file is not pushed; rename it")
+    st = os.lstat(path)
+    if os.path.islink(path) or not stat.S_ISREG(st.st_mode) or not os.path.realpath(path).startswith(root + os.sep):
+      raise HubError(f"{folder}/{rel}: not a regular file inside the folder (a symlink?); a push publishes a "
+                     "model's own files only: copy the file in")
+    names.append(rel)
+  return names
+
+
+def push(folder: str, spec: str, names: list[str], message: str | None = None, public: bool = False) -> str:
+  """Uploads exactly `names` (`publishable`'s) of `folder` to the repository `spec` names, created private
+  (`public`: public) if missing, and deletes the repository's other files (an older model's) in the same
+  commit; the token of `HF_TOKEN` or huggingface_hub's login; returns `hf://owner/name@<commit>`. The caller
+  checks the folder first (it must load)."""
   hf = _hf()
   repo, revision = parse(spec)
   token = hf.get_token()
@@ -151,8 +172,16 @@ def push(folder: str, spec: str, message: str | None = None) -> str:
     raise HubError(f"{spec}: no Hugging Face token: set HF_TOKEN or run `hf auth login`")
   api = hf.HfApi(endpoint=_endpoint(), token=token)
   try:
-    api.create_repo(repo, exist_ok=True)
-    info = api.upload_folder(folder_path=folder, repo_id=repo, revision=revision,
+    api.create_repo(repo, exist_ok=True, private=not public)
+    try:
+      old = set(api.list_repo_files(repo, revision=revision))
+    except hf.errors.RevisionNotFoundError:
+      old = set()  # a new repository (or branch): nothing to delete
+    operations = [hf.CommitOperationAdd(path_in_repo=name, path_or_fileobj=os.path.join(folder, name))
+                  for name in names]
+    operations += [hf.CommitOperationDelete(path_in_repo=name) for name in sorted(old - set(names))
+                   if name != ".gitattributes"]
+    info = api.create_commit(repo, operations, revision=revision,
                              commit_message=message or f"elmo-jax push {os.path.basename(os.path.abspath(folder))}")
   except _hub_errors(hf) as e:
     raise HubError(f"{spec}: {one_line(e)}") from None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from elmo_jax.data import chars
 from elmo_jax.formats import efml
 from elmo_jax.formats import model_folder
 from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import param_names
 from elmo_jax.formats import tfhub
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime.run_layout import VOCAB_FILE
@@ -74,7 +76,31 @@ def load_model(found: ResolvedModel) -> LoadedModel:
   """Reads what `found` names: a TF-Hub module, an EFML folder, or an options.json + weights.hdf5 pair (a run's
   export: FileNotFoundError, one line, until it has one). Raises the readers' one-line errors
   (options.OptionsError, weights.WeightFileError, efml.EFMLError, tf_bundle.BundleError; a model folder's
-  model_folder.FolderError and safetensors.SafetensorsError are WeightFileErrors)."""
+  model_folder.FolderError and safetensors.SafetensorsError are WeightFileErrors); a weight that is NaN or
+  infinite in any format is a WeightFileError naming it (a model of them answers NaN layers without a word), and
+  so is a reader's MemoryError or zipfile.BadZipFile (a file that claims more than this machine holds, a torch
+  file that is no zip), whichever reader meets it."""
+  try:
+    model = _read(found)
+  except (MemoryError, zipfile.BadZipFile) as e:
+    what = "needs more memory than this process can have" if isinstance(e, MemoryError) else "is a damaged zip"
+    raise weights_lib.WeightFileError(f"{found.path or 'the model'}: reading it failed: it {what} "
+                                      f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
+  return _finite(model)
+
+
+def _finite(model: LoadedModel) -> LoadedModel:
+  """`model` if every weight it holds is finite, else WeightFileError naming the first that is not."""
+  for part, tree in (("bilm", model.params), ("softmax", model.softmax), ("mix", model.mix)):
+    for name, value in param_names.flat(tree or {}, part).items():
+      if not np.isfinite(value.sum(dtype=np.float64)):  # a float64 sum of float32s cannot overflow: only NaN/inf
+        where = model.files[1] if len(model.files) > 1 and model.format == BILM_HDF5 else model.files[0]
+        raise weights_lib.WeightFileError(f"{where}: the weight {name} holds NaN or infinite values (a damaged "
+                                          "or diverged model)")
+  return model
+
+
+def _read(found: ResolvedModel) -> LoadedModel:
   if found.tfhub_dir is not None:
     return _tfhub(found)
   if found.efml_dir is not None:

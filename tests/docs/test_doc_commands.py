@@ -16,6 +16,7 @@ from paths import REPO_ROOT
 # command (a regex searched in the command, its comment dropped) -> the test that runs it at tiny settings
 RUN_BY = {
     r"^bash scripts/train\.sh$": "tests/docs/test_doc_commands.py::test_train_sh_trains_the_shipped_corpus",
+    r"^source \.venv/bin/activate$": "tests/docs/test_doc_commands.py::test_the_readme_activates_the_venv_first",
     r"^elmo-jax embed --model=original .*--output_file=(elmo|all_layers|vectors|tokens|elmo_cached)\.hdf5":
         "tests/docs/test_readme_pretrained.py::test_readme_code_runs",
     r"^elmo-jax embed --model=original --input_file=sentences\.txt --output_file=elmo\.hdf5 --top$":
@@ -232,3 +233,19 @@ def test_train_sh_trains_the_shipped_corpus(tmp_path):
   assert (export / "options.json").exists() and (export / "weights.hdf5").exists()
   with open(tmp_path / "run" / "config.json") as f:
     assert "pd-small" in f.read()  # the shipped corpus, configs/default.py's
+
+
+def test_the_readme_activates_the_venv_first():
+  """The README's `source .venv/bin/activate` comes before its first `elmo-jax` command, and in a new shell
+  (no environment activated) it makes `elmo-jax` the environment's (where `.venv` is set up, as in CI)."""
+  readme = [c for f, c in commands() if f == "README.md"]
+  first = next(i for i, c in enumerate(readme) if c.startswith("elmo-jax"))
+  assert "source .venv/bin/activate" in readme[:first], readme[:first + 1]
+  activate = os.path.join(REPO_ROOT, ".venv", "bin", "activate")
+  if not os.path.exists(activate):
+    pytest.skip("no .venv here (scripts/test.sh makes it)")
+  env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+  env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+  proc = subprocess.run(["bash", "-c", "source .venv/bin/activate && elmo-jax --help"], cwd=REPO_ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0 and "usage: elmo-jax <command>" in proc.stdout, proc.stderr[-2000:]

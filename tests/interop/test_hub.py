@@ -93,8 +93,7 @@ def test_a_file_that_differs_from_the_hubs_sha256_is_refused_and_not_kept(hub, f
 
 def test_push_then_pull_returns_the_same_bytes(hub, folder, tmp_path, capsys):
   hub_lib.parse("hf://me/pushed")
-  push_cli.check_folder(folder)
-  pushed = hub_lib.push(folder, "hf://me/pushed")
+  pushed = hub_lib.push(folder, "hf://me/pushed", push_cli.check_folder(folder))
   assert pushed.startswith("hf://me/pushed@") and pushed.split("@")[1] == hub.repos["me/pushed"].refs["main"]
   assert _files(pretrained.resolve_model(pushed).folder_dir) == _files(folder)
   # a folder that is not a loadable safetensors model folder is refused before anything is sent
@@ -124,10 +123,39 @@ def test_any_format_a_folder_holds_and_one_line_errors(hub, monkeypatch):
   monkeypatch.setenv("HF_HOME", str(hub.cache.parent / "no_login"))
   monkeypatch.setattr(sys.modules["huggingface_hub.constants"], "HF_TOKEN_PATH", str(hub.cache.parent / "none"))
   with pytest.raises(hub_lib.HubError, match="no Hugging Face token: set HF_TOKEN"):
-    hub_lib.push(".", "hf://me/x")
+    hub_lib.push(".", "hf://me/x", [])
   monkeypatch.setitem(sys.modules, "huggingface_hub", None)
   with pytest.raises(hub_lib.HubError, match=r"^hf:// specs need huggingface_hub: pip install 'elmo_jax\[hub\]'$"):
     hub_lib.fetch("hf://me/pair")
+
+
+def test_push_publishes_only_the_model_privately_and_replaces_an_older_one(hub, folder, tmp_path):
+  outside = tmp_path / "secret.txt"
+  outside.write_text("a key")
+  mine = tmp_path / "mine"
+  shutil.copytree(folder, mine)
+  (mine / ".env").write_text("HF_TOKEN=hf_secret")
+  (mine / "notes.txt").write_text("a stray")
+  os.symlink(outside, mine / "link.txt")
+  names = push_cli.check_folder(str(mine))
+  assert sorted(names) == sorted(_files(folder))  # the model's files and its card: no .env, stray or link
+  _seed(hub, "me/old", {"options.json": b"{}", "weights.hdf5": b"old", "README.md": b"# old"})
+  pushed = hub_lib.push(str(mine), "hf://me/old", names)
+  assert hub.repos["me/old"].commits[pushed.split("@")[1]] == _files(folder)  # the older model's files deleted
+  hub_lib.push(str(mine), "hf://me/new", names)
+  assert hub.repos["me/new"].private is True and hub.repos["me/new"].commits[hub.repos["me/new"].refs["main"]] == (
+      _files(folder))
+  hub_lib.push(str(mine), "hf://me/open", names, public=True)
+  assert hub.repos["me/open"].private is False
+  # a model file that is a link (out of the folder or not) is refused in one line, nothing sent
+  linked = tmp_path / "linked"
+  shutil.copytree(folder, linked)
+  os.remove(linked / "model.safetensors")
+  os.symlink(os.path.join(folder, "model.safetensors"), linked / "model.safetensors")
+  requests = len(hub.requests)
+  with pytest.raises(hub_lib.HubError, match="model.safetensors: not a regular file inside the folder") as e:
+    push_cli.check_folder(str(linked))
+  assert "\n" not in str(e.value) and len(hub.requests) == requests
 
 
 @pytest.mark.slow  # two command processes
