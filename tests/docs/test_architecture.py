@@ -1,7 +1,7 @@
 """ARCHITECTURE.md's rules, read off the source: the floors it declares hold (a room imports only rooms on lower
 floors, imports placed inside functions, under TYPE_CHECKING and anywhere else in a file counting too), no circle
-between rooms nor between modules, only entry points import `cli`, no file over 400 lines and no function over
-60 (`train_and_evaluate` at most 80)."""
+between rooms nor between modules, only entry points import `cli`, no file over 600 lines and no function over
+80 (a file holds one concept and is split by concept, not squeezed to a number)."""
 from __future__ import annotations
 
 import ast
@@ -13,8 +13,8 @@ import pytest
 from paths import REPO_ROOT
 
 ARCHITECTURE = os.path.join(REPO_ROOT, "ARCHITECTURE.md")
-MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
-LONGER_FUNCTIONS = {("elmo_jax/training/loop.py", "train_and_evaluate"): 80}  # the loop read top to bottom
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 80
+LONGER_FUNCTIONS: dict[tuple[str, str], int] = {}  # (file, function) -> its own limit, where one is argued
 
 
 def _module(root: str, path: str) -> str:
@@ -225,12 +225,12 @@ def test_no_function_over_60_lines():
   assert too_long == {}
 
 
-def test_no_file_over_400_lines():
+def test_no_file_over_600_lines():
   too_long = {rel: n for rel, _, n in _lines() if n > MAX_FILE_LINES}
   assert too_long == {}
 
 
-@pytest.mark.parametrize("body, limit", [("  x = 1\n" * 59, None), ("  x = 1\n" * 60, 61)])
+@pytest.mark.parametrize("body, limit", [("  x = 1\n" * 79, None), ("  x = 1\n" * 80, 81)])
 def test_the_function_rule_counts_def_to_last_line(tmp_path, body, limit):
   (tmp_path / "m.py").write_text("def f():\n" + body)
   assert long_functions(str(tmp_path)) == ({} if limit is None else {("m.py", "f"): limit})

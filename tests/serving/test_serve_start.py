@@ -89,7 +89,8 @@ def test_a_layer_the_model_lacks_is_one_line_at_load(model_dir):
 @pytest.mark.slow
 def test_ctrl_c_during_the_first_load_is_one_line_and_exit_130(model_dir, tmp_path):
   env = launch_util.env(1)
-  env["ELMO_JAX_CACHE"] = str(tmp_path / "cache")  # uncached: the load compiles
+  # uncached: the load compiles (JAX's compilation cache too, which the suite points at its own folder)
+  env["ELMO_JAX_CACHE"] = env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "cache")
   proc = subprocess.Popen([sys.executable, "-m", "elmo_jax", "serve", f"--model={model_dir}", "--port=0"],
                           cwd=REPO_ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
   time.sleep(6)  # into the load
