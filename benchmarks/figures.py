@@ -1,0 +1,281 @@
+"""The pages' measured figures, rendered from the results store (`results/`, records of benchmarks/record.py).
+
+    python benchmarks/figures.py --write    # rewrite every span of README.md and docs/*.md, and docs/figures.md
+    python benchmarks/figures.py --check    # exit 1, naming each span or page that differs from the store
+
+A measured figure on a page is a span: `<!--fig:RECORD:KEY-->14.9 ms<!--/fig-->` (the comments are hidden on a
+forge and in the site), optionally with options after the id: `<!--fig:RECORD:KEY .2f-->` (a format spec),
+`bare` (no unit), `peak` (the fraction of the record machine's measured matmul peak: the figure carries
+`flops`, per unit of a rate or per call of a time), `floor` (the fraction of the memory-bandwidth floor: the
+figure carries `bytes` read per call). Where a record's sources changed since its commit (benchmarks/stale.py),
+the last span of it on a line is followed by `<!--stale:RECORD-->(measured at `abc1234`, N commits of its code
+since)<!--/stale-->`. `docs/figures.md` ("Measured figures") is generated: one table per machine fingerprint.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import re
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import record  # pylint: disable=g-import-not-at-top,wrong-import-position
+import stale as stale_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+SPAN = re.compile(r"<!--fig:(?P<id>[^\s>]+)(?P<opts>[^>]*?)-->(?P<text>.*?)<!--/fig-->")
+STALE = re.compile(r"\s?<!--stale:(?P<rid>[^\s>]+)-->.*?<!--/stale-->")
+GENERATED = "docs/figures.md"
+# What reads as a measured figure in prose: a number (or a range) with a unit of time, throughput, memory, or a
+# ratio written `0.84x`. A line ending in `<!--fact-->` states facts (a bucket of 512 steps, a 600 s deadline).
+_NUM = r"(?<![\w.,/-])[-+]?\d[\d,]*(?:\.\d+)?"
+MEASURED = re.compile(_NUM + r"(?:\s?(?:-|–|to)\s?\d[\d,]*(?:\.\d+)?)?(?:x\b|\s?(?:ms|µs|us|s|sec|seconds?|min|minutes?"
+                      r"|h|hours?|[KMGT]i?B|kB|[A-Za-z]+/s)(?![\w/]))")
+FACT = "<!--fact-->"
+
+
+def pages(repo: str = record.REPO) -> list[str]:
+  """The pages whose spans the store renders: README.md and docs/*.md (not the generated page)."""
+  out = [os.path.join(repo, "README.md")] + sorted(glob.glob(os.path.join(repo, "docs", "*.md")))
+  return [p for p in out if os.path.relpath(p, repo) != GENERATED]
+
+
+def lookup(store: dict[str, dict], fid: str) -> tuple[dict, dict]:
+  """(the record, the figure) of `RECORD:KEY`; KeyError naming the id where the store lacks it."""
+  rid, _, key = fid.partition(":")
+  if rid not in store or key not in store[rid]["figures"]:
+    raise KeyError(f"figure {fid!r} is not in the store (results/{rid}.json)")
+  return store[rid], store[rid]["figures"][key]
+
+
+def number(v: float, spec: str | None = None) -> str:
+  """`v` as the pages write it: a format spec where given; else whole numbers with thousands commas from 100
+  up, three significant digits below."""
+  if spec:
+    return format(v, spec)
+  if abs(v) >= 100 or (float(v).is_integer() and abs(v) >= 1):
+    return f"{round(v):,}"
+  if v == 0:
+    return "0"
+  digits = max(0, 2 - int(math.floor(math.log10(abs(v)))))
+  return f"{v:.{digits}f}"
+
+
+def _measured(rec: dict, name: str) -> float | None:
+  return ((rec["record"].get("machine") or {}).get("measured") or {}).get(name)
+
+
+def portable(rec: dict, fig: dict, how: str) -> str:
+  """The fraction of the matmul peak (`peak`) or of the bandwidth floor (`floor`) a figure reaches on its
+  record's machine, as "61% of the matmul peak"; "?" where the record lacks the machine's measurement."""
+  value, unit = float(fig["value"]), fig["unit"]
+  seconds = value / 1e3 if unit == "ms" else value if unit == "s" else None
+  if how == "peak":
+    peak = fig.get("peak_flops") or _measured(rec, "matmul_peak_flops")
+    if not peak or "flops" not in fig:
+      return "? of the matmul peak"
+    rate = fig["flops"] * value if unit.endswith("/s") else fig["flops"] / seconds
+    return f"{100 * rate / peak:.0f}% of the matmul peak"
+  bandwidth = fig.get("bandwidth") or _measured(rec, "memory_bandwidth_bytes_per_s")
+  if not bandwidth or "bytes" not in fig or seconds is None:
+    return "? of the bandwidth floor"
+  return f"{100 * fig['bytes'] / bandwidth / seconds:.0f}% of the bandwidth floor"
+
+
+def render(rec: dict, fig: dict, opts: str = "") -> str:
+  """A figure's text on a page: `text` where the record keeps one (a legacy figure as the page wrote it),
+  else its value (a number, or [low, high] for a range) and unit, as `opts` say."""
+  words = opts.split()
+  for how in ("peak", "floor"):
+    if how in words:
+      return portable(rec, fig, how)
+  if "text" in fig and not any(w not in ("bare",) for w in words):
+    return fig["text"]
+  spec = next((w for w in words if w != "bare"), None)
+  value = fig["value"]
+  text = "-".join(number(v, spec) for v in value) if isinstance(value, list) else number(value, spec)
+  unit = fig["unit"]
+  if "bare" in words or not unit:
+    return text
+  return text + (unit if unit in ("x", "%") else " " + unit)
+
+
+def stale_note(s: dict) -> str:
+  since = "a commit this clone lacks" if s["since"] is None else f"{s['since']} commits of its code since"
+  return f"(measured at `{s['commit']}`, {since})"
+
+
+def _rewrite_line(line: str, store: dict, stale: dict, errors: list[str], where: str) -> str:
+  line = STALE.sub("", line)
+  last: dict[str, int] = {}  # record id -> index of its last span on the line
+
+  def sub(m: re.Match) -> str:
+    try:
+      rec, fig = lookup(store, m.group("id"))
+    except KeyError as e:
+      errors.append(f"{where}: {e.args[0]}")
+      return m.group(0)
+    return f"<!--fig:{m.group('id')}{m.group('opts')}-->{render(rec, fig, m.group('opts'))}<!--/fig-->"
+
+  line = SPAN.sub(sub, line)
+  for m in SPAN.finditer(line):
+    last[m.group("id").partition(":")[0]] = m.end()
+  for rid, end in sorted(last.items(), key=lambda kv: -kv[1]):
+    if rid in stale:
+      line = line[:end] + f" <!--stale:{rid}-->{stale_note(stale[rid])}<!--/stale-->" + line[end:]
+  return line
+
+
+def rewrite(text: str, store: dict, stale: dict, where: str = "", errors: list[str] | None = None) -> str:
+  """`text` with every span's figure from `store` and the stale notes `stale` calls for."""
+  errors = [] if errors is None else errors
+  lines = text.split("\n")
+  return "\n".join(_rewrite_line(line, store, stale, errors, f"{where}:{i + 1}") for i, line in enumerate(lines))
+
+
+def spans(text: str) -> list[tuple[str, str]]:
+  """(figure id, text) of every span of a page."""
+  return [(m.group("id"), m.group("text")) for m in SPAN.finditer(text)]
+
+
+def shown(repo: str = record.REPO) -> dict[str, list[str]]:
+  """{figure id: [pages showing it]} over README.md and docs/*.md."""
+  out: dict[str, list[str]] = {}
+  for path in pages(repo):
+    with open(path, encoding="utf-8") as f:
+      for fid, _ in spans(f.read()):
+        out.setdefault(fid, [])
+        rel = os.path.relpath(path, repo)
+        if rel not in out[fid]:
+          out[fid].append(rel)
+  return out
+
+
+def anchor(fid: str) -> str:
+  """The id of a figure's row on docs/figures.md."""
+  return "fig-" + re.sub(r"[^a-z0-9]+", "-", fid.lower()).strip("-")
+
+
+def _load(meta: dict) -> str:
+  def fmt(load: Any) -> str:
+    return f"{load[0]:.2f}" if isinstance(load, list) and load else "?"
+  return f"{fmt(meta.get('load_before'))} / {fmt(meta.get('load_after'))}"
+
+
+def _machine_heading(machine: dict) -> list[str]:
+  static, measured = machine.get("static") or {}, machine.get("measured") or {}
+  fp = machine.get("fingerprint", record.UNKNOWN)
+  lines = [f"## Machine `{fp}`" if fp != record.UNKNOWN else "## Machines before the store", ""]
+  if static and fp != record.UNKNOWN:
+    isa = ", ".join(static.get("isa") or []) or "none named"
+    lines.append(f"{static.get('cpu_model')} ({static.get('cpu_family')}), ISA {isa}, {static.get('cores')} cores, "
+                 f"{static.get('memory_gib')} GiB" + (f", {static['accelerator']}" if static.get("accelerator") else "")
+                 + ".")
+  if measured:
+    lines.append(f"Measured in the run: matmul peak {measured.get('matmul_peak_flops', 0) / 1e9:.0f} GFLOP/s, "
+                 f"memory bandwidth {measured.get('memory_bandwidth_bytes_per_s', 0) / 1e9:.1f} GB/s.")
+  if fp == record.UNKNOWN:
+    lines.append("Records of measurements taken before the store: the machine is the one the record's `machine` "
+                 "names (the page's CPU-A, -B, -C), its fingerprint unknown.")
+  return lines + [""]
+
+
+def _cell(text: Any) -> str:
+  return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _figure_rows(rid: str, data: dict, on_pages: dict[str, list[str]], stale: dict) -> list[str]:
+  meta = data["record"]
+  name = (meta.get("machine") or {}).get("name")
+  rows = []
+  for key, fig in sorted(data["figures"].items()):
+    fid = f"{rid}:{key}"
+    if fid not in on_pages:
+      continue
+    note = f" {stale_note(stale[rid])}" if rid in stale else ""
+    rows.append(f'| <a id="{anchor(fid)}"></a>`{rid}` | `{key}` | {_cell(render(data, fig))} | '
+                f"`{_cell(meta.get('command', ''))}` | `{meta.get('commit')}`{note} | {str(meta.get('date', ''))[:10]} | "
+                f"{_load(meta)} | " + (f"{_cell(name)} | " if name is not None else "| ")
+                + ", ".join(on_pages[fid]) + " |")
+  return rows
+
+
+def figures_page(store: dict, on_pages: dict[str, list[str]], stale: dict) -> str:
+  """docs/figures.md: one table per machine fingerprint of every figure a page shows."""
+  groups: dict[str, list[str]] = {}
+  machines: dict[str, dict] = {}
+  for rid, data in sorted(store.items()):
+    machine = data["record"].get("machine") or {"fingerprint": record.UNKNOWN}
+    fp = machine.get("fingerprint", record.UNKNOWN)
+    machines.setdefault(fp, machine)
+    groups.setdefault(fp, []).extend(_figure_rows(rid, data, on_pages, stale))
+  out = ["# Measured figures", "",
+         "Every measured figure of these pages and the README, generated from the results store (`results/`: one "
+         "JSON record per measurement, written by `benchmarks/record.py`) by `python benchmarks/figures.py "
+         "--write`; do not edit by hand. One table per machine fingerprint (the CPU, its ISA flags, cores and "
+         "memory; the matmul peak and memory bandwidth measured in the run). `bash benchmarks/run_all.sh` "
+         "measures them all again; `python benchmarks/stale.py` lists the records whose code changed since "
+         "their commit (the note after a commit).", ""]
+  header = ["| record | figure | value | command | commit | date | load before / after | machine | shown on |",
+            "|---|---|---|---|---|---|---|---|---|"]
+  for fp in sorted(groups, key=lambda f: (f == record.UNKNOWN, f)):
+    if groups[fp]:
+      out += _machine_heading(machines[fp]) + header + groups[fp] + [""]
+  return "\n".join(out)
+
+
+def run(repo: str = record.REPO, write: bool = False) -> list[str]:
+  """The pages' differences from the store (write=False) or the pages rewritten (write=True): the problems
+  left, one line each (a span naming a figure the store lacks; with write=False a span or page that differs)."""
+  store = record.read_store(os.path.join(repo, "results"))
+  stale = stale_lib.stale_records(store, repo)
+  problems: list[str] = []
+  for path in pages(repo):
+    rel = os.path.relpath(path, repo)
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+    new = rewrite(text, store, stale, rel, problems)
+    if new != text:
+      if write:
+        _atomic_write(path, new)
+      else:
+        old = dict(spans(text))
+        for fid, shown_text in spans(new):
+          if old.get(fid) != shown_text:
+            problems.append(f"{rel}: {fid} shows {old.get(fid)!r}, the store {shown_text!r}")
+        problems.append(f"{rel}: differs from the store (python benchmarks/figures.py --write)")
+  page = figures_page(store, shown(repo), stale) + "\n"
+  target = os.path.join(repo, GENERATED)
+  current = open(target, encoding="utf-8").read() if os.path.exists(target) else ""
+  if page != current:
+    if write:
+      _atomic_write(target, page)
+    else:
+      problems.append(f"{GENERATED}: differs from the store (python benchmarks/figures.py --write)")
+  return problems
+
+
+def _atomic_write(path: str, text: str) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+  mode = parser.add_mutually_exclusive_group(required=True)
+  mode.add_argument("--write", action="store_true", help="rewrite the spans and docs/figures.md from the store")
+  mode.add_argument("--check", action="store_true", help="exit 1 where a span or page differs from the store")
+  parser.add_argument("--repo", default=record.REPO, help="the clone whose pages and results/ to read")
+  args = parser.parse_args(argv)
+  problems = run(args.repo, write=args.write)
+  for p in problems:
+    print(p, file=sys.stderr)
+  return 1 if problems else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
