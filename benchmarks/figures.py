@@ -107,10 +107,7 @@ def stale_note(s: dict) -> str:
   return f"(measured at `{s['commit']}`, {since})"
 
 
-def _rewrite_line(line: str, store: dict, stale: dict, errors: list[str], where: str) -> str:
-  line = STALE.sub("", line)
-  last: dict[str, int] = {}  # record id -> index of its last span on the line
-
+def _render_spans(line: str, store: dict, errors: list[str], where: str) -> str:
   def sub(m: re.Match) -> str:
     try:
       rec, fig = lookup(store, m.group("id"))
@@ -118,21 +115,75 @@ def _rewrite_line(line: str, store: dict, stale: dict, errors: list[str], where:
       errors.append(f"{where}: {e.args[0]}")
       return m.group(0)
     return f"<!--fig:{m.group('id')}{m.group('opts')}-->{render(rec, fig, m.group('opts'))}<!--/fig-->"
+  return SPAN.sub(sub, line)
 
-  line = SPAN.sub(sub, line)
-  for m in SPAN.finditer(line):
-    last[m.group("id").partition(":")[0]] = m.end()
-  for rid, end in sorted(last.items(), key=lambda kv: -kv[1]):
-    if rid in stale:
-      line = line[:end] + f" <!--stale:{rid}-->{stale_note(stale[rid])}<!--/stale-->" + line[end:]
-  return line
+
+def _note(rid: str, s: dict) -> str:
+  return f"<!--stale:{rid}-->{stale_note(s)}<!--/stale-->"
+
+
+def _blocks(lines: list[str]) -> list[list[int]]:
+  """Line indices of each block: a paragraph, a list item's lines or a table (blank lines and headings part them)."""
+  blocks, current = [], []
+  for i, line in enumerate(lines):
+    starts = not line.strip() or line.startswith("#") or line.lstrip().startswith(("- ", "* "))
+    if starts and current:
+      blocks.append(current)
+      current = []
+    if line.strip() and not line.startswith("#"):
+      current.append(i)
+  return blocks + ([current] if current else [])
+
+
+_NOTE_LINE = re.compile(r"The figures of `[^`]+` above:")
+
+
+def _strip_notes(lines: list[str]) -> list[str]:
+  """The lines without stale notes: a note line under a table goes with the blank line before it."""
+  out: list[str] = []
+  for line in lines:
+    if _NOTE_LINE.fullmatch(STALE.sub("", line)) and STALE.search(line):
+      if out and not out[-1].strip():
+        out.pop()
+      continue
+    out.append(STALE.sub("", line))
+  return out
 
 
 def rewrite(text: str, store: dict, stale: dict, where: str = "", errors: list[str] | None = None) -> str:
-  """`text` with every span's figure from `store` and the stale notes `stale` calls for."""
+  """`text` with every span's figure from `store` and a stale note per block (paragraph, list item, table) for
+  each stale record it shows: after the record's last span in prose, on a line of its own under a table."""
   errors = [] if errors is None else errors
-  lines = text.split("\n")
-  return "\n".join(_rewrite_line(line, store, stale, errors, f"{where}:{i + 1}") for i, line in enumerate(lines))
+  lines = _strip_notes(text.split("\n"))
+  lines = [_render_spans(line, store, errors, f"{where}:{i + 1}") for i, line in enumerate(lines)]
+  under: dict[int, list[str]] = {}  # last line of a table -> note lines to put below it
+  incode = False
+  code = set()
+  for i, line in enumerate(lines):
+    if line.lstrip().startswith("```"):
+      incode = not incode
+    if incode or line.lstrip().startswith("```"):
+      code.add(i)
+  for block in _blocks(lines):
+    block = [i for i in block if i not in code]
+    last: dict[str, tuple[int, int]] = {}  # record id -> (line, end of its last span there)
+    for i in block:
+      for m in SPAN.finditer(lines[i]):
+        last[m.group("id").partition(":")[0]] = (i, m.end())
+    table = bool(block) and lines[block[0]].lstrip().startswith("|")
+    for rid, (i, end) in sorted(last.items(), key=lambda kv: (-kv[1][0], -kv[1][1])):
+      if rid not in stale:
+        continue
+      if table:
+        under.setdefault(block[-1], []).insert(0, f"The figures of `{rid}` above: {_note(rid, stale[rid])}")
+      else:
+        lines[i] = lines[i][:end] + " " + _note(rid, stale[rid]) + lines[i][end:]
+  out = []
+  for i, line in enumerate(lines):
+    out.append(line)
+    for note in under.get(i, []):
+      out += ["", note]
+  return "\n".join(out)
 
 
 def spans(text: str) -> list[tuple[str, str]]:
