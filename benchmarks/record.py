@@ -182,17 +182,18 @@ def _atomic_json(path: str, data: Mapping[str, Any]) -> None:
     raise
 
 
-def record_id(path: str) -> str:
+def record_id(path: str, root: str = RESULTS) -> str:
   """`results/latency/x.json` -> `latency/x` (the path under results/, without .json)."""
-  rel = os.path.relpath(os.path.abspath(path), RESULTS)
+  rel = os.path.relpath(os.path.abspath(path), root)
   if rel.startswith(".."):
-    raise ValueError(f"{path}: a record lives under {RESULTS}")
+    raise ValueError(f"{path}: a record lives under {root}")
   return rel[:-len(".json")] if rel.endswith(".json") else rel
 
 
 def write_record(path: str, figures: Mapping[str, Mapping[str, Any]], command: str, sources: Iterable[str],
                  payload: Mapping[str, Any] | None = None, kind: str = "benchmark",
-                 machine: Mapping[str, Any] | None = None, measure_machine: bool = True) -> dict:
+                 machine: Mapping[str, Any] | None = None, measure_machine: bool = True,
+                 root: str = RESULTS) -> dict:
   """Writes one record atomically to `path` (under results/) and returns it: `figures` ({key: {value, unit}}),
   the `command` that measured them, the `sources` (repository paths) they depend on, the commit, date, the load
   average at import of this module and now, the machine's fingerprint (measured now unless `machine` is given)
@@ -201,7 +202,7 @@ def write_record(path: str, figures: Mapping[str, Mapping[str, Any]], command: s
     if ":" in key or "value" not in fig or "unit" not in fig:
       raise ValueError(f"{path}: figure {key!r} needs a value and a unit and no ':' in its key")
   commit, dirty = git_commit()
-  meta = {"id": record_id(path), "kind": kind, "command": command, "commit": commit, "dirty": dirty,
+  meta = {"id": record_id(path, root), "kind": kind, "command": command, "commit": commit, "dirty": dirty,
           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
           "load_before": LOAD_AT_START, "load_after": None, "sources": sorted(set(sources)),
           "machine": dict(machine) if machine is not None else machine_fingerprint(measure_machine)}
