@@ -29,7 +29,7 @@ SPAN = re.compile(r"<!--fig:(?P<id>[^\s>]+)(?P<opts>[^>]*?)-->(?P<text>.*?)<!--/
 STALE = re.compile(r"\s?<!--stale:(?P<rid>[^\s>]+)-->.*?<!--/stale-->")
 GENERATED = "docs/figures.md"
 # What reads as a measured figure in prose: a number (or a range) with a unit of time, throughput, memory, or a
-# ratio written `0.84x`. A line ending in `<!--fact-->` states facts (a bucket of 512 steps, a 600 s deadline).
+# ratio written `0.84x`. A line holding `<!--fact-->` states facts (a bucket of 512 steps, a 600 s deadline).
 _NUM = r"(?<![\w.,/-])[-+]?\d[\d,]*(?:\.\d+)?"
 MEASURED = re.compile(_NUM + r"(?:\s?(?:-|–|to)\s?\d[\d,]*(?:\.\d+)?)?(?:x\b|\s?(?:ms|µs|us|s|sec|seconds?|min|minutes?"
                       r"|h|hours?|[KMGT]i?B|kB|[A-Za-z]+/s)(?![\w/]))")

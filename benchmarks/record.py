@@ -17,15 +17,23 @@ machine share it and `docs/figures.md` groups them in one table.
     from benchmarks import record                 # import early: the load average is taken at import
     record.write_record("results/latency/x.json", figures=record.flatten(result), command="...",
                         sources=["elmo_jax/embedding"], payload=result)
+
+or, for a benchmark that prints one JSON object (what benchmarks/run_all.sh does with each):
+
+    python benchmarks/portable_latency.py | python benchmarks/record.py --out=results/portable/x.json \
+        --command="python benchmarks/portable_latency.py" --sources=elmo_jax/embedding,benchmarks/portable_latency.py \
+        --load_before="$(cut -d' ' -f1-3 /proc/loadavg)" [--ratio=NAME=A/B ...]
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import hashlib
 import json
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any, Iterable, Mapping
@@ -206,7 +214,7 @@ def write_record(path: str, figures: Mapping[str, Mapping[str, Any]], command: s
           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
           "load_before": LOAD_AT_START, "load_after": None, "sources": sorted(set(sources)),
           "machine": dict(machine) if machine is not None else machine_fingerprint(measure_machine)}
-  meta["load_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+  meta["load_after"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
   data = {"record": meta, "figures": {k: dict(v) for k, v in figures.items()}}
   data.update({k: v for k, v in (payload or {}).items() if k not in ("record", "figures")})
   _atomic_json(path, data)
@@ -231,3 +239,43 @@ def read_store(root: str = RESULTS) -> dict[str, dict]:
         rid = os.path.relpath(path, root)[:-len(".json")]
         store[rid] = data
   return store
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Reads a benchmark's JSON object on stdin and writes it as a record (every number a figure)."""
+  parser = argparse.ArgumentParser(description=main.__doc__)
+  parser.add_argument("--out", required=True, help="the record's path under --root (results/FOLDER/NAME.json)")
+  parser.add_argument("--root", default=RESULTS, help="the results store's folder")
+  parser.add_argument("--command", required=True, help="the command that measured it")
+  parser.add_argument("--sources", default="", help="comma-separated repository paths the figures depend on")
+  parser.add_argument("--load_before", default=None, help="the load average (1, 5, 15 min) before the run")
+  parser.add_argument("--ratio", action="append", default=[],
+                      help="NAME=A/B: a ratio of two figures of this record (both sides from one run)")
+  parser.add_argument("--nomeasure", action="store_true", help="no matmul peak / bandwidth micro-benchmark")
+  args = parser.parse_args(argv)
+  text = sys.stdin.read()
+  try:  # a benchmark may print lines before its JSON object: read from the first line that opens one
+    payload = json.loads(text[text.index("\n{") + 1:] if not text.startswith("{") and "\n{" in text else text)
+  except ValueError as e:
+    print(f"record.py: stdin is not one JSON object ({e})", file=sys.stderr)
+    return 1
+  figures = flatten(payload)
+  for ratio in args.ratio:
+    name, _, expr = ratio.partition("=")
+    a, _, b = expr.partition("/")
+    if a not in figures or b not in figures:
+      print(f"record.py: --ratio={ratio}: {a if a not in figures else b} is not a figure of this run", file=sys.stderr)
+      return 1
+    figures[name] = {"value": round(figures[a]["value"] / figures[b]["value"], 3), "unit": "x"}
+  if args.load_before:
+    global LOAD_AT_START  # pylint: disable=global-statement  (the run began before this process)
+    LOAD_AT_START = [float(x) for x in args.load_before.split()]
+  out = write_record(args.out, figures, args.command, [s for s in args.sources.split(",") if s], payload,
+                     measure_machine=not args.nomeasure, root=args.root)
+  print(f"{args.out}: {len(figures)} figures, machine {out['record']['machine']['fingerprint']}, "
+        f"commit {out['record']['commit']}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

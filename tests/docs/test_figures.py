@@ -36,7 +36,7 @@ def unspanned(text: str) -> list[tuple[int, str]]:
     if line.lstrip().startswith("```"):
       code = not code
       continue
-    if code or line.rstrip().endswith(figures.FACT):
+    if code or figures.FACT in line:
       continue
     prose = _NOT_PROSE.sub(" ", figures.STALE.sub(" ", figures.SPAN.sub(" ", line)))
     out += [(i, m.group(0)) for m in figures.MEASURED.finditer(prose)]
