@@ -5,7 +5,7 @@
 
 A measured figure on a page is a span: `<!--fig:RECORD:KEY-->14.9 ms<!--/fig-->` (the comments are hidden on a
 forge and in the site), optionally with options after the id: `<!--fig:RECORD:KEY .2f-->` (a format spec),
-`bare` (no unit), `peak` (the fraction of the record machine's measured matmul peak: the figure carries
+`bare` (no unit), `minsec` (seconds as `13 min 11 s`), `peak` (the fraction of the record machine's measured matmul peak: the figure carries
 `flops`, per unit of a rate or per call of a time), `floor` (the fraction of the memory-bandwidth floor: the
 figure carries `bytes` read per call). Where a record's sources changed since its commit (benchmarks/stale.py),
 the last span of it on a line is followed by `<!--stale:RECORD-->(measured at `abc1234`, N commits of its code
@@ -93,6 +93,9 @@ def render(rec: dict, fig: dict, opts: str = "") -> str:
       return portable(rec, fig, how)
   if "text" in fig and not any(w not in ("bare",) for w in words):
     return fig["text"]
+  if "minsec" in words and fig["unit"] == "s":  # 791 s -> "13 min 11 s"
+    minutes, seconds = divmod(round(fig["value"]), 60)
+    return f"{seconds} s" if not minutes else f"{minutes} min" + (f" {seconds} s" if seconds else "")
   spec = next((w for w in words if w != "bare"), None)
   value = fig["value"]
   text = "-".join(number(v, spec) for v in value) if isinstance(value, list) else number(value, spec)
