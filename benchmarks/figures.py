@@ -5,7 +5,7 @@
 
 A measured figure on a page is a span: `<!--fig:RECORD:KEY-->14.9 ms<!--/fig-->` (the comments are hidden on a
 forge and in the site), optionally with options after the id: `<!--fig:RECORD:KEY .2f-->` (a format spec),
-`bare` (no unit), `minsec` (seconds as `13 min 11 s`), `peak` (the fraction of the record machine's measured matmul peak: the figure carries
+`bare` (no unit), `machine` (the record's machine in a few words), `minsec` (seconds as `13 min 11 s`), `peak` (the fraction of the record machine's measured matmul peak: the figure carries
 `flops`, per unit of a rate or per call of a time), `floor` (the fraction of the memory-bandwidth floor: the
 figure carries `bytes` read per call). Where a record's sources changed since its commit (benchmarks/stale.py),
 the last span of it on a line is followed by `<!--stale:RECORD-->(measured at `abc1234`, N commits of its code
@@ -68,26 +68,46 @@ def _measured(rec: dict, name: str) -> float | None:
 
 
 def portable(rec: dict, fig: dict, how: str) -> str:
-  """The fraction of the matmul peak (`peak`) or of the bandwidth floor (`floor`) a figure reaches on its
-  record's machine, as "61% of the matmul peak"; "?" where the record lacks the machine's measurement."""
+  """What a figure is on any machine: the fraction of the record machine's measured matmul peak it runs at
+  (`peak`: compute-bound work; the figure carries `flops`, per unit of a rate or per call of a time), or the
+  fraction of its bandwidth floor (`floor`: memory-bound work; the figure carries `floor`, the same quantity
+  at the bytes' floor of the same run, or `bytes` read, over the fingerprint's measured bandwidth)."""
   value, unit = float(fig["value"]), fig["unit"]
   seconds = value / 1e3 if unit == "ms" else value if unit == "s" else None
   if how == "peak":
     peak = fig.get("peak_flops") or _measured(rec, "matmul_peak_flops")
-    if not peak or "flops" not in fig:
+    if not peak or "flops" not in fig or (seconds is None and not unit.endswith("/s")):
       return "? of the matmul peak"
     rate = fig["flops"] * value if unit.endswith("/s") else fig["flops"] / seconds
     return f"{100 * rate / peak:.0f}% of the matmul peak"
-  bandwidth = fig.get("bandwidth") or _measured(rec, "memory_bandwidth_bytes_per_s")
+  if "floor" in fig:
+    return f"{100 * float(fig['floor']) / value:.0f}% of the bandwidth floor's speed"
+  bandwidth = _measured(rec, "memory_bandwidth_bytes_per_s")
   if not bandwidth or "bytes" not in fig or seconds is None:
-    return "? of the bandwidth floor"
-  return f"{100 * fig['bytes'] / bandwidth / seconds:.0f}% of the bandwidth floor"
+    return "? of the bandwidth floor's speed"
+  return f"{100 * fig['bytes'] / bandwidth / seconds:.0f}% of the bandwidth floor's speed"
+
+
+def machine_name(rec: dict) -> str:
+  """A record's machine in a few words: `AMD EPYC 7B13, 2 cores, AVX2` from its fingerprint, else its name."""
+  machine = rec["record"].get("machine") or {}
+  static = machine.get("static") or {}
+  if machine.get("fingerprint", record.UNKNOWN) == record.UNKNOWN or not static.get("cpu_model"):
+    name = machine.get("name") or "an unknown machine"  # "CPU-C: a 2-core AMD EPYC VM, 24 GiB, ..."
+    return ",".join(name.split(":")[-1].split(",")[:1]).strip()
+  isa = static.get("isa") or []
+  widest = next((name for flag, name in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"),
+                                         ("neon", "NEON"), ("asimd", "NEON")) if flag in isa), None)
+  parts = [static["cpu_model"], f"{static.get('cores')} cores"] + ([widest] if widest else [])
+  return ", ".join(parts) + (f", {static['accelerator']}" if static.get("accelerator") else "")
 
 
 def render(rec: dict, fig: dict, opts: str = "") -> str:
   """A figure's text on a page: `text` where the record keeps one (a legacy figure as the page wrote it),
   else its value (a number, or [low, high] for a range) and unit, as `opts` say."""
   words = opts.split()
+  if "machine" in words:
+    return machine_name(rec)
   for how in ("peak", "floor"):
     if how in words:
       return portable(rec, fig, how)
@@ -249,7 +269,11 @@ def _figure_rows(rid: str, data: dict, on_pages: dict[str, list[str]], stale: di
     if fid not in on_pages:
       continue
     note = f" {stale_note(stale[rid])}" if rid in stale else ""
-    rows.append(f'| <a id="{anchor(fid)}"></a>`{rid}` | `{key}` | {_cell(render(data, fig))} | '
+    value = render(data, fig)
+    for how, field in (("peak", "flops"), ("floor", "floor")):
+      if field in fig:
+        value += f" ({portable(data, fig, how)})"
+    rows.append(f'| <a id="{anchor(fid)}"></a>`{rid}` | `{key}` | {_cell(value)} | '
                 f"`{_cell(meta.get('command', ''))}` | `{meta.get('commit')}`{note} | {str(meta.get('date', ''))[:10]} | "
                 f"{_load(meta)} | " + (f"{_cell(name)} | " if name is not None else "| ")
                 + ", ".join(on_pages[fid]) + " |")

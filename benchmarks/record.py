@@ -251,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--load_before", default=None, help="the load average (1, 5, 15 min) before the run")
   parser.add_argument("--ratio", action="append", default=[],
                       help="NAME=A/B: a ratio of two figures of this record (both sides from one run)")
+  parser.add_argument("--flops", action="append", default=[],
+                      help="FIGURE=OTHER: OTHER's value is FIGURE's FLOPs per unit (per token of a tokens/s), so "
+                           "the pages can show FIGURE as a fraction of the machine's matmul peak")
+  parser.add_argument("--floor", action="append", default=[],
+                      help="FIGURE=OTHER: OTHER is FIGURE at the run's memory-bandwidth floor (same unit)")
   parser.add_argument("--nomeasure", action="store_true", help="no matmul peak / bandwidth micro-benchmark")
   args = parser.parse_args(argv)
   text = sys.stdin.read()
@@ -267,6 +272,13 @@ def main(argv: list[str] | None = None) -> int:
       print(f"record.py: --ratio={ratio}: {a if a not in figures else b} is not a figure of this run", file=sys.stderr)
       return 1
     figures[name] = {"value": round(figures[a]["value"] / figures[b]["value"], 3), "unit": "x"}
+  for spec, field in [(s, "flops") for s in args.flops] + [(s, "floor") for s in args.floor]:
+    name, _, other = spec.partition("=")
+    if name not in figures or other not in figures:
+      print(f"record.py: --{field}={spec}: {name if name not in figures else other} is not a figure of this run",
+            file=sys.stderr)
+      return 1
+    figures[name][field] = figures[other]["value"]
   if args.load_before:
     global LOAD_AT_START  # pylint: disable=global-statement  (the run began before this process)
     LOAD_AT_START = [float(x) for x in args.load_before.split()]

@@ -68,9 +68,11 @@ if [ -n "$SMOKE" ]; then  # a tiny model and a few calls of the four benchmarks 
   exit 0
 fi
 
-measure latency latency/embed_latency_small "$EMB,benchmarks/embed_latency.py,benchmarks/latency_floor.py" -- \
+measure latency latency/embed_latency_small "$EMB,benchmarks/embed_latency.py,benchmarks/latency_floor.py" \
+    --floor=presets.small.warm_cache.batch_1.ms.p50=presets.small.warm_cache.floor.p50_ms -- \
     benchmarks/embed_latency.py --presets=small --calls=150 --warmup=30
-measure original latency/embed_latency_original "$EMB,benchmarks/embed_latency.py,benchmarks/latency_floor.py" -- \
+measure original latency/embed_latency_original "$EMB,benchmarks/embed_latency.py,benchmarks/latency_floor.py" \
+    --floor=presets.original.warm_cache.batch_1.ms.p50=presets.original.warm_cache.floor.p50_ms -- \
     benchmarks/embed_latency.py --presets=original --calls=40 --warmup=10 --batch_sizes=1,4 --split_calls=20
 measure portable portable/portable_latency_small "$EMB,elmo_jax/formats,benchmarks/portable_latency.py" -- \
     benchmarks/portable_latency.py --preset=small --calls=300
@@ -78,9 +80,11 @@ measure serving serving/serve_load_small "$EMB,elmo_jax/serving,benchmarks/serve
     --ratio=serve.levels.2.over_direct=serve.levels.2.sentences_per_s/direct.sentences_per_s -- \
     benchmarks/serve_load.py --preset=small --soak_requests=5000
 measure long latency/long_sentence_small "$EMB,benchmarks/long_sentence.py" -- benchmarks/long_sentence.py
-measure embedding embedding/embed_throughput_small "$EMB,benchmarks/embed_throughput.py" -- \
+measure embedding embedding/embed_throughput_small "$EMB,benchmarks/embed_throughput.py" \
+    --flops=small.batch_64.steady.tokens_per_s=small.useful_flops_per_token -- \
     benchmarks/embed_throughput.py --nosplit --notoken_cache
-measure training training/train_throughput_small "elmo_jax/training,elmo_jax/model,elmo_jax/data,benchmarks/train_throughput.py" -- \
+measure training training/train_throughput_small "elmo_jax/training,elmo_jax/model,elmo_jax/data,benchmarks/train_throughput.py" \
+    --flops=train.small.tokens_per_s=train.small.train_flops_per_token -- \
     benchmarks/train_throughput.py --configs=small --nolstm_compare --nosplit
 measure tests tests/test_times "tests,elmo_jax,benchmarks/test_times.py" -- benchmarks/test_times.py
 if [ "$OUT" = results ]; then
