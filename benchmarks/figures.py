@@ -280,7 +280,17 @@ def _figure_rows(rid: str, data: dict, on_pages: dict[str, list[str]], stale: di
   return rows
 
 
-def figures_page(store: dict, on_pages: dict[str, list[str]], stale: dict) -> str:
+AS_OF = re.compile(r"Stale notes count the commits up to `(\w+)`")
+
+
+def pages_as_of(repo: str = record.REPO) -> str:
+  """The commit the pages' stale notes count up to (docs/figures.md names it); HEAD where it names none."""
+  path = os.path.join(repo, GENERATED)
+  m = AS_OF.search(open(path, encoding="utf-8").read()) if os.path.exists(path) else None
+  return m.group(1) if m else "HEAD"
+
+
+def figures_page(store: dict, on_pages: dict[str, list[str]], stale: dict, as_of: str) -> str:
   """docs/figures.md: one table per machine fingerprint of every figure a page shows."""
   groups: dict[str, list[str]] = {}
   machines: dict[str, dict] = {}
@@ -295,7 +305,8 @@ def figures_page(store: dict, on_pages: dict[str, list[str]], stale: dict) -> st
          "--write`; do not edit by hand. One table per machine fingerprint (the CPU, its ISA flags, cores and "
          "memory; the matmul peak and memory bandwidth measured in the run). `bash benchmarks/run_all.sh` "
          "measures them all again; `python benchmarks/stale.py` lists the records whose code changed since "
-         "their commit (the note after a commit).", ""]
+         "their commit (the note after a commit).", "",
+         f"Stale notes count the commits up to `{as_of}`, the commit `figures.py --write` last ran on.", ""]
   header = ["| record | figure | value | command | commit | date | load before / after | machine | shown on |",
             "|---|---|---|---|---|---|---|---|---|"]
   for fp in sorted(groups, key=lambda f: (f == record.UNKNOWN, f)):
@@ -308,7 +319,8 @@ def run(repo: str = record.REPO, write: bool = False) -> list[str]:
   """The pages' differences from the store (write=False) or the pages rewritten (write=True): the problems
   left, one line each (a span naming a figure the store lacks; with write=False a span or page that differs)."""
   store = record.read_store(os.path.join(repo, "results"))
-  stale = stale_lib.stale_records(store, repo)
+  as_of = record.git_commit(repo)[0] if write else pages_as_of(repo)
+  stale = stale_lib.stale_records(store, repo, as_of if as_of != "unknown" else "HEAD")
   problems: list[str] = []
   for path in pages(repo):
     rel = os.path.relpath(path, repo)
@@ -324,7 +336,7 @@ def run(repo: str = record.REPO, write: bool = False) -> list[str]:
           if old.get(fid) != shown_text:
             problems.append(f"{rel}: {fid} shows {old.get(fid)!r}, the store {shown_text!r}")
         problems.append(f"{rel}: differs from the store (python benchmarks/figures.py --write)")
-  page = figures_page(store, shown(repo), stale) + "\n"
+  page = figures_page(store, shown(repo), stale, as_of) + "\n"
   target = os.path.join(repo, GENERATED)
   current = open(target, encoding="utf-8").read() if os.path.exists(target) else ""
   if page != current:

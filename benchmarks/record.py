@@ -131,10 +131,10 @@ def machine_fingerprint(measure: bool = True) -> dict[str, Any]:
   return out
 
 
-def git_commit() -> tuple[str, bool]:
+def git_commit(repo: str = REPO) -> tuple[str, bool]:
   """(short HEAD, whether the work tree differs from it); ("unknown", False) outside a clone."""
   def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
   try:
     return git("rev-parse", "--short=7", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
   except (OSError, subprocess.CalledProcessError):
