@@ -5,7 +5,7 @@
 
 A measured figure on a page is a span: `<!--fig:RECORD:KEY-->14.9 ms<!--/fig-->` (the comments are hidden on a
 forge and in the site), optionally with options after the id: `<!--fig:RECORD:KEY .2f-->` (a format spec),
-`bare` (no unit), `machine` (the record's machine in a few words), `minsec` (seconds as `13 min 11 s`), `peak` (the fraction of the record machine's measured matmul peak: the figure carries
+`bare` (no unit), `machine` (the record's machine in a few words), `minsec` (seconds as `13 min 11 s`), `k` (thousands: `652k`), `peak` (the fraction of the record machine's measured matmul peak: the figure carries
 `flops`, per unit of a rate or per call of a time), `floor` (the fraction of the memory-bandwidth floor: the
 figure carries `bytes` read per call). Where a record's sources changed since its commit (benchmarks/stale.py),
 the last span of it on a line is followed by `<!--stale:RECORD-->(measured at `abc1234`, N commits of its code
@@ -31,7 +31,7 @@ GENERATED = "docs/figures.md"
 # What reads as a measured figure in prose: a number (or a range) with a unit of time, throughput, memory, or a
 # ratio written `0.84x`. A line holding `<!--fact-->` states facts (a bucket of 512 steps, a 600 s deadline).
 _NUM = r"(?<![\w.,/-])[-+]?\d[\d,]*(?:\.\d+)?"
-MEASURED = re.compile(_NUM + r"(?:\s?(?:-|–|to)\s?\d[\d,]*(?:\.\d+)?)?(?:x\b|\s?(?:ms|µs|us|s|sec|seconds?|min|minutes?"
+MEASURED = re.compile(_NUM + r"(?:\s?(?:-|–|to)\s?\d[\d,]*(?:\.\d+)?)?(?:\s?[kM](?=\s?[A-Za-z]+/s))?(?:x\b|\s?(?:ms|µs|us|s|sec|seconds?|min|minutes?"
                       r"|h|hours?|[KMGT]i?B|kB|[A-Za-z]+/s)(?![\w/]))")
 FACT = "<!--fact-->"
 
@@ -116,9 +116,11 @@ def render(rec: dict, fig: dict, opts: str = "") -> str:
   if "minsec" in words and fig["unit"] == "s":  # 791 s -> "13 min 11 s"
     minutes, seconds = divmod(round(fig["value"]), 60)
     return f"{seconds} s" if not minutes else f"{minutes} min" + (f" {seconds} s" if seconds else "")
-  spec = next((w for w in words if w != "bare"), None)
+  spec = next((w for w in words if w not in ("bare", "k")), None)
   value = fig["value"]
   text = "-".join(number(v, spec) for v in value) if isinstance(value, list) else number(value, spec)
+  if "k" in words:  # 651,757 -> 652k
+    text = f"{round(value / 1e3):,}k"
   unit = fig["unit"]
   if "bare" in words or not unit:
     return text
