@@ -5,7 +5,7 @@
 
 A measured figure on a page is a span: `<!--fig:RECORD:KEY-->14.9 ms<!--/fig-->` (the comments are hidden on a
 forge and in the site), optionally with options after the id: `<!--fig:RECORD:KEY .2f-->` (a format spec),
-`bare` (no unit), `machine` (the record's machine in a few words), `minsec` (seconds as `13 min 11 s`), `k` (thousands: `652k`), `peak` (the fraction of the record machine's measured matmul peak: the figure carries
+`bare` (no unit), `machine` (the record's machine in a few words), `commit`, `load` (its load average before and after), `minsec` (seconds as `13 min 11 s`), `k` (thousands: `652k`), `peak` (the fraction of the record machine's measured matmul peak: the figure carries
 `flops`, per unit of a rate or per call of a time), `floor` (the fraction of the memory-bandwidth floor: the
 figure carries `bytes` read per call). Where a record's sources changed since its commit (benchmarks/stale.py),
 the last span of it on a line is followed by `<!--stale:RECORD-->(measured at `abc1234`, N commits of its code
@@ -94,7 +94,8 @@ def machine_name(rec: dict) -> str:
   static = machine.get("static") or {}
   if machine.get("fingerprint", record.UNKNOWN) == record.UNKNOWN or not static.get("cpu_model"):
     name = machine.get("name") or "an unknown machine"  # "CPU-C: a 2-core AMD EPYC VM, 24 GiB, ..."
-    return ",".join(name.split(":")[-1].split(",")[:1]).strip()
+    label, _, words = name.partition(":")
+    return f"{label} ({words.split(',')[0].strip()})" if words else label
   isa = static.get("isa") or []
   widest = next((name for flag, name in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"),
                                          ("neon", "NEON"), ("asimd", "NEON")) if flag in isa), None)
@@ -106,8 +107,14 @@ def render(rec: dict, fig: dict, opts: str = "") -> str:
   """A figure's text on a page: `text` where the record keeps one (a legacy figure as the page wrote it),
   else its value (a number, or [low, high] for a range) and unit, as `opts` say."""
   words = opts.split()
+  meta = rec["record"]
   if "machine" in words:
     return machine_name(rec)
+  if "commit" in words:
+    return f"`{meta.get('commit')}`"
+  if "load" in words:
+    before, after = meta.get("load_before") or ["?"], meta.get("load_after") or ["?"]
+    return f"load average {before[0]} before, {after[0]} after"
   for how in ("peak", "floor"):
     if how in words:
       return portable(rec, fig, how)
