@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/run_all.sh                              # all: latency, original, portable, serving, long,
 #                                                           #      embedding, training, tests
-#   bash benchmarks/run_all.sh --only=latency,serving       # some of them
+#   bash benchmarks/run_all.sh --only=latency,serving       # some of them (also: input, coldstart)
 #   bash benchmarks/run_all.sh --smoke=tests/fixtures/bilm_tf/options.json --out=/tmp/store
 #                                                           # a tiny model, few calls: the mechanism, no figure
 #
@@ -26,7 +26,9 @@ done
 QUIET="${QUIET:-1.5}"; WAIT_S="${WAIT_S:-1800}"
 EMB="elmo_jax/embedding,elmo_jax/model,elmo_jax/runtime,benchmarks/bench_util.py"
 
-wants() { [ "$ONLY" = all ] || [[ ",$ONLY," == *",$1,"* ]]; }
+# the default sweep (under 45 minutes on 2 cores); input, coldstart: only when --only names them
+DEFAULT="latency,original,portable,serving,long,embedding,training,tests"
+wants() { [[ ",${ONLY/#all/$DEFAULT}," == *",$1,"* ]]; }
 
 wait_quiet() {
   local waited=0
@@ -39,8 +41,8 @@ wait_quiet() {
 # measure NAME RECORD SOURCES [--ratio=...] -- COMMAND...: one benchmark into one record.
 measure() {
   local name="$1" rec="$2" sources="$3"; shift 3
-  local ratios=()
-  while [ "$1" != "--" ]; do ratios+=("$1"); shift; done
+  local extra=()  # --ratio / --flops / --floor for record.py
+  while [ "$1" != "--" ]; do extra+=("$1"); shift; done
   shift
   wants "$name" || return 0
   wait_quiet
@@ -49,7 +51,7 @@ measure() {
   local json; json="$(mktemp)"
   PYTHONPATH=. "$PY" "$@" > "$json"
   "$PY" benchmarks/record.py --out="$OUT/$rec.json" --root="$OUT" --command="python $*" --sources="$sources" \
-      --load_before="$load" "${ratios[@]}" < "$json"
+      --load_before="$load" "${extra[@]}" < "$json"
   rm -f "$json"
 }
 
@@ -86,6 +88,10 @@ measure embedding embedding/embed_throughput_small "$EMB,benchmarks/embed_throug
 measure training training/train_throughput_small "elmo_jax/training,elmo_jax/model,elmo_jax/data,benchmarks/train_throughput.py" \
     --flops=train.small.tokens_per_s=train.small.train_flops_per_token -- \
     benchmarks/train_throughput.py --configs=small --nolstm_compare --nosplit
+measure input pipeline/input_pipeline "elmo_jax/data,elmo_jax/training/feed.py,benchmarks/input_pipeline.py" -- \
+    benchmarks/input_pipeline.py
+measure coldstart embedding/embed_cli_cold_start "$EMB,elmo_jax/cli/embed.py,benchmarks/embed_cli_cold_start.py" -- \
+    benchmarks/embed_cli_cold_start.py --allennlp_path=
 measure tests tests/test_times "tests,elmo_jax,benchmarks/test_times.py" -- benchmarks/test_times.py
 if [ "$OUT" = results ]; then
   "$PY" benchmarks/figures.py --write
