@@ -45,8 +45,13 @@ def pages(repo: str = record.REPO) -> list[str]:
 def lookup(store: dict[str, dict], fid: str) -> tuple[dict, dict]:
   """(the record, the figure) of `RECORD:KEY`; KeyError naming the id where the store lacks it."""
   rid, _, key = fid.partition(":")
-  if rid not in store or key not in store[rid]["figures"]:
-    raise KeyError(f"figure {fid!r} is not in the store (results/{rid}.json)")
+  if rid not in store:
+    path = os.path.join(record.RESULTS, rid + ".json")
+    why = ("is not a record: write it through benchmarks/record.py (bash benchmarks/run_all.sh does)"
+           if os.path.exists(path) else "does not exist")
+    raise KeyError(f"figure {fid!r}: results/{rid}.json {why}")
+  if key not in store[rid]["figures"]:
+    raise KeyError(f"figure {fid!r}: results/{rid}.json has no figure {key!r}")
   return store[rid], store[rid]["figures"][key]
 
 
