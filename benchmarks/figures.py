@@ -3,13 +3,23 @@
     python benchmarks/figures.py --write    # rewrite every span of README.md and docs/*.md, and docs/figures.md
     python benchmarks/figures.py --check    # exit 1, naming each span or page that differs from the store
 
-A measured figure on a page is a span: `<!--fig:RECORD:KEY-->14.9 ms<!--/fig-->` (the comments are hidden on a
-forge and in the site), optionally with options after the id: `<!--fig:RECORD:KEY .2f-->` (a format spec),
-`bare` (no unit), `machine` (the record's machine in a few words), `commit`, `load` (its load average before and after), `minsec` (seconds as `13 min 11 s`), `k` (thousands: `652k`), `peak` (the fraction of the record machine's measured matmul peak: the figure carries
-`flops`, per unit of a rate or per call of a time), `floor` (the fraction of the memory-bandwidth floor: the
-figure carries `bytes` read per call). Where a record's sources changed since its commit (benchmarks/stale.py),
-the last span of it on a line is followed by `<!--stale:RECORD-->(measured at `abc1234`, N commits of its code
-since)<!--/stale-->`. `docs/figures.md` ("Measured figures") is generated: one table per machine fingerprint.
+A measured figure on a page is a span, `<!--fig:RECORD:KEY-->14.9 ms<!--/fig-->` (the comments are hidden on a
+forge and in the site), its options after the id, e.g. `<!--fig:RECORD:KEY .2f-->`:
+
+    .2f, +.1f ...   a format spec for the number (default: whole numbers from 100 up, 3 significant digits below)
+    bare            the number without its unit
+    k               thousands: 651,757 -> 652k
+    minsec          seconds as `13 min 11 s`
+    machine, commit, load   the record's machine in a few words, its commit, its load average before and after
+    peak            the fraction of the machine's measured matmul peak the figure runs at (it carries `flops`,
+                    per unit of a rate or per call of a time)
+    floor           the fraction of the memory-bandwidth floor's speed (it carries `floor`, the same quantity at
+                    the floor of the same run, or `bytes` read at the fingerprint's measured bandwidth)
+
+A record whose sources changed since its commit (benchmarks/stale.py) gets a note in each block that shows it,
+`<!--stale:RECORD-->(measured at `abc1234`, N commits of its code since)<!--/stale-->`: after its last span in
+a paragraph, on a line of its own under a table. `docs/figures.md` ("Measured figures") is generated: one table
+per machine fingerprint, and the commit the notes count up to.
 """
 from __future__ import annotations
 
@@ -123,8 +133,9 @@ def render(rec: dict, fig: dict, opts: str = "") -> str:
   for how in ("peak", "floor"):
     if how in words:
       return portable(rec, fig, how)
-  if "text" in fig and not any(w not in ("bare",) for w in words):
-    return fig["text"]
+  if "text" in fig and not any(w not in ("bare", "k") for w in words):
+    text, unit = fig["text"], fig["unit"]
+    return text[:-len(unit)].rstrip() if "bare" in words and unit and text.endswith(unit) else text
   if "minsec" in words and fig["unit"] == "s":  # 791 s -> "13 min 11 s"
     minutes, seconds = divmod(round(fig["value"]), 60)
     return f"{seconds} s" if not minutes else f"{minutes} min" + (f" {seconds} s" if seconds else "")
