@@ -41,8 +41,10 @@ GENERATED = "docs/figures.md"
 # What reads as a measured figure in prose: a number (or a range) with a unit of time, throughput, memory, or a
 # ratio written `0.84x`. A line holding `<!--fact-->` states facts (a bucket of 512 steps, a 600 s deadline).
 _NUM = r"(?<![\w.,/-])[-+]?\d[\d,]*(?:\.\d+)?"
-MEASURED = re.compile(_NUM + r"(?:\s?(?:-|–|to)\s?\d[\d,]*(?:\.\d+)?)?(?:\s?[kM](?=\s?[A-Za-z]+/s))?(?:x\b|\s?(?:ms|µs|us|s|sec|seconds?|min|minutes?"
-                      r"|h|hours?|[KMGT]i?B|kB|[A-Za-z]+/s)(?![\w/]))")
+MEASURED = re.compile(
+    _NUM + r"(?:\s?(?:-|–|to)\s?\d[\d,]*(?:\.\d+)?)?"  # a range: 1.67-1.74x, 5-6 minutes
+    r"(?:\s?[kM](?=\s?[A-Za-z]+/s))?"  # 652k tokens/s
+    r"(?:x\b|\s?(?:ms|µs|us|s|sec|seconds?|min|minutes?|h|hours?|[KMGT]i?B|kB|[A-Za-z]+/s)(?![\w/]))")
 FACT = "<!--fact-->"
 
 
@@ -298,10 +300,10 @@ def _figure_rows(rid: str, data: dict, on_pages: dict[str, list[str]], stale: di
     for how, field in (("peak", "flops"), ("floor", "floor")):
       if field in fig:
         value += f" ({portable(data, fig, how)})"
-    rows.append(f'| <a id="{anchor(fid)}"></a>`{rid}` | `{key}` | {_cell(value)} | '
-                f"`{_cell(meta.get('command', ''))}` | `{meta.get('commit')}`{note} | {str(meta.get('date', ''))[:10]} | "
-                f"{_load(meta)} | " + (f"{_cell(name)} | " if name is not None else "| ")
-                + ", ".join(on_pages[fid]) + " |")
+    cells = [f'<a id="{anchor(fid)}"></a>`{rid}`', f"`{key}`", _cell(value), f"`{_cell(meta.get('command', ''))}`",
+             f"`{meta.get('commit')}`{note}", str(meta.get("date", ""))[:10], _load(meta), _cell(name or ""),
+             ", ".join(on_pages[fid])]
+    rows.append("| " + " | ".join(cells) + " |")
   return rows
 
 
