@@ -53,6 +53,13 @@ def test_no_measured_figure_outside_a_span():
   assert not found, f"measured figures outside a span (or mark the line {figures.FACT}): {found}"
 
 
+def test_no_line_starts_with_a_span():
+  """A line that opens with `<!--` starts an HTML block (CommonMark, a forge): its paragraph would break there."""
+  starts = [(page, i) for page, text in _pages().items() for i, line in enumerate(text.split("\n"), 1)
+            if re.match(r"\s*<!--(fig|stale)", line)]
+  assert not starts, starts
+
+
 def test_the_pattern_finds_figures_and_not_facts():
   assert [m.group(0) for m in figures.MEASURED.finditer("p50 14.9 ms, 0.84x, 1.67-1.74x, 20,866 tokens/s, "
                                                          "3.4 GB, 5-6 minutes")] == \
