@@ -300,8 +300,8 @@ def _figure_rows(rid: str, data: dict, on_pages: dict[str, list[str]], stale: di
     for how, field in (("peak", "flops"), ("floor", "floor")):
       if field in fig:
         value += f" ({portable(data, fig, how)})"
-    cells = [f'<a id="{anchor(fid)}"></a>`{rid}`', f"`{key}`", _cell(value), f"`{_cell(meta.get('command', ''))}`",
-             f"`{meta.get('commit')}`{note}", str(meta.get("date", ""))[:10], _load(meta), _cell(name or ""),
+    cells = [f'<a id="{anchor(fid)}"></a>`{rid}`', f"`{key}`", _cell(value), f"`{_cell(fig.get('command') or meta.get('command', ''))}`",
+             f"`{meta.get('commit')}`{note}", str(meta.get("date", ""))[:10], _load(meta), _cell(fig.get("machine") or name or ""),
              ", ".join(on_pages[fid])]
     rows.append("| " + " | ".join(cells) + " |")
   return rows
