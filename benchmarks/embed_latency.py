@@ -107,6 +107,8 @@ def latency(embeds: dict[str, Callable[[list], Any]], other: Callable[[list], An
     out[name] = {"ms": stats(ms[name]), "by_length": {
         f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+": {"calls": int(sum(m)), **stats(np.asarray(ms[name])[m])}
         for lo, hi in _BANDS if (m := (longest >= lo) & (longest <= hi)).any()}}
+    # the tail at like length: the largest max / p50 among the bands (the whole mix's is the longest call's)
+    out[name]["like_length_max_over_p50"] = max(b["max_over_p50"] for b in out[name]["by_length"].values())
     if other is not None:
       out[name]["baseline_ms"] = stats(ms["baseline"])
       out[name]["p50_ratio"] = round(out[name]["ms"]["p50"] / out[name]["baseline_ms"]["p50"], 3)
