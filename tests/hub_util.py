@@ -49,6 +49,13 @@ def _is_lfs(path: str) -> bool:
   return path.endswith(LFS_SUFFIXES)
 
 
+def _blob(path: str, data: bytes) -> dict:
+  """A sibling's metadata as the revision route gives it with `blobs=True`."""
+  return {"blobId": git_blob_id(data), "size": len(data),
+          **({"lfs": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}}
+             if _is_lfs(path) else {})}
+
+
 class HubHandler(http.server.BaseHTTPRequestHandler):
   """The Hub's routes, over `self.server.repos` ({repo id: Repo})."""
 
@@ -93,8 +100,9 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
       return self._reply(404, error="RevisionNotFound")
     tree = repo.commits[commit]
     if route == "revision":
+      blobs = "blobs=" in urllib.parse.urlparse(self.path).query  # files_metadata=True: sizes and hashes
       return self._json({"id": repo_id, "modelId": repo_id, "sha": commit, "private": False,
-                         "siblings": [{"rfilename": p} for p in sorted(tree)]})
+                         "siblings": [{"rfilename": p, **(_blob(p, d) if blobs else {})} for p, d in sorted(tree.items())]})
     if route == "tree":
       return self._json([{"type": "file", "oid": git_blob_id(d), "size": len(d), "path": p,
                           **({"lfs": {"oid": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 134}}

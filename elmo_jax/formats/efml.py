@@ -79,6 +79,25 @@ def model_files(folder: str) -> dict[str, str]:
           if os.path.exists(os.path.join(folder, n))}
 
 
+def architecture_names(folder: str) -> list[str]:
+  """The names (relative to `folder`, `/`-separated) where `architecture` looks for the architecture JSON that
+  config.json's `config_path` names: as named, then by file name, each only if it stays in the folder; [] for a
+  config.json that names none or cannot be read (its load says why). What a download of the folder fetches."""
+  try:
+    named = json_bounded.load(os.path.join(folder, CONFIG)).get("config_path")
+  except (OSError, ValueError, AttributeError):
+    return []
+  if not isinstance(named, str):
+    return []
+  out = []
+  for name in (named, named.replace("\\", "/").rsplit("/", 1)[-1]):
+    try:
+      out.append("/".join(files.name_parts(name)))
+    except files.OutsideNameError:
+      pass
+  return list(dict.fromkeys(out))
+
+
 def architecture(folder: str) -> dict[str, Any]:
   """The architecture JSON that config.json's `config_path` names, looked for where elmoformanylangs looks
   (beside config.json's path, then by file name in the folder) but never outside the folder (`files.inside`:
