@@ -108,7 +108,7 @@ def fetch(spec: str) -> str:
     if cached is None:
       raise HubError(f"{spec}: the Hub ({_endpoint() or hf.constants.ENDPOINT}) is unreachable "
                      f"({type(e).__name__}: {one_line(e)[:80]}) and nothing is cached for it; without a network set "
-                     "HF_HUB_OFFLINE=1 and pin a cached commit (hf://owner/name@COMMIT)") from None
+                     f"HF_HUB_OFFLINE=1 and pin a cached commit (hf://{repo}@COMMIT)") from None
     log.info(f"{spec}: the Hub is unreachable ({type(e).__name__}); using the cached commit "
              f"{os.path.basename(cached)} (set HF_HUB_OFFLINE=1 to skip the Hub; pin it: hf://{repo}@"
              f"{os.path.basename(cached)})", stream=sys.stderr)
