@@ -1,19 +1,22 @@
 """`hf://owner/name@revision` model specs: a Hugging Face Hub repository, downloaded through `huggingface_hub`.
 
-    folder = hub.fetch("hf://owner/elmo-small@v1")     # the snapshot's local folder, every file verified
+    folder = hub.fetch("hf://owner/elmo-small@v1")     # the loader's files of the snapshot, each verified
     hub.push("elmo_small/", "hf://owner/elmo-small")    # a model folder uploaded with the user's token
 
 The repository holds any model folder `resolve_model` reads (elmo_jax's own safetensors folder, options.json +
-weights.hdf5, an ELMoForManyLangs folder, a TF-Hub module); `resolve_model` resolves the spec to the snapshot
-folder and reads it as a local folder. The revision is a branch, a tag or a commit hash; without `@revision`
-the spec is unpinned: `main` is resolved to its commit and one line says which (pin it with that hash).
+weights.hdf5, an ELMoForManyLangs folder, a TF-Hub module); only the files its loader reads are downloaded
+(`model_files`, from the Hub's listing: what `push` publishes, never a stray), and `resolve_model` reads the
+snapshot folder as a local folder. The revision is a branch, a tag or a commit hash; without `@revision` the
+spec is unpinned: `main` is resolved to its commit and one line says which (pin it with that hash).
 
 Downloads go to huggingface_hub's own cache (`HF_HUB_CACHE` / `HF_HOME`, shared with every other tool that
-uses it); `HF_ENDPOINT` names another Hub; `HF_HUB_OFFLINE=1` (read at each call) or no network uses the cache
-alone. Every file of the snapshot is checked before it is used, online and offline: an LFS file's sha256
-against the Hub's metadata (the tree listing's `lfs.sha256` online; offline, the name the cache stored it
-under, which is the sha256 the Hub sent with it), a small file's git blob id the same way. A file that
-differs is refused in one line and its cached copy deleted, so the next run downloads it again.
+uses it); `HF_ENDPOINT` names another Hub. A pinned commit whose files are cached is read with no request (a
+commit never changes); `HF_HUB_OFFLINE=1` (read at each call) uses the cache alone; a branch or tag costs one
+listing request, without huggingface_hub's retries, and an unreachable Hub falls back to the commit the cache
+last fetched for it (one line), or is one line. Every file read is checked before it is used, online and
+offline: an LFS file's sha256 against the Hub's metadata (the listing's `lfs.sha256` online; offline, the name
+the cache stored it under, which is the sha256 the Hub sent with it), a small file's git blob id the same way.
+A file that differs is refused in one line and its cached copy deleted, so the next run downloads it again.
 
 `huggingface_hub` is the `hub` extra (`pip install 'elmo_jax[hub]'`); without it an `hf://` spec is one line.
 """
