@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+import efml_util
 import hub_util
 from elmo_jax.cli import push as push_cli
 from elmo_jax.sources import convert
@@ -252,3 +253,16 @@ def test_a_cached_pinned_commit_needs_no_network_and_an_unreachable_hub_is_one_l
       pretrained.resolve_model("hf://me/other")
     assert "\n" not in str(e.value) and "Retry" not in capsys.readouterr().err
     assert time.monotonic() - start < 5
+
+
+def test_an_elmoformanylangs_repository_fetches_its_architecture_json_and_loads(hub, tmp_path):
+  """config.json names the architecture JSON (`../configs/tiny.json`, found by its name): fetched after it, and
+  read through the snapshot's link into the cache's blobs/ (a link a local folder may not hold)."""
+  local = tmp_path / "efml"
+  local.mkdir()
+  efml_util.write_model(str(local), zip_format=True)
+  commit = _seed(hub, "me/efml", {**_files(str(local)), "stray.bin": b"\0" * 4096})
+  found = pretrained.resolve_model(f"hf://me/efml@{commit}")
+  assert sorted(os.listdir(found.efml_dir)) == sorted(_files(str(local)))  # tiny.json among them, no stray
+  model, want = loaded.load_model(found), loaded.load_model(pretrained.resolve_model(str(local)))
+  assert model.format == "efml" and model.options == want.options
