@@ -5,7 +5,8 @@ card's metadata, preupload, commit), over in-memory repositories. Point huggingf
 
 Every uploaded file is taken in the commit's body ("regular" upload mode); files named like model weights are
 listed and served as LFS files (their sha256 in the tree's `lfs.oid` and the `ETag`), as the Hub does.
-`server.tamper` holds "repo/path" names whose bytes are served altered while the metadata keeps the true hash.
+`server.tamper` holds "repo/path" names whose bytes are served altered while the metadata keeps the true hash;
+`server.down` makes every GET a 503.
 """
 from __future__ import annotations
 
@@ -91,6 +92,8 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
 
   def do_GET(self):  # noqa: N802
     self.server.requests.append((self.command, self.path))
+    if self.server.down:  # a Hub that answers but cannot serve (503)
+      return self._reply(503, error="ServiceUnavailable")
     repo_id, route, rev, path = self._route()
     repo = self.server.repos.get(repo_id)
     if repo is None:
@@ -156,9 +159,9 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
 
 @contextlib.contextmanager
 def serve():
-  """A fake Hub on a free port; yields the server (`repos`, `tamper`, `requests`, `url`)."""
+  """A fake Hub on a free port; yields the server (`repos`, `tamper`, `requests`, `down`, `url`)."""
   server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HubHandler)
-  server.repos, server.tamper, server.requests = {}, set(), []
+  server.repos, server.tamper, server.requests, server.down = {}, set(), [], False
   server.url = f"http://127.0.0.1:{server.server_address[1]}"
   # shutdown() returns at the loop's next poll: socketserver's default of 0.5 s would add that to every test
   thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)

@@ -107,7 +107,9 @@ def fetch(spec: str) -> str:
                    "once with the Hub reachable")
   try:
     commit, expected = _listing(hf, repo, revision or "main")
-  except _unreachable(hf) as e:
+  except _hub_errors(hf) as e:
+    if not _unreachable(hf, e):
+      raise HubError(f"{spec}: {one_line(e)}") from None
     if cached is None:
       raise HubError(f"{spec}: the Hub ({_endpoint() or hf.constants.ENDPOINT}) is unreachable "
                      f"({type(e).__name__}: {one_line(e)[:80]}) and nothing is cached for it; without a network set "
@@ -116,14 +118,13 @@ def fetch(spec: str) -> str:
              f"{os.path.basename(cached)} (set HF_HUB_OFFLINE=1 to skip the Hub; pin it: hf://{repo}@"
              f"{os.path.basename(cached)})", stream=sys.stderr)
     return _verified(spec, cached, None)
-  except _hub_errors(hf) as e:
-    raise HubError(f"{spec}: {one_line(e)}") from None
-  folder = _download(hf, spec, repo, commit, expected)
+  folder, names = _download(hf, spec, repo, commit, expected)
   if not pinned:
     _remember(hf, repo, revision or "main", commit)
   if revision is None:
     log.info(f"{spec}: unpinned; main is commit {commit} (pin it: hf://{repo}@{commit})", stream=sys.stderr)
-  return _verified(spec, folder, expected)
+  verify(spec, folder, expected, names)
+  return folder
 
 
 def _verified(spec: str, folder: str, expected: dict[str, tuple[str, str]] | None) -> str:
@@ -131,10 +132,14 @@ def _verified(spec: str, folder: str, expected: dict[str, tuple[str, str]] | Non
   return folder
 
 
-def _unreachable(hf) -> tuple[type[BaseException], ...]:
-  """What a request raises when the Hub cannot be reached at all (no answer, not an HTTP error)."""
+def _unreachable(hf, e: BaseException) -> bool:
+  """Whether `e` says the Hub could not be reached or could not answer (no connection, a timeout, offline mode,
+  a 5xx), not that it refused (a missing repository or revision, a token)."""
   import httpx2  # pylint: disable=g-import-not-at-top  (huggingface_hub's HTTP client)
-  return (httpx2.TransportError, hf.errors.OfflineModeIsEnabled, ConnectionError, TimeoutError)
+  if isinstance(e, (httpx2.TransportError, hf.errors.OfflineModeIsEnabled, ConnectionError, TimeoutError)):
+    return True
+  status = getattr(getattr(e, "response", None), "status_code", None)
+  return isinstance(e, hf.errors.HfHubHTTPError) and isinstance(status, int) and status >= 500
 
 
 def _repo_cache(hf, repo: str) -> str:
@@ -180,9 +185,10 @@ def _listing(hf, repo: str, revision: str) -> tuple[str, dict[str, tuple[str, st
   return info.sha, files
 
 
-def _download(hf, spec: str, repo: str, commit: str, expected: dict[str, tuple[str, str]]) -> str:
+def _download(hf, spec: str, repo: str, commit: str,
+              expected: dict[str, tuple[str, str]]) -> tuple[str, list[str]]:
   """Downloads `model_files` of the listing, one by one in their order (an ELMoForManyLangs folder's
-  architecture JSON once its config.json names it); returns the snapshot folder."""
+  architecture JSON once its config.json names it); returns the snapshot folder and the names downloaded."""
   names = model_files(spec, expected)
   folder = os.path.join(_repo_cache(hf, repo), "snapshots", commit)
   try:
@@ -192,7 +198,7 @@ def _download(hf, spec: str, repo: str, commit: str, expected: dict[str, tuple[s
         names[1:1] = [n for n in efml.architecture_names(folder) if n in expected and n not in names]
   except _hub_errors(hf) as e:
     raise HubError(f"{spec}: {one_line(e)}") from None
-  return folder
+  return folder, names
 
 
 def _remember(hf, repo: str, revision: str, commit: str) -> None:

@@ -253,6 +253,14 @@ def test_a_cached_pinned_commit_needs_no_network_and_an_unreachable_hub_is_one_l
       pretrained.resolve_model("hf://me/other")
     assert "\n" not in str(e.value) and "Retry" not in capsys.readouterr().err
     assert time.monotonic() - start < 5
+  # a Hub that answers 503: the same fallback, in one line, without huggingface_hub's retries
+  monkeypatch.setenv("HF_ENDPOINT", hub.url)
+  hub.down = True
+  start = time.monotonic()
+  assert _files(pretrained.resolve_model("hf://me/elmo").folder_dir) == _files(folder)
+  err = capsys.readouterr().err.strip()
+  assert "\n" not in err and "the Hub is unreachable (HfHubHTTPError); using the cached commit" in err, err
+  assert time.monotonic() - start < 5
 
 
 def test_an_elmoformanylangs_repository_fetches_its_architecture_json_and_loads(hub, tmp_path):
