@@ -105,7 +105,8 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
     if route == "revision":
       blobs = "blobs=" in urllib.parse.urlparse(self.path).query  # files_metadata=True: sizes and hashes
       return self._json({"id": repo_id, "modelId": repo_id, "sha": commit, "private": False,
-                         "siblings": [{"rfilename": p, **(_blob(p, d) if blobs else {})} for p, d in sorted(tree.items())]})
+                         "siblings": [{"rfilename": p, **(_blob(p, d) if blobs else {})}
+                                      for p, d in sorted(tree.items())]})
     if route == "tree":
       return self._json([{"type": "file", "oid": git_blob_id(d), "size": len(d), "path": p,
                           **({"lfs": {"oid": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 134}}
