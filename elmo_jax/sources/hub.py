@@ -128,7 +128,12 @@ def fetch(spec: str) -> str:
 
 
 def _verified(spec: str, folder: str, expected: dict[str, tuple[str, str]] | None) -> str:
-  verify(spec, folder, expected, model_files(spec, _names_in(folder)))
+  """`folder` once the files a load reads there (`model_files`, an EFML folder's architecture JSON) verify."""
+  present = _names_in(folder)
+  names = model_files(spec, present)
+  if names[-1] == efml.ENCODER:
+    names += [n for n in efml.architecture_names(folder) if n in present and n not in names]
+  verify(spec, folder, expected, names)
   return folder
 
 

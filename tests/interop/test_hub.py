@@ -274,3 +274,9 @@ def test_an_elmoformanylangs_repository_fetches_its_architecture_json_and_loads(
   assert sorted(os.listdir(found.efml_dir)) == sorted(_files(str(local)))  # tiny.json among them, no stray
   model, want = loaded.load_model(found), loaded.load_model(pretrained.resolve_model(str(local)))
   assert model.format == "efml" and model.options == want.options
+  # read from the cache (a pinned commit), the architecture JSON is verified like the rest: changed, refused
+  blob = os.path.realpath(os.path.join(found.efml_dir, "tiny.json"))
+  with open(blob, "a", encoding="utf-8") as f:
+    f.write(" ")
+  with pytest.raises(hub_lib.HubError, match=r"tiny.json: its git blob id .* differs from the Hub's"):
+    pretrained.resolve_model(f"hf://me/efml@{commit}")
