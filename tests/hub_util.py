@@ -5,7 +5,8 @@ card's metadata, preupload, commit), over in-memory repositories. Point huggingf
 
 Every uploaded file is taken in the commit's body ("regular" upload mode); files named like model weights are
 listed and served as LFS files (their sha256 in the tree's `lfs.oid` and the `ETag`), as the Hub does.
-`server.tamper` holds "repo/path" names whose bytes are served altered while the metadata keeps the true hash.
+`server.tamper` holds "repo/path" names whose bytes are served altered while the metadata keeps the true hash;
+`server.down` makes every GET a 503.
 """
 from __future__ import annotations
 
@@ -49,6 +50,13 @@ def _is_lfs(path: str) -> bool:
   return path.endswith(LFS_SUFFIXES)
 
 
+def _blob(path: str, data: bytes) -> dict:
+  """A sibling's metadata as the revision route gives it with `blobs=True`."""
+  return {"blobId": git_blob_id(data), "size": len(data),
+          **({"lfs": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}}
+             if _is_lfs(path) else {})}
+
+
 class HubHandler(http.server.BaseHTTPRequestHandler):
   """The Hub's routes, over `self.server.repos` ({repo id: Repo})."""
 
@@ -84,6 +92,8 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
 
   def do_GET(self):  # noqa: N802
     self.server.requests.append((self.command, self.path))
+    if self.server.down:  # a Hub that answers but cannot serve (503)
+      return self._reply(503, error="ServiceUnavailable")
     repo_id, route, rev, path = self._route()
     repo = self.server.repos.get(repo_id)
     if repo is None:
@@ -93,8 +103,10 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
       return self._reply(404, error="RevisionNotFound")
     tree = repo.commits[commit]
     if route == "revision":
+      blobs = "blobs=" in urllib.parse.urlparse(self.path).query  # files_metadata=True: sizes and hashes
       return self._json({"id": repo_id, "modelId": repo_id, "sha": commit, "private": False,
-                         "siblings": [{"rfilename": p} for p in sorted(tree)]})
+                         "siblings": [{"rfilename": p, **(_blob(p, d) if blobs else {})}
+                                      for p, d in sorted(tree.items())]})
     if route == "tree":
       return self._json([{"type": "file", "oid": git_blob_id(d), "size": len(d), "path": p,
                           **({"lfs": {"oid": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 134}}
@@ -148,9 +160,9 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
 
 @contextlib.contextmanager
 def serve():
-  """A fake Hub on a free port; yields the server (`repos`, `tamper`, `requests`, `url`)."""
+  """A fake Hub on a free port; yields the server (`repos`, `tamper`, `requests`, `down`, `url`)."""
   server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HubHandler)
-  server.repos, server.tamper, server.requests = {}, set(), []
+  server.repos, server.tamper, server.requests, server.down = {}, set(), [], False
   server.url = f"http://127.0.0.1:{server.server_address[1]}"
   # shutdown() returns at the loop's next poll: socketserver's default of 0.5 s would add that to every test
   thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)

@@ -17,7 +17,8 @@ Input: one whitespace-tokenized sentence per line (UTF-8, gzip if it is gzipped)
 `--average`: the mean of the layers), with `--sentence_vectors` the mean over the tokens instead
 (`(n_layers + 1, 2P)` or `(2P,)`); of a TF-Hub module folder (`--model=MODULE_DIR`), `--module_output=` one of
 its outputs (`word_emb`, `lstm_outputs1`, `lstm_outputs2`, `elmo`, `default`); float32 or
-`--output_dtype=float16`. `sentence_to_index`: a (1,) variable-length string dataset holding
+`--output_dtype=float16` (a value past its 65,504 is refused in one line naming the line, never written as inf).
+`sentence_to_index`: a (1,) variable-length string dataset holding
 `json.dumps({stripped line text: "i"})` (later duplicates win, as in AllenNLP). With `--use_sentence_keys` the
 datasets are named by the line text instead and there is no `sentence_to_index` (AllenNLP's layout; a repeated
 line is then an error); `--forget_sentences` omits it.

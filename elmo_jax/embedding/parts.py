@@ -130,6 +130,20 @@ class PartWriter:
       self.fout.close()
       self.fout = None
 
+  def _cast(self, i: int, data: np.ndarray) -> np.ndarray:
+    """`data` in the output dtype. float16 holds |x| <= 65504: a larger value would be written as inf, silently
+    in a dataset, so the job is refused (EmbedInputError naming the line and how many values), not clipped."""
+    if self.fmt.dtype != "float16":
+      return data
+    with np.errstate(over="ignore"):  # the message below says it, in one line, not numpy's warning
+      half = np.asarray(data).astype(np.float16)
+    over = np.count_nonzero(np.isinf(half) & np.isfinite(data))
+    if over:
+      raise EmbedInputError(f"{self.where}:{i + 1}: {over} of its {data.size} values are out of float16's range "
+                            f"(|x| > 65504, the largest {float(np.abs(data).max()):.4g}) and would be written as "
+                            "inf; use --output_dtype=float32")
+    return half
+
   def _write(self, i: int, text: str, layers: np.ndarray) -> None:
     if self.fmt.output in tfhub.OUTPUTS:
       mix = None if self.fmt.mix is None else {k: np.asarray(v, np.float32) for k, v in self.fmt.mix.items()}
@@ -139,6 +153,7 @@ class PartWriter:
     if self.fmt.sentence_vectors and self.fmt.output != "default":
       n = layers.shape[1]
       data = data.mean(axis=-2) if n else np.zeros(data.shape[:-2] + data.shape[-1:], np.float32)
+    data = self._cast(i, data)
     if not self.fmt.use_sentence_keys:
       self.fout.create_dataset(str(i), data=data, dtype=self.fmt.dtype)
       self._keys.append(str(i))

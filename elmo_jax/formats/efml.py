@@ -79,6 +79,32 @@ def model_files(folder: str) -> dict[str, str]:
           if os.path.exists(os.path.join(folder, n))}
 
 
+def _blobs(folder: str) -> str | None:
+  """The blobs/ of a Hugging Face cache snapshot (`models--owner--name/snapshots/<commit>/`, what an `hf://`
+  spec reads): its files are links into it by design; None for any other folder."""
+  parent = os.path.dirname(os.path.abspath(folder))
+  return os.path.join(os.path.dirname(parent), "blobs") if os.path.basename(parent) == "snapshots" else None
+
+
+def architecture_names(folder: str) -> list[str]:
+  """The names (relative to `folder`, `/`-separated) where `architecture` looks for the architecture JSON that
+  config.json's `config_path` names: as named, then by file name, each only if it stays in the folder; [] for a
+  config.json that names none or cannot be read (its load says why). What a download of the folder fetches."""
+  try:
+    named = json_bounded.load(os.path.join(folder, CONFIG)).get("config_path")
+  except (OSError, ValueError, AttributeError):
+    return []
+  if not isinstance(named, str):
+    return []
+  out = []
+  for name in (named, named.replace("\\", "/").rsplit("/", 1)[-1]):
+    try:
+      out.append("/".join(files.name_parts(name)))
+    except files.OutsideNameError:
+      pass
+  return list(dict.fromkeys(out))
+
+
 def architecture(folder: str) -> dict[str, Any]:
   """The architecture JSON that config.json's `config_path` names, looked for where elmoformanylangs looks
   (beside config.json's path, then by file name in the folder) but never outside the folder (`files.inside`:
@@ -94,7 +120,7 @@ def architecture(folder: str) -> dict[str, Any]:
   candidates = []
   for name in (named, named.replace("\\", "/").rsplit("/", 1)[-1]):
     try:
-      candidates.append(files.inside(folder, name, f"{config_file}: config_path"))
+      candidates.append(files.inside(folder, name, f"{config_file}: config_path", links_into=_blobs(folder)))
     except files.OutsideNameError as e:
       if name != named:
         raise EFMLError(str(e)) from None

@@ -149,14 +149,15 @@ def name_parts(name: Any, what: str = "a name") -> list[str]:
   return [p for p in name.split("/") if p not in ("", ".")]
 
 
-def inside(root: str | os.PathLike, name: Any, what: str = "a name") -> str:
+def inside(root: str | os.PathLike, name: Any, what: str = "a name", links_into: str | None = None) -> str:
   """The path under `root` that the outside `name` means (`name_parts`' checks), also refused when a link
-  already under `root` would lead it out. The one way a name from a bucket, an archive, a config or a
+  already under `root` would lead it out (`links_into`: the one other folder its links may lead into, e.g. a
+  Hugging Face cache snapshot's blobs/). The one way a name from a bucket, an archive, a config or a
   manifest becomes a local path."""
   root = os.fspath(root)
   path = os.path.join(root, *name_parts(name, what))
-  real_root = os.path.realpath(root)
-  if not _within(os.path.realpath(path), real_root):
+  real_root, real = os.path.realpath(root), os.path.realpath(path)
+  if not _within(real, real_root) and not (links_into is not None and _within(real, os.path.realpath(links_into))):
     raise OutsideNameError(f"{what} {name!r} leads out of {root} through a link")
   return path
 

@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import h5py
+import jax
 import numpy as np
 import pytest
 
@@ -161,3 +163,23 @@ def test_cli_urls_sentence_vectors_and_token_dump(tmp_path, embedder):
   proc = run_cli(f"--options_file={FIXTURE_OPTIONS}", f"--weight_file={FIXTURE_WEIGHTS}", "--top", "--average",
                  f"--input_file={tmp_path / 'in.txt'}", f"--output_file={tmp_path / 'x.hdf5'}")
   assert proc.returncode != 0 and "at most one of --all, --top, --average" in proc.stderr
+
+
+def test_float16_out_of_range_is_refused_in_one_line(tmp_path, embedder, reference):
+  """Values past float16's 65,504 would be written as inf: the job is refused naming the line and the count."""
+  from elmo_jax.sources import loaded  # pylint: disable=g-import-not-at-top
+  from elmo_jax.sources import pretrained  # pylint: disable=g-import-not-at-top
+  model = loaded.load_model(pretrained.resolve_files(FIXTURE_OPTIONS, FIXTURE_WEIGHTS))
+  params = jax.tree_util.tree_map(np.array, model.params)
+  params["char_cnn"]["CNN_proj"]["W_proj"] *= 1e6  # the token layer (layer 0) far past 65,504
+  big = Embedder(model.options, params)
+  lines = write(tmp_path / "in.txt", LINES[:2])
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # numpy's overflow warning is not the message
+    with pytest.raises(embed.EmbedInputError, match=r"in.txt:1: \d+ of its \d+ values are out of float16's range "
+                                                    r"\(\|x\| > 65504, the largest .*\) and would be written as inf; "
+                                                    r"use --output_dtype=float32$"):
+      embed.embed_file(big, lines, tmp_path / "o.hdf5", output_dtype="float16", progress_every=None)
+  assert not (tmp_path / "o.hdf5").exists()
+  embed.embed_file(big, lines, tmp_path / "o32.hdf5", output_dtype="float32", progress_every=None)
+  assert np.abs(read(tmp_path / "o32.hdf5")["0"]).max() > 65504

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
+import efml_util
 import hub_util
 from elmo_jax.cli import push as push_cli
 from elmo_jax.sources import convert
@@ -175,3 +178,105 @@ def test_the_push_command_pushes_a_checked_folder(hub, folder, tmp_path):
   assert refused.returncode == 1 and refused.stderr.strip() == (
       f"error: {bad}: holds no README.md (the model card convert writes)"), refused.stderr
   assert "me/cli2" not in hub.repos
+
+
+def test_only_the_files_the_loader_reads_are_fetched(hub, folder):
+  stray = b"\0" * (2 << 20)  # a large file no loader reads: never requested, never cached
+  commit = _seed(hub, "me/stray", {**_files(folder), "checkpoint.bin": stray, "notes/run.log": b"x"})
+  got = pretrained.resolve_model(f"hf://me/stray@{commit}")
+  assert _files(got.folder_dir) == _files(folder) and loaded.load_model(got).format == "safetensors"
+  assert not any("checkpoint.bin" in path or "notes" in path for _, path in hub.requests)
+  assert not any(p.stat().st_size >= len(stray) for p in hub.cache.rglob("blobs/*"))
+  pair = {"options.json": open(FIXTURE_OPTIONS, "rb").read(), "weights.hdf5": open(FIXTURE_WEIGHTS, "rb").read()}
+  commit = _seed(hub, "me/pair", {**pair, "vocab.txt": b"<S>\n</S>\n", "big.bin": stray})
+  assert sorted(os.listdir(os.path.dirname(pretrained.resolve_model(f"hf://me/pair@{commit}").weight_file))) == [
+      "options.json", "vocab.txt", "weights.hdf5"]
+  # a repository holding no model is one line naming what it holds; nothing is downloaded
+  commit = _seed(hub, "me/none", {"README.md": b"# none\n", "big.bin": stray})
+  with pytest.raises(hub_lib.HubError, match=r"^hf://me/none@[0-9a-f]{40}: holds no model elmo_jax reads .*it "
+                                             r"holds: README.md, big.bin$") as e:
+    pretrained.resolve_model(f"hf://me/none@{commit}")
+  assert "\n" not in str(e.value) and not any("/resolve/" in path for _, path in hub.requests if "me/none" in path)
+
+
+def test_model_files_by_format_the_deciding_file_last():
+  extra = {"README.md", "stray.bin", "sub/x.txt", ".gitattributes"}
+  cases = [({"config.json", "model.safetensors", "vocab.txt", "char.dic", "word.dic"},
+            ["config.json", "vocab.txt", "char.dic", "word.dic", "README.md", "model.safetensors"]),
+           ({"variables/variables.index", "variables/variables.data-00000-of-00002",
+             "variables/variables.data-00001-of-00002", "saved_model.pb"},
+            ["variables/variables.data-00000-of-00002", "variables/variables.data-00001-of-00002",
+             "variables/variables.index"]),
+           ({"config.json", "char.dic", "word.dic", "token_embedder.pkl", "encoder.pkl"},
+            ["config.json", "char.dic", "word.dic", "token_embedder.pkl", "encoder.pkl"]),
+           ({"elmo_options.json", "elmo_weights.hdf5", "vocab.txt"}, ["elmo_options.json", "vocab.txt",
+                                                                       "elmo_weights.hdf5"])]
+  for names, want in cases:
+    assert hub_lib.model_files("hf://me/x", names | extra) == want, want
+  for names, words in (({"config.json", "char.dic", "encoder.pkl"}, "an ELMoForManyLangs model without "
+                                                                   "token_embedder.pkl$"),
+                       ({"options.json", "a.hdf5", "b.hdf5"}, "holds no model elmo_jax reads"), (set(), "no file$")):
+    with pytest.raises(hub_lib.HubError, match=words):
+      hub_lib.model_files("hf://me/x", names)
+
+
+def _closed_port():
+  """A port on 127.0.0.1 with nothing listening (bound, never listened on: a connection is refused)."""
+  sock = socket.socket()
+  sock.bind(("127.0.0.1", 0))
+  return sock, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_cached_pinned_commit_needs_no_network_and_an_unreachable_hub_is_one_line(hub, folder, monkeypatch,
+                                                                                      capsys):
+  commit = _seed(hub, "me/elmo", _files(folder))
+  pretrained.resolve_model(f"hf://me/elmo@{commit}")
+  pretrained.resolve_model("hf://me/elmo")  # main's commit recorded in the cache
+  hub.requests.clear()
+  assert _files(pretrained.resolve_model(f"hf://me/elmo@{commit}").folder_dir) == _files(folder)
+  assert hub.requests == []  # a commit's files never change: a whole cached snapshot is read as it is
+  sock, closed = _closed_port()
+  with sock:
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    capsys.readouterr()
+    start = time.monotonic()
+    assert _files(pretrained.resolve_model(f"hf://me/elmo@{commit}").folder_dir) == _files(folder)
+    assert capsys.readouterr().err == ""
+    # unpinned: the commit the cache last fetched for main, in one line; nothing cached: one line
+    assert _files(pretrained.resolve_model("hf://me/elmo").folder_dir) == _files(folder)
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("hf://me/elmo: the Hub is unreachable (ConnectError); using the "
+                                              f"cached commit {commit} (set HF_HUB_OFFLINE=1"), err
+    with pytest.raises(hub_lib.HubError, match=rf"^hf://me/other: the Hub \({closed}\) is unreachable .* nothing "
+                                               r"is cached for it; without a network set HF_HUB_OFFLINE=1 and pin "
+                                               r"a cached commit \(hf://me/other@COMMIT\)$") as e:
+      pretrained.resolve_model("hf://me/other")
+    assert "\n" not in str(e.value) and "Retry" not in capsys.readouterr().err
+    assert time.monotonic() - start < 5
+  # a Hub that answers 503: the same fallback, in one line, without huggingface_hub's retries
+  monkeypatch.setenv("HF_ENDPOINT", hub.url)
+  hub.down = True
+  start = time.monotonic()
+  assert _files(pretrained.resolve_model("hf://me/elmo").folder_dir) == _files(folder)
+  err = capsys.readouterr().err.strip()
+  assert "\n" not in err and "the Hub is unreachable (HfHubHTTPError); using the cached commit" in err, err
+  assert time.monotonic() - start < 5
+
+
+def test_an_elmoformanylangs_repository_fetches_its_architecture_json_and_loads(hub, tmp_path):
+  """config.json names the architecture JSON (`../configs/tiny.json`, found by its name): fetched after it, and
+  read through the snapshot's link into the cache's blobs/ (a link a local folder may not hold)."""
+  local = tmp_path / "efml"
+  local.mkdir()
+  efml_util.write_model(str(local), zip_format=True)
+  commit = _seed(hub, "me/efml", {**_files(str(local)), "stray.bin": b"\0" * 4096})
+  found = pretrained.resolve_model(f"hf://me/efml@{commit}")
+  assert sorted(os.listdir(found.efml_dir)) == sorted(_files(str(local)))  # tiny.json among them, no stray
+  model, want = loaded.load_model(found), loaded.load_model(pretrained.resolve_model(str(local)))
+  assert model.format == "efml" and model.options == want.options
+  # read from the cache (a pinned commit), the architecture JSON is verified like the rest: changed, refused
+  blob = os.path.realpath(os.path.join(found.efml_dir, "tiny.json"))
+  with open(blob, "a", encoding="utf-8") as f:
+    f.write(" ")
+  with pytest.raises(hub_lib.HubError, match=r"tiny.json: its git blob id .* differs from the Hub's"):
+    pretrained.resolve_model(f"hf://me/efml@{commit}")
