@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -99,21 +100,18 @@ def test_ctrl_c_during_the_first_load_is_one_line_and_exit_130(model_dir, tmp_pa
   assert proc.returncode == 130 and "interrupted (Ctrl-C)" in err and "Traceback" not in err, err[-3000:]
 
 
-def test_the_bound_socket_listens_at_once():
+def test_the_bound_socket_listens_at_once(monkeypatch):
   """`serve._bind` listens as it binds: a second bind of the port fails even with SO_REUSEADDR."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
   from elmo_jax.cli import serve  # pylint: disable=g-import-not-at-top
-  if "port" not in flags.FLAGS:
-    serve.define_flags()
-  flags.FLAGS(["serve", "--port=0", "--host=127.0.0.1"])
+  # the flags it reads, without defining the command's flags in this process (another command's may be)
+  monkeypatch.setattr(serve, "FLAGS", types.SimpleNamespace(host="127.0.0.1", port=0))
+  sock = serve._bind()  # pylint: disable=protected-access
   try:
-    sock = serve._bind()  # pylint: disable=protected-access
     port = sock.getsockname()[1]
     other = socket.socket()
     other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     with pytest.raises(OSError):
       other.bind(("127.0.0.1", port))
     other.close()
-    sock.close()
   finally:
-    flags.FLAGS.unparse_flags()
+    sock.close()
