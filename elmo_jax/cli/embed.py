@@ -49,6 +49,7 @@ from elmo_jax.runtime import distributed
 from elmo_jax.runtime import files
 from elmo_jax.runtime import progress as progress_lib
 from elmo_jax.runtime import storage
+from elmo_jax.sources import resolve
 
 FLAGS = flags.FLAGS
 
@@ -133,12 +134,11 @@ def _run_inputs() -> list[str]:
   it is named: `ResolvedModel.read_files`), found without loading or downloading anything: the output
   must not be one of them. (`embed_file` checks the loaded model's files again.)"""
   from elmo_jax.sources import download
-  from elmo_jax.sources import pretrained  # pylint: disable=g-import-not-at-top
   out = [FLAGS.input_file, FLAGS.vocab_file, FLAGS.token_embedding_file]
   out += [download.local_path(p) for p in (FLAGS.options_file, FLAGS.weight_file) if p]
   for spec, use in ((FLAGS.model, "model"), (FLAGS.workdir, "run")):
     if spec:
-      model = pretrained.resolve_model(spec, use=use, fetch=False)
+      model = resolve.resolve_model(spec, use=use, fetch=False)
       out += [model.options_file, model.weight_file, model.vocab_file, *model.read_files]  # an EFML folder's all
   return [p for p in out if p]
 

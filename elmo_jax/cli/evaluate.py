@@ -3,7 +3,7 @@
   elmo-jax evaluate --task=all --workdir=runs/small --probe_data_dir=DIR   # or: python evaluate.py ... in a clone
   elmo-jax evaluate --task=pos --options_file=O --weight_file=W --output_dir=OUT \
       --max_examples=500
-  elmo-jax evaluate --task=wsd --model=original --output_dir=OUT
+  elmo-jax evaluate --task=wsd --model=original --output_dir=OUT           # or a folder, archive, URL, hf://
   elmo-jax evaluate --task=perplexity --workdir=runs/small --text_file=test.txt.gz
   elmo-jax evaluate --task=sentiment --workdir=runs/small --tfds_data_dir=~/tensorflow_datasets \
       --train_file=tfds:glue/sst2:train --test_file=tfds:glue/sst2:validation
@@ -16,6 +16,7 @@ stderr.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -25,14 +26,20 @@ from typing import Callable, Sequence
 from absl import flags, logging
 
 from elmo_jax import cli
+from elmo_jax.embedding.embedder import Embedder
+from elmo_jax.evaluation import features
 from elmo_jax.evaluation import outputs
 from elmo_jax.evaluation import readers
 from elmo_jax.evaluation import tasks as tasks_lib
 from elmo_jax.formats.options import OptionsError
+from elmo_jax.formats.weights import WeightFileError
+from elmo_jax.runtime import devices
 from elmo_jax.runtime import files
 from elmo_jax.runtime import progress
 from elmo_jax.runtime import run_layout
 from elmo_jax.runtime import storage
+from elmo_jax.sources import resolve
+from elmo_jax.sources.resolve import ResolvedModel
 
 _TASK_NAMES = ["perplexity", "wsd", "pos", "sentiment", "all"]
 
@@ -41,8 +48,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "A training run (uses WORKDIR/ex
 _OPTIONS = flags.DEFINE_string("options_file", None, "ELMo options.json (with --weight_file).")
 _WEIGHTS = flags.DEFINE_string("weight_file", None, "ELMo hdf5 weights (with --options_file).")
 _MODEL = flags.DEFINE_string("model", None, "A released ELMo (small, medium, original, original_5.5B; "
-                             "downloaded once into $ELMO_JAX_CACHE), a folder or a URL; instead of "
-                             "--options_file/--weight_file.")
+                             "downloaded once into $ELMO_JAX_CACHE), a folder (options.json + weights.hdf5, "
+                             "elmo_jax's safetensors folder, a TF-Hub module, an ELMoForManyLangs folder), an "
+                             "archive, a URL or hf://owner/name: every spec `elmo-jax embed --model` takes; "
+                             "instead of --options_file/--weight_file. Perplexity needs a softmax: TF-Hub and "
+                             "ELMoForManyLangs models carry none.")
 _OUTPUT = flags.DEFINE_string("output_dir", None, "Output directory; default WORKDIR/eval.")
 _TRAIN = flags.DEFINE_string("train_file", None,
                              "Train file of the single task given (pos or sentiment); "
@@ -114,14 +124,14 @@ def _check_tfds(field: str, path: str | None) -> None:
   readers.parse_tfds(path)
 
 
-def _resolve_model_flag() -> None:
-  """--model=NAME|URL|DIR: fetched (once) and used as --options_file/--weight_file."""
+def _resolved_model() -> ResolvedModel | None:
+  """--model: what it names (`resolve.resolve_model`: every spec `elmo-jax embed --model` takes; fetched once),
+  or None without it."""
   if not _MODEL.value:
-    return
+    return None
   if _WORKDIR.value or _OPTIONS.value or _WEIGHTS.value:
     raise readers.InputError("give one of --model, --workdir or --options_file/--weight_file")
-  from elmo_jax.sources import pretrained  # pylint: disable=g-import-not-at-top
-  flags.FLAGS.options_file, flags.FLAGS.weight_file = pretrained.resolve(_MODEL.value)
+  return resolve.resolve_model(_MODEL.value)
 
 
 def _check_numbers() -> None:
@@ -136,7 +146,7 @@ def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
   """Validates flag combinations; returns (task, config)."""
   task = _TASK.value
   _check_numbers()
-  _resolve_model_flag()
+  model = _resolved_model()
   if task is None:
     raise readers.InputError("--task is required: one of " + ", ".join(_TASK_NAMES))
   if bool(_OPTIONS.value) != bool(_WEIGHTS.value):
@@ -167,7 +177,7 @@ def config_from_flags() -> tuple[str, tasks_lib.EvalConfig]:
   cfg.perplexity = tasks_lib.perplexity.PerplexityConfig(
       text_file=_TEXT.value, tfds_name=_TFDS_NAME.value, tfds_split=_TFDS_SPLIT.value,
       tfds_data_dir=_TFDS_DIR.value,
-      options_file=_OPTIONS.value, weight_file=_WEIGHTS.value, vocab_file=_VOCAB.value,
+      options_file=_OPTIONS.value, weight_file=_WEIGHTS.value, model=model, vocab_file=_VOCAB.value,
       # --batch_size defaults to 64 for the probes; perplexity matches the run's batch unless given.
       batch_size=_BATCH.value if _BATCH.present else None, unroll_steps=_UNROLL.value,
       max_batches=_MAX_BATCHES.value, pretokenized=_PRETOK.value)
@@ -198,22 +208,24 @@ def _local_workdir() -> str | None:
   return local
 
 
-def load_models_from_flags() -> tasks_lib.Models:
-  """Builds the real Embedder and its untrained twin (imported lazily: slow)."""
-  from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top
-  from elmo_jax.evaluation import features  # pylint: disable=g-import-not-at-top
-
+def load_models_from_flags(model: ResolvedModel | None = None) -> tasks_lib.Models:
+  """Builds the real Embedder and its untrained twin; `model`: what --model resolved to (resolved here if None)."""
   if _WORKDIR.value:
     workdir = _local_workdir()
     emb = Embedder.from_workdir(workdir, warm=False)  # a script: each shape compiles when first met
     key = features.model_key_from_workdir(workdir)
     description = {"workdir": _WORKDIR.value}
+  elif _MODEL.value:
+    model = model or _resolved_model()
+    emb = Embedder.from_model(model, warm=False)
+    key = features.model_key_from_paths(emb.input_files)
+    description = {"model": _MODEL.value}
   elif _OPTIONS.value:
     emb = Embedder.from_files(_OPTIONS.value, _WEIGHTS.value, warm=False)
     key = features.model_key_from_files(_OPTIONS.value, _WEIGHTS.value)
     description = {"options_file": _OPTIONS.value, "weight_file": _WEIGHTS.value}
   else:
-    raise readers.InputError("give --workdir or --options_file and --weight_file")
+    raise readers.InputError("give --workdir, --model, or --options_file and --weight_file")
   twin = emb.untrained_twin(seed=_SEED.value)
   # The twin is a function of the config and the seed only.
   twin_key = hashlib.sha256((json.dumps(emb.options, sort_keys=True)
@@ -236,13 +248,14 @@ def main(argv: Sequence[str],
     # A bucket --output_dir: written locally, each file uploaded whole once every task finished.
     with storage.staged_output(cfg.output_dir, "--output_dir", directory=True,
                                inputs=outputs.input_files(cfg)) as cfg.output_dir:
-      tasks_lib.run(task, cfg, load_models or load_models_from_flags, on_start=_announce)
-  except (readers.InputError, files.UnsafeOutputError, tasks_lib.TaskUnavailable, OptionsError, OSError) as e:
+      tasks_lib.run(task, cfg, load_models or functools.partial(load_models_from_flags, cfg.perplexity.model),
+                    on_start=_announce)
+  except (readers.InputError, files.UnsafeOutputError, tasks_lib.TaskUnavailable, OptionsError, WeightFileError,
+          OSError) as e:
     sys.exit(f"evaluate.py: error: {e}")
 
 
 def _announce() -> None:
-  from elmo_jax.runtime import devices  # pylint: disable=g-import-not-at-top
   devices.announce()
 
 

@@ -31,7 +31,7 @@ from elmo_jax.evaluation import early_stopping, features, probes, readers
 from elmo_jax.runtime import files
 from elmo_jax.runtime.progress import progress
 from elmo_jax.runtime.run_layout import CONFIG_FILE
-from elmo_jax.sources import pretrained
+from elmo_jax.sources import resolve
 from elmo_jax.training.freeze import bilm_labels
 
 ELMO_SETTINGS = ("none", "frozen", "finetune")
@@ -72,7 +72,7 @@ def load_bilm(spec: str, init: str = "trained", seed: int = 0) -> Bilm:
   `config.init_from` does), a folder with options.json + weights.hdf5, a released name (`small`, ...) or a
   URL. `init="random"`: the same shape, randomly initialised (seeded): the untrained twin."""
   from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top  (slow import)
-  model = pretrained.resolve_model(spec, use="bilm")
+  model = resolve.resolve_model(spec, use="bilm")
   if model.checkpoints is not None:
     emb, description = _from_checkpoint(model.workdir)
   else:

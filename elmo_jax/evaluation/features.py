@@ -43,6 +43,15 @@ def model_key_from_files(options_file: str, weight_file: str) -> str:
   return h.hexdigest()[:16]
 
 
+def model_key_from_paths(paths: Sequence[str]) -> str:
+  """Identity of a model read from these files (any format): each one's real path, size and mtime."""
+  h = hashlib.sha256()
+  for path in sorted(paths):
+    st = os.stat(path)
+    h.update(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+  return h.hexdigest()[:16]
+
+
 def model_key_from_workdir(workdir: str) -> str:
   """Identity of a trained run: every file under workdir/export (path/size/mtime)."""
   export = os.path.join(workdir, EXPORT_DIR)

@@ -37,8 +37,8 @@ from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
 from elmo_jax.sources import card
 from elmo_jax.sources import loaded
-from elmo_jax.sources import pretrained
-from elmo_jax.sources.resolved import ResolvedModel
+from elmo_jax.sources import resolve
+from elmo_jax.sources.resolve import ResolvedModel
 
 FORMATS = ("bilm-hdf5", "efml", "safetensors", "stablehlo", "onnx")
 EFML, SAFETENSORS, STABLEHLO, ONNX = "efml", "safetensors", "stablehlo", "onnx"
@@ -66,7 +66,7 @@ def format_problem(options: dict[str, Any], fmt: str) -> str | None:
 def load(spec: str) -> loaded.LoadedModel:
   """A model spec (`resolve_model`: a released name, a run, a folder, a TF-Hub module, a URL, an EFML folder),
   read by `loaded.load_model`."""
-  return loaded.load_model(pretrained.resolve_model(spec))
+  return loaded.load_model(resolve.resolve_model(spec))
 
 
 def check_target(to: str, inputs: tuple[str, ...] = ()) -> None:
@@ -142,7 +142,7 @@ def convert(spec: str, to: str, fmt: str = "bilm-hdf5") -> loaded.LoadedModel:
   Returns what was read. Raises ConvertError, files.UnsafeOutputError and the loaders' one-line errors."""
   _check_format(fmt)
   check_target(to)  # before loading (a download): a taken folder costs nothing
-  found = pretrained.resolve_model(spec)  # a folder, URL or archive as local files; no weights read yet
+  found = resolve.resolve_model(spec)  # a folder, URL or archive as local files; no weights read yet
   if fmt == "bilm-hdf5" and found.efml_dir is not None:
     raise ConvertError(
         f"{spec}: an ELMoForManyLangs model cannot be held in bilm-tf's layout (options.json + weights.hdf5 has "

@@ -25,7 +25,7 @@ from elmo_jax.runtime import files
 from elmo_jax.runtime import log
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import RUN_FOLDERS, TOP_FILES, TOP_FOLDERS, VOCAB_FILE
-from elmo_jax.sources.resolved import folder_files
+from elmo_jax.sources.resolve import folder_files
 from elmo_jax.training.workdir import Workdir
 
 _BLOCK = 1 << 20

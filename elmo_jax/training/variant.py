@@ -114,8 +114,8 @@ def resolve(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.C
       c.data.lexicon = folder
   elif c.init_from and not c.data.get('lexicon', ''):
     released = init_from.released_source(c.init_from)
-    if released is not None and released[0] == init_from.EFML:
-      c.data.lexicon = released[1]
+    if released is not None and released.efml_dir is not None:
+      c.data.lexicon = released.efml_dir
   if c.init_from and not c.data.get('lexicon', ''):  # an EFML-style run as the source: its lexicons
     c.data.lexicon = _run_lexicon(c.init_from) or ""
   if efml_export.is_efml_variant(options):

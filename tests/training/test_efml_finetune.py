@@ -101,8 +101,8 @@ def test_efml_folder_in_an_archive_is_a_source(source, tmp_path, monkeypatch):
   monkeypatch.setenv("ELMO_JAX_CACHE", str(tmp_path / "cache"))
   archive = shutil.make_archive(str(tmp_path / "tiny.model"), "zip", os.path.dirname(source),
                                 os.path.basename(source))
-  kind, folder = init_from.released_source(archive)
-  assert kind == init_from.EFML and folder.startswith(str(tmp_path / "cache"))
+  folder = init_from.released_source(archive).efml_dir
+  assert folder is not None and folder.startswith(str(tmp_path / "cache"))
   resolved = variant.resolve(_finetune_config(archive), str(tmp_path / "run"))
   assert resolved.data.lexicon == folder and resolved.options.char_cnn.char_vocab_size == len(efml_util.CHARS)
   assert resolved.options.char_cnn.word_embedding.n_words == len(efml_util.WORDS)
