@@ -234,3 +234,68 @@ def test_no_file_over_600_lines():
 def test_the_function_rule_counts_def_to_last_line(tmp_path, body, limit):
   (tmp_path / "m.py").write_text("def f():\n" + body)
   assert long_functions(str(tmp_path)) == ({} if limit is None else {("m.py", "f"): limit})
+
+
+# --- one resolver: which model a spec means is decided in sources/, what a model file holds read in formats/ ------
+MODEL_FORMATS = {f"elmo_jax.formats.{m}" for m in ("options", "weights", "tfhub", "tf_bundle", "efml", "model_folder",
+                                                      "safetensors", "torch_pickle", "stablehlo")}
+READERS = {"load", "load_hdf5", "check_hdf5", "has_softmax", "read_header", "read_config", "read_bundle"}
+# Rooms that read and write HDF5 files of their own (embedding outputs, token caches), never a model's weights.
+OWN_HDF5 = ("embedding/",)
+
+
+def _calls(root: str, skip: tuple[str, ...]):
+  """(relative path, ast.Call, {alias: imported module}) of every call in elmo_jax/ outside the `skip` folders."""
+  for module, path in sorted(_sources(root).items()):
+    rel = os.path.relpath(path, os.path.join(root, "elmo_jax")).replace(os.sep, "/")
+    if rel.startswith(skip):
+      continue
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), path)
+    aliases = {}
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+      elif isinstance(node, ast.Import):
+        aliases.update({a.asname or a.name: a.name for a in node.names})
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Call):
+        yield rel, node, aliases
+
+
+def resolved_models_built(root: str = REPO_ROOT) -> list[str]:
+  """Where a `ResolvedModel(...)` is built outside sources/ (what the resolver alone decides)."""
+  return [f"{rel}:{node.lineno}" for rel, node, _ in _calls(root, ("sources/",))
+          if (node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)) == "ResolvedModel"]
+
+
+def model_file_reads(root: str = REPO_ROOT) -> list[str]:
+  """Where a model file (options, weights of any format) is read outside formats/ and sources/: a format module's
+  reader called, or an HDF5 file opened outside the rooms that keep HDF5 files of their own."""
+  found = []
+  for rel, node, aliases in _calls(root, ("formats/", "sources/")):
+    func = node.func
+    if not isinstance(func, ast.Attribute) or not isinstance(func.value, ast.Name):
+      continue
+    owner = aliases.get(func.value.id, func.value.id)
+    if (owner in MODEL_FORMATS and func.attr in READERS) or (
+        owner == "h5py" and func.attr == "File" and not rel.startswith(OWN_HDF5)):
+      found.append(f"{rel}:{node.lineno} {func.value.id}.{func.attr}")
+  return found
+
+
+def test_no_resolved_model_built_outside_sources():
+  assert resolved_models_built() == [], "build it with sources/resolve.resolve_model"
+
+
+def test_no_model_file_read_outside_formats_and_sources():
+  assert model_file_reads() == [], "read a model with sources/loaded (load_model, read_options, check_weights)"
+
+
+def test_the_model_rules_find_a_planted_fault(tmp_path):
+  root = _plant(tmp_path, {
+      "cli/bad.py": "from elmo_jax.formats import weights as w\nfrom elmo_jax.sources.resolve import ResolvedModel\n"
+                    "import h5py\n\ndef f(p):\n  w.load_hdf5(p, {})\n  h5py.File(p)\n  return ResolvedModel(path=p)\n",
+      "sources/ok.py": "from elmo_jax.formats import weights\n\ndef g(p):\n  return weights.load_hdf5(p, {})\n"})
+  assert resolved_models_built(root) == ["cli/bad.py:8"]
+  assert model_file_reads(root) == ["cli/bad.py:6 w.load_hdf5", "cli/bad.py:7 h5py.File"]
