@@ -26,6 +26,10 @@ from elmo_jax.formats.options import OptionsError
 from elmo_jax.formats.weights import WeightFileError
 from elmo_jax.runtime import files
 from elmo_jax.runtime import progress
+from elmo_jax.downstream import plots
+from elmo_jax.downstream import train
+from elmo_jax.downstream.train import DownstreamConfig
+from elmo_jax.evaluation import plots as evaluation_plots
 
 _TASK = flags.DEFINE_enum("task", None, list(data_lib.TASKS), "pos (token tagging) or sentiment (sentences).")
 _ELMO = flags.DEFINE_enum("elmo", "none", ["none", "frozen", "finetune"],
@@ -85,7 +89,6 @@ def check_numbers() -> None:
 
 def config_from_flags():
   check_numbers()
-  from elmo_jax.downstream.train import DownstreamConfig  # pylint: disable=g-import-not-at-top
   if _TASK.value is None:
     raise readers.InputError(f"--task is required: one of {', '.join(data_lib.TASKS)}")
   if not _WORKDIR.value:
@@ -119,8 +122,6 @@ def read_splits(task: str, data_dir, given, tfds_data_dir, dev_fraction: float,
 
 def write_outputs(workdir: str, results: dict) -> None:
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  from elmo_jax.downstream import plots  # pylint: disable=g-import-not-at-top
-  from elmo_jax.evaluation import plots as evaluation_plots  # pylint: disable=g-import-not-at-top
   fig = Figure(figsize=(6.0, 3.6), layout="constrained")
   ax = fig.add_subplot()
   plots.dev_curve(ax, [results])
@@ -141,7 +142,6 @@ def main(argv: Sequence[str]) -> None:
                                                                 "test": _TEST.value})
     data_lib.check_outputs(cfg.workdir, paths, cfg.bilm, cfg.layer_cache_dir)
     splits = read_splits(cfg.task, _DATA_DIR.value, None, _TFDS_DIR.value, cfg.dev_fraction, paths)
-    from elmo_jax.downstream import train  # pylint: disable=g-import-not-at-top  (imports jax)
     bilm = train.load_bilm(cfg.bilm, cfg.bilm_init, cfg.seed) if cfg.elmo != "none" else None
     sizes = {name: f"{len(s.tokens)} sentences" for name, s in splits.items()}
     kept = data_lib.subsample_size(len(splits["train"].tokens), cfg.max_train_sentences)

@@ -50,6 +50,8 @@ from elmo_jax.runtime import files
 from elmo_jax.runtime import progress as progress_lib
 from elmo_jax.runtime import storage
 from elmo_jax.sources import resolve
+from elmo_jax.data.tokenize import Tokenizer
+from elmo_jax.sources import download
 
 FLAGS = flags.FLAGS
 
@@ -133,7 +135,6 @@ def _run_inputs() -> list[str]:
   """Every file this run reads (the text or vocabulary, the token embeddings, every file of the model however
   it is named: `ResolvedModel.read_files`), found without loading or downloading anything: the output
   must not be one of them. (`embed_file` checks the loaded model's files again.)"""
-  from elmo_jax.sources import download
   out = [FLAGS.input_file, FLAGS.vocab_file, FLAGS.token_embedding_file]
   out += [download.local_path(p) for p in (FLAGS.options_file, FLAGS.weight_file) if p]
   for spec, use in ((FLAGS.model, "model"), (FLAGS.workdir, "run")):
@@ -237,7 +238,6 @@ def _load_and_embed(source: str, output_file: str, job_input: embed_files.JobInp
             f"{time.perf_counter() - start:.1f} s")
   tokenize = None
   if FLAGS.tokenize:
-    from elmo_jax.data.tokenize import Tokenizer  # pylint: disable=g-import-not-at-top
     tokenize = Tokenizer()
   stats = embed.embed_file(embedder, job_input, output_file, FLAGS.batch_size,
                            chunk_size=FLAGS.chunk_size,

@@ -31,6 +31,7 @@ from elmo_jax.embedding.inputs import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputErro
                                       check_output_path, read_lines)
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.formats import tfhub
+from elmo_jax.data.vocab import Vocab
 
 def embed_file(embedder: Embedder, input_file: str | os.PathLike | JobInput, output_file: str | os.PathLike,
                batch_size: int | None = None, *, chunk_size: int = 4096, part_sentences: int | None = None,
@@ -279,7 +280,6 @@ def _write_output(job: embed_job.Job, output_file: str, index_from: JobInput | N
 def dump_token_embeddings(embedder: Embedder, vocab_file: str | os.PathLike, output_file: str | os.PathLike,
                           batch_size: int = 4096) -> int:
   """bilm-tf's `dump_token_embeddings`: the char-CNN output of every word of `vocab_file`; returns the count."""
-  from elmo_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
   if os.path.exists(vocab_file) and not embed_files.is_stream(os.fspath(vocab_file)):  # a pipe is read once
     problem = files.text_problem(vocab_file)
     if problem is not None:

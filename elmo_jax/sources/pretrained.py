@@ -19,6 +19,7 @@ from elmo_jax.sources import loaded
 from elmo_jax.sources.released import ALLENNLP_BASE, MODELS, Released, base_url  # noqa: F401  (names kept here)
 from elmo_jax.sources.resolve import (ResolvedModel, SourceError, efml_folder, is_model_spec,  # noqa: F401
                                       resolve, resolve_files, resolve_model)
+from elmo_jax.model import BiLMConfig, Elmo, elmo_nnx, elmo_variables
 
 
 def load(name_or_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -45,7 +46,6 @@ def load_elmo(name_or_path: str, *, vocab_to_cache: Sequence[str] | None = None,
   `elmo_kwargs` go to `Elmo` (num_output_representations, dropout, do_layer_norm, l2_coef, ...). With
   `vocab_to_cache` the variables hold the char-CNN table of those words ("token_cache").
   """
-  from elmo_jax.model import BiLMConfig, Elmo, elmo_variables  # pylint: disable=g-import-not-at-top
   options, params = load(name_or_path)
   if vocab_to_cache is not None:
     vocab_to_cache = tuple(vocab_to_cache)
@@ -57,7 +57,6 @@ def load_elmo_nnx(name_or_path: str, *, rngs, dropout: float = 0.5, l2_coef: flo
                   num_output_representations: int = 1, requires_grad: bool = False, **elmo_kwargs):
   """`load_elmo`'s model as a Flax NNX module (`model.elmo_nnx.ElmoNNX`, linen `Elmo`'s outputs bit for bit): its
   biLM weights are `BiLMWeight`s, left alone by `nnx.Optimizer(..., wrt=nnx.Param)`; `rngs`: the dropout stream."""
-  from elmo_jax.model import BiLMConfig, Elmo, elmo_nnx  # pylint: disable=g-import-not-at-top
   options, params = load(name_or_path)
   elmo = Elmo(BiLMConfig.from_options(options), dropout=dropout, l2_coef=l2_coef, requires_grad=requires_grad,
               num_output_representations=num_output_representations, **elmo_kwargs)

@@ -299,3 +299,48 @@ def test_the_model_rules_find_a_planted_fault(tmp_path):
       "sources/ok.py": "from elmo_jax.formats import weights\n\ndef g(p):\n  return weights.load_hdf5(p, {})\n"})
   assert resolved_models_built(root) == ["cli/bad.py:8"]
   assert model_file_reads(root) == ["cli/bad.py:6 w.load_hdf5", "cli/bad.py:7 h5py.File"]
+
+
+# --- dependencies in plain sight: a room's imports of other rooms at its file's top ---------------------------------
+# The imports of another room placed inside a function, each with why: an optional extra, or a module a light
+# artifact must run without. Any other goes at the top of its file, where the floor plan can be read.
+INNER_IMPORTS = {
+    ("cli/serve.py", "elmo_jax.serving"): "serving/ needs the serve extra (starlette, uvicorn): its absence is one line",
+    ("formats/stablehlo.py", "elmo_jax.model"): "a StableHLO artifact's loader imports jax and numpy only, no flax",
+}
+MAX_INNER_IMPORTS = 25
+
+
+def inner_imports(root: str = REPO_ROOT) -> list[tuple[str, str, int]]:
+  """(file under elmo_jax/, imported module, line) of every import of another room inside a function."""
+  found = []
+  for module, path in sorted(_sources(root).items()):
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), path)
+    rel = os.path.relpath(path, os.path.join(root, "elmo_jax")).replace(os.sep, "/")
+    for function in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+      for node in ast.walk(function):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+        for name in names:
+          if name.startswith("elmo_jax.") and _room(name) != _room(module):
+            found.append((rel, name, node.lineno))
+  return sorted(set(found))  # a nested function's import is walked from each enclosing function once
+
+
+def _listed(rel: str, name: str) -> bool:
+  return any(rel == f and (name == m or name.startswith(m + ".")) for f, m in INNER_IMPORTS)
+
+
+def test_imports_of_other_rooms_sit_at_the_top_unless_listed_with_a_reason():
+  found = inner_imports()
+  unlisted = [f"{rel}:{line} {name}" for rel, name, line in found if not _listed(rel, name)]
+  assert unlisted == [], "move these to the top of their files, or list them in INNER_IMPORTS with a reason"
+  assert len(found) <= MAX_INNER_IMPORTS, found
+  assert all(reason.strip() for reason in INNER_IMPORTS.values())
+
+
+def test_the_inner_import_rule_finds_a_planted_one(tmp_path):
+  root = _plant(tmp_path, {"cli/bad.py": "def f():\n  from elmo_jax.data import vocab\n  return vocab\n",
+                           "cli/ok.py": "from elmo_jax.data import vocab\n\ndef g():\n  from elmo_jax.cli import bad\n"})
+  assert inner_imports(root) == [("cli/bad.py", "elmo_jax.data", 2)]
