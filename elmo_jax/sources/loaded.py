@@ -5,7 +5,7 @@
 
 Every loader goes through `load_model`: the Embedder (`from_model`, `from_files`, `from_efml`), `load_elmo` and
 `pretrained.load`, conversion (`convert.load`), `config.init_from`'s ELMo files, `evaluate.py --model` and the
-task models. Four formats (`FORMATS`): bilm-tf's options.json + weights.hdf5 (a run's export too), an
+task models. Four formats are read (`READ_FORMATS`; what conversion writes: `convert.WRITE_FORMATS`): bilm-tf's options.json + weights.hdf5 (a run's export too), an
 ELMoForManyLangs folder (`efml`: its char ids are `chars.LexiconIds`, not bilm-tf's bytes), a TF-Hub
 `elmo/3`-layout module (`tfhub`: its learned mix) and elmo_jax's own folder (`safetensors`: config.json +
 model.safetensors, any of the others' parts; `formats/model_folder.py`). Errors are the readers' own, one line
@@ -32,7 +32,7 @@ from elmo_jax.runtime.run_layout import VOCAB_FILE
 from elmo_jax.sources.resolve import ResolvedModel
 
 BILM_HDF5, EFML, TFHUB, SAFETENSORS = "bilm-hdf5", "efml", "tfhub", "safetensors"
-FORMATS = (BILM_HDF5, EFML, TFHUB, SAFETENSORS)
+READ_FORMATS = (BILM_HDF5, EFML, TFHUB, SAFETENSORS)
 _EFML_NOTE = ("options.json + weights.hdf5 has no place for its word embedding (word.dic's vectors beside the char "
               "CNN) nor for its char ids (char.dic)")
 
@@ -44,7 +44,7 @@ class LoadedModel:
   Attributes:
     options: options.json's content (inferred for a TF-Hub module and an EFML folder).
     params: the `BiLM` params (float32 numpy).
-    format: which of `FORMATS` it was read from.
+    format: which of `READ_FORMATS` it was read from.
     files: every model file it was read from, the (options, weights) pair first where the format has one (what
       an output must never overwrite).
     softmax: the LM's softmax params where the weights hold one (bilm-hdf5), else None.

@@ -88,7 +88,7 @@ def test_efml_folder_whose_word_dic_and_weights_disagree_is_refused(source, tmp_
 def test_export_format_that_cannot_hold_the_model_is_refused(source, tmp_path):
   with pytest.raises(init_from.InitFromError) as e:
     variant.resolve(_finetune_config(source, export_format="bilm-hdf5"), str(tmp_path / "run"))
-  assert str(e.value).startswith("config.export_format=bilm-hdf5: an ELMoForManyLangs-shaped model cannot be held "
+  assert str(e.value).startswith("config.export_format=bilm-hdf5: an ELMoForManyLangs model cannot be held "
                                  "in bilm-tf's layout") and "\n" not in str(e.value)
   with pytest.raises(init_from.InitFromError, match=r"^config.export_format=efml: a bilm-tf-shaped model"):
     variant.resolve(_finetune_config(TFHUB_MODULE, export_format="efml"), str(tmp_path / "run"))
