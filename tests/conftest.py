@@ -81,7 +81,12 @@ def fixture_expected():
 
 @pytest.fixture
 def parsed_flags():
-  """Parses evaluate.py's absl flags from the given args; unparses them afterwards."""
+  """Parses evaluate.py's absl flags from the given args (defined once, as the command defines them);
+  unparses them afterwards."""
+  from elmo_jax.cli import evaluate  # pylint: disable=g-import-not-at-top
+  if "task" not in flags.FLAGS:
+    evaluate.define_flags()
+
   def parse(*args):
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["evaluate.py", *args])

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
   import importlib  # pylint: disable=g-import-not-at-top
   module_name = COMMANDS[command][0]
   if command == "downstream" and rest[:1] == ["table"]:  # the settings side by side, over finished runs
-    module_name, command, rest = "elmo_jax.downstream.table", "downstream table", rest[1:]
+    module_name, command, rest = "elmo_jax.cli.downstream_table", "downstream table", rest[1:]
   module = importlib.import_module(module_name)
   _invoked_as = f"{prog} {command}"
   sys.argv = [_invoked_as, *rest]
