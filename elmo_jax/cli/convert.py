@@ -23,8 +23,8 @@ from absl import flags
 
 from elmo_jax import cli
 from elmo_jax.formats import onnx_export
-from elmo_jax.formats import stablehlo
 from elmo_jax.formats import options as options_lib
+from elmo_jax.formats import stablehlo
 from elmo_jax.formats import tf_bundle
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files

@@ -21,15 +21,15 @@ from absl import flags, logging
 
 from elmo_jax import cli
 from elmo_jax.downstream import data as data_lib
+from elmo_jax.downstream import plots
+from elmo_jax.downstream import train
+from elmo_jax.downstream.train import DownstreamConfig
+from elmo_jax.evaluation import plots as evaluation_plots
 from elmo_jax.evaluation import readers
 from elmo_jax.formats.options import OptionsError
 from elmo_jax.formats.weights import WeightFileError
 from elmo_jax.runtime import files
 from elmo_jax.runtime import progress
-from elmo_jax.downstream import plots
-from elmo_jax.downstream import train
-from elmo_jax.downstream.train import DownstreamConfig
-from elmo_jax.evaluation import plots as evaluation_plots
 
 FLAGS = flags.FLAGS
 

@@ -34,6 +34,7 @@ from absl import flags
 from absl import logging
 
 from elmo_jax import cli
+from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.embedding import inputs as embed_inputs
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.embedding import step as embed_step
@@ -49,9 +50,8 @@ from elmo_jax.runtime import distributed
 from elmo_jax.runtime import files
 from elmo_jax.runtime import progress as progress_lib
 from elmo_jax.runtime import storage
-from elmo_jax.sources import resolve
-from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.sources import download
+from elmo_jax.sources import resolve
 
 FLAGS = flags.FLAGS
 

@@ -22,14 +22,14 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from elmo_jax import cli
-from elmo_jax.runtime import files
-from elmo_jax.runtime import storage
 from elmo_jax.formats import options as options_lib
 from elmo_jax.measure.chips import LAUNCH_US
 from elmo_jax.plan import embed as embed_plan
 from elmo_jax.plan import targets
 from elmo_jax.plan import train as plan_lib
 from elmo_jax.plan.train import DEFAULT_ROWS
+from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
 from elmo_jax.training import preflight
 from elmo_jax.training.config import config_file_error, unknown_override_error
 

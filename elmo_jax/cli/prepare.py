@@ -11,11 +11,11 @@ from typing import Sequence
 
 from elmo_jax.data.manifest import PARTIAL, PrepareError
 from elmo_jax.data.prepare import prepare
+from elmo_jax.data.sources import split_paths
 from elmo_jax.runtime import files
 from elmo_jax.runtime import log
-from elmo_jax.runtime import storage
-from elmo_jax.data.sources import split_paths
 from elmo_jax.runtime import progress as progress_lib
+from elmo_jax.runtime import storage
 
 
 def main(argv: Sequence[str]) -> None:

@@ -26,10 +26,10 @@ from absl import flags
 from absl import logging
 
 from elmo_jax import cli
-from elmo_jax.embedding import host_batch
-from elmo_jax.runtime import memory
 from elmo_jax.data.tokenize import Tokenizer
+from elmo_jax.embedding import host_batch
 from elmo_jax.embedding.embedder import Embedder
+from elmo_jax.runtime import memory
 from elmo_jax.sources import download
 
 FLAGS = flags.FLAGS

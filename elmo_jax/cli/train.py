@@ -17,17 +17,17 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from elmo_jax import cli
-from elmo_jax.runtime import distributed
-from elmo_jax.runtime import progress
-from elmo_jax.training.config import config_file_error, unknown_override_error
 from elmo_jax.data.prepare import PrepareError
 from elmo_jax.formats.options import OptionsError
 from elmo_jax.runtime import devices
+from elmo_jax.runtime import distributed
+from elmo_jax.runtime import progress
 from elmo_jax.runtime.storage import StorageError
 from elmo_jax.sources.download import DownloadError
 from elmo_jax.training import preflight
 from elmo_jax.training import variant
 from elmo_jax.training.checkpoint import CheckpointSaveError, IncompatibleCheckpointError
+from elmo_jax.training.config import config_file_error, unknown_override_error
 from elmo_jax.training.init_from import InitFromError
 from elmo_jax.training.lock import WorkdirLock, WorkdirLocked
 from elmo_jax.training.loop import train_and_evaluate

@@ -27,14 +27,14 @@ import optax
 
 from elmo_jax.downstream import data as data_lib
 from elmo_jax.downstream.model import TaskConfig, TaskModel, init_params
+from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.evaluation import early_stopping, features, probes, readers
 from elmo_jax.runtime import files
 from elmo_jax.runtime.progress import progress
 from elmo_jax.runtime.run_layout import CONFIG_FILE
 from elmo_jax.sources import resolve
-from elmo_jax.training.freeze import bilm_labels
-from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.training import init_from
+from elmo_jax.training.freeze import bilm_labels
 
 ELMO_SETTINGS = ("none", "frozen", "finetune")
 

@@ -11,11 +11,11 @@ from typing import Any, Callable, Sequence
 import h5py
 import numpy as np
 
+from elmo_jax.data.vocab import Vocab
 from elmo_jax.embedding import step as embed_step
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.progress import progress
-from elmo_jax.data.vocab import Vocab
 
 
 class TokenCacheError(ValueError):

@@ -22,6 +22,7 @@ import h5py
 from absl import logging
 
 from elmo_jax.data import chars
+from elmo_jax.data.vocab import Vocab
 from elmo_jax.embedding import inputs as embed_files
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.embedding import parts
@@ -31,7 +32,6 @@ from elmo_jax.embedding.inputs import (ACTIVE_JOBS, ACTIVE_TEMPS, EmbedInputErro
                                       check_output_path, read_lines)
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.formats import tfhub
-from elmo_jax.data.vocab import Vocab
 
 def embed_file(embedder: Embedder, input_file: str | os.PathLike | JobInput, output_file: str | os.PathLike,
                batch_size: int | None = None, *, chunk_size: int = 4096, part_sentences: int | None = None,

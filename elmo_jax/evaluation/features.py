@@ -14,9 +14,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from elmo_jax.evaluation import readers
 from elmo_jax.runtime import files
 from elmo_jax.runtime.progress import progress
-from elmo_jax.evaluation import readers
 from elmo_jax.runtime.run_layout import EXPORT_DIR
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 
-from elmo_jax.evaluation import readers
 from elmo_jax.data.sources import split_paths
+from elmo_jax.evaluation import readers
 from elmo_jax.evaluation.config import EvalConfig
 from elmo_jax.formats import efml
 from elmo_jax.runtime import storage

@@ -22,9 +22,9 @@ import os
 import re
 from typing import Any, Iterator, Sequence
 
+from elmo_jax.data.sources import local_tfds_dir
 from elmo_jax.runtime import files
 from elmo_jax.runtime import streams
-from elmo_jax.data.sources import local_tfds_dir
 
 
 class InputError(ValueError):

@@ -36,10 +36,10 @@ from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import param_names
 from elmo_jax.formats import safetensors
 from elmo_jax.formats import weights as weights_lib
+from elmo_jax.model import make_model
 from elmo_jax.runtime import files
 from elmo_jax.runtime import json_bounded
 from elmo_jax.runtime.run_layout import VOCAB_FILE
-from elmo_jax.model import make_model
 
 FORMAT, VERSION = "elmo_jax", 1
 CONFIG, WEIGHTS, CARD = "config.json", "model.safetensors", "README.md"

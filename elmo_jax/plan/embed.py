@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from elmo_jax.plan import targets as targets_lib
 from elmo_jax.embedding import embedder as embedder_lib
 from elmo_jax.embedding import step as embed_step
 from elmo_jax.model import BiLM, BiLMConfig
+from elmo_jax.plan import targets as targets_lib
 
 _PROBE_ROWS = (64, 128)  # per device: the two compiles the linear memory model is fitted on
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from elmo_jax.formats import options as options_lib
 from elmo_jax.measure import flops as flops_lib
 from elmo_jax.measure import hlo as hlo_lib
 from elmo_jax.measure import roofline
 from elmo_jax.measure.chips import LAUNCH_US, Target
-from elmo_jax.plan import targets as targets_lib
-from elmo_jax.formats import options as options_lib
 from elmo_jax.model import make_model
+from elmo_jax.plan import targets as targets_lib
 from elmo_jax.runtime import storage
 from elmo_jax.training import optimizer as optimizer_lib
 from elmo_jax.training import step as step_lib

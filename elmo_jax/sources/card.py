@@ -16,8 +16,8 @@ import jax
 import numpy as np
 
 from elmo_jax.data import chars
-from elmo_jax.sources import loaded
 from elmo_jax.model import make_model
+from elmo_jax.sources import loaded
 
 # A fixed sentence set: ASCII words and punctuation, digits, Latin and CJK characters beyond ASCII, a token
 # longer than a token's char ids hold (cut), a one-token sentence.

@@ -15,11 +15,11 @@ import dataclasses
 from typing import Any, Sequence
 
 from elmo_jax.formats import efml
+from elmo_jax.model import BiLMConfig, Elmo, elmo_nnx, elmo_variables
 from elmo_jax.sources import loaded
 from elmo_jax.sources.released import ALLENNLP_BASE, MODELS, Released, base_url  # noqa: F401  (names kept here)
 from elmo_jax.sources.resolve import (ResolvedModel, SourceError, efml_folder, is_model_spec,  # noqa: F401
                                       resolve, resolve_files, resolve_model)
-from elmo_jax.model import BiLMConfig, Elmo, elmo_nnx, elmo_variables
 
 
 def load(name_or_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
