@@ -24,6 +24,7 @@ from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import storage
 from elmo_jax.sources import archive
 from elmo_jax.sources import download
+from elmo_jax.sources import hub
 from elmo_jax.sources import loaded
 from elmo_jax.sources import resolve
 from elmo_jax.sources.resolve import ResolvedModel
@@ -51,9 +52,9 @@ def _resolve(path: str) -> ResolvedModel:
 
 
 def released_source(path: str) -> ResolvedModel | None:
-  """What `path` names (`resolve.resolve_model`) when it (a folder, or a URL or archive holding one) is a
-  model that holds no training run's files: an ELMoForManyLangs folder, a TF-Hub module or elmo_jax's own
-  safetensors folder; None for what `resolve_model(use="init_from")` reads (runs, checkpoints, ELMo files).
+  """What `path` names (`resolve.resolve_model`) when it (a folder, or a URL, archive or hf:// repository holding
+  one) is a model that holds no training run's files: an ELMoForManyLangs folder, a TF-Hub module or elmo_jax's
+  own safetensors folder; None for what `resolve_model(use="init_from")` reads (runs, checkpoints, ELMo files).
   An EFML folder missing a file is InitFromError (`efml.folder_problem`), not another format's folder."""
   if storage.is_remote(path):  # a bucket holds runs (checkpoints) and ELMo files, read as before
     return None
@@ -63,7 +64,7 @@ def released_source(path: str) -> ResolvedModel | None:
       raise InitFromError(f"config.init_from={problem}")
     if not (efml.is_efml_dir(local) or tfhub.is_module(local) or model_folder.is_folder(local)):
       return None
-  elif path in resolve.MODELS or not (archive.is_archive(path) or download.is_url(path)):
+  elif path in resolve.MODELS or not (archive.is_archive(path) or download.is_url(path) or hub.is_hub_spec(path)):
     return None
   try:
     found = resolve.resolve_model(local if os.path.isdir(local) else path)
