@@ -103,8 +103,10 @@ def test_the_bound_socket_listens_at_once():
   """`serve._bind` listens as it binds: a second bind of the port fails even with SO_REUSEADDR."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   from elmo_jax.cli import serve  # pylint: disable=g-import-not-at-top
+  before = set(flags.FLAGS)
   if "port" not in flags.FLAGS:
     serve.define_flags()
+  added = set(flags.FLAGS) - before
   flags.FLAGS(["serve", "--port=0", "--host=127.0.0.1"])
   try:
     sock = serve._bind()  # pylint: disable=protected-access
@@ -117,3 +119,5 @@ def test_the_bound_socket_listens_at_once():
     sock.close()
   finally:
     flags.FLAGS.unparse_flags()
+    for name in added:  # another command's flags of the same names may be defined after it
+      delattr(flags.FLAGS, name)
