@@ -81,12 +81,20 @@ def fixture_expected():
 
 @pytest.fixture
 def parsed_flags():
-  """Parses evaluate.py's absl flags from the given args; unparses them afterwards."""
+  """Parses evaluate.py's absl flags from the given args (defined as the command defines them: `define_flags`);
+  unparses and removes them afterwards, so that another command's flags of the same names can be defined."""
+  from elmo_jax.cli import evaluate  # pylint: disable=g-import-not-at-top
+  before = set(flags.FLAGS)
+  evaluate.define_flags()
+  added = set(flags.FLAGS) - before
+
   def parse(*args):
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["evaluate.py", *args])
   yield parse
   flags.FLAGS.unparse_flags()
+  for name in added:
+    delattr(flags.FLAGS, name)
 
 
 

@@ -32,7 +32,7 @@ COMMANDS = {
     "prepare": ("elmo_jax.cli.prepare", "tokenize a large corpus once into shards + vocabulary for training"),
     "plan": ("elmo_jax.cli.plan", "will a config fit a TPU slice or GPU cluster, how fast (compiles without it)"),
     "convert": ("elmo_jax.cli.convert",
-                "a model (released, run, TF-Hub, EFML, URL) into bilm-tf's hdf5, EFML or safetensors"),
+                "a model into bilm-tf's hdf5, EFML, safetensors, or its forward pass (StableHLO, ONNX)"),
     "push": ("elmo_jax.cli.push", "a safetensors model folder (convert's) to a Hugging Face Hub repository"),
     "downstream": ("elmo_jax.cli.downstream", "a task model (POS, sentiment) with ELMo; `downstream table` sums up runs"),
     "serve": ("elmo_jax.cli.serve", "an HTTP server of ELMo (KServe v2 and OpenAI embeddings), batched and warm"),
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
   import importlib  # pylint: disable=g-import-not-at-top
   module_name = COMMANDS[command][0]
   if command == "downstream" and rest[:1] == ["table"]:  # the settings side by side, over finished runs
-    module_name, command, rest = "elmo_jax.downstream.table", "downstream table", rest[1:]
+    module_name, command, rest = "elmo_jax.cli.downstream_table", "downstream table", rest[1:]
   module = importlib.import_module(module_name)
   _invoked_as = f"{prog} {command}"
   sys.argv = [_invoked_as, *rest]

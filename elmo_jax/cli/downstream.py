@@ -21,53 +21,62 @@ from absl import flags, logging
 
 from elmo_jax import cli
 from elmo_jax.downstream import data as data_lib
+from elmo_jax.downstream import plots
+from elmo_jax.downstream import train
+from elmo_jax.downstream.train import DownstreamConfig
+from elmo_jax.evaluation import plots as evaluation_plots
 from elmo_jax.evaluation import readers
 from elmo_jax.formats.options import OptionsError
 from elmo_jax.formats.weights import WeightFileError
 from elmo_jax.runtime import files
 from elmo_jax.runtime import progress
 
-_TASK = flags.DEFINE_enum("task", None, list(data_lib.TASKS), "pos (token tagging) or sentiment (sentences).")
-_ELMO = flags.DEFINE_enum("elmo", "none", ["none", "frozen", "finetune"],
-                          "none: baseline (word embeddings + char CNN learned from scratch); frozen: + a "
-                          "learned scalar mix of the frozen biLM's layers; finetune: the biLM trains too.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (results.json, dev_curve.png).")
-_BILM = flags.DEFINE_string("bilm", None, "The biLM: a training run's workdir, a folder with options.json + "
-                            "weights.hdf5, a released name (small, medium, original) or a URL.")
-_BILM_INIT = flags.DEFINE_enum("bilm_init", "trained", ["trained", "random"],
-                               "random: the untrained twin of --bilm (same shape, random init; a control).")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "Directory with pos/{train,dev,test}.conll and/or "
-                                "sentiment/{train,dev,test}.tsv (none ship with the code).")
-_TRAIN = flags.DEFINE_string("train", None, "Train split: CoNLL (pos), TSV label<TAB>sentence or "
-                             "tfds:NAME:SPLIT (sentiment).")
-_DEV = flags.DEFINE_string("dev", None, "Dev split (early stopping); default --data_dir's, else "
-                           "--dev_fraction of train.")
-_TEST = flags.DEFINE_string("test", None, "Test split.")
-_TFDS_DIR = flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir of tfds: inputs (never downloaded).")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of init, dropout, batch order and --max_train_sentences.")
-_EPOCHS = flags.DEFINE_integer("num_epochs", 10, "Epoch limit.")
-_PATIENCE = flags.DEFINE_integer("patience", 3, "Stop after this many epochs without a better dev accuracy.")
-_BATCH = flags.DEFINE_integer("batch_size", 32, "Sentences per step.")
-_LR = flags.DEFINE_float("learning_rate", 1e-3, "Adam learning rate of the task model and the mixes.")
-_BILM_LR = flags.DEFINE_float("bilm_learning_rate", 1e-4, "Adam learning rate of the biLM (--elmo=finetune).")
-_MIX_L2 = flags.DEFINE_float("mix_l2", 0.001, "lambda of lambda * ||w||^2 on the scalar-mix logits (paper).")
-_ELMO_DROPOUT = flags.DEFINE_float("elmo_dropout", 0.5, "Dropout on the ELMo vectors (paper: 0.5).")
-_DROPOUT = flags.DEFINE_float("dropout", 0.5, "Dropout in the task model.")
-_AT_OUTPUT = flags.DEFINE_bool("elmo_at_output", False, "Also concatenate a second mix to the BiLSTM output.")
-_LAYER_NORM = flags.DEFINE_bool("do_layer_norm", False, "Layer-normalise the biLM layers inside the mixes.")
-_HIDDEN = flags.DEFINE_integer("hidden", 128, "Task BiLSTM units per direction.")
-_WORD_DIM = flags.DEFINE_integer("word_dim", 100, "Baseline word-embedding size.")
-_POOLING = flags.DEFINE_enum("pooling", "max", ["max", "attention"], "Sentence pooling (sentiment).")
-_MIN_COUNT = flags.DEFINE_integer("min_count", 2, "Training words seen fewer times are <unk>.")
-_MAX_TRAIN = flags.DEFINE_integer("max_train_sentences", None, "Train on a seeded random subset.")
-_DEV_FRACTION = flags.DEFINE_float("dev_fraction", 0.1, "Share of train held out when no dev split is given.")
-_CACHE_DTYPE = flags.DEFINE_enum("cache_dtype", "float16", ["float16", "float32"],
-                                 "Storage of the frozen biLM layers (computed once per sentence).")
-_LAYER_CACHE = flags.DEFINE_string("layer_cache_dir", None,
-                                   "--elmo=frozen: also keep the biLM layers of each split here (npz, float16 by "
-                                   "default; keyed by the weights' hash and the sentences), so runs with other "
-                                   "seeds skip the biLM. Not cleaned up: delete it when done.")
-_PROGRESS = flags.DEFINE_bool("progress", True, "Progress bars on stderr.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defines the command's flags; only when run as a command (`cli.run_main`), so importing it adds none."""
+  flags.DEFINE_enum("task", None, list(data_lib.TASKS), "pos (token tagging) or sentiment (sentences).")
+  flags.DEFINE_enum("elmo", "none", ["none", "frozen", "finetune"],
+                    "none: baseline (word embeddings + char CNN learned from scratch); frozen: + a "
+                    "learned scalar mix of the frozen biLM's layers; finetune: the biLM trains too.")
+  flags.DEFINE_string("workdir", None, "Output directory (results.json, dev_curve.png).")
+  flags.DEFINE_string("bilm", None, "The biLM: a training run's workdir, a folder with options.json + "
+                      "weights.hdf5, a released name (small, medium, original) or a URL.")
+  flags.DEFINE_enum("bilm_init", "trained", ["trained", "random"],
+                    "random: the untrained twin of --bilm (same shape, random init; a control).")
+  flags.DEFINE_string("data_dir", None, "Directory with pos/{train,dev,test}.conll and/or "
+                      "sentiment/{train,dev,test}.tsv (none ship with the code).")
+  flags.DEFINE_string("train", None, "Train split: CoNLL (pos), TSV label<TAB>sentence or "
+                      "tfds:NAME:SPLIT (sentiment).")
+  flags.DEFINE_string("dev", None, "Dev split (early stopping); default --data_dir's, else "
+                      "--dev_fraction of train.")
+  flags.DEFINE_string("test", None, "Test split.")
+  flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir of tfds: inputs (never downloaded).")
+  flags.DEFINE_integer("seed", 0, "Seed of init, dropout, batch order and --max_train_sentences.")
+  flags.DEFINE_integer("num_epochs", 10, "Epoch limit.")
+  flags.DEFINE_integer("patience", 3, "Stop after this many epochs without a better dev accuracy.")
+  flags.DEFINE_integer("batch_size", 32, "Sentences per step.")
+  flags.DEFINE_float("learning_rate", 1e-3, "Adam learning rate of the task model and the mixes.")
+  flags.DEFINE_float("bilm_learning_rate", 1e-4, "Adam learning rate of the biLM (--elmo=finetune).")
+  flags.DEFINE_float("mix_l2", 0.001, "lambda of lambda * ||w||^2 on the scalar-mix logits (paper).")
+  flags.DEFINE_float("elmo_dropout", 0.5, "Dropout on the ELMo vectors (paper: 0.5).")
+  flags.DEFINE_float("dropout", 0.5, "Dropout in the task model.")
+  flags.DEFINE_bool("elmo_at_output", False, "Also concatenate a second mix to the BiLSTM output.")
+  flags.DEFINE_bool("do_layer_norm", False, "Layer-normalise the biLM layers inside the mixes.")
+  flags.DEFINE_integer("hidden", 128, "Task BiLSTM units per direction.")
+  flags.DEFINE_integer("word_dim", 100, "Baseline word-embedding size.")
+  flags.DEFINE_enum("pooling", "max", ["max", "attention"], "Sentence pooling (sentiment).")
+  flags.DEFINE_integer("min_count", 2, "Training words seen fewer times are <unk>.")
+  flags.DEFINE_integer("max_train_sentences", None, "Train on a seeded random subset.")
+  flags.DEFINE_float("dev_fraction", 0.1, "Share of train held out when no dev split is given.")
+  flags.DEFINE_enum("cache_dtype", "float16", ["float16", "float32"],
+                    "Storage of the frozen biLM layers (computed once per sentence).")
+  flags.DEFINE_string("layer_cache_dir", None,
+                      "--elmo=frozen: also keep the biLM layers of each split here (npz, float16 by "
+                      "default; keyed by the weights' hash and the sentences), so runs with other "
+                      "seeds skip the biLM. Not cleaned up: delete it when done.")
+  flags.DEFINE_bool("progress", True, "Progress bars on stderr.")
 
 
 def check_numbers() -> None:
@@ -75,33 +84,35 @@ def check_numbers() -> None:
   flag (not a ValueError traceback at the first batch, or a TypeError after training 0 epochs)."""
   cli.check_flag_numbers(
       readers.InputError,
-      at_least=[(_EPOCHS, 1), (_BATCH, 1), (_PATIENCE, 0), (_HIDDEN, 1), (_WORD_DIM, 1), (_MIN_COUNT, 0),
-                (_MAX_TRAIN, 1)],
-      within=[(_DEV_FRACTION, "between 0 and 1 (exclusive)", lambda x: 0 < x < 1),
-              (_LR, "> 0", lambda x: x > 0), (_BILM_LR, "> 0", lambda x: x > 0),
-              (_MIX_L2, ">= 0", lambda x: x >= 0),
-              (_DROPOUT, "in [0, 1)", lambda x: 0 <= x < 1), (_ELMO_DROPOUT, "in [0, 1)", lambda x: 0 <= x < 1)])
+      at_least=[(FLAGS[name], low) for name, low in (
+          ("num_epochs", 1), ("batch_size", 1), ("patience", 0), ("hidden", 1), ("word_dim", 1), ("min_count", 0),
+          ("max_train_sentences", 1))],
+      within=[(FLAGS["dev_fraction"], "between 0 and 1 (exclusive)", lambda x: 0 < x < 1),
+              (FLAGS["learning_rate"], "> 0", lambda x: x > 0),
+              (FLAGS["bilm_learning_rate"], "> 0", lambda x: x > 0),
+              (FLAGS["mix_l2"], ">= 0", lambda x: x >= 0),
+              (FLAGS["dropout"], "in [0, 1)", lambda x: 0 <= x < 1),
+              (FLAGS["elmo_dropout"], "in [0, 1)", lambda x: 0 <= x < 1)])
 
 
 def config_from_flags():
   check_numbers()
-  from elmo_jax.downstream.train import DownstreamConfig  # pylint: disable=g-import-not-at-top
-  if _TASK.value is None:
+  if FLAGS.task is None:
     raise readers.InputError(f"--task is required: one of {', '.join(data_lib.TASKS)}")
-  if not _WORKDIR.value:
+  if not FLAGS.workdir:
     raise readers.InputError("--workdir is required (where results.json goes)")
-  if _ELMO.value != "none" and not _BILM.value:
-    raise readers.InputError(f"--elmo={_ELMO.value} needs --bilm=RUN_DIR|FOLDER|NAME (e.g. a train.py "
+  if FLAGS.elmo != "none" and not FLAGS.bilm:
+    raise readers.InputError(f"--elmo={FLAGS.elmo} needs --bilm=RUN_DIR|FOLDER|NAME (e.g. a train.py "
                              "workdir, or `small` for the released small ELMo)")
-  model = {"dropout": _DROPOUT.value, "elmo_dropout": _ELMO_DROPOUT.value, "mix_l2": _MIX_L2.value,
-           "elmo_at_output": _AT_OUTPUT.value, "do_layer_norm": _LAYER_NORM.value, "hidden": _HIDDEN.value,
-           "word_dim": _WORD_DIM.value, "pooling": _POOLING.value}
+  model = {"dropout": FLAGS.dropout, "elmo_dropout": FLAGS.elmo_dropout, "mix_l2": FLAGS.mix_l2,
+           "elmo_at_output": FLAGS.elmo_at_output, "do_layer_norm": FLAGS.do_layer_norm, "hidden": FLAGS.hidden,
+           "word_dim": FLAGS.word_dim, "pooling": FLAGS.pooling}
   return DownstreamConfig(
-      task=_TASK.value, elmo=_ELMO.value, workdir=_WORKDIR.value, bilm=_BILM.value, bilm_init=_BILM_INIT.value,
-      seed=_SEED.value, num_epochs=_EPOCHS.value, patience=_PATIENCE.value, batch_size=_BATCH.value,
-      learning_rate=_LR.value, bilm_learning_rate=_BILM_LR.value, min_count=_MIN_COUNT.value,
-      dev_fraction=_DEV_FRACTION.value, max_train_sentences=_MAX_TRAIN.value, cache_dtype=_CACHE_DTYPE.value,
-      layer_cache_dir=_LAYER_CACHE.value,
+      task=FLAGS.task, elmo=FLAGS.elmo, workdir=FLAGS.workdir, bilm=FLAGS.bilm, bilm_init=FLAGS.bilm_init,
+      seed=FLAGS.seed, num_epochs=FLAGS.num_epochs, patience=FLAGS.patience, batch_size=FLAGS.batch_size,
+      learning_rate=FLAGS.learning_rate, bilm_learning_rate=FLAGS.bilm_learning_rate, min_count=FLAGS.min_count,
+      dev_fraction=FLAGS.dev_fraction, max_train_sentences=FLAGS.max_train_sentences, cache_dtype=FLAGS.cache_dtype,
+      layer_cache_dir=FLAGS.layer_cache_dir,
       model=model)
 
 
@@ -119,8 +130,6 @@ def read_splits(task: str, data_dir, given, tfds_data_dir, dev_fraction: float,
 
 def write_outputs(workdir: str, results: dict) -> None:
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  from elmo_jax.downstream import plots  # pylint: disable=g-import-not-at-top
-  from elmo_jax.evaluation import plots as evaluation_plots  # pylint: disable=g-import-not-at-top
   fig = Figure(figsize=(6.0, 3.6), layout="constrained")
   ax = fig.add_subplot()
   plots.dev_curve(ax, [results])
@@ -131,17 +140,16 @@ def write_outputs(workdir: str, results: dict) -> None:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     sys.exit(f"{cli.command_name()}: unexpected arguments: {' '.join(argv[1:])}")
-  if not _PROGRESS.value:
+  if not FLAGS.progress:
     progress.set_enabled(False)
-  if not flags.FLAGS["verbosity"].present:
+  if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   try:
     cfg = config_from_flags()
-    paths = data_lib.resolve_paths(cfg.task, _DATA_DIR.value, {"train": _TRAIN.value, "dev": _DEV.value,
-                                                                "test": _TEST.value})
+    paths = data_lib.resolve_paths(cfg.task, FLAGS.data_dir, {"train": FLAGS.train, "dev": FLAGS.dev,
+                                                                "test": FLAGS.test})
     data_lib.check_outputs(cfg.workdir, paths, cfg.bilm, cfg.layer_cache_dir)
-    splits = read_splits(cfg.task, _DATA_DIR.value, None, _TFDS_DIR.value, cfg.dev_fraction, paths)
-    from elmo_jax.downstream import train  # pylint: disable=g-import-not-at-top  (imports jax)
+    splits = read_splits(cfg.task, FLAGS.data_dir, None, FLAGS.tfds_data_dir, cfg.dev_fraction, paths)
     bilm = train.load_bilm(cfg.bilm, cfg.bilm_init, cfg.seed) if cfg.elmo != "none" else None
     sizes = {name: f"{len(s.tokens)} sentences" for name, s in splits.items()}
     kept = data_lib.subsample_size(len(splits["train"].tokens), cfg.max_train_sentences)
@@ -161,7 +169,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def run() -> None:
-  cli.run_main(main)
+  cli.run_main(main, define_flags)
 
 
 if __name__ == "__main__":

@@ -35,11 +35,12 @@ from absl import flags
 from absl import logging
 
 from elmo_jax import cli
-from elmo_jax.embedding import inputs as embed_files
+from elmo_jax.data.tokenize import Tokenizer
+from elmo_jax.embedding import inputs as embed_inputs
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.embedding import step as embed_step
 from elmo_jax.embedding import token_cache
-from elmo_jax.embedding import writer as embed
+from elmo_jax.embedding import writer
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import tf_bundle
@@ -50,6 +51,8 @@ from elmo_jax.runtime import distributed
 from elmo_jax.runtime import files
 from elmo_jax.runtime import progress as progress_lib
 from elmo_jax.runtime import storage
+from elmo_jax.sources import download
+from elmo_jax.sources import resolve
 
 FLAGS = flags.FLAGS
 
@@ -102,9 +105,9 @@ def define_flags() -> None:
 def _on_signal(signum, frame):  # pylint: disable=unused-argument
   # Raising from a signal handler is unreliable (it can land in a weakref callback and be swallowed), so
   # the handler itself removes the unfinished outputs and exits at once.
-  embed_files.remove_active_temps()
+  embed_inputs.remove_active_temps()
   kept = "".join(f"; finished parts are kept in {job}: rerun the same command to resume"
-                 for job in list(embed_files.ACTIVE_JOBS)[:1])
+                 for job in list(embed_inputs.ACTIVE_JOBS)[:1])
   os.write(2, f"error: interrupted by signal {signum}; no output written{kept}\n".encode())
   os._exit(128 + signum)
 
@@ -124,7 +127,7 @@ def _check_flags(argv: list[str]) -> None:
   if FLAGS.top + FLAGS.average + FLAGS.all > 1:
     raise app.UsageError("give at most one of --all, --top, --average")
   if FLAGS.module_output and FLAGS.stateful:
-    raise app.UsageError(embed.STATEFUL_MODULE_OUTPUT.format(FLAGS.module_output))
+    raise app.UsageError(writer.STATEFUL_MODULE_OUTPUT.format(FLAGS.module_output))
   if FLAGS.module_output and FLAGS.top + FLAGS.average + FLAGS.all:
     raise app.UsageError(f"--module_output={FLAGS.module_output} is the output; drop --all/--top/--average")
 
@@ -133,13 +136,11 @@ def _run_inputs() -> list[str]:
   """Every file this run reads (the text or vocabulary, the token embeddings, every file of the model however
   it is named: `ResolvedModel.read_files`), found without loading or downloading anything: the output
   must not be one of them. (`embed_file` checks the loaded model's files again.)"""
-  from elmo_jax.sources import download
-  from elmo_jax.sources import pretrained  # pylint: disable=g-import-not-at-top
   out = [FLAGS.input_file, FLAGS.vocab_file, FLAGS.token_embedding_file]
   out += [download.local_path(p) for p in (FLAGS.options_file, FLAGS.weight_file) if p]
   for spec, use in ((FLAGS.model, "model"), (FLAGS.workdir, "run")):
     if spec:
-      model = pretrained.resolve_model(spec, use=use, fetch=False)
+      model = resolve.resolve_model(spec, use=use, fetch=False)
       out += [model.options_file, model.weight_file, model.vocab_file, *model.read_files]  # an EFML folder's all
   return [p for p in out if p]
 
@@ -159,7 +160,7 @@ def _check_numbers() -> None:
   """Counts and rates of the flags, before any work: one line naming the flag (`cli.check_flag_numbers`, as
   evaluate and downstream do)."""
   cli.check_flag_numbers(
-      embed_files.EmbedInputError,
+      embed_inputs.EmbedInputError,
       at_least=[(FLAGS[name], low) for name, low in (("batch_size", 1), ("chunk_size", 1), ("part_sentences", 1),
                                                      ("devices", 1), ("num_processes", 1), ("process_id", 0))],
       within=[(FLAGS["progress_every"], ">= 0 (seconds)", lambda x: x >= 0)])
@@ -169,7 +170,7 @@ def main(argv: list[str]) -> int:
   _check_flags(argv)
   try:
     _check_numbers()
-  except embed_files.EmbedInputError as e:  # the message alone, not absl's usage text
+  except embed_inputs.EmbedInputError as e:  # the message alone, not absl's usage text
     print(f"error: {e}", file=sys.stderr)
     return 1
   if not FLAGS.progress:
@@ -186,7 +187,7 @@ def main(argv: list[str]) -> int:
     inputs = _run_inputs()  # the model named once, without loading it: what the output must not be
     with storage.staged_output(FLAGS.output_file, "--output_file", inputs=inputs) as output_file:
       done = _embed(output_file, inputs)
-  except (embed_files.EmbedInputError, files.UnsafeOutputError, weights_lib.WeightFileError,
+  except (embed_inputs.EmbedInputError, files.UnsafeOutputError, weights_lib.WeightFileError,
           options_lib.OptionsError, OSError, token_cache.TokenCacheError, embed_job.JobError,
           embed_step.DeviceError, tf_bundle.BundleError) as e:
     print(f"error: {e}", file=sys.stderr)
@@ -201,15 +202,15 @@ def _embed(output_file: str, inputs: list[str]) -> str:
   source = storage.local(FLAGS.vocab_file if FLAGS.dump_token_embeddings else FLAGS.input_file)
   job_input = None
   if FLAGS.dump_token_embeddings:  # fail before spending time on loading the model
-    source = "/dev/stdin" if source == embed_files.STDIN else source
+    source = "/dev/stdin" if source == embed_inputs.STDIN else source
     if not os.path.exists(source):
-      raise embed_files.EmbedInputError(f"{source}: vocab file not found")
-    problem = None if embed_files.is_stream(source) else files.text_problem(source)  # a pipe is read once
+      raise embed_inputs.EmbedInputError(f"{source}: vocab file not found")
+    problem = None if embed_inputs.is_stream(source) else files.text_problem(source)  # a pipe is read once
     if problem is not None:
-      raise embed_files.EmbedInputError(f"--vocab_file={source} {problem}")
-    embed_files.check_output_path(output_file, inputs, "--output_file")
+      raise embed_inputs.EmbedInputError(f"--vocab_file={source} {problem}")
+    embed_inputs.check_output_path(output_file, inputs, "--output_file")
   else:  # the job's checks, once, and its input read once (a pipe spooled into the job folder)
-    job_input = embed_files.check_job(source, output_file, inputs, logging.warning, "--input_file")
+    job_input = embed_inputs.check_job(source, output_file, inputs, logging.warning, "--input_file")
   try:
     return _load_and_embed(source, output_file, job_input)
   finally:
@@ -217,30 +218,29 @@ def _embed(output_file: str, inputs: list[str]) -> str:
       job_input.discard()  # a spool the job did not adopt (it failed before opening its folder)
 
 
-def _load_and_embed(source: str, output_file: str, job_input: embed_files.JobInput | None) -> str:
+def _load_and_embed(source: str, output_file: str, job_input: embed_inputs.JobInput | None) -> str:
   """`_embed` past the checks: the backend, the model, the work; returns the line that reports it."""
   # Before anything touches a JAX backend: initialize() must come first in every process.
   try:
     distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
                            FLAGS.process_id, FLAGS.distributed_timeout_s, command=cli.command_name())
   except ValueError as e:  # e.g. --coordinator_address without --num_processes
-    raise embed_files.EmbedInputError(str(e)) from None
+    raise embed_inputs.EmbedInputError(str(e)) from None
   devices.announce()
   import jax  # pylint: disable=g-import-not-at-top  (after initialize)
   if storage.is_remote(FLAGS.output_file) and jax.process_count() > 1:
-    raise embed_files.EmbedInputError("--output_file in a bucket is written by one process; give a shared "
+    raise embed_inputs.EmbedInputError("--output_file in a bucket is written by one process; give a shared "
                                       "local path for a multi-process run, then upload it")
   embedder = _load_embedder()
   if FLAGS.dump_token_embeddings:
     start = time.perf_counter()
-    n = embed.dump_token_embeddings(embedder, source, output_file)
+    n = writer.dump_token_embeddings(embedder, source, output_file)
     return (f"wrote {FLAGS.output_file}: {n} token embeddings of width {embedder.config.projection_dim} in "
             f"{time.perf_counter() - start:.1f} s")
   tokenize = None
   if FLAGS.tokenize:
-    from elmo_jax.data.tokenize import Tokenizer  # pylint: disable=g-import-not-at-top
     tokenize = Tokenizer()
-  stats = embed.embed_file(embedder, job_input, output_file, FLAGS.batch_size,
+  stats = writer.embed_file(embedder, job_input, output_file, FLAGS.batch_size,
                            chunk_size=FLAGS.chunk_size,
                            progress_every=FLAGS.progress_every if FLAGS.progress else None,
                            output=FLAGS.module_output or ("top" if FLAGS.top else "average" if FLAGS.average

@@ -22,8 +22,16 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from elmo_jax import cli
+from elmo_jax.formats import options as options_lib
+from elmo_jax.measure.chips import LAUNCH_US
+from elmo_jax.plan import embed as embed_plan
+from elmo_jax.plan import targets
+from elmo_jax.plan import train as plan_lib
+from elmo_jax.plan.train import DEFAULT_ROWS
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
+from elmo_jax.training import preflight
+from elmo_jax.training.config import config_file_error, unknown_override_error
 
 FLAGS = flags.FLAGS
 
@@ -36,9 +44,6 @@ _STEP_FLAGS = {"train": ("config", "vocab_size", "table_size", "launch_us", "eva
 def define_flags(argv: list[str] | None = None, flag_values: flags.FlagValues = FLAGS) -> None:
   """Defines the flags (at run time) in `flag_values`; a missing or broken --config file, or an unknown
   --config.key, is one line (train.py's checks), not config_flags' traceback."""
-  from elmo_jax.measure.chips import LAUNCH_US  # pylint: disable=g-import-not-at-top
-  from elmo_jax.plan.train import DEFAULT_ROWS  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training.config import config_file_error, unknown_override_error  # pylint: disable=g-import-not-at-top
   argv = sys.argv if argv is None else argv
   default = cli.default_config("lm1b")
   if (error := config_file_error(argv, default) or unknown_override_error(argv, default)) is not None:
@@ -74,7 +79,6 @@ def check_flags(f: flags.FlagValues) -> None:
 
   The target's shape, counts in range, flags of the other --step, --time_buckets, the --model preset, the
   config (`preflight.check_values`, train.py's checks) and --dump_hlo (never over the config it reads)."""
-  from elmo_jax.plan import targets  # pylint: disable=g-import-not-at-top
   targets.parse(f.target)
   other = next(s for s in _STEP_FLAGS if s != f.step)
   for given in (n for n in f if n.split(".")[0] in _STEP_FLAGS[other] and f[n].present):  # --config.x too
@@ -86,7 +90,6 @@ def check_flags(f: flags.FlagValues) -> None:
     raise targets.TargetError(f"--vocab_size must hold <S>, </S>, <UNK> and a word (>= 4; 0 = "
                               f"config.data.vocab_max_size), got {f.vocab_size}")
   if f.step == "embed":
-    from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
     if not f.time_buckets or not all(t.strip().isdigit() and int(t) >= 1 for t in f.time_buckets):
       raise targets.TargetError(f"--time_buckets={','.join(f.time_buckets)}: give token counts >= 1, comma-"
                                 "separated, e.g. --time_buckets=64,512")
@@ -95,7 +98,6 @@ def check_flags(f: flags.FlagValues) -> None:
     except options_lib.OptionsError as e:
       raise targets.TargetError(f"--model={f.model}: {e}") from None
     return
-  from elmo_jax.training import preflight  # pylint: disable=g-import-not-at-top
   config = f.config
   if f.per_device_batch:  # the flag replaces the config's batch (`plan.train.rows_per_device`)
     config = config.copy_and_resolve_references()
@@ -174,7 +176,6 @@ def main(argv, flag_values: flags.FlagValues = FLAGS):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flag_values
-  from elmo_jax.plan import targets  # pylint: disable=g-import-not-at-top
   try:
     check_flags(f)
   except targets.TargetError as e:
@@ -186,15 +187,12 @@ def main(argv, flag_values: flags.FlagValues = FLAGS):
   if not os.environ.get("JAX_PLATFORMS"):
     jax.config.update("jax_platforms", "cpu")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  from elmo_jax.plan import train as plan_lib  # pylint: disable=g-import-not-at-top
   chip, topo = targets.parse(f.target)
   if chip == "cpu" and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={int(topo)}").strip()
   try:
     if f.step == "embed":
-      from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
-      from elmo_jax.plan import embed as embed_plan  # pylint: disable=g-import-not-at-top
       options = options_lib.validate(options_lib.preset(f.model))
       report = embed_plan.plan_embed(options, f.target, [int(t) for t in f.time_buckets],
                                      f.per_device_batch or plan_lib.DEFAULT_ROWS, dtype=f.embed_dtype)

@@ -11,8 +11,10 @@ from typing import Sequence
 
 from elmo_jax.data.manifest import PARTIAL, PrepareError
 from elmo_jax.data.prepare import prepare
+from elmo_jax.data.sources import split_paths
 from elmo_jax.runtime import files
 from elmo_jax.runtime import log
+from elmo_jax.runtime import progress as progress_lib
 from elmo_jax.runtime import storage
 
 
@@ -20,10 +22,8 @@ def main(argv: Sequence[str]) -> None:
   del argv
   from absl import flags  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
-  from elmo_jax.runtime import progress as progress_lib  # pylint: disable=g-import-not-at-top
   if not f.progress:
     progress_lib.set_enabled(False)
-  from elmo_jax.data.sources import split_paths  # pylint: disable=g-import-not-at-top
   inputs = split_paths(f.input or "")
   output_dir = f.output_dir
   try:  # a bucket --output_dir: prepared in a local staging folder (resumable there), uploaded when done

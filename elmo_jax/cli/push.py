@@ -25,7 +25,7 @@ from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.sources import hub
 from elmo_jax.sources import loaded
-from elmo_jax.sources.resolved import ResolvedModel
+from elmo_jax.sources import resolve
 
 FLAGS = flags.FLAGS
 
@@ -45,7 +45,9 @@ def check_folder(folder: str) -> list[str]:
                        f"with elmo-jax convert --format=safetensors --from=MODEL --to={folder}")
   if not os.path.isfile(os.path.join(folder, model_folder.CARD)):
     raise hub.HubError(f"{folder}: holds no {model_folder.CARD} (the model card convert writes)")
-  model = loaded.load_model(ResolvedModel(path=folder, folder_dir=folder))
+  # As every reader of a model: the resolver (its own folder is preferred there), then the one load; absolute, so
+  # that a folder named as a released model is still the folder.
+  model = loaded.load_model(resolve.resolve_model(os.path.abspath(folder)))
   read = [*model.files, *([model.vocab_file] if model.vocab_file else [])]
   return hub.publishable(folder, [*read, os.path.join(folder, model_folder.CARD)])
 

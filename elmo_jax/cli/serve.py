@@ -26,8 +26,11 @@ from absl import flags
 from absl import logging
 
 from elmo_jax import cli
+from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.embedding import host_batch
+from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.runtime import memory
+from elmo_jax.sources import download
 
 FLAGS = flags.FLAGS
 API_KEY_ENV = "ELMO_JAX_API_KEY"
@@ -156,14 +159,13 @@ def main(argv: list[str]) -> int:
     logging.set_verbosity(logging.WARNING)
   try:
     import uvicorn  # pylint: disable=g-import-not-at-top
+    # serving/ needs the serve extra (starlette, uvicorn): imported where its absence is said in one line
     from elmo_jax.serving import app as serving  # pylint: disable=g-import-not-at-top
     from elmo_jax.serving import server as server_lib  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     print(f"error: `elmo-jax serve` needs the serve extra ({e.name} is missing): pip install -e \".[serve]\"",
           file=sys.stderr)
     return 1
-  from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top
-  from elmo_jax.sources import download  # pylint: disable=g-import-not-at-top
   try:
     sock = _bind()
     start = time.perf_counter()
@@ -176,7 +178,6 @@ def main(argv: list[str]) -> int:
   _check_layer(layer, embedder.n_layers)
   tokenize = str.split
   if FLAGS.tokenize:
-    from elmo_jax.data.tokenize import Tokenizer  # pylint: disable=g-import-not-at-top
     tokenize = Tokenizer()
   service = serving.Service(
       embedder, model_name=FLAGS.model_name, layer=layer, tokenize=tokenize, max_tokens=FLAGS.max_tokens,

@@ -17,9 +17,20 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from elmo_jax import cli
+from elmo_jax.data.prepare import PrepareError
+from elmo_jax.formats.options import OptionsError
+from elmo_jax.runtime import devices
 from elmo_jax.runtime import distributed
 from elmo_jax.runtime import progress
+from elmo_jax.runtime.storage import StorageError
+from elmo_jax.sources.download import DownloadError
+from elmo_jax.training import preflight
+from elmo_jax.training import variant
+from elmo_jax.training.checkpoint import CheckpointSaveError, IncompatibleCheckpointError
 from elmo_jax.training.config import config_file_error, unknown_override_error
+from elmo_jax.training.init_from import InitFromError
+from elmo_jax.training.lock import WorkdirLock, WorkdirLocked
+from elmo_jax.training.loop import train_and_evaluate
 
 FLAGS = flags.FLAGS
 
@@ -47,11 +58,6 @@ def main(argv, after_step=None):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not FLAGS.progress:
     progress.set_enabled(False)
-  from elmo_jax.formats.options import OptionsError  # pylint: disable=g-import-not-at-top
-  from elmo_jax.runtime.storage import StorageError  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training import preflight  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training import variant  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training.init_from import InitFromError  # pylint: disable=g-import-not-at-top
   try:  # a user's mistake is refused in one line, before anything is written (also by the checks below)
     config = variant.resolve(FLAGS.config, FLAGS.workdir)  # the model's options, lexicons, export format
     preflight.check(config, FLAGS.workdir)
@@ -63,9 +69,6 @@ def main(argv, after_step=None):
                            FLAGS.distributed_timeout_s)
   except ValueError as e:  # e.g. --coordinator_address without --num_processes
     sys.exit(f"train: error: {e}")
-  from elmo_jax.runtime import devices  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training.lock import WorkdirLock, WorkdirLocked  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   devices.announce()
   try:
     import jax  # pylint: disable=g-import-not-at-top
@@ -101,13 +104,6 @@ def _no_orbax_tracebacks(record: std_logging.LogRecord) -> bool:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
   """Errors whose message is the whole story (a file, a key, a checkpoint of another run): no traceback."""
-  # pylint: disable=g-import-not-at-top
-  from elmo_jax.data.prepare import PrepareError
-  from elmo_jax.formats.options import OptionsError
-  from elmo_jax.runtime.storage import StorageError
-  from elmo_jax.sources.download import DownloadError
-  from elmo_jax.training.checkpoint import CheckpointSaveError, IncompatibleCheckpointError
-  from elmo_jax.training.init_from import InitFromError
   return (IncompatibleCheckpointError, CheckpointSaveError, PrepareError, InitFromError, OptionsError,
           DownloadError, StorageError)
 

@@ -18,6 +18,7 @@ from elmo_jax.embedding.host_batch import bucket
 from elmo_jax.evaluation import readers
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
+from elmo_jax.sources import resolve
 
 TASKS = ("pos", "sentiment")
 # The probe layout under --data_dir (probe/task sets are research data: none ships with the code).
@@ -78,8 +79,7 @@ def bilm_files(spec: str | None) -> list[str]:
   """The local files (and folder) a `--bilm` spec names, found without loading or downloading anything."""
   if not spec:
     return []
-  from elmo_jax.sources import pretrained  # pylint: disable=g-import-not-at-top
-  model = pretrained.resolve_model(spec, fetch=False)
+  model = resolve.resolve_model(spec, fetch=False)
   found = [p for p in (model.options_file, model.weight_file, *model.read_files) if p]  # every file of it
   path = os.path.expanduser(spec)
   return ([path] if os.path.isdir(path) else []) + found

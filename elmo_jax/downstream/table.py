@@ -1,27 +1,15 @@
-"""The settings side by side: test accuracy per task x ELMo setting, mean ± std over seeds.
-
-  elmo-jax downstream table runs/pos-none-s0 runs/pos-frozen-s* ... --output=runs/summary
-
-Each argument is a results.json, a run directory holding one, or a directory searched recursively for
-them. Prints a markdown table; with --output writes OUTPUT/downstream.md and OUTPUT/downstream.json (the
-summary the notebook and `plots.settings_bars` read). std is the sample standard deviation over seeds
-(ddof=1; 0 for one seed).
+"""The settings side by side: test accuracy per task x ELMo setting, mean ± std over seeds, of finished runs'
+results.json (`find_results`, `summarise`, `markdown`; the command: `elmo_jax/cli/downstream_table.py`). std is
+the sample standard deviation over seeds (ddof=1; 0 for one seed).
 """
 from __future__ import annotations
 
 import collections
-import json
 import os
-import sys
 from typing import Any, Sequence
 
 import numpy as np
-from absl import app, flags
 
-from elmo_jax.runtime import files
-from elmo_jax.runtime import storage
-
-_OUTPUT = flags.DEFINE_string("output", None, "Directory for downstream.md and downstream.json.")
 _ORDER = {"none": 0, "frozen": 1, "finetune": 2}
 
 
@@ -84,45 +72,3 @@ def markdown(summary: dict[str, Any]) -> str:
     lines.append(f"| {r['task']} | {r['setting']} | {r['mean']:.4f} ± {r['std']:.4f} | {delta} | "
                  f"{r['dev_mean']:.4f} | {r['n']} |")
   return "\n".join(lines) + "\n"
-
-
-def main(argv: Sequence[str]) -> None:
-  if len(argv) < 2:
-    sys.exit("elmo_jax downstream table: give RUN_DIR or results.json paths")
-  try:
-    paths = find_results(argv[1:])
-    results = []
-    for path in paths:
-      with open(path, encoding="utf-8") as f:
-        try:
-          results.append(json.load(f))
-        except json.JSONDecodeError as e:
-          raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
-  except (OSError, ValueError) as e:
-    sys.exit(f"elmo_jax downstream table: error: {e}")
-  if _OUTPUT.value:  # before any work is shown: an output that would replace a results.json is refused
-    try:
-      storage.check_output(_OUTPUT.value, "--output", inputs=paths, directory=True)
-      if os.path.isdir(_OUTPUT.value):
-        for name in ("downstream.md", "downstream.json"):
-          storage.check_output(os.path.join(_OUTPUT.value, name), "--output", inputs=paths)
-    except files.UnsafeOutputError as e:
-      sys.exit(f"elmo_jax downstream table: error: {e}")
-  summary = summarise(results, paths)
-  text = markdown(summary)
-  print(text, end="")
-  if _OUTPUT.value:
-    files.write_text(os.path.join(_OUTPUT.value, "downstream.md"), text)
-    files.write_json(os.path.join(_OUTPUT.value, "downstream.json"), summary)
-
-
-def run() -> None:
-  """`downstream table`: its `--help` lists its flags, exit 0 (absl's lists none for a module run this way)."""
-  if any(a in ("--help", "-help", "-h", "-?", "--helpshort") for a in sys.argv[1:]):
-    print(f"{(__doc__ or '').rstrip()}\n\nflags:\n{flags.FLAGS.module_help(__name__)}")
-    sys.exit(0)
-  app.run(main)
-
-
-if __name__ == "__main__":
-  run()

@@ -27,11 +27,13 @@ import optax
 
 from elmo_jax.downstream import data as data_lib
 from elmo_jax.downstream.model import TaskConfig, TaskModel, init_params
+from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.evaluation import early_stopping, features, probes, readers
 from elmo_jax.runtime import files
 from elmo_jax.runtime.progress import progress
 from elmo_jax.runtime.run_layout import CONFIG_FILE
-from elmo_jax.sources import pretrained
+from elmo_jax.sources import resolve
+from elmo_jax.training import init_from
 from elmo_jax.training.freeze import bilm_labels
 
 ELMO_SETTINGS = ("none", "frozen", "finetune")
@@ -71,8 +73,7 @@ def load_bilm(spec: str, init: str = "trained", seed: int = 0) -> Bilm:
   """`spec`: a training run's workdir (its `export/`, else its newest good checkpoint, read as
   `config.init_from` does), a folder with options.json + weights.hdf5, a released name (`small`, ...) or a
   URL. `init="random"`: the same shape, randomly initialised (seeded): the untrained twin."""
-  from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top  (slow import)
-  model = pretrained.resolve_model(spec, use="bilm")
+  model = resolve.resolve_model(spec, use="bilm")
   if model.checkpoints is not None:
     emb, description = _from_checkpoint(model.workdir)
   else:
@@ -90,8 +91,6 @@ def load_bilm(spec: str, init: str = "trained", seed: int = 0) -> Bilm:
 
 def _from_checkpoint(workdir: str) -> tuple[Any, dict[str, Any]]:
   """A run without an export yet (still training): its newest checkpoint that verifies."""
-  from elmo_jax.embedding.embedder import Embedder  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
   config_file = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(config_file):
     raise FileNotFoundError(f"{config_file}: not found (is {workdir} a train.py workdir?)")

@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 import h5py
 import numpy as np
 
+from elmo_jax.data.vocab import Vocab
 from elmo_jax.embedding import step as embed_step
 from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
@@ -46,7 +47,6 @@ def read(path: str | os.PathLike, dim: int, vocab_file: str | None = None) -> tu
     if vocab_file is None:
       raise TokenCacheError(f"{path}: no 'tokens' dataset (a bilm-tf file?); pass the vocab file it was "
                             "made from")
-    from elmo_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
     tokens = Vocab.load(vocab_file, require_specials=False).tokens
   if table.ndim != 2 or table.shape != (len(tokens), dim):
     raise TokenCacheError(f"{path}: 'embedding' has shape {table.shape}, expected ({len(tokens)}, {dim}) "

@@ -22,6 +22,7 @@ import h5py
 from absl import logging
 
 from elmo_jax.data import chars
+from elmo_jax.data.vocab import Vocab
 from elmo_jax.embedding import inputs as embed_files
 from elmo_jax.embedding import job as embed_job
 from elmo_jax.embedding import parts
@@ -279,7 +280,6 @@ def _write_output(job: embed_job.Job, output_file: str, index_from: JobInput | N
 def dump_token_embeddings(embedder: Embedder, vocab_file: str | os.PathLike, output_file: str | os.PathLike,
                           batch_size: int = 4096) -> int:
   """bilm-tf's `dump_token_embeddings`: the char-CNN output of every word of `vocab_file`; returns the count."""
-  from elmo_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
   if os.path.exists(vocab_file) and not embed_files.is_stream(os.fspath(vocab_file)):  # a pipe is read once
     problem = files.text_problem(vocab_file)
     if problem is not None:

@@ -14,9 +14,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from elmo_jax.evaluation import readers
 from elmo_jax.runtime import files
 from elmo_jax.runtime.progress import progress
-from elmo_jax.evaluation import readers
 from elmo_jax.runtime.run_layout import EXPORT_DIR
 
 
@@ -40,6 +40,15 @@ def model_key_from_files(options_file: str, weight_file: str) -> str:
   h.update(files.sha256_file(options_file).encode())
   st = os.stat(weight_file)
   h.update(f"{os.path.realpath(weight_file)}|{st.st_size}|{st.st_mtime_ns}".encode())
+  return h.hexdigest()[:16]
+
+
+def model_key_from_paths(paths: Sequence[str]) -> str:
+  """Identity of a model read from these files (any format): each one's real path, size and mtime."""
+  h = hashlib.sha256()
+  for path in sorted(paths):
+    st = os.stat(path)
+    h.update(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
   return h.hexdigest()[:16]
 
 

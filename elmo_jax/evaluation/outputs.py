@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import os
 
+from elmo_jax.data.sources import split_paths
 from elmo_jax.evaluation import readers
 from elmo_jax.evaluation.config import EvalConfig
+from elmo_jax.formats import efml
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import CONFIG_FILE, METRICS_FILE, VOCAB_COUNTS_FILE, VOCAB_FILE, export_files
+from elmo_jax.sources import resolve
 
 # What each task writes into the output directory (besides cache/), and `all`'s report.
 WRITES = {"perplexity": ("perplexity.json", "perplexity_curves.png", "perplexity_bars.png"),
@@ -22,18 +25,16 @@ def input_files(cfg: EvalConfig) -> list[str]:
   ppl = cfg.perplexity
   paths = [cfg.wsd_file, cfg.wsd_train_file, cfg.pos_train_file, cfg.pos_test_file, cfg.sentiment_train_file,
            cfg.sentiment_test_file, ppl.options_file, ppl.weight_file, ppl.vocab_file]
-  from elmo_jax.data.sources import split_paths  # pylint: disable=g-import-not-at-top
   paths += split_paths(ppl.text_file or "")
   if ppl.weight_file:
     paths.append(os.path.join(os.path.dirname(ppl.weight_file), VOCAB_FILE))
-  from elmo_jax.formats import efml
-  from elmo_jax.sources import pretrained
-  from elmo_jax.sources import resolved  # pylint: disable=g-import-not-at-top
   if ppl.options_file and efml.is_efml_dir(os.path.dirname(ppl.options_file)):  # every file of an EFML folder
-    paths += resolved.folder_files(os.path.dirname(ppl.options_file))
+    paths += resolve.folder_files(os.path.dirname(ppl.options_file))
+  if ppl.model is not None:  # --model: every file of what it names
+    paths += ppl.model.read_files
   if cfg.workdir:
     paths += [os.path.join(cfg.workdir, rel) for rel in (*export_files(), VOCAB_FILE, CONFIG_FILE, METRICS_FILE)]
-    paths += pretrained.resolve_model(cfg.workdir, use="run", fetch=False).read_files  # its lexicon/ too
+    paths += resolve.resolve_model(cfg.workdir, use="run", fetch=False).read_files  # its lexicon/ too
   for vocab in [p for p in paths if p and os.path.basename(p) == VOCAB_FILE]:
     paths.append(os.path.join(os.path.dirname(vocab), VOCAB_COUNTS_FILE))
   return [p for p in paths if p and not readers.is_tfds(p)]

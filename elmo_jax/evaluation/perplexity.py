@@ -17,10 +17,21 @@ import os
 import time
 from typing import Any
 
+import jax
+
+from elmo_jax.data import TextSource, TfdsSource, Tokenizer, Vocab, make_lm_iterator
+from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator
+from elmo_jax.data.sources import split_paths
 from elmo_jax.evaluation import plots
 from elmo_jax.evaluation.readers import InputError
+from elmo_jax.formats import weights as weights_lib
+from elmo_jax.model import make_model, zero_state
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import CONFIG_FILE, EXPORT_DIR, METRICS_FILE, VOCAB_FILE
+from elmo_jax.sources import loaded
+from elmo_jax.sources import resolve as resolve_lib
+from elmo_jax.sources.resolve import ResolvedModel
+from elmo_jax.training import feed, lm_eval, step as step_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_BATCH_SIZE = 64
@@ -50,6 +61,7 @@ class PerplexityConfig:
   tfds_data_dir: str | None = None  # default: the run's data.tfds_data_dir
   options_file: str | None = None
   weight_file: str | None = None
+  model: ResolvedModel | None = None  # what the command's --model resolved to (`resolve.resolve_model`)
   vocab_file: str | None = None
   batch_size: int | None = None
   unroll_steps: int | None = None
@@ -83,37 +95,51 @@ def read_train_config(workdir: str) -> dict[str, Any]:
     raise InputError(f"{path}: not JSON ({e.msg})") from None
 
 
-def resolve(task_config: PerplexityConfig, workdir: str | None):
-  """Which model is scored, as every reader of a model says it (`sources.resolved.ResolvedModel`, read by
-  `loaded.load_model`): a run's export (`pretrained.resolve_model(workdir, use="run")`; the workdir's vocab.txt
-  carries the counts, export/ has none) or the --options_file/--weight_file pair (the vocab.txt beside the
-  weights); --vocab_file replaces the vocabulary. An ELMoForManyLangs-style run: NoSoftmax."""
-  from elmo_jax.sources import pretrained  # pylint: disable=g-import-not-at-top
-  from elmo_jax.sources.resolved import ResolvedModel  # pylint: disable=g-import-not-at-top
+def resolve(task_config: PerplexityConfig, workdir: str | None) -> ResolvedModel:
+  """Which model is scored, as every reader of a model says it (`resolve.resolve_model`, read by
+  `loaded.load_model`): a run's export (its vocab.txt carries the counts, export/ has none), the command's
+  `--model` (`task_config.model`) or the --options_file/--weight_file pair; --vocab_file replaces the
+  vocabulary. A model without the LM softmax: NoSoftmax, one line saying why."""
   if workdir:
-    found = pretrained.resolve_model(workdir, use="run", fetch=False)
-    if found.efml_dir is not None:  # not a missing options.json: another format
-      raise NoSoftmax(f"{workdir}: an ELMoForManyLangs-style run, whose {EXPORT_DIR}/ is an EFML folder (config.json, "
-                      f"*.pkl) without the LM softmax, so it cannot be scored here; its eval_ppl records in "
-                      f"{METRICS_FILE} are its perplexity on config.data.eval_files")
+    found = resolve_lib.resolve_model(workdir, use="run", fetch=False)
     vocab = found.vocab_file or os.path.join(workdir, VOCAB_FILE)
+  elif task_config.model is not None:
+    found = task_config.model
+    vocab = found.vocab_file
   elif task_config.options_file and task_config.weight_file:
-    found = ResolvedModel(task_config.options_file, task_config.weight_file, path=task_config.weight_file)
-    vocab = os.path.join(os.path.dirname(task_config.weight_file), VOCAB_FILE)
+    found = resolve_lib.resolve_files(task_config.options_file, task_config.weight_file)
+    vocab = None
   else:
-    raise InputError("perplexity needs --workdir or --options_file and --weight_file")
+    raise InputError("perplexity needs --workdir, --model, or --options_file and --weight_file")
   return dataclasses.replace(found, vocab_file=task_config.vocab_file or vocab)
 
 
-def model_files(task_config: PerplexityConfig, workdir: str | None, check_vocab: bool = True) -> dict[str, str]:
-  """options/weights/vocab paths of `resolve`. Each must exist (the vocabulary only with `check_vocab`: it
-  matters only for weights that hold a softmax)."""
-  found = resolve(task_config, workdir)
-  paths = {"options_file": found.options_file, "weight_file": found.weight_file, "vocab_file": found.vocab_file}
-  for key, path in paths.items():
-    if key != "vocab_file" or check_vocab:
-      _check_file(path)
-  return paths
+def _softmax_problem(found: ResolvedModel, workdir: str | None) -> NoSoftmax | None:
+  """Why `found` cannot be scored (its format carries no LM softmax, or its weights hold none), or None; read
+  off the weights' index alone (`loaded.has_softmax`: nothing loaded)."""
+  if found.efml_dir is not None:
+    if workdir:
+      return NoSoftmax(f"{workdir}: an ELMoForManyLangs-style run, whose {EXPORT_DIR}/ is an EFML folder "
+                       f"(config.json, *.pkl) without the LM softmax, so it cannot be scored here; its eval_ppl "
+                       f"records in {METRICS_FILE} are its perplexity on config.data.eval_files")
+    return NoSoftmax(f"{found.efml_dir}: an ELMoForManyLangs release carries no LM softmax (only the encoder and "
+                     "token embedder), so it cannot be scored for perplexity")
+  if found.tfhub_dir is not None:
+    return NoSoftmax(f"{found.tfhub_dir}: a TF-Hub elmo/3 module carries no LM softmax (only the biLM and its "
+                     "mix), so it cannot be scored for perplexity")
+  try:
+    if loaded.has_softmax(found):
+      return None
+  except weights_lib.WeightFileError as e:
+    raise InputError(str(e)) from None
+  return _no_softmax(found.weight_file or found.folder_dir)
+
+
+def _vocab_file(found: ResolvedModel) -> str:
+  """The softmax's words: --vocab_file, the run's, or the model's own (a folder's vocab.txt, the vocab.txt
+  beside the weights)."""
+  beside = os.path.join(found.folder_dir or os.path.dirname(found.weight_file), VOCAB_FILE)
+  return found.vocab_file or beside
 
 
 def _no_softmax(weight_file: str) -> NoSoftmax:
@@ -124,26 +150,25 @@ def _no_softmax(weight_file: str) -> NoSoftmax:
 def load_language_model(task_config: PerplexityConfig, workdir: str | None) -> LanguageModel:
   """The model of `resolve`, read by the one load (`loaded.load_model`: options, weights with the softmax), and
   its vocabulary; one-line errors for every mismatch."""
-  from elmo_jax.data import Vocab  # pylint: disable=g-import-not-at-top
-  from elmo_jax.formats import weights as weights_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax.sources import loaded as loaded_lib  # pylint: disable=g-import-not-at-top
-
-  paths = model_files(task_config, workdir, check_vocab=False)
+  found = resolve(task_config, workdir)
+  problem = _softmax_problem(found, workdir)
+  if problem is not None:  # before the vocabulary: without a softmax there is nothing to score it with
+    raise problem
   try:
-    model = loaded_lib.load_model(resolve(task_config, workdir))
-  except weights_lib.WeightFileError as e:
+    model = loaded.load_model(found)
+  except (weights_lib.WeightFileError, FileNotFoundError) as e:
     raise InputError(str(e)) from None
-  if model.softmax is None:  # before the vocabulary: without a softmax there is nothing to score it with
-    raise _no_softmax(paths["weight_file"])
-  _check_file(paths["vocab_file"])
+  vocab_file = _check_file(_vocab_file(found))
   try:
-    vocab = Vocab.load(paths["vocab_file"])
+    vocab = Vocab.load(vocab_file)
   except (ValueError, FileNotFoundError) as e:
-    raise InputError(f"{paths['vocab_file']}: {e}") from None
+    raise InputError(f"{vocab_file}: {e}") from None
+  weights = model.files[1] if len(model.files) > 1 else model.files[0]
   rows = model.softmax["W"].shape[0]
   if rows != len(vocab):
-    raise InputError(f"{paths['vocab_file']}: {len(vocab)} tokens but the softmax in "
-                     f"{paths['weight_file']} has {rows} rows; pass the vocabulary the model was trained with")
+    raise InputError(f"{vocab_file}: {len(vocab)} tokens but the softmax in {weights} has {rows} rows; pass the "
+                     "vocabulary the model was trained with")
+  paths = {"options_file": found.options_file or found.folder_dir, "weight_file": weights, "vocab_file": vocab_file}
   train_config = read_train_config(workdir) if workdir else {}
   return LanguageModel(model.options, {"bilm": model.params, "softmax": model.softmax}, vocab, paths, train_config)
 
@@ -155,7 +180,6 @@ def default_text(workdir: str | None, train_config: dict[str, Any]) -> tuple[str
     return data["prepared_eval_dir"], None, "test"
   if data.get("tfds_name") and data.get("tfds_eval_split"):
     return None, data["tfds_name"], data["tfds_eval_split"]
-  from elmo_jax.data.sources import split_paths  # pylint: disable=g-import-not-at-top
   paths = split_paths(str(data.get("eval_files") or ""))
   if not paths:
     return None, None, "test"
@@ -164,8 +188,6 @@ def default_text(workdir: str | None, train_config: dict[str, Any]) -> tuple[str
 
 def open_source(text_file: str | None, tfds_name: str | None, tfds_split: str, tfds_data_dir: str = ""):
   """A TextSource / TfdsSource, with one-line errors."""
-  from elmo_jax.data import TextSource, TfdsSource  # pylint: disable=g-import-not-at-top
-  from elmo_jax.data.sources import split_paths  # pylint: disable=g-import-not-at-top
 
   if tfds_name:
     try:
@@ -181,7 +203,6 @@ def open_source(text_file: str | None, tfds_name: str | None, tfds_split: str, t
     except FileNotFoundError as e:
       raise InputError(str(e)) from None
   if os.path.isdir(text_file):  # a corpus prepared by `elmo-jax prepare`
-    from elmo_jax.data.prepared import PreparedCorpus  # pylint: disable=g-import-not-at-top
     try:
       return PreparedCorpus(text_file)
     except FileNotFoundError as e:
@@ -198,11 +219,7 @@ def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_
           pretokenized: bool = False, dtype: str = "float32", scan_unroll: int = 1,
           max_token_chars: int = 50) -> dict[str, Any]:
   """Forward/backward/mean perplexity with lm_eval.perplexity, plus the unigram baseline on the same targets."""
-  import jax  # pylint: disable=g-import-not-at-top
 
-  from elmo_jax.data import Tokenizer, make_lm_iterator  # pylint: disable=g-import-not-at-top
-  from elmo_jax.model import make_model, zero_state  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training import feed, lm_eval, step as step_lib  # pylint: disable=g-import-not-at-top
 
   devices = jax.devices()
   # All devices when the rows split evenly, else one: evaluation is cheap next to a wrong error.
@@ -212,7 +229,6 @@ def score(lm: LanguageModel, source, *, batch_size: int, unroll_steps: int, max_
   eval_step = step_lib.make_eval_step(model, mesh, replicated)
   params = jax.device_put(lm.params, replicated)
   zero = jax.device_put(zero_state(model.config, batch_size), step_lib.lstm_state_sharding(mesh))
-  from elmo_jax.data.prepared import PreparedCorpus, make_prepared_iterator  # pylint: disable=g-import-not-at-top
   kw = dict(batch_size=batch_size, unroll_steps=unroll_steps, seed=0, shuffle=False, num_epochs=1,
             process_index=0, process_count=1)
   if isinstance(source, PreparedCorpus):  # its tokenizer settings are the ones it was prepared with
@@ -265,29 +281,21 @@ def check(task_config: PerplexityConfig, workdir: str | None) -> None:
 
   Raises NoText / NoSoftmax (the task cannot run here) or InputError (a bad input).
   """
-  import h5py  # pylint: disable=g-import-not-at-top
-
   train_config = read_train_config(workdir) if workdir else {}
   text_file, _, _ = resolve_text(task_config, workdir, train_config)
-  paths = model_files(task_config, workdir, check_vocab=False)
-  from elmo_jax.formats import efml  # pylint: disable=g-import-not-at-top
-  if os.path.basename(paths["weight_file"]) == efml.ENCODER:  # an ELMoForManyLangs release
-    raise NoSoftmax(f"{os.path.dirname(paths['weight_file'])}: an ELMoForManyLangs release carries no LM softmax "
-                    "(only the encoder and token embedder), so it cannot be scored for perplexity")
-  try:
-    with h5py.File(paths["weight_file"], "r") as f:
-      has_softmax = "softmax/W" in f and "softmax/b" in f
-  except OSError as e:
-    raise InputError(f"{paths['weight_file']}: not a readable HDF5 file ({e})") from None
-  if not has_softmax:
-    raise _no_softmax(paths["weight_file"])
-  from elmo_jax.data.sources import split_paths  # pylint: disable=g-import-not-at-top
+  found = resolve(task_config, workdir)
+  for path in (found.options_file, found.weight_file):
+    if path:
+      _check_file(path)
+  problem = _softmax_problem(found, workdir)
+  if problem is not None:
+    raise problem
   for path in split_paths(text_file or ""):
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
       raise InputError(f"{path}: a directory but not a prepared corpus (elmo-jax prepare)")
     if path and not glob.has_magic(path) and not os.path.exists(path) and not storage.is_remote(path):
       raise InputError(f"{path}: text file not found")
-  _check_file(paths["vocab_file"])
+  _check_file(_vocab_file(found))
 
 
 def run(task_config: PerplexityConfig, workdir: str | None, output_dir: str) -> dict[str, Any]:
@@ -316,7 +324,6 @@ def run(task_config: PerplexityConfig, workdir: str | None, output_dir: str) -> 
                  pretokenized=pretok, dtype=train_config.get("dtype", "float32"),
                  scan_unroll=int(train_config.get("scan_unroll", 1)),
                  max_token_chars=int(data_cfg.get("max_token_chars", 50)))
-  from elmo_jax.training import lm_eval  # pylint: disable=g-import-not-at-top
   result: dict[str, Any] = {
       "task": "perplexity", "convention": lm_eval.CONVENTION, **scores,
       "data": {"text_file": text_file, "tfds_name": tfds_name,

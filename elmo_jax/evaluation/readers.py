@@ -22,6 +22,7 @@ import os
 import re
 from typing import Any, Iterator, Sequence
 
+from elmo_jax.data.sources import local_tfds_dir
 from elmo_jax.runtime import files
 from elmo_jax.runtime import streams
 
@@ -142,7 +143,6 @@ def read_tfds_labelled(spec: str, data_dir: str | None = None, text_key: str | N
   name, split = parse_tfds(spec)
   with _quiet_absl():
     try:
-      from elmo_jax.data.sources import local_tfds_dir  # pylint: disable=g-import-not-at-top
       data_dir = local_tfds_dir(data_dir, name)
       source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
     except Exception as e:  # pylint: disable=broad-except  (tfds raises a zoo of types)

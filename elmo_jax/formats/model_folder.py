@@ -36,6 +36,7 @@ from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import param_names
 from elmo_jax.formats import safetensors
 from elmo_jax.formats import weights as weights_lib
+from elmo_jax.model import make_model
 from elmo_jax.runtime import files
 from elmo_jax.runtime import json_bounded
 from elmo_jax.runtime.run_layout import VOCAB_FILE
@@ -81,7 +82,6 @@ def param_shapes(options: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 @functools.lru_cache(maxsize=16)  # a trace costs ~0.1 s; a process loads few shapes, often again
 def _param_shapes(options_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
-  from elmo_jax.model import make_model  # pylint: disable=g-import-not-at-top
   model = make_model(json.loads(options_json))
   # Abstract inputs, a raw uint32 key among them: traced only, nothing is compiled or put on a device (a load
   # under a tight memory limit, or before any device is wanted, stays cheap).

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from elmo_jax.data import chars
+from elmo_jax.model import BiLM, BiLMConfig
 
 MODEL_FILE, TOKENIZER_FILE = "model.onnx", "tokenizer.json"
 TOKENIZER_FORMAT, VERSION = "elmo_jax.tokenizer", 1
@@ -64,7 +65,6 @@ def write(folder: str, options: dict[str, Any], params: dict[str, Any],
   except ImportError as e:
     raise OnnxExportError(f"--format=onnx needs the onnx package: pip install -e '.[onnx]' ({e})") from None
   import jax  # pylint: disable=g-import-not-at-top
-  from elmo_jax.model import BiLM, BiLMConfig  # pylint: disable=g-import-not-at-top
   cfg = BiLMConfig.from_options(options)
   boundary = jax.jit(lambda p: BiLM(cfg).apply({"params": p}, method=BiLM.boundary_embeddings))(params)
   model = onnx_graph.build(options, params, np.asarray(boundary, np.float32))

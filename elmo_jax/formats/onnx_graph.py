@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from elmo_jax.model import BiLMConfig
 
 OPSET = 17
 FORGET_BIAS = 1.0  # TF's forget_bias (model/lstm.FORGET_BIAS); AllenNLP's cell holds it in its bias
@@ -132,7 +133,6 @@ def _reverse(g: Graph, x: str, index: str) -> str:
 
 def build(options: dict[str, Any], params: dict[str, Any], boundary: np.ndarray) -> onnx.ModelProto:
   """The model of validated `options` and its `params`; `boundary` [2, P]: the char CNN's `<S>` and `</S>`."""
-  from elmo_jax.model import BiLMConfig  # pylint: disable=g-import-not-at-top
   cfg = BiLMConfig.from_options(options)
   g = Graph()
   i64 = lambda v: g.const(v, np.int64)  # noqa: E731

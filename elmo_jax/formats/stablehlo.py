@@ -63,7 +63,7 @@ def forward(options: dict[str, Any]) -> Callable[[dict[str, Any], jax.Array], di
 def export(options: dict[str, Any], params: dict[str, Any], platforms: tuple[str, ...] = PLATFORMS
            ) -> jax.export.Exported:
   """`forward(options)` lowered for `platforms` with batch and time symbolic (no device of them needed)."""
-  from elmo_jax.model import BiLMConfig  # pylint: disable=g-import-not-at-top
+  from elmo_jax.model import BiLMConfig  # pylint: disable=g-import-not-at-top  (the loader needs no flax)
   width = BiLMConfig.from_options(options).token_width
   weights = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in param_names.flat(params).items()}
   ids = jax.ShapeDtypeStruct(jax.export.symbolic_shape(f"b, t, {width}"), np.int32)
@@ -84,7 +84,7 @@ def write(folder: str, options: dict[str, Any], params: dict[str, Any],
           platforms: tuple[str, ...] = PLATFORMS) -> None:
   """Writes the artifact's three files into `folder` (an existing, empty one: `convert` gives a temp folder
   renamed into place when whole)."""
-  from elmo_jax.model import BiLMConfig  # pylint: disable=g-import-not-at-top
+  from elmo_jax.model import BiLMConfig  # pylint: disable=g-import-not-at-top  (the loader needs no flax)
   require_flatbuffers()
   cfg = BiLMConfig.from_options(options)
   exported = export(options, params, platforms)

@@ -122,6 +122,13 @@ def _dataset(f: h5py.File, weight_file, name: str, file_shape: tuple[int, ...]) 
   return f[name]
 
 
+def has_softmax(weight_file: str | os.PathLike) -> bool:
+  """Whether the weight file holds the LM's softmax (`softmax/W`, `softmax/b`), read off its index alone;
+  WeightFileError (one line) as `load_hdf5` for a file that is none."""
+  with _open(weight_file) as f:
+    return "softmax/W" in f and "softmax/b" in f
+
+
 def check_hdf5(weight_file: str | os.PathLike, options: dict[str, Any]) -> None:
   """What `load_hdf5` refuses that a file's metadata shows (no weight is read): every dataset of `options`
   present, of its shape. For checks before a run writes anything (the trainer's preflight)."""

@@ -3,6 +3,7 @@ a run's `tflops_per_sec_per_device` and `mfu`)."""
 from __future__ import annotations
 
 from typing import Any
+from elmo_jax.data import dedupe as dedupe_lib
 
 
 def forward_flops_per_token(options: dict[str, Any], vocab: int, num_sampled: int,
@@ -34,7 +35,6 @@ def train_flops_per_token(config, options: dict[str, Any], vocab: int, rows: int
   "table_size": the deduped char-CNN rows per device (`table_size`, 0 = half the positions of one window,
   bucketed as the trainer does; it is taken even without config.dedupe_tokens, which counts 2 rows a token)}.
   """
-  from elmo_jax.data import dedupe as dedupe_lib  # pylint: disable=g-import-not-at-top
   num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < vocab - 1 else 0
   tokens = rows * int(config.unroll_steps)
   table = table_size or dedupe_lib.bucket_size(tokens // 2 + 1, cap=2 * tokens + 1)

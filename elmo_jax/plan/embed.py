@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from elmo_jax.embedding import embedder as embedder_lib
+from elmo_jax.embedding import step as embed_step
+from elmo_jax.model import BiLM, BiLMConfig
 from elmo_jax.plan import targets as targets_lib
 
 _PROBE_ROWS = (64, 128)  # per device: the two compiles the linear memory model is fitted on
@@ -27,10 +30,7 @@ def plan_embed(options: dict[str, Any], target_spec: str, time_buckets: Sequence
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from elmo_jax.embedding import step as embed_step  # pylint: disable=g-import-not-at-top
-  from elmo_jax.embedding import embedder as embedder_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.plan import train as train_plan  # pylint: disable=g-import-not-at-top
-  from elmo_jax.model import BiLM, BiLMConfig  # pylint: disable=g-import-not-at-top
 
   compile_ = train_plan._compile  # pylint: disable=protected-access  (the train planner's: OOM is a result)
   target = targets_lib.make_target(target_spec)

@@ -15,11 +15,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from elmo_jax.formats import options as options_lib
 from elmo_jax.measure import flops as flops_lib
 from elmo_jax.measure import hlo as hlo_lib
 from elmo_jax.measure import roofline
 from elmo_jax.measure.chips import LAUNCH_US, Target
+from elmo_jax.model import make_model
 from elmo_jax.plan import targets as targets_lib
+from elmo_jax.runtime import storage
+from elmo_jax.training import optimizer as optimizer_lib
+from elmo_jax.training import step as step_lib
+from elmo_jax.training.config import BatchSizeError, global_batch_size
 
 DEFAULT_ROWS = 128  # bilm-tf's batch per GPU (the embed step's default)
 
@@ -43,7 +49,6 @@ def abstract_inputs(config, model, optimizer, mesh, vocab: int, global_batch: in
   """(state, batch) as ShapeDtypeStructs with the trainer's shardings, and the state shardings."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
   create = lambda: step_lib.create_train_state(model, optimizer, vocab, global_batch, config.seed)
   abstract = jax.eval_shape(create)
   shardings = step_lib.state_shardings(abstract, mesh, bool(config.shard_softmax))
@@ -63,7 +68,6 @@ def abstract_inputs(config, model, optimizer, mesh, vocab: int, global_batch: in
 def rows_per_device(config, n_devices: int, per_device_batch: int = 0) -> int:
   """`per_device_batch`, else the config's rows per device as the trainer takes them on `n_devices`
   (`training.config.global_batch_size`); raises TargetError (one line) when the config's batch gives none."""
-  from elmo_jax.training.config import BatchSizeError, global_batch_size  # pylint: disable=g-import-not-at-top
   if per_device_batch:
     return per_device_batch
   try:
@@ -82,9 +86,6 @@ def plan(config, target_spec: str, per_device_batch: int = 0, vocab_size: int = 
   `vocab_size`: 0 = config.data.vocab_max_size. `table_size`: deduped char-CNN table per device
   (config.dedupe_tokens), 0 = half the positions of one window, bucketed as the trainer does.
   """
-  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
-  from elmo_jax.model import make_model  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training import optimizer as optimizer_lib, step as step_lib  # pylint: disable=g-import-not-at-top
 
   target = targets_lib.make_target(target_spec)
   n = target.n
@@ -103,7 +104,6 @@ def plan(config, target_spec: str, per_device_batch: int = 0, vocab_size: int = 
     return report
   text = compiled.as_text()
   if dump_hlo:  # one object in a bucket, or a renamed temp file: never half an HLO dump
-    from elmo_jax.runtime import storage  # pylint: disable=g-import-not-at-top
     storage.write_bytes(dump_hlo, text.encode())
   report.update(roofline.analyse_hlo(text, target, report["tokens_per_device_per_step"], launch_us))
   cost = compiled.cost_analysis()

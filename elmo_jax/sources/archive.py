@@ -18,7 +18,7 @@ that is absolute or climbs out (`..`), a symbolic or hard link, a device, FIFO o
 line naming the member, and nothing stays behind.
 
 `model_folder` then steps into the folder an archive wraps its files in (a top folder alone, as most
-zips have; `__MACOSX/` and dot files aside) and returns it for `pretrained.resolve_model` to read as any
+zips have; `__MACOSX/` and dot files aside) and returns it for `resolve.resolve_model` to read as any
 local folder: which format a folder holds is decided there, not here.
 """
 from __future__ import annotations

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from elmo_jax.data import chars
+from elmo_jax.model import make_model
 from elmo_jax.sources import loaded
 
 # A fixed sentence set: ASCII words and punctuation, digits, Latin and CJK characters beyond ASCII, a token
@@ -45,7 +46,6 @@ def char_ids(model: loaded.LoadedModel) -> np.ndarray:
 
 def max_difference(a: loaded.LoadedModel, b: loaded.LoadedModel) -> float:
   """The largest |a - b| over every layer of both biLMs on `SENTENCES` (0.0: the same outputs)."""
-  from elmo_jax.model import make_model  # pylint: disable=g-import-not-at-top
   bilm = make_model(a.options)
   run = jax.jit(lambda params, ids: bilm.apply({"params": params}, ids)["layers"])
   ids = char_ids(a)

@@ -1,11 +1,11 @@
-"""The one load of a model: what `pretrained.resolve_model` found (a `ResolvedModel`) -> a `LoadedModel`.
+"""The one load of a model: what `resolve.resolve_model` found (a `ResolvedModel`) -> a `LoadedModel`.
 
-    found = pretrained.resolve_model("small")      # which files a spec names (downloads once)
+    found = resolve.resolve_model("small")         # which files a spec names (downloads once)
     model = loaded.load_model(found)               # options + BiLM params (+ softmax, vocab, mix, char ids)
 
 Every loader goes through `load_model`: the Embedder (`from_model`, `from_files`, `from_efml`), `load_elmo` and
 `pretrained.load`, conversion (`convert.load`), `config.init_from`'s ELMo files, `evaluate.py --model` and the
-task models. Four formats (`FORMATS`): bilm-tf's options.json + weights.hdf5 (a run's export too), an
+task models. Four formats are read (`READ_FORMATS`; what conversion writes: `convert.WRITE_FORMATS`): bilm-tf's options.json + weights.hdf5 (a run's export too), an
 ELMoForManyLangs folder (`efml`: its char ids are `chars.LexiconIds`, not bilm-tf's bytes), a TF-Hub
 `elmo/3`-layout module (`tfhub`: its learned mix) and elmo_jax's own folder (`safetensors`: config.json +
 model.safetensors, any of the others' parts; `formats/model_folder.py`). Errors are the readers' own, one line
@@ -25,13 +25,14 @@ from elmo_jax.formats import efml
 from elmo_jax.formats import model_folder
 from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import param_names
+from elmo_jax.formats import safetensors
 from elmo_jax.formats import tfhub
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime.run_layout import VOCAB_FILE
-from elmo_jax.sources.resolved import ResolvedModel
+from elmo_jax.sources.resolve import ResolvedModel
 
 BILM_HDF5, EFML, TFHUB, SAFETENSORS = "bilm-hdf5", "efml", "tfhub", "safetensors"
-FORMATS = (BILM_HDF5, EFML, TFHUB, SAFETENSORS)
+READ_FORMATS = (BILM_HDF5, EFML, TFHUB, SAFETENSORS)
 _EFML_NOTE = ("options.json + weights.hdf5 has no place for its word embedding (word.dic's vectors beside the char "
               "CNN) nor for its char ids (char.dic)")
 
@@ -43,7 +44,7 @@ class LoadedModel:
   Attributes:
     options: options.json's content (inferred for a TF-Hub module and an EFML folder).
     params: the `BiLM` params (float32 numpy).
-    format: which of `FORMATS` it was read from.
+    format: which of `READ_FORMATS` it was read from.
     files: every model file it was read from, the (options, weights) pair first where the format has one (what
       an output must never overwrite).
     softmax: the LM's softmax params where the weights hold one (bilm-hdf5), else None.
@@ -89,6 +90,36 @@ def load_model(found: ResolvedModel) -> LoadedModel:
   return _finite(model)
 
 
+def read_options(found: ResolvedModel) -> dict[str, Any]:
+  """What `found`'s model is (its options, validated), without its weights where the format keeps them apart
+  (an options.json); a TF-Hub module's and an EFML folder's are inferred from their weights, so read whole.
+  Raises the readers' one-line errors (options.OptionsError, FileNotFoundError, ...)."""
+  if found.tfhub_dir is None and found.efml_dir is None and found.folder_dir is None:
+    options_file = found.checked().options_file
+    return options_lib.validate(options_lib.load(options_file), options_file)
+  return load_model(found).options
+
+
+def check_weights(found: ResolvedModel, options: dict[str, Any]) -> None:
+  """What `load_model` would refuse of an hdf5 pair's weights (a missing dataset, one of another shape than
+  `options` say), from the file's metadata alone; the other formats are checked by their load. Raises
+  weights.WeightFileError, one line."""
+  if found.tfhub_dir is None and found.efml_dir is None and found.folder_dir is None:
+    weights_lib.check_hdf5(found.checked().weight_file, options)
+
+
+def has_softmax(found: ResolvedModel) -> bool:
+  """Whether `found`'s weights hold the LM's softmax, read off the weights' index alone (nothing loaded): an
+  hdf5 pair's datasets, a model folder's safetensors header; a TF-Hub module and an EFML folder have none.
+  Raises the readers' one-line WeightFileError for weights that are none."""
+  if found.tfhub_dir is not None or found.efml_dir is not None:
+    return False
+  if found.folder_dir is not None:
+    header = safetensors.read_header(os.path.join(found.folder_dir, model_folder.WEIGHTS))[0]
+    return "softmax/W" in header and "softmax/b" in header
+  return weights_lib.has_softmax(found.checked().weight_file)
+
+
 def _finite(model: LoadedModel) -> LoadedModel:
   """`model` if every weight it holds is finite, else WeightFileError naming the first that is not."""
   for part, tree in (("bilm", model.params), ("softmax", model.softmax), ("mix", model.mix)):
@@ -132,7 +163,7 @@ def _efml(found: ResolvedModel) -> LoadedModel:
   folder = found.efml_dir
   options, params, token_ids = efml.load(folder)
   paths = efml.model_files(folder)
-  main = (efml.CONFIG, efml.ENCODER)  # what `pretrained.resolve` names, first
+  main = (efml.CONFIG, efml.ENCODER)  # what `resolve.resolve` names, first
   read = tuple(paths[k] for k in main if k in paths) + tuple(p for k, p in paths.items() if k not in main)
   return LoadedModel(options, params, EFML, read, token_ids=token_ids, note=_EFML_NOTE, source=found)
 

@@ -15,6 +15,8 @@ from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files
 from elmo_jax.runtime.run_layout import EXPORT_DIR, OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
+from elmo_jax.data import lexicon as lexicon_lib
+from elmo_jax.formats import efml_export
 
 
 def export_model(workdir: str, params: dict[str, Any], options: dict[str, Any], fmt: str = "bilm-hdf5") -> str:
@@ -36,7 +38,6 @@ def export_model(workdir: str, params: dict[str, Any], options: dict[str, Any], 
                          else None, card=model_folder.run_card(workdir, options))
     return final
   if fmt == "efml":
-    from elmo_jax.formats import efml_export  # pylint: disable=g-import-not-at-top
     lex = _lexicon(workdir, options)
     with files.atomic_dir(final) as tmp:
       efml_export.write(tmp, options, host["bilm"], lex.char2id, lex.word2id)
@@ -52,7 +53,6 @@ def export_model(workdir: str, params: dict[str, Any], options: dict[str, Any], 
 
 def _lexicon(workdir: str, options: dict[str, Any]):
   """The run's char.dic / word.dic (`variant.LEXICON_DIR`) of an EFML-style model."""
-  from elmo_jax.data import lexicon as lexicon_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.variant import LEXICON_DIR  # pylint: disable=g-import-not-at-top
   cnn = options["char_cnn"]
   return lexicon_lib.read(os.path.join(workdir, LEXICON_DIR), int(cnn["max_characters_per_token"]),

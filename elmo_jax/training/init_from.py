@@ -15,14 +15,19 @@ from typing import Any
 import jax
 import numpy as np
 
+from elmo_jax.data import Vocab
 from elmo_jax.formats import efml
+from elmo_jax.formats import model_folder
 from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import tfhub
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import storage
+from elmo_jax.sources import archive
+from elmo_jax.sources import download
+from elmo_jax.sources import hub
 from elmo_jax.sources import loaded
-from elmo_jax.sources import pretrained
-from elmo_jax.sources.resolved import ResolvedModel
+from elmo_jax.sources import resolve
+from elmo_jax.sources.resolve import ResolvedModel
 from elmo_jax.training.checkpoint import Checkpointer, newest_meta
 from elmo_jax.training.resume import options_difference
 
@@ -35,69 +40,61 @@ class InitFromError(ValueError):
   """`config.init_from` cannot be used; the message names the path and what is wrong."""
 
 
-def _resolve(path: str) -> pretrained.ResolvedModel:
-  """`pretrained.resolve_model(use="init_from")`, its errors as InitFromError naming the config field."""
-  from elmo_jax.sources import download  # pylint: disable=g-import-not-at-top
+def _resolve(path: str) -> ResolvedModel:
+  """`resolve.resolve_model(use="init_from")`, its errors as InitFromError naming the config field."""
   try:
-    return pretrained.resolve_model(path, use="init_from")
-  except pretrained.SourceError as e:
+    return resolve.resolve_model(path, use="init_from")
+  except resolve.SourceError as e:
     raise InitFromError(f"config.init_from={e}") from None
   except download.DownloadError as e:  # a URL's 404, an HTML page for a model, a cut or bad archive
     message = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise InitFromError(f"config.init_from={path}: {message.removeprefix(path + ': ')}") from None
 
 
-EFML, TFHUB = "elmoformanylangs", "tfhub"
-
-
-def released_source(path: str) -> tuple[str, str] | None:
-  """(EFML or TFHUB, local folder) when `path` (a folder, or a URL or archive holding one) is an
-  ELMoForManyLangs folder or a TF-Hub module; None for what `resolve_model(use="init_from")` reads. An EFML
-  folder missing a file is InitFromError (`efml.folder_problem`), not another format's folder."""
+def released_source(path: str) -> ResolvedModel | None:
+  """What `path` names (`resolve.resolve_model`) when it (a folder, or a URL, archive or hf:// repository holding
+  one) is a model that holds no training run's files: an ELMoForManyLangs folder, a TF-Hub module or elmo_jax's
+  own safetensors folder; None for what `resolve_model(use="init_from")` reads (runs, checkpoints, ELMo files).
+  An EFML folder missing a file is InitFromError (`efml.folder_problem`), not another format's folder."""
   if storage.is_remote(path):  # a bucket holds runs (checkpoints) and ELMo files, read as before
     return None
   local = os.path.abspath(os.path.expanduser(path))
   if os.path.isdir(local):
     if (problem := efml.folder_problem(local)) is not None:  # EFML files, not all of them: say which are missing
       raise InitFromError(f"config.init_from={problem}")
-    if efml.is_efml_dir(local):
-      return EFML, local
-    return (TFHUB, local) if tfhub.is_module(local) else None
-  from elmo_jax.sources import archive
-  from elmo_jax.sources import download  # pylint: disable=g-import-not-at-top
-  if path in pretrained.MODELS or not (archive.is_archive(path) or download.is_url(path)):
+    if not (efml.is_efml_dir(local) or tfhub.is_module(local) or model_folder.is_folder(local)):
+      return None
+  elif path in resolve.MODELS or not (archive.is_archive(path) or download.is_url(path) or hub.is_hub_spec(path)):
     return None
   try:
-    found = pretrained.resolve_model(path)
-  except (download.DownloadError, pretrained.SourceError):
+    found = resolve.resolve_model(local if os.path.isdir(local) else path)
+  except download.DownloadError as e:
+    if os.path.isdir(local):
+      raise InitFromError(f"config.init_from={path}: {str(e).splitlines()[0]}") from None
     return None
-  if found.tfhub_dir is not None:
-    return TFHUB, found.tfhub_dir
-  if found.efml_dir is not None:
-    return EFML, found.efml_dir
-  return None
+  return found if (found.tfhub_dir or found.efml_dir or found.folder_dir) is not None else None
+
+
+def _kind(found: ResolvedModel) -> str:
+  """What a `released_source` is, in words."""
+  return ("ELMoForManyLangs folder" if found.efml_dir is not None else "TF-Hub module" if found.tfhub_dir is not None
+          else "safetensors model folder")
 
 
 def source_files(path: str) -> tuple[str, ...]:
   """Every local file of the source `path` names (`ResolvedModel.read_files`: an EFML folder's, a TF-Hub
   module's, ELMo files and the vocabulary beside them; a run's checkpoints folder too): what the run must not
   write over (`preflight`). Fetches a URL or archive as `check` does; () for a released name or a bucket."""
-  if path in pretrained.MODELS or storage.is_remote(path):
+  if path in resolve.MODELS or storage.is_remote(path):
     return ()
-  released = released_source(path)
-  if released is not None:
-    found = pretrained.efml_folder(released[1]) if released[0] == EFML else ResolvedModel(tfhub_dir=released[1])
-  else:
-    found = _resolve(path)
+  found = released_source(path) or _resolve(path)
   return (*found.read_files, *((found.checkpoints[0],) if found.checkpoints is not None else ()))
 
 
-def _load_released(kind: str, folder: str, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """(options, biLM params) of an EFML folder or a TF-Hub module; InitFromError, one line."""
-  found = pretrained.efml_folder(folder) if kind == EFML else ResolvedModel(path=folder, tfhub_dir=folder)
+def _load_released(found: ResolvedModel, path: str) -> loaded.LoadedModel:
+  """An EFML folder, a TF-Hub module or a safetensors folder, read by the one load; InitFromError, one line."""
   try:
-    model = loaded.load_model(found)  # the one load of every format
-    return model.options, model.params
+    return loaded.load_model(found)
   except (weights_lib.WeightFileError, ValueError, OSError) as e:
     raise InitFromError(f"config.init_from={path}: {str(e).splitlines()[0]}") from None
 
@@ -106,7 +103,8 @@ def source_options(path: str) -> tuple[dict[str, Any], str | None]:
   """(the model options of `path`, its EFML folder or None): what `configs/finetune.py` takes over."""
   released = released_source(path)
   if released is not None:
-    return _load_released(*released, path)[0], released[1] if released[0] == EFML else None
+    model = _load_released(released, path)
+    return model.options, released.efml_dir
   source = _resolve(path)
   if source.checkpoints is not None:
     found = source.checkpoints
@@ -120,7 +118,7 @@ def source_options(path: str) -> tuple[dict[str, Any], str | None]:
       raise InitFromError(f"config.init_from={path}: no readable checkpoint there")
     return newest[1].get("config", {}).get("options", {}), None
   try:
-    return options_lib.load(source.files[0]), None
+    return loaded.read_options(source), None
   except (OSError, ValueError) as e:
     raise InitFromError(f"config.init_from={path}: {str(e).splitlines()[0]}") from None
 
@@ -132,11 +130,11 @@ def check(path: str, options: dict[str, Any]) -> None:
   and unpacked here (into the cache, which the run's load then reuses), so a 404, an HTML page or a cut archive
   is refused before the workdir is written; released names (this project's own URLs) when they are loaded.
   Raises InitFromError."""
-  if path in pretrained.MODELS:
+  if path in resolve.MODELS:
     return
   released = released_source(path)
   if released is not None:  # reads the weights too: an EFML folder's word.dic must agree with them
-    saved = _load_released(*released, path)[0]
+    saved = _load_released(released, path).options
     diff = options_difference(saved, options)
     if diff is not None:
       raise InitFromError(f"config.init_from={path}: model shape differs from config.options: {diff}")
@@ -159,7 +157,7 @@ def check(path: str, options: dict[str, Any]) -> None:
       if not os.path.isfile(needed):
         raise InitFromError(f"config.init_from={path}: {needed} not found")
     try:
-      saved = options_lib.validate(options_lib.load(options_file), options_file)
+      saved = loaded.read_options(source)
     except (OSError, ValueError) as e:
       raise InitFromError(f"config.init_from={path}: {str(e).splitlines()[0]}") from None
   diff = options_difference(saved, options)
@@ -167,7 +165,7 @@ def check(path: str, options: dict[str, Any]) -> None:
     raise InitFromError(f"config.init_from={path}: model shape differs from config.options: {diff}")
   if found is None:  # the weight file's datasets and shapes, from its metadata (what load_hdf5 would refuse)
     try:
-      weights_lib.check_hdf5(weight_file, saved)
+      loaded.check_weights(source, saved)
     except weights_lib.WeightFileError as e:
       raise InitFromError(f"config.init_from={path}: {e}") from None
 
@@ -204,19 +202,24 @@ def _composite(**items):
 def load(path: str, options: dict[str, Any], vocab_sha256: str) -> tuple[dict[str, Any], dict | None, str]:
   """Reads `path` -> (biLM params, softmax params or None, one-line description). Numpy, on the host.
 
-  `path` may also be a released ELMo name (`small`, `original`, ...) or a URL (`elmo_jax.sources.pretrained`).
+  `path` may also be a released ELMo name (`small`, `original`, ...) or a URL (`elmo_jax.sources.resolve`).
   Raises InitFromError if the model shape there differs from `options` (naming the first differing key).
   """
   released = released_source(path)
   if released is not None:
-    saved, params = _load_released(*released, path)
-    diff = options_difference(saved, options)
+    model = _load_released(released, path)
+    diff = options_difference(model.options, options)
     if diff is not None:
       raise InitFromError(f"config.init_from={path}: model shape differs from config.options: {diff}")
-    what = ("ELMoForManyLangs folder" if released[0] == EFML else "TF-Hub module") + f" {released[1]}"
+    params = model.params
+    what = f"{_kind(released)} {released.efml_dir or released.tfhub_dir or released.folder_dir}"
     words = options["char_cnn"].get("word_embedding", {}).get("n_words", 0)
     taken = "char CNN" + (f", word embedding ({words:,} words)" if words else "") + ", highways, projection, biLM"
-    return params, None, f"{what}: took over its {taken}; no softmax in the release: a new one ({NEW_SOFTMAX})"
+    softmax = _same_vocab_softmax(model, vocab_sha256)
+    if softmax is not None:
+      return params, softmax, f"{what}: took over its {taken} and its softmax"
+    why = "no softmax in the release" if model.softmax is None else "another vocabulary"
+    return params, None, f"{what}: took over its {taken}; {why}: a new one ({NEW_SOFTMAX})"
   source = _resolve(path)
   path, found = source.path, source.checkpoints
   if found is not None:
@@ -231,7 +234,7 @@ def load(path: str, options: dict[str, Any], vocab_sha256: str) -> tuple[dict[st
   return _load_elmo_files(source, options, vocab_sha256)
 
 
-def _load_elmo_files(source: pretrained.ResolvedModel, options: dict[str, Any], vocab_sha256: str
+def _load_elmo_files(source: ResolvedModel, options: dict[str, Any], vocab_sha256: str
                      ) -> tuple[dict[str, Any], dict | None, str]:
   """The ELMo files' biLM (`loaded.load_model`), and their softmax when the vocab.txt beside them is this run's
   vocabulary."""
@@ -241,13 +244,16 @@ def _load_elmo_files(source: pretrained.ResolvedModel, options: dict[str, Any], 
   if diff is not None:
     raise InitFromError(f"config.init_from={path}: model shape differs from config.options: {diff} "
                         f"({options_file})")
-  softmax = None
-  if model.softmax is not None and source.vocab_file is not None:
-    from elmo_jax.data import Vocab
-    if Vocab.load(source.vocab_file).sha256() == vocab_sha256:
-      softmax = model.softmax
+  softmax = _same_vocab_softmax(model, vocab_sha256)
   return model.params, softmax, (f"ELMo weights {weight_file} "
                                  f"({'with its softmax' if softmax is not None else NEW_SOFTMAX})")
+
+
+def _same_vocab_softmax(model: loaded.LoadedModel, vocab_sha256: str) -> dict[str, Any] | None:
+  """The model's softmax where its vocabulary (the vocab.txt beside it) is this run's (its rows are per word)."""
+  if model.softmax is None or model.vocab_file is None:
+    return None
+  return model.softmax if Vocab.load(model.vocab_file).sha256() == vocab_sha256 else None
 
 
 def apply(path: str, state: Any, options: dict[str, Any], vocab_sha256: str, optimizer,

@@ -31,6 +31,7 @@ from elmo_jax.runtime.progress import progress
 from elmo_jax.runtime.run_layout import PREPARED_DIR, VOCAB_FILE
 from elmo_jax.training import derived
 from elmo_jax.training.workdir import Workdir
+from elmo_jax.data import lexicon as lexicon_lib
 
 
 def make_sources(data: ml_collections.ConfigDict):
@@ -153,7 +154,6 @@ def _run_vocab(config, run: Workdir, build: Callable[[], Vocab]) -> Vocab:
 
 def _token_ids(config, run: Workdir):
   """An EFML-style run's `lexicon.TokenIds` (its lexicons saved into the workdir by process 0), else None."""
-  from elmo_jax.data import lexicon as lexicon_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import variant  # pylint: disable=g-import-not-at-top
   lex = variant.lexicon(config, run.local, checkpoints=run.checkpoints)
   if lex is None:

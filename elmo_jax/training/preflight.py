@@ -25,8 +25,11 @@ from elmo_jax.runtime import files
 from elmo_jax.runtime import log
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import RUN_FOLDERS, TOP_FILES, TOP_FOLDERS, VOCAB_FILE
-from elmo_jax.sources.resolved import folder_files
+from elmo_jax.sources.resolve import folder_files
 from elmo_jax.training.workdir import Workdir
+from elmo_jax.data import manifest
+from elmo_jax.data import prepare_inputs
+from elmo_jax.formats import options as options_lib
 
 _BLOCK = 1 << 20
 
@@ -139,7 +142,6 @@ def _check_run_entries(run: Workdir) -> None:
 
 def check_values(config: ml_collections.ConfigDict) -> None:
   """Ranges, choices and the model options (`config.options` as an options.json)."""
-  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training.resume import flatten  # pylint: disable=g-import-not-at-top
   flat = flatten(config.to_dict())
   _check_known_keys(flat)
@@ -215,7 +217,6 @@ def check_run(config: ml_collections.ConfigDict, workdir: str, n_devices: int, n
     config = with_global_batch(config, n_devices)  # what the run records and a resume compares
   except BatchSizeError as e:
     raise PreflightError(str(e)) from None
-  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import checkpoint, resume  # pylint: disable=g-import-not-at-top
   run = Workdir(workdir)
   found = checkpoint.newest_meta(run.checkpoints)
@@ -299,7 +300,6 @@ def check_prepared_dir(key: str, path: str, config: ml_collections.ConfigDict | 
   """`path` is a prepared corpus (`elmo-jax prepare`) whose files match its manifest (sizes
   always, sha256 unless an earlier start verified these very files: `manifest.open_verified`), made for this
   model's char ids; tokenizer and vocabulary settings of the config that do not apply to it are named."""
-  from elmo_jax.data import manifest  # pylint: disable=g-import-not-at-top
   try:
     settings = manifest.open_verified(path)["settings"]
   except manifest.NotPreparedError:
@@ -350,7 +350,6 @@ def _check_saved_vocab(run: Workdir) -> None:
 def check_vocab(path: str, what: str):
   """The vocabulary loads (`prepare_inputs.check_vocab_file`: text, specials present, counts matching);
   returns it. `what` names it in the message."""
-  from elmo_jax.data import prepare_inputs  # pylint: disable=g-import-not-at-top
   try:
     return prepare_inputs.check_vocab_file(path, f"{what}: {path}")
   except prepare_inputs.PrepareError as e:
@@ -359,7 +358,6 @@ def check_vocab(path: str, what: str):
 
 def _check_init_from(config: ml_collections.ConfigDict) -> None:
   """The run to start from exists and has this config's model shape (released names: when loaded)."""
-  from elmo_jax.formats import options as options_lib  # pylint: disable=g-import-not-at-top
   from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
   try:
     init_from.check(config.init_from, options_lib.validate(config.options.to_dict(), "config.options"))

@@ -33,6 +33,8 @@ from elmo_jax.sources import convert
 from elmo_jax.training import derived
 from elmo_jax.training import init_from
 from elmo_jax.training.init_from import InitFromError
+from elmo_jax.data import TextSource, Tokenizer
+from elmo_jax.data.sources import expand_paths, split_paths
 
 LEXICON_DIR = run_layout.LEXICON_DIR  # in the workdir: char.dic, word.dic of an EFML-style run
 BUILD = "build"
@@ -114,8 +116,8 @@ def resolve(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.C
       c.data.lexicon = folder
   elif c.init_from and not c.data.get('lexicon', ''):
     released = init_from.released_source(c.init_from)
-    if released is not None and released[0] == init_from.EFML:
-      c.data.lexicon = released[1]
+    if released is not None and released.efml_dir is not None:
+      c.data.lexicon = released.efml_dir
   if c.init_from and not c.data.get('lexicon', ''):  # an EFML-style run as the source: its lexicons
     c.data.lexicon = _run_lexicon(c.init_from) or ""
   if efml_export.is_efml_variant(options):
@@ -183,7 +185,6 @@ def lexicon(c: ml_collections.ConfigDict, workdir: str | None, options: dict[str
 def _check_text(c: ml_collections.ConfigDict) -> None:
   """The training text the lexicons are built from is text (`files.text_problem`, as the preflight checks it,
   which comes later: it reads the options this settles) and not blank; one line naming the file."""
-  from elmo_jax.data.sources import expand_paths, split_paths  # pylint: disable=g-import-not-at-top
   why = " (config.data.lexicon='build' makes the lexicons from it)"
   try:
     paths = expand_paths(split_paths(c.data.train_files))
@@ -201,8 +202,6 @@ def _check_text(c: ml_collections.ConfigDict) -> None:
 @functools.lru_cache(maxsize=4)
 def _built(train_files: str, pretokenized: bool, max_chars: int, min_count: int, max_size: int,
            words: bool) -> lexicon_lib.Lexicon:
-  from elmo_jax.data import TextSource, Tokenizer  # pylint: disable=g-import-not-at-top
-  from elmo_jax.data.sources import split_paths  # pylint: disable=g-import-not-at-top
   source, tokenizer = TextSource(split_paths(train_files)), Tokenizer(pretokenized=pretokenized)
   return lexicon_lib.build((tokenizer(source[i]) for i in range(len(source))), max_chars, min_count, max_size, words)
 

@@ -234,3 +234,113 @@ def test_no_file_over_600_lines():
 def test_the_function_rule_counts_def_to_last_line(tmp_path, body, limit):
   (tmp_path / "m.py").write_text("def f():\n" + body)
   assert long_functions(str(tmp_path)) == ({} if limit is None else {("m.py", "f"): limit})
+
+
+# --- one resolver: which model a spec means is decided in sources/, what a model file holds read in formats/ ------
+MODEL_FORMATS = {f"elmo_jax.formats.{m}" for m in ("options", "weights", "tfhub", "tf_bundle", "efml", "model_folder",
+                                                      "safetensors", "torch_pickle", "stablehlo")}
+READERS = {"load", "load_hdf5", "check_hdf5", "has_softmax", "read_header", "read_config", "read_bundle"}
+# Rooms that read and write HDF5 files of their own (embedding outputs, token caches), never a model's weights.
+OWN_HDF5 = ("embedding/",)
+
+
+def _calls(root: str, skip: tuple[str, ...]):
+  """(relative path, ast.Call, {alias: imported module}) of every call in elmo_jax/ outside the `skip` folders."""
+  for module, path in sorted(_sources(root).items()):
+    rel = os.path.relpath(path, os.path.join(root, "elmo_jax")).replace(os.sep, "/")
+    if rel.startswith(skip):
+      continue
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), path)
+    aliases = {}
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+      elif isinstance(node, ast.Import):
+        aliases.update({a.asname or a.name: a.name for a in node.names})
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Call):
+        yield rel, node, aliases
+
+
+def resolved_models_built(root: str = REPO_ROOT) -> list[str]:
+  """Where a `ResolvedModel(...)` is built outside sources/ (what the resolver alone decides)."""
+  return [f"{rel}:{node.lineno}" for rel, node, _ in _calls(root, ("sources/",))
+          if (node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)) == "ResolvedModel"]
+
+
+def model_file_reads(root: str = REPO_ROOT) -> list[str]:
+  """Where a model file (options, weights of any format) is read outside formats/ and sources/: a format module's
+  reader called, or an HDF5 file opened outside the rooms that keep HDF5 files of their own."""
+  found = []
+  for rel, node, aliases in _calls(root, ("formats/", "sources/")):
+    func = node.func
+    if not isinstance(func, ast.Attribute) or not isinstance(func.value, ast.Name):
+      continue
+    owner = aliases.get(func.value.id, func.value.id)
+    if (owner in MODEL_FORMATS and func.attr in READERS) or (
+        owner == "h5py" and func.attr == "File" and not rel.startswith(OWN_HDF5)):
+      found.append(f"{rel}:{node.lineno} {func.value.id}.{func.attr}")
+  return found
+
+
+def test_no_resolved_model_built_outside_sources():
+  assert resolved_models_built() == [], "build it with sources/resolve.resolve_model"
+
+
+def test_no_model_file_read_outside_formats_and_sources():
+  assert model_file_reads() == [], "read a model with sources/loaded (load_model, read_options, check_weights)"
+
+
+def test_the_model_rules_find_a_planted_fault(tmp_path):
+  root = _plant(tmp_path, {
+      "cli/bad.py": "from elmo_jax.formats import weights as w\nfrom elmo_jax.sources.resolve import ResolvedModel\n"
+                    "import h5py\n\ndef f(p):\n  w.load_hdf5(p, {})\n  h5py.File(p)\n  return ResolvedModel(path=p)\n",
+      "sources/ok.py": "from elmo_jax.formats import weights\n\ndef g(p):\n  return weights.load_hdf5(p, {})\n"})
+  assert resolved_models_built(root) == ["cli/bad.py:8"]
+  assert model_file_reads(root) == ["cli/bad.py:6 w.load_hdf5", "cli/bad.py:7 h5py.File"]
+
+
+# --- dependencies in plain sight: a room's imports of other rooms at its file's top ---------------------------------
+# The imports of another room placed inside a function, each with why: an optional extra, or a module a light
+# artifact must run without. Any other goes at the top of its file, where the floor plan can be read.
+INNER_IMPORTS = {
+    ("cli/serve.py", "elmo_jax.serving"): "serving/ needs the serve extra (starlette, uvicorn): its absence is one line",
+    ("formats/stablehlo.py", "elmo_jax.model"): "a StableHLO artifact's loader imports jax and numpy only, no flax",
+}
+MAX_INNER_IMPORTS = 25
+
+
+def inner_imports(root: str = REPO_ROOT) -> list[tuple[str, str, int]]:
+  """(file under elmo_jax/, imported module, line) of every import of another room inside a function."""
+  found = []
+  for module, path in sorted(_sources(root).items()):
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), path)
+    rel = os.path.relpath(path, os.path.join(root, "elmo_jax")).replace(os.sep, "/")
+    for function in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+      for node in ast.walk(function):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+        for name in names:
+          if name.startswith("elmo_jax.") and _room(name) != _room(module):
+            found.append((rel, name, node.lineno))
+  return sorted(set(found))  # a nested function's import is walked from each enclosing function once
+
+
+def _listed(rel: str, name: str) -> bool:
+  return any(rel == f and (name == m or name.startswith(m + ".")) for f, m in INNER_IMPORTS)
+
+
+def test_imports_of_other_rooms_sit_at_the_top_unless_listed_with_a_reason():
+  found = inner_imports()
+  unlisted = [f"{rel}:{line} {name}" for rel, name, line in found if not _listed(rel, name)]
+  assert unlisted == [], "move these to the top of their files, or list them in INNER_IMPORTS with a reason"
+  assert len(found) <= MAX_INNER_IMPORTS, found
+  assert all(reason.strip() for reason in INNER_IMPORTS.values())
+
+
+def test_the_inner_import_rule_finds_a_planted_one(tmp_path):
+  root = _plant(tmp_path, {"cli/bad.py": "def f():\n  from elmo_jax.data import vocab\n  return vocab\n",
+                           "cli/ok.py": "from elmo_jax.data import vocab\n\ndef g():\n  from elmo_jax.cli import bad\n"})
+  assert inner_imports(root) == [("cli/bad.py", "elmo_jax.data", 2)]

@@ -19,6 +19,7 @@ from elmo_jax.runtime.cache import ARCHIVES
 from elmo_jax.sources import archive
 from elmo_jax.sources import download
 from elmo_jax.sources import pretrained
+from elmo_jax.sources import resolve as resolve_lib
 from http_util import serve_models
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS
 
@@ -99,18 +100,18 @@ def test_efml_folder_is_handed_to_folder_resolution(tmp_path, cache, monkeypatch
   efml = {f"zhs.model/{n}": n.encode() for n in ("config.json", "char.dic", "word.dic", "encoder.pkl",
                                                    "token_embedder.pkl")}
   path = str(_zip(tmp_path / "zhs.model.zip", efml))
-  resolve, seen = pretrained.resolve_model, []
+  resolve, seen = resolve_lib.resolve_model, []
 
   def folder_dispatch(spec, **kwargs):
     seen.append((spec, kwargs))
-    return pretrained.ResolvedModel(path=spec)
-  monkeypatch.setattr(pretrained, "resolve_model", folder_dispatch)
+    return resolve_lib.ResolvedModel(path=spec)
+  monkeypatch.setattr(resolve_lib, "resolve_model", folder_dispatch)
   found = resolve(path, use="bilm")
   (folder, kwargs), = seen
   assert kwargs == {"use": "bilm"} and found.path == path
   assert os.path.basename(folder) == "zhs.model" and os.path.dirname(os.path.dirname(folder)) == str(cache / ARCHIVES)
   assert sorted(os.listdir(folder)) == sorted(n.split("/")[1] for n in efml)
-  monkeypatch.setattr(pretrained, "resolve_model", resolve)
+  monkeypatch.setattr(resolve_lib, "resolve_model", resolve)
   # The real folder resolution knows the layout (formats/efml.py): its config and encoder, the folder as path.
   found = resolve(path)
   assert (found.options_file, found.weight_file) == (os.path.join(folder, "config.json"),

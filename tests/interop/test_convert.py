@@ -59,7 +59,8 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path):
   out = tmp_path / "out"
   with pytest.raises(convert.ConvertError) as e:
     convert.convert(str(efml), str(out))
-  assert str(e.value).startswith(f"{efml}: an ELMoForManyLangs model cannot be held in bilm-tf's layout")
+  assert str(e.value).startswith(f"--format=bilm-hdf5: {efml}: an ELMoForManyLangs model cannot be held in "
+                                 "bilm-tf's layout")
   assert "word embedding" in str(e.value) and "export/" in str(e.value) and "\n" not in str(e.value)
   assert not out.exists()
   taken = tmp_path / "taken"
@@ -73,8 +74,8 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path):
     convert.convert(str(tmp_path / "bilm"), str(tmp_path / "bilm"))  # onto itself
   with pytest.raises(files.UnsafeOutputError, match="is a file, not a directory"):
     convert.convert(str(tmp_path / "bilm"), str(tmp_path / "bilm" / "options.json"))
-  assert convert.FORMATS[:2] == ("bilm-hdf5", "efml") and {"stablehlo", "onnx"} <= set(convert.FORMATS)
-  written = ", ".join(convert.FORMATS)
+  assert convert.WRITE_FORMATS[:2] == ("bilm-hdf5", "efml") and {"stablehlo", "onnx"} <= set(convert.WRITE_FORMATS)
+  written = ", ".join(convert.WRITE_FORMATS)
   with pytest.raises(convert.ConvertError, match=rf"^--format=npz: the formats written are {written}$"):
     convert.convert(TFHUB_MODULE, str(out), "npz")
   assert not out.exists() and _datasets(tmp_path / "bilm" / "weights.hdf5") == _datasets(

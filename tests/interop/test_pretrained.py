@@ -151,8 +151,9 @@ def test_evaluate_model_flag(tmp_path, cache, monkeypatch, parsed_flags):
     parsed_flags("--task=pos", "--model=small", f"--output_dir={tmp_path / 'out'}")
     _, cfg = evaluate.config_from_flags()
   m = pretrained.MODELS["small"]
-  assert cfg.perplexity.options_file == download.cache_file(f"{base}/{m.key}/elmo_{m.key}_options.json")
-  assert files.sha256_file(cfg.perplexity.weight_file) == files.sha256_file(FIXTURE_WEIGHTS)
+  found = cfg.perplexity.model  # resolved once, by `resolve.resolve_model`
+  assert found.options_file == download.cache_file(f"{base}/{m.key}/elmo_{m.key}_options.json")
+  assert files.sha256_file(found.weight_file) == files.sha256_file(FIXTURE_WEIGHTS)
   parsed_flags("--task=pos", "--model=small", f"--options_file={FIXTURE_OPTIONS}", f"--weight_file={FIXTURE_WEIGHTS}",
                f"--output_dir={tmp_path / 'out'}")
   with pytest.raises(Exception, match="give one of --model"):

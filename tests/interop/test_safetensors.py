@@ -20,6 +20,7 @@ from elmo_jax.formats import safetensors
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.sources import card
 from elmo_jax.sources import convert
+from elmo_jax.sources import download
 from elmo_jax.sources import loaded
 from elmo_jax.sources import pretrained
 from elmo_jax.training.export import export_model
@@ -167,7 +168,7 @@ def test_resolve_model_prefers_the_folder_and_a_run_exports_one(run_like, tmp_pa
   found = pretrained.resolve_model(str(both))
   assert found.folder_dir == str(both) and found.options_file is None
   assert str(both / "model.safetensors") in found.read_files
-  with pytest.raises(pretrained.download.DownloadError, match="a safetensors model folder has no options.json"):
+  with pytest.raises(download.DownloadError, match="a safetensors model folder has no options.json"):
     pretrained.resolve(str(both))
   source = _load(run_like)
   workdir = tmp_path / "run"

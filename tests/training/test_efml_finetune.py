@@ -88,7 +88,7 @@ def test_efml_folder_whose_word_dic_and_weights_disagree_is_refused(source, tmp_
 def test_export_format_that_cannot_hold_the_model_is_refused(source, tmp_path):
   with pytest.raises(init_from.InitFromError) as e:
     variant.resolve(_finetune_config(source, export_format="bilm-hdf5"), str(tmp_path / "run"))
-  assert str(e.value).startswith("config.export_format=bilm-hdf5: an ELMoForManyLangs-shaped model cannot be held "
+  assert str(e.value).startswith("config.export_format=bilm-hdf5: an ELMoForManyLangs model cannot be held "
                                  "in bilm-tf's layout") and "\n" not in str(e.value)
   with pytest.raises(init_from.InitFromError, match=r"^config.export_format=efml: a bilm-tf-shaped model"):
     variant.resolve(_finetune_config(TFHUB_MODULE, export_format="efml"), str(tmp_path / "run"))
@@ -101,8 +101,8 @@ def test_efml_folder_in_an_archive_is_a_source(source, tmp_path, monkeypatch):
   monkeypatch.setenv("ELMO_JAX_CACHE", str(tmp_path / "cache"))
   archive = shutil.make_archive(str(tmp_path / "tiny.model"), "zip", os.path.dirname(source),
                                 os.path.basename(source))
-  kind, folder = init_from.released_source(archive)
-  assert kind == init_from.EFML and folder.startswith(str(tmp_path / "cache"))
+  folder = init_from.released_source(archive).efml_dir
+  assert folder is not None and folder.startswith(str(tmp_path / "cache"))
   resolved = variant.resolve(_finetune_config(archive), str(tmp_path / "run"))
   assert resolved.data.lexicon == folder and resolved.options.char_cnn.char_vocab_size == len(efml_util.CHARS)
   assert resolved.options.char_cnn.word_embedding.n_words == len(efml_util.WORDS)
