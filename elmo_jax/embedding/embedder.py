@@ -34,7 +34,7 @@ from elmo_jax.model import BiLM, BiLMConfig
 from elmo_jax.runtime import files
 from elmo_jax.runtime import memory
 from elmo_jax.sources import loaded
-from elmo_jax.sources import pretrained
+from elmo_jax.sources import resolve
 
 # `malloc_trim` (10-100 ms): every 2,048 sentences across calls (as memory grows, docs/latency.md), after 8+ batches
 _TRIM_EVERY_ROWS, _TRIM_AFTER_PASS = 2048, 8
@@ -136,31 +136,31 @@ class Embedder:
   def from_files(cls, options_file: str | os.PathLike, weight_file: str | os.PathLike, **kwargs) -> "Embedder":
     """Local paths, `file://` or `http(s)://` URLs (downloaded once into the cache, see `elmo_jax.sources.download`;
     a download must be a valid options.json and a readable HDF5 file, whatever the URL's name). An
-    ELMoForManyLangs folder's config.json and a .pkl (what `pretrained.resolve` gives for one): as `from_efml`."""
-    return cls.from_model(pretrained.resolve_files(options_file, weight_file), **kwargs)
+    ELMoForManyLangs folder's config.json and a .pkl (what `resolve.resolve` gives for one): as `from_efml`."""
+    return cls.from_model(resolve.resolve_files(options_file, weight_file), **kwargs)
 
   @classmethod
   def from_efml(cls, folder: str | os.PathLike, **kwargs) -> "Embedder":
     """An ELMoForManyLangs model folder (`formats/efml.py`): the same layers as its `sents2elmo(...,
     output_layer=-2)` gives for a batch it starts with a fresh state (see the README)."""
-    return cls.from_model(pretrained.efml_folder(folder), **kwargs)
+    return cls.from_model(resolve.efml_folder(folder), **kwargs)
 
   @classmethod
   def from_pretrained(cls, name_or_path: str, **kwargs) -> "Embedder":
     """A training run, a released model by name (`small`, `medium`, `original`, `original_5.5B`), a URL or a
     folder: options.json + weights.hdf5, or a TF-Hub `elmo/3`-layout module (`module_outputs` then gives its
-    outputs) (`pretrained.resolve_model`)."""
-    return cls.from_model(pretrained.resolve_model(name_or_path), **kwargs)
+    outputs) (`resolve.resolve_model`)."""
+    return cls.from_model(resolve.resolve_model(name_or_path), **kwargs)
 
   @classmethod
   def from_workdir(cls, workdir: str | os.PathLike, **kwargs) -> "Embedder":
     """A trained run: uses `workdir/export/{options.json,weights.hdf5}` and `workdir/vocab.txt` (of a bucket
     workdir, `gs://...`, local copies of those)."""
-    return cls.from_model(pretrained.resolve_model(workdir, use="run"), **kwargs)
+    return cls.from_model(resolve.resolve_model(workdir, use="run"), **kwargs)
 
   @classmethod
-  def from_model(cls, model: pretrained.ResolvedModel, **kwargs) -> "Embedder":
-    """What `pretrained.resolve_model` found, read by `loaded.load_model` (the one load of every format); its
+  def from_model(cls, model: resolve.ResolvedModel, **kwargs) -> "Embedder":
+    """What `resolve.resolve_model` found, read by `loaded.load_model` (the one load of every format); its
     vocabulary becomes one of its `input_files`, an EFML folder's char ids its `token_ids`."""
     check_batch_size(kwargs.get("batch_size", 1), f"Embedder(batch_size={kwargs.get('batch_size')!r})")  # no load first
     found = loaded.load_model(model)

@@ -91,7 +91,7 @@ def test_mkdocs_build_strict(tmp_path):
           in performance)
   reference = _read(str(tmp_path / "site" / "reference" / "index.html"))  # generated from the docstrings
   for anchor in ("embedding.embedder.Embedder.sentence_vectors", "sources.pretrained.load_elmo", "model.elmo.Elmo",
-                 "sources.pretrained.resolve_model", "sources.loaded.load_model", "training.config.base_config"):
+                 "sources.resolve.resolve_model", "sources.loaded.load_model", "training.config.base_config"):
     assert f'id="elmo_jax.{anchor}"' in reference, anchor
   assert "Runs a <code>BiLM</code> over tokenized sentences." in reference  # Embedder's docstring, rendered
 

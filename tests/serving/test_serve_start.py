@@ -96,7 +96,12 @@ def test_ctrl_c_during_the_first_load_is_one_line_and_exit_130(model_dir, tmp_pa
                           cwd=REPO_ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
   time.sleep(6)  # into the load
   proc.send_signal(signal.SIGINT)
-  _, err = proc.communicate(timeout=120)
+  try:
+    _, err = proc.communicate(timeout=120)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    _, err = proc.communicate()
+    raise AssertionError(f"still running 120 s after Ctrl-C; it said: {err[-3000:]}") from None
   assert proc.returncode == 130 and "interrupted (Ctrl-C)" in err and "Traceback" not in err, err[-3000:]
 
 
