@@ -183,7 +183,7 @@ def split_pass(embedder: Embedder, sentences, batch_size: int) -> dict[str, Any]
       f = batch_flops(cfg, prepared)
       flops["cnn"] += f["cnn"]
       flops["lstm"] += f["lstm"]
-      per_batch.append({"rows": rows, "time": int(prepared.mask.shape[1]), "cnn_chunks": len(prepared.chunks),
+      per_batch.append({"rows": rows, "time": int(prepared.mask.shape[1]) - 2, "cnn_chunks": len(prepared.chunks),
                         "ms": [round(1e3 * (b - a), 1) for a, b in zip(t, t[1:])]})
   total = sum(phases.values())
   out = {"seconds": round(total, 3),

@@ -126,7 +126,7 @@ def typical_split(emb: Any, sentences: list[list[str]], floor: Floor) -> dict[st
       rows = chunk[:chunk.shape[0] // steps.mesh.size][dest[:dest.shape[0] // steps.mesh.size] != _NO_ROW]
       cut = embed_step.char_widths(rows, emb._max_width, **emb._pad)  # pylint: disable=protected-access
       widths += [int(w) for w in cut]
-    bucket = prepared.positions.shape[1]
+    bucket = prepared.positions.shape[1] - 2  # a stateless row holds the sentence's <S> and </S> too
     for key, value in (("tokens", len(s)), ("new_tokens", len(widths)), ("cnn_calls", len(prepared.chunks)),
                        ("cnn_rows", sum(c.shape[0] for c in prepared.chunks) // steps.mesh.size),
                        ("time_bucket", bucket), ("padding_share", 1 - len(s) / bucket)):
