@@ -26,9 +26,9 @@ def bucket(n: int, buckets: Sequence[int] = TIME_BUCKETS) -> int:
   return -(-n // top) * top
 
 
-# What one step of a batch costs beyond its rows' work, in rows: the LSTM weights' read (memory-bound at a few
-# rows; measured ~0.5 ms a step and ~0.06 ms a row-step for `small` on 2 CPU cores). The packer's measure of a
-# batch: steps x (rows + STEP_ROWS).
+# What one step of a batch costs beyond its rows' work, in rows: the LSTM weights' read (a step of a few rows is
+# bound by it; for `small` on 2 CPU cores a step's fixed part costs about what six more rows do). The packer's
+# measure of a batch: steps x (rows + STEP_ROWS).
 STEP_ROWS = 6
 _CAPACITY_FACTORS = (1, 1.05, 1.1, 1.2, 1.35, 1.5, 2)  # a row's slots tried, times the least that could do
 
