@@ -322,7 +322,8 @@ def main(argv: Sequence[str]) -> None:
     result["direct"] = direct(folder, fresh.take(FLAGS.warmup + FLAGS.requests), with_baseline=True)
     result["serve"] = serve(folder, fresh)
     result["direct_again"] = direct(folder, fresh.take(FLAGS.warmup + FLAGS.requests), with_baseline=False)
-  result["speedup_vs_direct"] = {str(lv["clients"]): round(lv["sentences_per_s"] / result["direct"]["sentences_per_s"], 2)
+  direct_rate = result["direct"]["sentences_per_s"]
+  result["speedup_vs_direct"] = {str(lv["clients"]): round(lv["sentences_per_s"] / direct_rate, 2)
                                  for lv in result["serve"]["levels"]}
   result["http_cost_ms"] = result["serve"]["http_cost"]["cost_p50_ms"]
   result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]

@@ -1,11 +1,13 @@
 """Every command: train, evaluate, embed, prepare, plan, convert, push, downstream, serve, started one way: the
 console script `elmo-jax <command>`, through `main` here (`python -m elmo_jax <command>`, `elmo_jax/__main__.py`,
 is the same). In a clone, `train.py` and `evaluate.py` are the thin top-level entry points of the first two."""
+import contextlib
 import functools
 import math
 import os
+import signal
 import sys
-from typing import Callable
+from typing import Callable, Iterator
 
 from absl import app
 from absl import flags
@@ -124,6 +126,21 @@ def _one_line_usage_errors(main: Callable, name: str | None, dont_write_bytecode
       # crash (a segmentation fault after the traceback); every `finally` has run on the way up here.
       os._exit(130)
   return wrapped
+
+
+@contextlib.contextmanager
+def exit_on_interrupt(name: str | None = None) -> Iterator[None]:
+  """Within it, Ctrl-C (SIGINT) ends the process at once in one line and exit 130: for a phase with nothing to
+  save (a server's load). A KeyboardInterrupt raised while Python runs a finalizer (an array's `__del__`, a weakref
+  callback: many during a load that compiles) is printed as ignored and lost, and the process went on to serve."""
+  def interrupted(signum, frame):  # pylint: disable=unused-argument
+    print(f"{name or command_name()}: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+    os._exit(130)
+  previous = signal.signal(signal.SIGINT, interrupted)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
 
 
 def run_main(main: Callable, define_flags: Callable[[], None] | None = None, name: str | None = None) -> None:

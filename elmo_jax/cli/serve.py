@@ -166,33 +166,34 @@ def main(argv: list[str]) -> int:
     print(f"error: `elmo-jax serve` needs the serve extra ({e.name} is missing): pip install -e \".[serve]\"",
           file=sys.stderr)
     return 1
-  try:
-    sock = _bind()
-    start = time.perf_counter()
-    embedder = Embedder.from_pretrained(FLAGS.model, warm=True, devices=FLAGS.devices,
-                                        compilation_cache=FLAGS.compilation_cache,
-                                        **({"batch_size": FLAGS.batch_size} if FLAGS.batch_size else {}))
-  except (OSError, ValueError, download.DownloadError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  _check_layer(layer, embedder.n_layers)
-  tokenize = str.split
-  if FLAGS.tokenize:
-    tokenize = Tokenizer()
-  service = serving.Service(
-      embedder, model_name=FLAGS.model_name, layer=layer, tokenize=tokenize, max_tokens=FLAGS.max_tokens,
-      max_body_bytes=FLAGS.max_body_bytes, timeout_s=FLAGS.timeout_s, access_log=FLAGS.access_log, api_key=api_key,
-      max_batch_tokens=FLAGS.max_batch_tokens, max_wait_ms=FLAGS.max_wait_ms, max_queue=FLAGS.max_queue)
-  config = uvicorn.Config(serving.make_app(service), log_level="warning", access_log=False, lifespan="off",
-                          timeout_graceful_shutdown=int(FLAGS.drain_s) + 1, backlog=BACKLOG,
-                          timeout_keep_alive=server_lib.KEEP_ALIVE_S, limit_concurrency=server_lib.connection_limit())
-  server = server_lib.DrainingServer(config, service, FLAGS.drain_s, header_timeout_s=FLAGS.timeout_s)
-  host, port = sock.getsockname()[:2]
-  memory.freeze_loaded_objects()  # the model and the runtime stay for the process's life: out of the GC's full passes
-  service.start()
-  print(f"ready: http://{host}:{port} serves {FLAGS.model_name!r} ({FLAGS.model}: {embedder.n_layers} layers x "
-        f"{embedder.output_dim}, {len(embedder.devices)} device(s), loaded in {time.perf_counter() - start:.1f} s)",
-        file=sys.stderr, flush=True)
+  with cli.exit_on_interrupt():  # until the server's own handlers take over: nothing to save, nothing to drain
+    try:
+      sock = _bind()
+      start = time.perf_counter()
+      embedder = Embedder.from_pretrained(FLAGS.model, warm=True, devices=FLAGS.devices,
+                                          compilation_cache=FLAGS.compilation_cache,
+                                          **({"batch_size": FLAGS.batch_size} if FLAGS.batch_size else {}))
+    except (OSError, ValueError, download.DownloadError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 1
+    _check_layer(layer, embedder.n_layers)
+    tokenize = str.split
+    if FLAGS.tokenize:
+      tokenize = Tokenizer()
+    service = serving.Service(
+        embedder, model_name=FLAGS.model_name, layer=layer, tokenize=tokenize, max_tokens=FLAGS.max_tokens,
+        max_body_bytes=FLAGS.max_body_bytes, timeout_s=FLAGS.timeout_s, access_log=FLAGS.access_log, api_key=api_key,
+        max_batch_tokens=FLAGS.max_batch_tokens, max_wait_ms=FLAGS.max_wait_ms, max_queue=FLAGS.max_queue)
+    config = uvicorn.Config(serving.make_app(service), log_level="warning", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=int(FLAGS.drain_s) + 1, backlog=BACKLOG,
+                            timeout_keep_alive=server_lib.KEEP_ALIVE_S, limit_concurrency=server_lib.connection_limit())
+    server = server_lib.DrainingServer(config, service, FLAGS.drain_s, header_timeout_s=FLAGS.timeout_s)
+    host, port = sock.getsockname()[:2]
+    memory.freeze_loaded_objects()  # the model and the runtime stay for the process's life: out of the GC's full passes
+    service.start()
+    print(f"ready: http://{host}:{port} serves {FLAGS.model_name!r} ({FLAGS.model}: {embedder.n_layers} layers x "
+          f"{embedder.output_dim}, {len(embedder.devices)} device(s), loaded in {time.perf_counter() - start:.1f} s)",
+          file=sys.stderr, flush=True)
   try:
     server.run(sockets=[sock])
   finally:

@@ -2,9 +2,9 @@
 
 The step is bilm-tf's cell (see `lstm.py`): gates in TF order (i, j, f, o), cell clip, projection and its clip;
 padded steps leave (c, h) unchanged and output zeros; a reset step (packed rows: a sentence's first step in its
-direction's reading) starts from zeros, as a sentence in a row of its own does. `lstm_steps` runs the first `n_steps` steps of a sentence
-batch for inference, in one of two forms chosen by the rows (`HOIST_MAX_ROWS`), with the same values to float
-rounding.
+direction's reading) starts from zeros, as a sentence in a row of its own does. `lstm_steps` runs the first
+`n_steps` steps of a sentence batch for inference, in one of two forms chosen by the rows (`HOIST_MAX_ROWS`), with
+the same values to float rounding.
 """
 from __future__ import annotations
 
