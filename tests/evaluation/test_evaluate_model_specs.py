@@ -14,10 +14,7 @@ import efml_util
 import evaluate
 import fixture_models
 from elmo_jax.evaluation import perplexity
-from elmo_jax.formats import model_folder
-from elmo_jax.sources import loaded
 from elmo_jax.sources import released
-from elmo_jax.sources import resolve
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, TFHUB_MODULE
 
 
@@ -26,10 +23,7 @@ def specs(tmp_path_factory) -> dict[str, str]:
   """One spec of each kind `embed --model` takes, all of bilm-tf's fixture shape (the pair ones with a softmax)."""
   root = tmp_path_factory.mktemp("specs")
   pair = fixture_models.write_run_like(root / "pair")
-  folder = str(root / "safetensors")
-  os.makedirs(folder)
-  model = loaded.load_model(resolve.resolve_model(pair))
-  model_folder.write(folder, model.options, model.params, softmax=model.softmax, vocab_file=model.vocab_file)
+  folder = fixture_models.write_safetensors_twin(pair, root / "safetensors")
   efml = str(root / "efml")
   os.makedirs(efml)
   efml_util.write_model(efml, zip_format=True)

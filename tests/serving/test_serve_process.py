@@ -8,7 +8,6 @@ import concurrent.futures
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from elmo_jax.embedding.embedder import Embedder  # noqa: E402
 from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT  # noqa: E402
 from serve_util import call, infer_json, infer_one  # noqa: E402
 import embed_util  # noqa: E402
+import fixture_models  # noqa: E402
 import launch_util  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -61,10 +61,7 @@ class ServeProcess:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
   """bilm-tf's fixture as a model folder (options.json + weights.hdf5), what `--model=FOLDER` takes."""
-  folder = tmp_path_factory.mktemp("model")
-  shutil.copy(FIXTURE_OPTIONS, folder / "options.json")
-  shutil.copy(FIXTURE_WEIGHTS, folder / "weights.hdf5")
-  return str(folder)
+  return fixture_models.write_fixture_folder(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ on is one line before the load (the first server listens from its bind on), a --
 line at load, and Ctrl-C during the first load is one line, exit 130."""
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
 import subprocess
@@ -15,8 +14,9 @@ import pytest
 
 pytest.importorskip("uvicorn")  # the serve extra (requirements-test.txt installs it)
 
+import fixture_models  # noqa: E402
 import launch_util  # noqa: E402
-from paths import FIXTURE_OPTIONS, FIXTURE_WEIGHTS, REPO_ROOT  # noqa: E402
+from paths import REPO_ROOT  # noqa: E402
 
 
 def _serve(*flags: str, **kw) -> subprocess.Popen:
@@ -30,10 +30,7 @@ def _error_lines(stderr: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-  folder = tmp_path_factory.mktemp("model")
-  shutil.copy(FIXTURE_OPTIONS, folder / "options.json")
-  shutil.copy(FIXTURE_WEIGHTS, folder / "weights.hdf5")
-  return str(folder)
+  return fixture_models.write_fixture_folder(tmp_path_factory.mktemp("model"))
 
 
 def test_max_wait_ms_is_bounded_before_anything_loads():

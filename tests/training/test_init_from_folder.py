@@ -11,7 +11,6 @@ import pytest
 
 import fixture_models
 from elmo_jax.data import Vocab
-from elmo_jax.formats import model_folder
 from elmo_jax.sources import loaded
 from elmo_jax.sources import resolve
 from elmo_jax.training import init_from
@@ -21,11 +20,7 @@ from elmo_jax.training import init_from
 def folders(tmp_path_factory) -> tuple[str, str]:
   root = tmp_path_factory.mktemp("init_from")
   pair = fixture_models.write_run_like(root / "pair")
-  folder = str(root / "safetensors")
-  os.makedirs(folder)
-  model = loaded.load_model(resolve.resolve_model(pair))
-  model_folder.write(folder, model.options, model.params, softmax=model.softmax, vocab_file=model.vocab_file)
-  return pair, folder
+  return pair, fixture_models.write_safetensors_twin(pair, root / "safetensors")
 
 
 def test_a_safetensors_folder_is_a_source_like_its_pair(folders):
