@@ -35,6 +35,7 @@ from absl import flags
 from absl import logging
 
 from elmo_jax import cli
+from elmo_jax.cli import embed_ray
 from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.embedding import inputs as embed_inputs
 from elmo_jax.embedding import job as embed_job
@@ -98,6 +99,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("part_sentences", None, "Sentences per part of the job folder OUTPUT.partial/ (what a "
                        "kill can cost: a rerun resumes after the last part); default 8 batches.")
   cli.define_distributed_flags()
+  embed_ray.define_flags()
   flags.DEFINE_bool("compilation_cache", True, "Keep compiled shapes in JAX's persistent compilation cache "
                     "under $ELMO_JAX_CACHE (default ~/.cache/elmo_jax), so the next run starts fast.")
 
@@ -112,10 +114,8 @@ def _on_signal(signum, frame):  # pylint: disable=unused-argument
   os._exit(128 + signum)
 
 
-def _check_flags(argv: list[str]) -> None:
+def _check_flags() -> None:
   """Usage errors (`cli.run_main` prints each as one line)."""
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   for name in (("vocab_file",) if FLAGS.dump_token_embeddings else ("input_file",)) + ("output_file",):
     if not FLAGS[name].value:
       raise app.UsageError(f"--{name} is required")
@@ -124,12 +124,16 @@ def _check_flags(argv: list[str]) -> None:
     raise app.UsageError("give one of --model, --workdir or --options_file/--weight_file")
   if not FLAGS.workdir and not FLAGS.model and not (FLAGS.options_file and FLAGS.weight_file):
     raise app.UsageError("give --model, or --options_file and --weight_file (or --workdir)")
-  if FLAGS.top + FLAGS.average + FLAGS.all > 1:
-    raise app.UsageError("give at most one of --all, --top, --average")
+  if FLAGS.top + FLAGS.average + FLAGS.all + bool(FLAGS.mix_weights) > 1:
+    raise app.UsageError("give at most one of --all, --top, --average, --mix_weights")
+  for name in ("output_dir", "ray_address", "shard_lines", "max_tokens"):
+    if FLAGS[name].value is not None:
+      raise app.UsageError(f"--{name} is for --engine=ray")
   if FLAGS.module_output and FLAGS.stateful:
     raise app.UsageError(writer.STATEFUL_MODULE_OUTPUT.format(FLAGS.module_output))
-  if FLAGS.module_output and FLAGS.top + FLAGS.average + FLAGS.all:
-    raise app.UsageError(f"--module_output={FLAGS.module_output} is the output; drop --all/--top/--average")
+  if FLAGS.module_output and FLAGS.top + FLAGS.average + FLAGS.all + bool(FLAGS.mix_weights):
+    raise app.UsageError(f"--module_output={FLAGS.module_output} is the output; drop --all/--top/--average/"
+                         "--mix_weights")
 
 
 def _run_inputs() -> list[str]:
@@ -167,7 +171,13 @@ def _check_numbers() -> None:
 
 
 def main(argv: list[str]) -> int:
-  _check_flags(argv)
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # keeps JAX's backend INFO lines out of the one-line errors
+  if FLAGS.engine == "ray":
+    return embed_ray.main()
+  _check_flags()
   try:
     _check_numbers()
   except embed_inputs.EmbedInputError as e:  # the message alone, not absl's usage text
@@ -175,8 +185,6 @@ def main(argv: list[str]) -> int:
     return 1
   if not FLAGS.progress:
     progress_lib.set_enabled(False)
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # keeps JAX's backend INFO lines out of the one-line errors
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, _on_signal)
   # A file-size limit (ulimit -f) then fails the write (EFBIG: one line and the space needed) instead of
@@ -243,8 +251,8 @@ def _load_and_embed(source: str, output_file: str, job_input: embed_inputs.JobIn
   stats = writer.embed_file(embedder, job_input, output_file, FLAGS.batch_size,
                            chunk_size=FLAGS.chunk_size,
                            progress_every=FLAGS.progress_every if FLAGS.progress else None,
-                           output=FLAGS.module_output or ("top" if FLAGS.top else "average" if FLAGS.average
-                                                          else "all"),
+                           output=FLAGS.module_output or embed_ray.mix() or (
+                               "top" if FLAGS.top else "average" if FLAGS.average else "all"),
                            sentence_vectors=FLAGS.sentence_vectors, output_dtype=FLAGS.output_dtype,
                            use_sentence_keys=FLAGS.use_sentence_keys,
                            forget_sentences=FLAGS.forget_sentences, tokenize=tokenize,

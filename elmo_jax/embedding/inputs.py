@@ -35,11 +35,15 @@ class EmbedOutputError(EmbedInputError, files.UnsafeOutputError):
   """An output path that cannot be written or would destroy an input (`storage.check_output`); one line."""
 
 
-def open_binary(path: str | os.PathLike):
-  """The file's bytes, decompressed when it is gzip (by its magic number, whatever its name)."""
+def is_gzip(path: str | os.PathLike) -> bool:
+  """Whether the file is gzip, by its magic number (whatever its name)."""
   with open(path, "rb") as f:
-    magic = f.read(2)
-  return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+    return f.read(2) == b"\x1f\x8b"
+
+
+def open_binary(path: str | os.PathLike):
+  """The file's bytes, decompressed when it is gzip (`is_gzip`)."""
+  return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
 
 
 def count_lines(path: str | os.PathLike, validate: bool = False, digest: Any = None, name: str | None = None) -> int:

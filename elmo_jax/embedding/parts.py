@@ -20,16 +20,52 @@ from elmo_jax.formats import tfhub
 
 @dataclasses.dataclass
 class Format:
-  """What each dataset holds and how it is named (see `embed_file`'s arguments)."""
-  output: str = "all"
+  """What each dataset holds and how it is named (see `embed_file`'s arguments); `output` is "all", "top",
+  "average", one weight per layer (a mix: the weighted sum of the layers) or a TF-Hub module's output."""
+  output: str | list[float] = "all"
   sentence_vectors: bool = False
   dtype: str = "float32"
   use_sentence_keys: bool = False
   mix: dict[str, Any] | None = None  # a TF-Hub module's (weights, scaling) for its outputs `elmo`/`default`
 
   def __post_init__(self):
+    if not isinstance(self.output, str):  # a mix's weights, as the job's settings.json holds them
+      self.output = [float(w) for w in self.output]
     if self.mix is not None:  # as the job's settings.json holds it
       self.mix = {k: np.asarray(v).tolist() for k, v in self.mix.items()}
+
+
+def check_weights(output: str | list[float], n_layers: int) -> None:
+  """A mix's weights (`Format.output` as a list) against the model's layers, once, before any line."""
+  if not isinstance(output, str) and len(output) != n_layers:
+    raise EmbedInputError(f"{len(output)} mix weights for a model of {n_layers} layers (the token layer and "
+                          f"{n_layers - 1} biLSTM layers)")
+
+
+def line_output(layers: np.ndarray, fmt: Format, where: str) -> np.ndarray:
+  """One line's dataset: its layers `[n_layers + 1, n_tokens, 2P]` -> what `fmt` holds (all / top / average /
+  one weight per layer / a TF-Hub module's output; the mean over the tokens with `sentence_vectors`) in
+  `fmt.dtype`. The one place the embed command, the Ray and Beam engines and the server's batch jobs cut a line's
+  output, so they give the same bits. float16 holds |x| <= 65504: a larger value would be written as inf,
+  silently, so the line is refused (EmbedInputError naming `where`, e.g. `file:line`), not clipped."""
+  if isinstance(fmt.output, str) and fmt.output in tfhub.OUTPUTS:
+    mix = None if fmt.mix is None else {k: np.asarray(v, np.float32) for k, v in fmt.mix.items()}
+    data = tfhub.output(layers, fmt.output, mix)
+  else:
+    data = select_layers(layers, fmt.output)
+  if fmt.sentence_vectors and fmt.output != "default":
+    n = layers.shape[1]
+    data = data.mean(axis=-2) if n else np.zeros(data.shape[:-2] + data.shape[-1:], np.float32)
+  if fmt.dtype != "float16":
+    return data
+  with np.errstate(over="ignore"):  # the message below says it, in one line, not numpy's warning
+    half = np.asarray(data).astype(np.float16)
+  over = np.count_nonzero(np.isinf(half) & np.isfinite(data))
+  if over:
+    raise EmbedInputError(f"{where}: {over} of its {data.size} values are out of float16's range "
+                          f"(|x| > 65504, the largest {float(np.abs(data).max()):.4g}) and would be written as "
+                          "inf; use --output_dtype=float32")
+  return half
 
 
 class PartWriter:
@@ -130,30 +166,8 @@ class PartWriter:
       self.fout.close()
       self.fout = None
 
-  def _cast(self, i: int, data: np.ndarray) -> np.ndarray:
-    """`data` in the output dtype. float16 holds |x| <= 65504: a larger value would be written as inf, silently
-    in a dataset, so the job is refused (EmbedInputError naming the line and how many values), not clipped."""
-    if self.fmt.dtype != "float16":
-      return data
-    with np.errstate(over="ignore"):  # the message below says it, in one line, not numpy's warning
-      half = np.asarray(data).astype(np.float16)
-    over = np.count_nonzero(np.isinf(half) & np.isfinite(data))
-    if over:
-      raise EmbedInputError(f"{self.where}:{i + 1}: {over} of its {data.size} values are out of float16's range "
-                            f"(|x| > 65504, the largest {float(np.abs(data).max()):.4g}) and would be written as "
-                            "inf; use --output_dtype=float32")
-    return half
-
   def _write(self, i: int, text: str, layers: np.ndarray) -> None:
-    if self.fmt.output in tfhub.OUTPUTS:
-      mix = None if self.fmt.mix is None else {k: np.asarray(v, np.float32) for k, v in self.fmt.mix.items()}
-      data = tfhub.output(layers, self.fmt.output, mix)
-    else:
-      data = select_layers(layers, self.fmt.output)
-    if self.fmt.sentence_vectors and self.fmt.output != "default":
-      n = layers.shape[1]
-      data = data.mean(axis=-2) if n else np.zeros(data.shape[:-2] + data.shape[-1:], np.float32)
-    data = self._cast(i, data)
+    data = line_output(layers, self.fmt, f"{self.where}:{i + 1}")
     if not self.fmt.use_sentence_keys:
       self.fout.create_dataset(str(i), data=data, dtype=self.fmt.dtype)
       self._keys.append(str(i))

@@ -36,7 +36,7 @@ from elmo_jax.formats import tfhub
 def embed_file(embedder: Embedder, input_file: str | os.PathLike | JobInput, output_file: str | os.PathLike,
                batch_size: int | None = None, *, chunk_size: int = 4096, part_sentences: int | None = None,
                progress_every: float | None = 5.0, progress_stream: TextIO | None = None,
-               warn: Callable[[str], Any] = logging.warning, output: str = "all",
+               warn: Callable[[str], Any] = logging.warning, output: str | list[float] = "all",
                sentence_vectors: bool = False, output_dtype: str = "float32", use_sentence_keys: bool = False,
                forget_sentences: bool = False, tokenize: Callable[[str], list[str]] | None = None,
                process_index: int | None = None, process_count: int | None = None) -> dict[str, Any]:
@@ -57,7 +57,8 @@ def embed_file(embedder: Embedder, input_file: str | os.PathLike | JobInput, out
     part_sentences: sentences per part file (whole batches; None: 8 batches): what a kill can lose.
     progress_every, progress_stream: seconds between progress lines (None: none), and where (stderr).
     warn: called with a message for empty lines and cut tokens.
-    output: "all", "top", "average" or a TF-Hub module's output (`tfhub.OUTPUTS`); shapes: `cli/embed.py`.
+    output: "all", "top", "average", one weight per layer (their weighted sum) or a TF-Hub module's output
+      (`tfhub.OUTPUTS`); shapes: `cli/embed.py`.
     sentence_vectors: write the mean over each line's tokens instead.
     output_dtype: "float32" or "float16".
     use_sentence_keys, forget_sentences: name datasets by the line (AllenNLP); no `sentence_to_index`.
@@ -110,16 +111,20 @@ def _cut(embedder: Embedder) -> tuple[Any, str]:
   return (lambda token: chars.is_cut(token, width)), f"{width - 2} UTF-8 bytes"
 
 
-def _checked_args(embedder: Embedder, batch_size: int | None, output: str, output_dtype: str,
+def _checked_args(embedder: Embedder, batch_size: int | None, output: str | list[float], output_dtype: str,
                   process_index: int | None, process_count: int | None) -> tuple[int, int, int]:
   """`embed_file`'s checks of its arguments before any work, in order; returns the batch size and this
   process's index and count (None: JAX's)."""
   batch_size = embedder.default_batch_size if batch_size is None else batch_size
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-  if output not in ("all", "top", "average", *tfhub.OUTPUTS) or output_dtype not in ("float32", "float16"):
-    raise ValueError(f"output must be all/top/average (or a TF-Hub module's {'/'.join(tfhub.OUTPUTS)}) and "
-                     f"output_dtype float32/float16, got {output!r}, {output_dtype!r}")
+  if isinstance(output, list):  # a mix: one weight per layer
+    parts.check_weights(output, embedder.n_layers)
+  elif output not in ("all", "top", "average", *tfhub.OUTPUTS):
+    raise ValueError(f"output must be all/top/average, one weight per layer or a TF-Hub module's "
+                     f"{'/'.join(tfhub.OUTPUTS)}, got {output!r}")
+  if output_dtype not in ("float32", "float16"):
+    raise ValueError(f"output_dtype must be float32 or float16, got {output_dtype!r}")
   if output in tfhub.OUTPUTS and embedder.stateful:
     raise EmbedInputError(STATEFUL_MODULE_OUTPUT.format(output))
   if output in tfhub.OUTPUTS[3:] and embedder.module_mix is None:

@@ -241,7 +241,7 @@ MODEL_FORMATS = {f"elmo_jax.formats.{m}" for m in ("options", "weights", "tfhub"
                                                       "safetensors", "torch_pickle", "stablehlo")}
 READERS = {"load", "load_hdf5", "check_hdf5", "has_softmax", "read_header", "read_config", "read_bundle"}
 # Rooms that read and write HDF5 files of their own (embedding outputs, token caches), never a model's weights.
-OWN_HDF5 = ("embedding/",)
+OWN_HDF5 = ("embedding/", "engines/")  # their own outputs: embedding files, HDF5 shards
 
 
 def _calls(root: str, skip: tuple[str, ...]):
