@@ -93,7 +93,7 @@ def main() -> int:
         output_format=FLAGS.output_format, batch_size=FLAGS.batch_size, chunk_size=FLAGS.chunk_size,
         shard_lines=FLAGS.shard_lines, tokenize=FLAGS.tokenize, max_tokens=FLAGS.max_tokens,
         on_bad_line=FLAGS.on_bad_line, progress_every=FLAGS.progress_every if FLAGS.progress else None)
-  except (*ray_data.USER_ERRORS, ValueError) as e:
+  except (*ray_data.USER_ERRORS, ray_data.WorkerError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   bad = f", {len(summary['bad_lines'])} bad lines skipped (listed in the manifest)" if summary["bad_lines"] else ""

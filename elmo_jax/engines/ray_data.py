@@ -16,7 +16,6 @@ in each actor unless the environment sets it).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -39,12 +38,17 @@ from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files
 from elmo_jax.sources import download
+from elmo_jax.sources import loaded
 from elmo_jax.sources import resolve
 
 
 # What a worker raises for the user's input or model: the command prints it as one line.
 USER_ERRORS = (corpus.CorpusError, shard_files.JobFolderError, embed_inputs.EmbedInputError, download.DownloadError,
                options_lib.OptionsError, weights_lib.WeightFileError, OSError)
+
+
+class WorkerError(RuntimeError):
+  """What a worker met of the user's input or model (`USER_ERRORS`), its one line brought to the driver."""
 
 
 def _load(model: str, devices: int | None, warm: bool) -> Embedder:
@@ -98,18 +102,34 @@ class EmbedBatches:
 
 class EmbedShards:
   """The actor of `embed_corpus`: loads the model once, then embeds and writes whole shards
-  (`worker.ShardWorker`); a row in is a shard (as JSON), a row out its record (as JSON)."""
+  (`worker.ShardWorker`); a row in is a shard (as JSON), a row out its record (as JSON).
+
+  An error of the user's input or model (`USER_ERRORS`: a model that cannot be loaded, a float16 overflow) comes
+  back as the record's one-line "error", which the driver raises: a raised one would reach it wrapped in Ray's
+  exceptions, its message inside their tracebacks, after Ray retried the shard for nothing."""
 
   def __init__(self, model: str, fmt: dict[str, Any], output_dir: str, output_format: str, settings_sha: str,
                chunk_size: int, batch_size: int | None, tokenize: bool, max_tokens: int | None, on_bad_line: str):
-    embedder = _load(model, None, False)
-    self.worker = worker.ShardWorker(embedder, parts.Format(**fmt), output_dir, output_format, settings_sha,
-                                     chunk_size, batch_size, Tokenizer() if tokenize else None, max_tokens,
-                                     on_bad_line)
+    self.worker, self.error = None, None
+    try:
+      embedder = _load(model, None, False)
+      self.worker = worker.ShardWorker(embedder, parts.Format(**fmt), output_dir, output_format, settings_sha,
+                                       chunk_size, batch_size, Tokenizer() if tokenize else None, max_tokens,
+                                       on_bad_line)
+    except USER_ERRORS as e:
+      self.error = f"{type(e).__name__}: {e}"
 
   def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    records = [self.worker.run(corpus.Shard(**json.loads(str(s)))) for s in batch["shard"]]
+    records = [self._run(corpus.Shard(**json.loads(str(s)))) for s in batch["shard"]]
     return {"record": np.array([json.dumps(r) for r in records], object)}
+
+  def _run(self, shard: corpus.Shard) -> dict[str, Any]:
+    if self.error is None:
+      try:
+        return self.worker.run(shard)
+      except USER_ERRORS as e:
+        return {"shard": shard.number, "error": str(e)}
+    return {"shard": shard.number, "error": self.error}
 
 
 @dataclasses.dataclass
@@ -155,6 +175,7 @@ def embed_corpus(model: str, inputs: Sequence[str], output_dir: str, *, cluster:
     raise ValueError(f"shard_lines={shard_lines} must be a multiple of the chunk, {chunk} lines")
   paths = corpus.expand(inputs)
   start = time.perf_counter()
+  identity = _model_identity(model, fmt)
   _init_ray(ray, cluster.address)
   scan = ray.remote(num_cpus=1)(corpus.scan)
   files_ = corpus.input_files(ray.get([scan.remote(p, shard_lines) for p in paths]))
@@ -162,7 +183,7 @@ def embed_corpus(model: str, inputs: Sequence[str], output_dir: str, *, cluster:
   if bad_utf8 and on_bad_line == "stop":
     path, line, why = bad_utf8[0]
     raise corpus.CorpusError(f"{path}:{line + 1}: {why} (--on_bad_line=skip leaves such lines out and lists them)")
-  settings = _settings(model, fmt, output_format, batch, chunk, shard_lines, tokenize, max_tokens, on_bad_line,
+  settings = _settings(identity, fmt, output_format, batch, chunk, shard_lines, tokenize, max_tokens, on_bad_line,
                        files_)
   settings_sha = files.sha256_arrays(extra=settings)
   shard_files.open_job(output_dir, settings)
@@ -186,49 +207,41 @@ def embed_corpus(model: str, inputs: Sequence[str], output_dir: str, *, cluster:
                             "output_format": output_format, "settings_sha": settings_sha, "chunk_size": chunk,
                             "batch_size": batch, "tokenize": tokenize, "max_tokens": max_tokens,
                             "on_bad_line": on_bad_line})
-    with _one_line_errors(ray):
-      for row in ds.iter_rows():
-        record = json.loads(row["record"])
-        for index, path, line, why in record["bad_lines"]:
-          if on_bad_line == "stop":
-            raise corpus.CorpusError(f"{path}:{line + 1}: {why} (--on_bad_line=skip leaves such lines out and "
-                                     "lists them)")
-          stream.write(f"{path}:{line + 1}: skipped line {index}: {why}\n")
-        records[record["shard"]] = record
-        progress.update(record["lines"], record["tokens"])
+    for row in ds.iter_rows():
+      record = json.loads(row["record"])
+      if "error" in record:
+        raise WorkerError(record["error"])
+      for index, path, line, why in record["bad_lines"]:
+        if on_bad_line == "stop":
+          raise corpus.CorpusError(f"{path}:{line + 1}: {why} (--on_bad_line=skip leaves such lines out and "
+                                   "lists them)")
+        stream.write(f"{path}:{line + 1}: skipped line {index}: {why}\n")
+      records[record["shard"]] = record
+      progress.update(record["lines"], record["tokens"])
   progress.finish()
   manifest = shard_files.write_manifest(output_dir, settings, list(records.values()))
   return {**manifest, "seconds": time.perf_counter() - start, "embedded_shards": len(todo),
           "skipped_shards": len(done), "embedded_tokens": progress.tokens}
 
 
-def _settings(model: str, fmt, output_format: str, batch: int, chunk: int, shard_lines: int, tokenize: bool,
-              max_tokens: int | None, on_bad_line: str, files_: Sequence[corpus.InputFile]) -> dict[str, Any]:
-  """What decides the shards' bytes (a rerun with other settings is refused): the model's files by sha256."""
+def _model_identity(model: str, fmt: parts.Format) -> dict[str, Any]:
+  """The model checked before anything is scanned or any actor starts (it resolves, its options read, a mix's
+  weights one per layer), and what identifies it in the job's settings: the sha256 of its files."""
   resolved = resolve.resolve_model(model, use="model")
+  parts.check_weights(fmt.output, loaded.read_options(resolved)["lstm"]["n_layers"] + 1)
   model_files = sorted({p for p in (resolved.options_file, resolved.weight_file, resolved.vocab_file,
                                     *resolved.read_files) if p and os.path.isfile(p)})
-  return {"model": {"spec": model, "sha256": [files.cached_sha256(p) for p in model_files]},
-          "format": dataclasses.asdict(fmt), "output_format": output_format, "batch_size": batch,
+  return {"spec": model, "sha256": [files.cached_sha256(p) for p in model_files]}
+
+
+def _settings(model: dict[str, Any], fmt: parts.Format, output_format: str, batch: int, chunk: int,
+              shard_lines: int, tokenize: bool, max_tokens: int | None, on_bad_line: str,
+              files_: Sequence[corpus.InputFile]) -> dict[str, Any]:
+  """What decides the shards' bytes (a rerun with other settings is refused)."""
+  return {"model": model, "format": dataclasses.asdict(fmt), "output_format": output_format, "batch_size": batch,
           "chunk_size": chunk, "shard_lines": shard_lines, "tokenize": tokenize, "max_tokens": max_tokens,
           "on_bad_line": on_bad_line,
           "inputs": [{"path": f.path, "lines": f.lines, "sha256": f.sha256} for f in files_]}
-
-
-@contextlib.contextmanager
-def _one_line_errors(ray):
-  """An error a worker raised for the user's input or model (a bad line's float16 overflow, a model that cannot
-  be loaded) reaches the driver inside Ray's wrappers (a task error, an actor's death): raised here as itself,
-  so the command prints its one line, not the wrappers' tracebacks."""
-  try:
-    yield
-  except ray.exceptions.RayError as e:
-    cause = e
-    while cause is not None and not isinstance(cause, USER_ERRORS):
-      cause = getattr(cause, "cause", None) or cause.__cause__
-    if cause is None:
-      raise
-    raise cause from None
 
 
 def _init_ray(ray, address: str | None) -> None:

@@ -242,7 +242,7 @@ def test_embed_usage_error_is_one_line(tmp_path):
                          f"--output_file={tmp_path}/o.hdf5", "--model=small"], capture_output=True, text=True,
                         timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode == 1 and proc.stderr.splitlines() == [
-      "elmo_jax embed: error: give at most one of --all, --top, --average (--help for usage)"], proc.stderr
+      "elmo_jax embed: error: give at most one of --all, --top, --average, --mix_weights (--help for usage)"], proc.stderr
   assert proc.stdout == ""
 
 
