@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from elmo_jax.runtime import cache
 from elmo_jax.runtime import files
+from elmo_jax.runtime import outside_names
 from elmo_jax.runtime import log
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.progress import progress
@@ -192,8 +193,8 @@ def _check_manifest(path: str, manifest: Any) -> dict[str, Any]:
   sizes = manifest.get("sizes", {})  # absent in manifests written before sizes were recorded
   for name, digest in digests.items():
     try:  # a name from the manifest is a file of the folder, never a path out of it
-      outside = files.name_parts(name, "a file name") != [name]
-    except files.OutsideNameError:
+      outside = outside_names.name_parts(name, "a file name") != [name]
+    except outside_names.OutsideNameError:
       outside = True
     if outside or not (isinstance(digest, str) and len(digest) == 64):
       raise _damaged(path, f"has sha256[{json.dumps(name)[:60]}] = {json.dumps(digest)[:70]}, not a file's sha256")
