@@ -27,8 +27,8 @@ from typing import Any, Callable
 
 from elmo_jax.runtime import cache
 from elmo_jax.runtime import files
-from elmo_jax.runtime import outside_names
 from elmo_jax.runtime import log
+from elmo_jax.runtime import outside_names
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.progress import progress
 

@@ -28,9 +28,9 @@ from elmo_jax.formats import torch_pickle
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.formats.weights import WeightFileError
 from elmo_jax.runtime import files
-from elmo_jax.runtime import outside_names
 from elmo_jax.runtime import json_bounded
 from elmo_jax.runtime import log
+from elmo_jax.runtime import outside_names
 
 FORMAT = "elmoformanylangs"
 CONFIG, CHAR_DIC, WORD_DIC, ENCODER, TOKEN_EMBEDDER = (

@@ -28,8 +28,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from elmo_jax.runtime import cache
 from elmo_jax.runtime import files
-from elmo_jax.runtime import outside_names
 from elmo_jax.runtime import gcs
+from elmo_jax.runtime import outside_names
 from elmo_jax.runtime.gcs import StorageError, check_url  # noqa: F401  (callers name them storage.X)
 from elmo_jax.runtime.run_layout import CONFIG_FILE, RUN_FOLDERS
 
