@@ -11,7 +11,7 @@ import shutil
 import socket
 import stat
 import tempfile
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -308,12 +308,14 @@ def human_bytes(n: float) -> str:
   return f"{int(n)} bytes"
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-  """sha256 hex digest of a file's bytes, read in 4 MiB blocks."""
+def sha256_file(path: str | os.PathLike, on_block: Callable[[int], Any] | None = None) -> str:
+  """sha256 hex digest of a file's bytes, read in 4 MiB blocks; `on_block(n)` after each (a progress bar)."""
   digest = hashlib.sha256()
   with open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 22), b""):
       digest.update(block)
+      if on_block is not None:
+        on_block(len(block))
   return digest.hexdigest()
 
 

@@ -46,9 +46,9 @@ from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.runtime import log
 from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, is_cut, token_to_ids
-from elmo_jax.data.manifest import (PARTIAL, PrepareError, describe_source, read_manifest, settings_difference,
-                                    settings_of, verify_files, write_manifest)
+from elmo_jax.data.manifest import PARTIAL, PrepareError, read_manifest, verify_files, write_manifest
 from elmo_jax.data.prepare_inputs import check_inputs, check_numbers, check_vocab_file, open_source, source_spec
+from elmo_jax.data.prepare_settings import describe_source, settings_difference, settings_of
 from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.data.vocab import Vocab
 from elmo_jax.runtime.progress import progress
