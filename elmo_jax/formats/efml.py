@@ -108,8 +108,8 @@ def architecture_names(folder: str) -> list[str]:
 
 def architecture(folder: str) -> dict[str, Any]:
   """The architecture JSON that config.json's `config_path` names, looked for where elmoformanylangs looks
-  (beside config.json's path, then by file name in the folder) but never outside the folder (`outside_names.inside`:
-  releases name `../configs/X.json`); missing: the published default."""
+  (beside config.json's path, then by file name in the folder) but never outside the folder
+  (`outside_names.inside`: releases name `../configs/X.json`); missing: the published default."""
   config_file = os.path.join(folder, CONFIG)
   try:
     config = json_bounded.load(config_file)
