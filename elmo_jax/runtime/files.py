@@ -280,23 +280,24 @@ def first_difference(saved: dict, wanted: dict, prefix: str = "") -> str:
   """'a.b is 1 there, 2 here' for the first key (nested dicts by dotted path) where two settings differ;
   "" if they agree. For refusing a run whose saved state was made with other settings."""
   for key in sorted(set(saved) | set(wanted)):
-    a, b = saved.get(key), wanted.get(key)
-    if isinstance(a, dict) and isinstance(b, dict):
-      found = first_difference(a, b, f"{prefix}{key}.")
+    was = saved.get(key)
+    now = wanted.get(key)
+    if isinstance(was, dict) and isinstance(now, dict):
+      found = first_difference(was, now, f"{prefix}{key}.")
       if found:
         return found
-    elif a != b:
-      return f"{prefix}{key} is {json.dumps(a)[:80]} there, {json.dumps(b)[:80]} here"
+    elif was != now:
+      return f"{prefix}{key} is {json.dumps(was)[:80]} there, {json.dumps(now)[:80]} here"
   return ""
 
 
 def sha256_arrays(*arrays: Any, extra: Any = None) -> str:
   """sha256 of JSON `extra` and the dtypes, shapes and bytes of `arrays` (e.g. a model's params)."""
   digest = hashlib.sha256(json.dumps(extra, sort_keys=True, default=str).encode())
-  for a in arrays:
-    a = np.ascontiguousarray(np.asarray(a))
-    digest.update(f"{a.dtype}{a.shape}".encode())
-    digest.update(a.tobytes())
+  for array in arrays:
+    array = np.ascontiguousarray(np.asarray(array))
+    digest.update(f"{array.dtype}{array.shape}".encode())
+    digest.update(array.tobytes())
   return digest.hexdigest()
 
 
