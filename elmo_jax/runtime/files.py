@@ -309,6 +309,11 @@ def human_bytes(n: float) -> str:
   return f"{int(n)} bytes"
 
 
+def gigabytes(n: float | None) -> str:
+  """A size in one fixed unit, for reports whose rows are compared: '1.23 GB' ('?' for None)."""
+  return "?" if n is None else f"{n / 1e9:.2f} GB"
+
+
 def sha256_file(path: str | os.PathLike, on_block: Callable[[int], Any] | None = None) -> str:
   """sha256 hex digest of a file's bytes, read in 4 MiB blocks; `on_block(n)` after each (a progress bar)."""
   digest = hashlib.sha256()
