@@ -200,8 +200,8 @@ class Embedder:
   def input_files(self) -> list[str]:
     """The files this embedder was read from (options, weights, vocabulary, token embeddings): what an
     output must never overwrite (`storage.check_output`)."""
-    files = (*self.model_files, *self.extra_model_files, self.vocab_file, self.token_embedding_file)
-    return [path for path in files if path]
+    named = (*self.model_files, *self.extra_model_files, self.vocab_file, self.token_embedding_file)
+    return [path for path in named if path]
 
   @property
   def n_layers(self) -> int:
@@ -333,6 +333,10 @@ class Embedder:
     order = list(range(len(sentences)))
     if not self.stateful:
       order.sort(key=lambda i: len(sentences[i]))
+
+    def padded_rows(n: int) -> int:  # a short last batch: a power of two of rows, unless `full_rows`
+      return batch_size if full_rows else min(batch_size, 1 << max(0, n - 1).bit_length())
+
     pending = None
     for k, start in enumerate(range(0, len(order), batch_size)):
       if skip is not None and skip(k):
@@ -344,10 +348,6 @@ class Embedder:
       self._release_memory_after(_TRIM_EVERY_ROWS)
       long = [self._is_long(sentences[i]) for i in chunk]  # their rows run empty here (a state stays as it was)
       in_batch = [[] if is_long else sentences[i] for i, is_long in zip(chunk, long)]
-
-      def padded_rows(n: int) -> int:  # a short last batch: a power of two of rows, unless `full_rows`
-        return batch_size if full_rows else min(batch_size, 1 << max(0, n - 1).bit_length())
-
       packing = None
       if not self.stateful:
         packing = host_batch.pack([len(s) for s in in_batch], self._time_buckets[-1] + 2,
