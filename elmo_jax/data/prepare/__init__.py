@@ -197,10 +197,11 @@ def _merge(work: str, out: str, n_chunks: int, n_sentences: int, settings: dict,
     del tokens
   with files.atomic_path(os.path.join(out, "offsets.npy"), suffix=".tmp.npy") as tmp:
     np.save(tmp, offsets)
-  limit, max_chars = settings["max_token_chars"], settings["max_characters_per_token"]
+  limit = settings["max_token_chars"]
+  max_chars = settings["max_characters_per_token"]
   chars = np.zeros([len(types), max_chars], np.uint16)
-  for i, t in enumerate(progress(types, desc="type chars", unit="type")):
-    chars[i] = token_to_ids(t[:limit], max_chars)
+  for i, token in enumerate(progress(types, desc="type chars", unit="type")):
+    chars[i] = token_to_ids(token[:limit], max_chars)
   with files.atomic_path(os.path.join(out, "type_chars.npy"), suffix=".tmp.npy") as tmp:
     np.save(tmp, chars)
   with files.atomic_path(os.path.join(out, "type_counts.npy"), suffix=".tmp.npy") as tmp:
