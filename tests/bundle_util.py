@@ -8,6 +8,7 @@ import struct
 
 import numpy as np
 
+from elmo_jax.formats import crc32c
 from elmo_jax.formats import tf_bundle
 
 _CODES = {np.dtype(v): k for k, v in tf_bundle._DTYPES.items()}  # pylint: disable=protected-access
@@ -42,18 +43,18 @@ def _block(entries: list[tuple[bytes, bytes]]) -> bytes:
 
 
 def _with_trailer(block: bytes) -> bytes:
-  return block + b"\x00" + struct.pack("<I", tf_bundle.mask(tf_bundle.crc32c(block + b"\x00")))
+  return block + b"\x00" + struct.pack("<I", crc32c.mask(crc32c.crc32c(block + b"\x00")))
 
 
 def _string_bytes(values: list[bytes]) -> tuple[bytes, int]:
   lengths = b"".join(_varint(len(v)) for v in values)
   crc = 0
   for v in values:
-    crc = tf_bundle.crc32c(struct.pack("<I", len(v)), crc)
-  check = struct.pack("<I", tf_bundle.mask(crc))
-  crc = tf_bundle.crc32c(check, crc)
+    crc = crc32c.crc32c(struct.pack("<I", len(v)), crc)
+  check = struct.pack("<I", crc32c.mask(crc))
+  crc = crc32c.crc32c(check, crc)
   for v in values:
-    crc = tf_bundle.crc32c(v, crc)
+    crc = crc32c.crc32c(v, crc)
   return lengths + check + b"".join(values), crc
 
 
@@ -70,11 +71,11 @@ def write(prefix: str, tensors: dict, overrides: dict | None = None) -> None:
       dtype, shape = 7, (len(value),)
     else:
       raw = np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<")).tobytes()
-      crc, dtype, shape = tf_bundle.crc32c(raw), _CODES[value.dtype], value.shape
+      crc, dtype, shape = crc32c.crc32c(raw), _CODES[value.dtype], value.shape
     fields = {"dtype": dtype, "shape": shape, "offset": len(data), "size": len(raw)}
     fields.update((overrides or {}).get(name, {}))
     entries.append((name.encode(), entry_bytes(fields["dtype"], fields["shape"], fields["offset"], fields["size"],
-                                               tf_bundle.mask(crc))))
+                                               crc32c.mask(crc))))
     data += raw
   with open(tf_bundle.data_file(prefix, 0, 1), "wb") as f:
     f.write(bytes(data))

@@ -256,14 +256,10 @@ def main(argv: Sequence[str],
     with storage.staged_output(cfg.output_dir, "--output_dir", directory=True,
                                inputs=outputs.input_files(cfg)) as cfg.output_dir:
       tasks_lib.run(task, cfg, load_models or functools.partial(load_models_from_flags, cfg.perplexity.model),
-                    on_start=_announce)
+                    on_start=devices.announce)
   except (readers.InputError, files.UnsafeOutputError, tasks_lib.TaskUnavailable, OptionsError, WeightFileError,
           OSError) as e:
     sys.exit(f"evaluate.py: error: {e}")
-
-
-def _announce() -> None:
-  devices.announce()
 
 
 def run() -> None:

@@ -29,6 +29,7 @@ from elmo_jax.plan import targets
 from elmo_jax.plan import train as plan_lib
 from elmo_jax.plan.train import DEFAULT_ROWS
 from elmo_jax.runtime import files
+from elmo_jax.runtime.files import gigabytes
 from elmo_jax.runtime import storage
 from elmo_jax.training import preflight
 from elmo_jax.training.config import config_file_error, unknown_override_error
@@ -113,10 +114,6 @@ def check_flags(f: flags.FlagValues) -> None:
       raise targets.TargetError(str(e)) from None
 
 
-def _gb(x) -> str:
-  return "?" if x is None else f"{x / 1e9:.2f} GB"
-
-
 def render(r: dict) -> str:
   """The human-readable report of `plan()`."""
   hbm = r["hbm_bytes"]
@@ -125,29 +122,31 @@ def render(r: dict) -> str:
            f"{'sampled softmax ' + str(r['num_sampled']) if r['num_sampled'] else 'full softmax'}"
            f"{', shard_softmax' if r['shard_softmax'] else ''}"]
   if not r["fits"]:
-    lines.append(f"train step: DOES NOT FIT in {_gb(hbm.get('capacity'))} per device"
-                 + (f" (temporaries {_gb(hbm['temporaries'])})" if "temporaries" in hbm else ""))
+    lines.append(f"train step: DOES NOT FIT in {gigabytes(hbm.get('capacity'))} per device"
+                 + (f" (temporaries {gigabytes(hbm['temporaries'])})" if "temporaries" in hbm else ""))
     if "compiler_message" in hbm:
       lines.append(f"  compiler: {hbm['compiler_message']}")
     return "\n".join(lines)
-  lines.append(f"train step: FITS: {_gb(hbm['total'])} of {_gb(hbm['capacity'])} per device (arguments "
-               f"{_gb(hbm['arguments'])}, temporaries {_gb(hbm['temporaries'])}, outputs {_gb(hbm['outputs'])}, "
-               f"aliased {_gb(hbm['aliased'])})")
+  lines.append(f"train step: FITS: {gigabytes(hbm['total'])} of {gigabytes(hbm['capacity'])} per device "
+               f"(arguments {gigabytes(hbm['arguments'])}, temporaries {gigabytes(hbm['temporaries'])}, "
+               f"outputs {gigabytes(hbm['outputs'])}, aliased {gigabytes(hbm['aliased'])})")
   if "eval" in r:
     e = r["eval"]
-    lines.append(f"eval step:  {'FITS' if e['fits'] else 'DOES NOT FIT'}: {_gb(e['hbm_bytes'].get('total', e['hbm_bytes'].get('temporaries')))} per device")
+    used = e["hbm_bytes"].get("total", e["hbm_bytes"].get("temporaries"))
+    lines.append(f"eval step:  {'FITS' if e['fits'] else 'DOES NOT FIT'}: {gigabytes(used)} per device")
   lines.append(f"FLOPs per device per step (matmul + conv, loop trip counts applied): "
                f"{r['flops_per_device_per_step'] / 1e12:.3f} T = {r['flops_per_token'] / 1e9:.3f} GFLOP per token "
                f"(analytic {r['analytic_train_flops_per_token'] / 1e9:.3f})")
   on_chip = r["hbm_traffic_all_spaces_bytes_per_step"] - r["hbm_traffic_bytes_per_step"]
-  lines.append(f"HBM traffic per step (estimate): {_gb(r['hbm_traffic_bytes_per_step'])}"
-               + (f" (+ {_gb(on_chip)} of operands in on-chip memory, not counted)" if on_chip else "")
+  lines.append(f"HBM traffic per step (estimate): {gigabytes(r['hbm_traffic_bytes_per_step'])}"
+               + (f" (+ {gigabytes(on_chip)} of operands in on-chip memory, not counted)" if on_chip else "")
                + "; the largest kernels:")
   for k in r["hbm_traffic_by_kernel"][:8]:
     lines.append(f"  {k['bytes_per_step'] / 1e9:6.2f} GB  {k['op']:<12} {k['bytes'] / 1e6:9,.1f} MB x {k['count']:<4} "
                  f"{k['shape'][:50]:<50} {k['op_name'][-50:]}")
   coll = r["collective_bytes_per_device"]
-  lines.append("collectives per device per step: " + (", ".join(f"{k} {_gb(v)}" for k, v in coll.items()) or "none"))
+  lines.append("collectives per device per step: "
+               + (", ".join(f"{k} {gigabytes(v)}" for k, v in coll.items()) or "none"))
   for c in r["largest_collectives"]:
     lines.append(f"  {c['op']:<18} {c['dtype']}[{','.join(map(str, c['shape']))}] {c['bytes'] / 1e6:,.1f} MB"
                  + (f" x {c['count']}" if c["count"] > 1 else ""))

@@ -54,8 +54,11 @@ def check_folder(folder: str) -> list[str]:
 
 def _all_files(folder: str) -> list[str]:
   """Every name under `folder` (relative, `/`-separated), links included: what is shown as left out."""
-  return [os.path.relpath(os.path.join(top, n), folder).replace(os.sep, "/")
-          for top, dirs, names in os.walk(folder) for n in names + [d for d in dirs if os.path.islink(os.path.join(top, d))]]
+  out = []
+  for top, dirs, names in os.walk(folder):
+    linked_dirs = [name for name in dirs if os.path.islink(os.path.join(top, name))]  # os.walk does not enter them
+    out += [os.path.relpath(os.path.join(top, name), folder).replace(os.sep, "/") for name in names + linked_dirs]
+  return out
 
 
 def main(argv: list[str]) -> int:

@@ -66,13 +66,15 @@ class LMIterator:
     self._order = order  # stream position -> sentence index
     self._len = len(order)  # sys.maxsize when repeating forever
     self._config = config
-    self._b, self._u = batch_size, unroll_steps
-    self._stride, self._row0 = stride, first_row  # row r reads positions first_row + r + k * stride
+    self._batch_size = batch_size
+    self._unroll_steps = unroll_steps
+    self._stride = stride  # row r reads stream positions first_row + r + k * stride, k = 0, 1, ...
+    self._first_row = first_row
     self._dedupe = dedupe_shards
     if dedupe_by not in ("type", "content"):
       raise ValueError(f"dedupe_by must be 'type' or 'content', got {dedupe_by!r}")
     self._by_type = dedupe_by == "type" and sentences.stable_ids
-    self._blocks: dict[int, np.ndarray] = {}  # k -> sentence index of positions k * stride + row0 + [0, b)
+    self._blocks: dict[int, np.ndarray] = {}  # k -> sentence index of positions k * stride + first_row + [0, b)
     self._cur = [-1] * batch_size  # ordinal (within the row) of the sentence row r is reading; -1: none yet
     self._pos = [0] * batch_size  # steps of that sentence already emitted
     self._ids: list[np.ndarray | None] = [None] * batch_size  # its type ids
@@ -90,11 +92,11 @@ class LMIterator:
     """Sentence index at row r's k-th stream position; looked up for all rows of window k at once."""
     block = self._blocks.get(k)
     if block is None:
-      if len(self._blocks) > 4 * self._b:  # rows drift apart slowly; keep the recent windows only
+      if len(self._blocks) > 4 * self._batch_size:  # rows drift apart slowly; keep the recent windows only
         low = min(self._cur)
         self._blocks = {key: v for key, v in self._blocks.items() if key >= low}
-      first = k * self._stride + self._row0
-      positions = list(range(first, min(first + self._b, self._len)))
+      first = k * self._stride + self._first_row
+      positions = list(range(first, min(first + self._batch_size, self._len)))
       block = self._blocks[k] = np.asarray(self._order._getitems(positions), np.int64)  # pylint: disable=protected-access
     return int(block[r])
 
@@ -103,20 +105,26 @@ class LMIterator:
     k = self._cur[r]
     while True:
       k += 1
-      if k * self._stride + self._row0 + r >= self._len:
-        self._cur[r], self._ids[r], self._done[r] = k, None, True
+      if k * self._stride + self._first_row + r >= self._len:
+        self._cur[r] = k
+        self._ids[r] = None
+        self._done[r] = True
         return False
       ids = self.sentences.type_ids(self._sentence(k, r))
       if not len(ids):
         self._counts["empty_sentences"] += 1
         continue
-      self._cur[r], self._pos[r], self._ids[r] = k, 0, ids
+      self._cur[r] = k
+      self._pos[r] = 0
+      self._ids[r] = ids
       return True
 
   def _plan(self) -> tuple[list[tuple[int, int, int, int, int]], list[np.ndarray]]:
     """This window's sentence pieces: (row, time, first step, steps, sentence words) and their sentences' ids."""
-    pieces, ids, u = [], [], self._u
-    for r in range(self._b):
+    pieces = []
+    ids = []
+    u = self._unroll_steps
+    for r in range(self._batch_size):
       t = 0
       while t < u and not self._done[r]:
         sentence = self._ids[r]
@@ -124,7 +132,8 @@ class LMIterator:
           if not self._advance(r):
             break
           sentence = self._ids[r]
-        pos, words = self._pos[r], len(sentence)
+        pos = self._pos[r]
+        words = len(sentence)
         n = min(words + 1 - pos, u - t)
         pieces.append((r, t, pos, n, words))
         ids.append(sentence)
@@ -145,7 +154,8 @@ class LMIterator:
     self._count_new_sentences(p, flat, truncated)
     steps = p[:, 3]
     within = np.arange(int(steps.sum())) - np.repeat(np.cumsum(steps) - steps, steps)
-    row, time = np.repeat(p[:, 0], steps), np.repeat(p[:, 1], steps) + within
+    row = np.repeat(p[:, 0], steps)
+    time = np.repeat(p[:, 1], steps) + within
     i = np.repeat(p[:, 2], steps) + within  # step within the sentence, 0..n
     n = np.repeat(lengths, steps)
     start = np.repeat(np.cumsum(lengths) - lengths, steps)  # the sentence's first word in `flat`
@@ -154,11 +164,14 @@ class LMIterator:
       inner = flat[np.clip(start + j - 1, 0, len(flat) - 1)]
       return np.where(j == 0, BOS_TYPE, np.where(j == n + 1, EOS_TYPE, inner)).astype(np.int32)
 
-    b, u = self._b, self._u
-    fwd_in, bwd_in = np.full([b, u], -1, np.int32), np.full([b, u], -1, np.int32)
+    b = self._batch_size
+    u = self._unroll_steps
+    fwd_in = np.full([b, u], -1, np.int32)  # input type ids (-1: padding)
+    bwd_in = np.full([b, u], -1, np.int32)
     out = {"fwd_targets": np.zeros([b, u], np.int32), "bwd_targets": np.zeros([b, u], np.int32),
            "weights": np.zeros([b, u], np.float32)}
-    fwd_in[row, time], bwd_in[row, time] = word(i), word(n + 1 - i)
+    fwd_in[row, time] = word(i)
+    bwd_in[row, time] = word(n + 1 - i)
     out["fwd_targets"][row, time] = targets[word(i + 1)]
     out["bwd_targets"][row, time] = targets[word(n - i)]
     out["weights"][row, time] = 1.0
@@ -166,13 +179,15 @@ class LMIterator:
     if self._dedupe and self._by_type:
       return {**out, **dedupe_lib.dedupe_type_ids(fwd_in, bwd_in, chars, self._dedupe)}
     table = np.concatenate([np.zeros([1, chars.shape[1]], np.int32), chars])  # index 0 = padding
-    out["fwd_chars"], out["bwd_chars"] = table[fwd_in + 1], table[bwd_in + 1]
+    out["fwd_chars"] = table[fwd_in + 1]
+    out["bwd_chars"] = table[bwd_in + 1]
     return dedupe_lib.dedupe_batch(out, self._dedupe) if self._dedupe else out
 
   def _count_new_sentences(self, pieces: np.ndarray, flat: np.ndarray, truncated: np.ndarray) -> None:
     """Counters of the sentences started in this window (a sentence's first piece starts at step 0);
     `flat`: the pieces' sentences' ids, one after another."""
-    started, lengths = pieces[:, 2] == 0, pieces[:, 4]
+    started = pieces[:, 2] == 0
+    lengths = pieces[:, 4]
     self._counts["sentences"] += int(np.count_nonzero(started))
     self._counts["tokens"] += int(lengths[started].sum())
     if started.any() and truncated.any():
@@ -186,11 +201,12 @@ class LMIterator:
 
   def set_state(self, state: dict[str, Any]) -> None:
     """Continues exactly where the iterator that produced `state` (with the same config) stopped."""
-    check_state(state, self._config, self._b)
-    for r in range(self._b):
-      k, pos = int(state["cur"][r]), int(state["pos"][r])
-      self._cur[r], self._pos[r] = k, pos
-      self._done[r] = k * self._stride + self._row0 + r >= self._len
+    check_state(state, self._config, self._batch_size)
+    for r in range(self._batch_size):
+      k = int(state["cur"][r])
+      self._cur[r] = k
+      self._pos[r] = int(state["pos"][r])
+      self._done[r] = k * self._stride + self._first_row + r >= self._len
       # Re-read the sentence in progress: the same ids (its types keep their chars and targets).
       self._ids[r] = self.sentences.type_ids(self._sentence(k, r)) if k >= 0 and not self._done[r] else None
     self._counts = {k: int(v) for k, v in state["counters"].items()}
@@ -230,11 +246,13 @@ def stream_order(ds: grain.MapDataset, *, batch_size: int, unroll_steps: int, se
   if shard not in ("sentences", "rows"):
     raise ValueError(f"shard must be 'sentences' or 'rows', got {shard!r}")
   n = len(ds)
-  stride, first_row = batch_size, 0
-  if shard == "sentences":
+  if shard == "sentences":  # each process its own sentences, in rows 0 .. batch_size - 1 of its stream
     ds = ds[process_index::process_count]
-  else:
-    stride, first_row = batch_size * process_count, batch_size * process_index
+    stride = batch_size
+    first_row = 0
+  else:  # every process the whole stream, its own rows of each window
+    stride = batch_size * process_count
+    first_row = batch_size * process_index
   if shuffle:
     ds = ds.shuffle(seed=seed % 2**32)
   ds = ds.repeat(num_epochs)  # after shuffle, so each epoch gets its own permutation

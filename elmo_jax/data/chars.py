@@ -116,10 +116,13 @@ class LexiconIds:
       for key in (EFML_OOV, EFML_PAD) + ((EFML_BOS, EFML_EOS, "<bow>", "<eow>") if name == "char" else ()):
         if vocab is not None and key not in vocab:
           raise ValueError(f"{name}.dic has no {key}")
-    self.char2id, self.word2id, self.max_chars = char2id, word2id, max_chars
+    self.char2id = char2id
+    self.word2id = word2id
+    self.max_chars = max_chars
     self.lead = 0 if word2id is None else 1  # ids before the char ids
     self.pad_id = char2id[EFML_PAD] + 1
-    self._begin, self._end = char2id["<eow>"] + 1, char2id["<bow>"] + 1  # sic, see above
+    self._begin = char2id["<eow>"] + 1  # sic: a word begins with <eow>'s id, ends with <bow>'s (docstring)
+    self._end = char2id["<bow>"] + 1
     self._oov = char2id[EFML_OOV] + 1
 
   def is_cut(self, token: str) -> bool:

@@ -1,5 +1,5 @@
-"""A prepared corpus directory's manifest (the settings it was made with, how two differ) and the one verified
-opener every reader goes through.
+"""A prepared corpus directory's manifest (its schema, the sizes and sha256 of its files) and the one verified
+opener every reader goes through; the settings a manifest records are `prepare_settings`'.
 
 `open_verified(D)` (used by `PreparedCorpus`, the trainer's preflight, `evaluate.py --text_file=D` and
 `prepare`'s own rerun): `manifest.json` must be a manifest of this format, every file it lists must have its
@@ -28,6 +28,7 @@ from typing import Any, Callable
 from elmo_jax.runtime import cache
 from elmo_jax.runtime import files
 from elmo_jax.runtime import log
+from elmo_jax.runtime import outside_names
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.progress import progress
 
@@ -56,62 +57,6 @@ AGAIN = "prepare it again into a new directory"
 VERIFY_CACHE = "prepared-verified"  # under $ELMO_JAX_CACHE: the files' last successful sha256 checks
 
 
-# --- settings: what a preparation depends on, and how two of them differ ---------------------------------
-def describe_source(spec: Any) -> str:
-  """The input in a few words: its first files, or the TFDS dataset and split."""
-  try:
-    if spec["kind"] == "tfds":
-      return f"tfds {spec['name']}/{spec['split']}"
-    return ", ".join(f["path"] for f in spec["files"][:3]) + (" ..." if len(spec["files"]) > 3 else "")
-  except (KeyError, TypeError):  # a damaged settings.json
-    return json.dumps(spec)[:80]
-
-
-def _when(mtime_ns: Any) -> str:
-  return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mtime_ns / 1e9)) if isinstance(mtime_ns, int) else "?"
-
-
-def _source_difference(saved: Any, wanted: Any) -> str:
-  """'source is A there, B here' / 'source file F changed (...)': how two inputs differ; "" if they agree."""
-  if saved == wanted:
-    return ""
-  if not (isinstance(saved, dict) and isinstance(wanted, dict)) or saved.get("kind") != wanted.get("kind"):
-    return f"source is {describe_source(saved)} there, {describe_source(wanted)} here"
-  if saved["kind"] == "tfds":
-    return files.first_difference(saved, wanted, "source.")
-  a, b = saved.get("files") or [], wanted.get("files") or []
-  if [f.get("path") for f in a] != [f.get("path") for f in b]:
-    return f"source is {describe_source(saved)} there, {describe_source(wanted)} here"
-  for x, y in zip(a, b):
-    if x != y:
-      return (f"source file {y['path']} changed since: {x.get('size')} bytes modified {_when(x.get('mtime_ns'))} "
-              f"there, {y['size']} bytes modified {_when(y['mtime_ns'])} here")
-  return files.first_difference(saved, wanted, "source.")
-
-
-def settings_difference(saved: dict[str, Any], wanted: dict[str, Any]) -> str:
-  """The first difference of two `settings_of` dicts, the corpus (`source`) before any setting; "" if none."""
-  if not isinstance(saved, dict):
-    return f"settings are {json.dumps(saved)[:80]} there"
-  found = _source_difference(saved.get("source"), wanted.get("source"))
-  if found:
-    return found
-  return files.first_difference({k: v for k, v in saved.items() if k != "source"},
-                                {k: v for k, v in wanted.items() if k != "source"})
-
-
-def settings_of(spec, pretokenized: bool, lang: str, max_token_chars: int, max_characters_per_token: int,
-                vocab_max_size: int | None, vocab_min_count: int, vocab_file: str):
-  """Everything the output depends on (not the worker count or chunk size: they never change a byte)."""
-  vocab = ({"file": os.path.abspath(vocab_file), "sha256": files.sha256_file(vocab_file)} if vocab_file
-           else {"max_size": vocab_max_size, "min_count": vocab_min_count})
-  return {"format_version": FORMAT_VERSION, "source": spec,
-          "tokenizer": {"pretokenized": bool(pretokenized), "lang": lang},
-          "max_token_chars": max_token_chars, "max_characters_per_token": max_characters_per_token,
-          "vocab": vocab}
-
-
-# --- reading a prepared directory: one verified opener ------------------------------------------------
 def _damaged(path: str, what: str) -> PreparedCorpusError:
   return PreparedCorpusError(f"{path} {what}; {AGAIN}")
 
@@ -192,8 +137,8 @@ def _check_manifest(path: str, manifest: Any) -> dict[str, Any]:
   sizes = manifest.get("sizes", {})  # absent in manifests written before sizes were recorded
   for name, digest in digests.items():
     try:  # a name from the manifest is a file of the folder, never a path out of it
-      outside = files.name_parts(name, "a file name") != [name]
-    except files.OutsideNameError:
+      outside = outside_names.name_parts(name, "a file name") != [name]
+    except outside_names.OutsideNameError:
       outside = True
     if outside or not (isinstance(digest, str) and len(digest) == 64):
       raise _damaged(path, f"has sha256[{json.dumps(name)[:60]}] = {json.dumps(digest)[:70]}, not a file's sha256")
@@ -276,15 +221,6 @@ def write_manifest(out: str, fields: dict[str, Any], log_line: Callable[[str], N
   return manifest
 
 
-def _hash(path: str, bar) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 22), b""):
-      digest.update(block)
-      bar.update(len(block))
-  return digest.hexdigest()
-
-
 def verify_files(directory: str, manifest: dict[str, Any], *, checksums: bool = True, use_cache: bool = True,
                  log_line: Callable[[str], None] = log.info) -> None:
   """Checks every file `manifest` lists: present, a regular file, of the recorded size and (`checksums`) of
@@ -323,7 +259,7 @@ def verify_files(directory: str, manifest: dict[str, Any], *, checksums: bool = 
       path = os.path.join(directory, name)
       cached.pop(name, None)
       try:
-        digest = _hash(path, bar)
+        digest = files.sha256_file(path, on_block=bar.update)
         after = os.stat(path)
       except OSError as e:
         raise PreparedCorpusError(f"{path} cannot be read ({e.strerror or e})") from None

@@ -26,14 +26,19 @@ class TextTypes:
 
   def __init__(self, source: Sequence[str], tokenizer: Tokenizer, vocab: Vocab, max_token_chars: int,
                max_characters_per_token: int = MAX_CHARS, token_ids=None):
-    self._source, self._tokenizer, self._vocab = source, tokenizer, vocab
-    self._limit, self._width = max_token_chars, max_characters_per_token
+    self._source = source
+    self._tokenizer = tokenizer
+    self._vocab = vocab
+    self._limit = max_token_chars  # a token's chars and softmax id are those of its first `_limit` chars
+    self._width = max_characters_per_token
     # An EFML-style model's ids (`lexicon.TokenIds`: word id, then char-lexicon ids) instead of bilm-tf's bytes
     self._ids_of = token_ids or (lambda token: token_to_ids(token, self._width))
     # what the model's char ids cut: UTF-8 bytes for bilm-tf's ids, code points for a lexicon's
     lexicon_ids = token_ids.lexicon.ids() if token_ids is not None else None
-    self._is_cut = ((lambda token: len(token) > self._limit or lexicon_ids.is_cut(token)) if lexicon_ids
-                    else (lambda token: is_cut(token, self._width, self._limit)))
+    if lexicon_ids:
+      self._is_cut = lambda token: len(token) > self._limit or lexicon_ids.is_cut(token)
+    else:
+      self._is_cut = lambda token: is_cut(token, self._width, self._limit)
     if token_ids is not None:
       self._width = token_ids.width
     self._index: dict[str, int] = {}  # token -> type id (<S> and </S> have none: a literal "<S>" is a word)
@@ -41,8 +46,10 @@ class TextTypes:
     self._chars = np.zeros([1024, self._width], np.int32)
     self._targets = np.zeros([1024], np.int32)
     self._truncated = np.zeros([1024], bool)
-    bos, eos = ((token_ids.bos, token_ids.eos) if token_ids is not None else
-                (token_to_ids(BOS_TOKEN, self._width), token_to_ids(EOS_TOKEN, self._width)))
+    if token_ids is not None:
+      bos, eos = token_ids.bos, token_ids.eos
+    else:
+      bos, eos = token_to_ids(BOS_TOKEN, self._width), token_to_ids(EOS_TOKEN, self._width)
     self._append(bos, vocab.bos, False)
     self._append(eos, vocab.eos, False)
 
@@ -59,7 +66,9 @@ class TextTypes:
       self._targets = np.concatenate([self._targets, np.zeros_like(self._targets)])
       self._truncated = np.concatenate([self._truncated, np.zeros_like(self._truncated)])
     i = self._n
-    self._chars[i], self._targets[i], self._truncated[i] = chars, target, truncated
+    self._chars[i] = chars
+    self._targets[i] = target
+    self._truncated[i] = truncated
     self._n += 1
     return i
 

@@ -8,7 +8,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from elmo_jax.runtime import files
-from elmo_jax.data.manifest import PrepareError, describe_source
+from elmo_jax.data.manifest import PrepareError
+from elmo_jax.data.prepare_settings import describe_source
 from elmo_jax.data.sources import TextSource, TfdsSource, expand_paths
 from elmo_jax.data.vocab import Vocab
 

@@ -113,7 +113,9 @@ class TextSource:
     chunks: list[bytes] = []
     lengths: list[int] = []
     for path in self.paths:
-      kept, invalid, first_invalid = len(lengths), self.skipped["invalid_utf8"], ""
+      kept = len(lengths)  # the lines of the files before this one
+      invalid = self.skipped["invalid_utf8"]
+      first_invalid = ""
       try:
         with streams.open_text(path) as f:  # opened once: a pipe or FIFO works, checked from its first block
           for lineno, raw in enumerate(f, start=1):
@@ -182,7 +184,9 @@ class TfdsSource:
   ):
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (slow import, only when used)
 
-    self.name, self.split, self.text_key = name, split, text_key
+    self.name = name
+    self.split = split
+    self.text_key = text_key
     try:
       data_dir = local_tfds_dir(data_dir, name)
       self._source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)

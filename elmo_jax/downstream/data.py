@@ -120,7 +120,10 @@ def hold_out(train: Split, fraction: float, seed: int = 0) -> tuple[Split, Split
   dev = np.zeros(n, bool)
   n_dev = max(1, int(round(n * fraction)))
   dev[np.random.default_rng(seed).permutation(n)[:n_dev]] = True
-  pick = lambda xs, keep: [x for x, d in zip(xs, dev) if d == keep]  # noqa: E731
+
+  def pick(items: list, keep: bool) -> list:  # the items whose dev flag is `keep`
+    return [item for item, is_dev in zip(items, dev) if is_dev == keep]
+
   source = f"{train.source} (held-out {fraction:g}, seed {seed})"
   task = "pos" if train.labels and isinstance(train.labels[0], tuple) else "sentiment"
   held = {"rows": min(n_dev, n), "of": n, "fraction": fraction, "labels": len(_label_set(task, train.labels))}
@@ -155,7 +158,8 @@ def label_ids(task: str, train: Split) -> list[str]:
   """Sorted label (tag) set of the training split."""
   labels = _label_set(task, train.labels)
   if len(labels) < 2:
-    held, rows = train.held_out, "sentences" if task == "pos" else "rows"
+    held = train.held_out
+    rows = "sentences" if task == "pos" else "rows"
     if held and held["labels"] >= 2:  # the file has them: the dev hold-out took the others
       raise readers.InputError(
           f"{train.source}: needs >= 2 labels, got {sorted(labels)} in the {len(train.tokens)} training {rows} "
@@ -234,7 +238,8 @@ def batches(data: Encoded, batch_size: int, *, task: str, char_len: int, bilm_ch
       k = lengths[i]
       out["word_ids"][row, :k] = data.word_ids[i]
       out["mask"][row, :k] = True
-      out["rows"][row], out["index"][row] = True, i
+      out["rows"][row] = True
+      out["index"][row] = i
       if task == "pos":
         out["labels"][row, :k] = data.labels[i]
       else:

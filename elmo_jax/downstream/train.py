@@ -125,12 +125,13 @@ def cache_layers(embedder: Any, split: data_lib.Encoded, dtype: str, batch_size:
 def layer_cache_key(bilm: Bilm, split: data_lib.Encoded, dtype: str) -> str:
   """File name of a split's cached layers: the biLM's identity (weights hash, init, twin seed), the exact
   sentences (after any hold-out or subsampling) and the storage dtype."""
-  h = hashlib.sha256()
-  d = bilm.description
-  h.update(json.dumps([d.get("weights_sha256"), d.get("init"), d.get("random_seed"), dtype]).encode())
+  digest = hashlib.sha256()
+  description = bilm.description
+  identity = [description.get("weights_sha256"), description.get("init"), description.get("random_seed"), dtype]
+  digest.update(json.dumps(identity).encode())
   for sentence in split.tokens:
-    h.update(("\t".join(sentence) + "\n").encode())
-  return f"bilm-layers-{h.hexdigest()[:24]}"
+    digest.update(("\t".join(sentence) + "\n").encode())
+  return f"bilm-layers-{digest.hexdigest()[:24]}"
 
 
 def _tree_sum(tree: Any) -> jax.Array:

@@ -77,15 +77,19 @@ class Embedder:
     check_batch_size(batch_size, f"Embedder(batch_size={batch_size!r})")  # at construction, not the first call
     if compilation_cache:
       enable_compilation_cache()
-    self.options, self.batch_size = options, batch_size
+    self.options = options
+    self.batch_size = batch_size
     self.config = BiLMConfig.from_options(options)
     self.mesh = embed_step.local_mesh(devices)
-    self.vocab_file, self.stateful = vocab_file, stateful
+    self.vocab_file = vocab_file
+    self.stateful = stateful
     self.model = BiLM(self.config, dtype=dtype)
     self._steps = embed_step.steps(self.model, self.mesh)
     self.params = jax.device_put(jax.tree_util.tree_map(jnp.asarray, params), self._steps.replicated)
     self.constants = self._steps.constants(self.params)  # made once, not in every call
-    self._state, self._fingerprint, self._untrimmed = None, None, 0  # _untrimmed: sentences since last trim
+    self._state = None
+    self._fingerprint = None
+    self._untrimmed = 0  # sentences run since the allocator's free pages were last handed back
     # LSTM row-steps of the packed batches so far: [run (rows x the fullest row's steps), needed (slots filled)]
     self.row_steps = [0, 0]
     self.token_ids = token_ids
@@ -93,7 +97,8 @@ class Embedder:
     # what the char CNN's width cut must know of the ids (embed_step.char_widths)
     self._pad = {"pad_id": token_ids.pad_id, "lead": token_ids.lead} if token_ids is not None else {}
     self._max_width = max(w for w, _ in self.config.filters)
-    pinned, tokens = np.zeros((0, self.config.projection_dim), np.float32), []
+    pinned = np.zeros((0, self.config.projection_dim), np.float32)
+    tokens = []
     if token_embedding_file is not None:  # its words are pinned rows of the table: they skip the char CNN
       pinned, tokens = token_cache_lib.read(token_embedding_file, self.config.projection_dim,
                                             token_vocab_file)
@@ -106,7 +111,8 @@ class Embedder:
     self.extra_model_files: tuple[str, ...] = ()  # every other file of its model (`LoadedModel.input_files`)
     self._pinned = np.asarray(pinned, np.float32)
     self._table = self._new_table(self._pinned.shape[0])
-    self.warm, self._time_buckets = warm, host_batch.WARM_TIME_BUCKETS if warm else host_batch.TIME_BUCKETS
+    self.warm = warm
+    self._time_buckets = host_batch.WARM_TIME_BUCKETS if warm else host_batch.TIME_BUCKETS
     if warm:
       self.warm_shapes()
 
@@ -162,14 +168,16 @@ class Embedder:
   def from_model(cls, model: resolve.ResolvedModel, **kwargs) -> "Embedder":
     """What `resolve.resolve_model` found, read by `loaded.load_model` (the one load of every format); its
     vocabulary becomes one of its `input_files`, an EFML folder's char ids its `token_ids`."""
-    check_batch_size(kwargs.get("batch_size", 1), f"Embedder(batch_size={kwargs.get('batch_size')!r})")  # no load first
+    # a bad batch size is refused before the load, not after it
+    check_batch_size(kwargs.get("batch_size", 1), f"Embedder(batch_size={kwargs.get('batch_size')!r})")
     found = loaded.load_model(model)
     kwargs.setdefault("vocab_file", found.vocab_file)
     if found.token_ids is not None:
       kwargs.setdefault("token_ids", found.token_ids)
     emb = cls(found.options, found.params, **kwargs)
     emb.model_files = found.files[:2] if found.format == loaded.EFML else found.files  # what resolve names
-    emb.module_mix, emb.extra_model_files = found.mix, tuple(p for p in found.input_files if p not in emb.model_files)
+    emb.extra_model_files = tuple(path for path in found.input_files if path not in emb.model_files)
+    emb.module_mix = found.mix
     return emb
 
   @classmethod
@@ -192,7 +200,8 @@ class Embedder:
   def input_files(self) -> list[str]:
     """The files this embedder was read from (options, weights, vocabulary, token embeddings): what an
     output must never overwrite (`storage.check_output`)."""
-    return [p for p in (*self.model_files, *self.extra_model_files, self.vocab_file, self.token_embedding_file) if p]
+    named = (*self.model_files, *self.extra_model_files, self.vocab_file, self.token_embedding_file)
+    return [path for path in named if path]
 
   @property
   def n_layers(self) -> int:
@@ -324,6 +333,10 @@ class Embedder:
     order = list(range(len(sentences)))
     if not self.stateful:
       order.sort(key=lambda i: len(sentences[i]))
+
+    def padded_rows(n: int) -> int:  # a short last batch: a power of two of rows, unless `full_rows`
+      return batch_size if full_rows else min(batch_size, 1 << max(0, n - 1).bit_length())
+
     pending = None
     for k, start in enumerate(range(0, len(order), batch_size)):
       if skip is not None and skip(k):
@@ -331,45 +344,39 @@ class Embedder:
       if fresh_every and k % fresh_every == 0:
         self.clear_token_table()
       chunk = order[start:start + batch_size]
-      self._untrimmed = self._trimmed(_TRIM_EVERY_ROWS, self._untrimmed + len(chunk))
+      self._untrimmed += len(chunk)
+      self._release_memory_after(_TRIM_EVERY_ROWS)
       long = [self._is_long(sentences[i]) for i in chunk]  # their rows run empty here (a state stays as it was)
-      mine = [[] if is_long else sentences[i] for i, is_long in zip(chunk, long)]
-      rows = lambda n: batch_size if full_rows else min(batch_size, 1 << max(0, n - 1).bit_length())
-      packing = None if self.stateful else host_batch.pack(
-          [len(s) for s in mine], self._time_buckets[-1] + 2, lambda n: embed_step.round_rows(rows(n), self.mesh))
-      prepared = self._prepare(mine, rows(len(chunk) if packing is None else len(packing)), packing)
+      in_batch = [[] if is_long else sentences[i] for i, is_long in zip(chunk, long)]
+      packing = None
+      if not self.stateful:
+        packing = host_batch.pack([len(s) for s in in_batch], self._time_buckets[-1] + 2,
+                                  lambda n: embed_step.round_rows(padded_rows(n), self.mesh))
+      prepared = self._prepare(in_batch, padded_rows(len(chunk) if packing is None else len(packing)), packing)
       if packing is not None:
         self._count_steps(prepared)
-      launched = (k, chunk, mine, packing, self._launch(prepared), self._state)
+      launched = (k, chunk, in_batch, packing, self._launch(prepared), self._state)
       if pending is not None:
         yield self._fetched(*pending)
       pending = launched
       if any(long):
         layers = self._fetched(*launched)[2]
-        yield k, chunk, [self._embed_long(sentences[i], r) if long[r] else layers[r]
-                         for r, i in enumerate(chunk)], self._state
+        yield k, chunk, [self._embed_long(sentences[i], row) if long[row] else layers[row]
+                         for row, i in enumerate(chunk)], self._state
         pending = None
     if pending is not None:
       yield self._fetched(*pending)
-    self._untrimmed = self._trimmed(1 if len(order) >= _TRIM_AFTER_PASS * batch_size else _TRIM_EVERY_ROWS,
-                                    self._untrimmed)
+    self._release_memory_after(1 if len(order) >= _TRIM_AFTER_PASS * batch_size else _TRIM_EVERY_ROWS)
 
   @staticmethod
-  def _fetched(k: int, chunk: list[int], mine: list[Sequence[str]], packing: list[list[int]] | None,
+  def _fetched(k: int, chunk: list[int], in_batch: list[Sequence[str]], packing: list[list[int]] | None,
                layers: jax.Array, state: Any) -> tuple[int, list[int], Any, Any]:
-    """A launched batch as `batches` yields it: its layers copied to the host; packed, one array per sentence,
-    `[n_layers + 1, n, 2P]` views cut out of its row (`Steps.layers`: a sentence whose `<S>` is at slot o has its
-    tokens at o .. o + n - 1)."""
-    out = np.asarray(layers)
+    """A launched batch as `batches` yields it: its layers copied to the host; packed, one array per sentence
+    (`host_batch.unpack`)."""
+    layers = np.asarray(layers)
     if packing is None:
-      return k, chunk, out[:len(chunk)], state
-    cut: list[np.ndarray] = [out[0, :, :0]] * len(chunk)  # an empty sentence: no slot
-    for r, row in enumerate(packing):
-      at = 0
-      for i in row:
-        cut[i] = out[r, :, at:at + len(mine[i])]
-        at += len(mine[i]) + 2
-    return k, chunk, cut, state
+      return k, chunk, layers[:len(chunk)], state
+    return k, chunk, host_batch.unpack(layers, packing, [len(s) for s in in_batch]), state
 
   def _count_steps(self, prepared: host_batch.Prepared) -> None:
     """`row_steps` of a packed batch: rows x its fullest row's steps, and the slots its sentences fill."""
@@ -377,9 +384,12 @@ class Embedder:
     self.row_steps[0] += prepared.positions.shape[0] * int(filled.max())
     self.row_steps[1] += int(filled.sum())
 
-  @staticmethod
-  def _trimmed(every: int, rows: int) -> int:  # memory handed back once `rows` reach `every`: the count after
-    return rows if rows < every else memory.release_free_memory() or 0
+  def _release_memory_after(self, every: int) -> None:
+    """Hands the allocator's free pages back (`memory.release_free_memory`, 10-100 ms) once `every` sentences
+    have run since it last did."""
+    if self._untrimmed >= every:
+      memory.release_free_memory()
+      self._untrimmed = 0
 
   def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None,
                       progress: Any = None) -> list[np.ndarray]:

@@ -1,6 +1,6 @@
-"""The host side of an `Embedder` batch: sentences packed into rows (`pack`), time buckets, token positions against
-each device's token table, and the char ids of the tokens the table does not hold yet, cut into the char CNN's
-fixed chunks."""
+"""The host side of an `Embedder` batch: sentences packed into rows (`pack`) and their layers cut out of the rows
+again (`unpack`), time buckets, token positions against each device's token table, and the char ids of the tokens
+the table does not hold yet, cut into the char CNN's fixed chunks."""
 from __future__ import annotations
 
 import bisect
@@ -63,6 +63,19 @@ def pack(lengths: Sequence[int], max_slots: int, round_rows: Callable[[int], int
           best = (cost, rows)
         break
   return best[1]
+
+
+def unpack(layers: np.ndarray, packing: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[np.ndarray]:
+  """`pack`'s inverse on a packed batch's layers `[rows, n_layers + 1, slots, 2P]` (`Steps.layers`): one
+  `[n_layers + 1, n, 2P]` view per sentence of `lengths` tokens (a sentence whose `<S>` is at slot o has its tokens
+  at o .. o + n - 1); an empty sentence, laid nowhere, an empty view."""
+  cut: list[np.ndarray] = [layers[0, :, :0]] * len(lengths)
+  for row, sentences in enumerate(packing):
+    at = 0
+    for i in sentences:
+      cut[i] = layers[row, :, at:at + lengths[i]]
+      at += lengths[i] + 2
+  return cut
 
 
 def _best_fit(order: Sequence[int], sizes: dict[int, int], cap: int) -> tuple[list[list[int]], list[int]]:

@@ -36,20 +36,20 @@ def model_key_from_files(options_file: str, weight_file: str) -> str:
   Hashing a multi-GB weight file on every run would be slow, so its identity is
   (real path, size, mtime); a rewritten file changes at least the mtime.
   """
-  h = hashlib.sha256()
-  h.update(files.sha256_file(options_file).encode())
+  digest = hashlib.sha256()
+  digest.update(files.sha256_file(options_file).encode())
   st = os.stat(weight_file)
-  h.update(f"{os.path.realpath(weight_file)}|{st.st_size}|{st.st_mtime_ns}".encode())
-  return h.hexdigest()[:16]
+  digest.update(f"{os.path.realpath(weight_file)}|{st.st_size}|{st.st_mtime_ns}".encode())
+  return digest.hexdigest()[:16]
 
 
 def model_key_from_paths(paths: Sequence[str]) -> str:
   """Identity of a model read from these files (any format): each one's real path, size and mtime."""
-  h = hashlib.sha256()
+  digest = hashlib.sha256()
   for path in sorted(paths):
     st = os.stat(path)
-    h.update(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-  return h.hexdigest()[:16]
+    digest.update(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+  return digest.hexdigest()[:16]
 
 
 def model_key_from_workdir(workdir: str) -> str:
@@ -57,22 +57,22 @@ def model_key_from_workdir(workdir: str) -> str:
   export = os.path.join(workdir, EXPORT_DIR)
   if not os.path.isdir(export):
     raise readers.InputError(f"{export}: no exported model (directory not found)")
-  h = hashlib.sha256()
+  digest = hashlib.sha256()
   for root, _, names in sorted(os.walk(export)):
     for name in sorted(names):
       path = os.path.join(root, name)
       st = os.stat(path)
-      h.update(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-  return h.hexdigest()[:16]
+      digest.update(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+  return digest.hexdigest()[:16]
 
 
 def dataset_key(paths: Sequence[str], **selection: Any) -> str:
   """Hash of the dataset files' contents plus how examples were selected."""
-  h = hashlib.sha256()
+  digest = hashlib.sha256()
   for path in paths:
-    h.update(files.sha256_file(path).encode())
-  h.update(json.dumps(selection, sort_keys=True, default=str).encode())
-  return h.hexdigest()[:16]
+    digest.update(files.sha256_file(path).encode())
+  digest.update(json.dumps(selection, sort_keys=True, default=str).encode())
+  return digest.hexdigest()[:16]
 
 
 def cached(cache_dir: str | None, name: str, compute: Callable[[], np.ndarray]

@@ -132,7 +132,8 @@ def _softmax_problem(found: ResolvedModel, workdir: str | None) -> NoSoftmax | N
       return None
   except weights_lib.WeightFileError as e:
     raise InputError(str(e)) from None
-  return _no_softmax(found.weight_file or found.folder_dir)
+  return NoSoftmax(f"{found.weight_file or found.folder_dir}: has no softmax/W, softmax/b (original ELMo weights "
+                   "ship without the LM softmax), so it cannot be scored for perplexity")
 
 
 def _vocab_file(found: ResolvedModel) -> str:
@@ -140,11 +141,6 @@ def _vocab_file(found: ResolvedModel) -> str:
   beside the weights)."""
   beside = os.path.join(found.folder_dir or os.path.dirname(found.weight_file), VOCAB_FILE)
   return found.vocab_file or beside
-
-
-def _no_softmax(weight_file: str) -> NoSoftmax:
-  return NoSoftmax(f"{weight_file}: has no softmax/W, softmax/b (original ELMo weights ship without the LM "
-                   "softmax), so it cannot be scored for perplexity")
 
 
 def load_language_model(task_config: PerplexityConfig, workdir: str | None) -> LanguageModel:

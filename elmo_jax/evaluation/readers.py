@@ -177,10 +177,10 @@ def read_tfds_labelled(spec: str, data_dir: str | None = None, text_key: str | N
 
 def labelled_digest(rows: Sequence[LabelledSentence]) -> str:
   """sha256 of labels and tokens (keys the feature cache of data that is not a file)."""
-  h = hashlib.sha256()
-  for r in rows:
-    h.update(("\t".join((r.label,) + r.tokens) + "\n").encode())
-  return h.hexdigest()
+  digest = hashlib.sha256()
+  for row in rows:
+    digest.update(("\t".join((row.label,) + row.tokens) + "\n").encode())
+  return digest.hexdigest()
 
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:

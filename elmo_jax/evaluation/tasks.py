@@ -67,7 +67,8 @@ class _LazyModels:
   """Loads the models on first use and only once across tasks."""
 
   def __init__(self, load: Callable[[], Models]):
-    self._load, self._models = load, None
+    self._load = load
+    self._models: Models | None = None
 
   def __call__(self) -> Models:
     if self._models is None:

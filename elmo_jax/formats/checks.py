@@ -41,7 +41,11 @@ def _touch_hdf5(_: str, obj: Any) -> None:
 
 def _kind_of(name: str) -> str | None:
   name = name.lower()
-  return "hdf5" if name.endswith((".hdf5", ".h5")) else "json" if name.endswith(".json") else None
+  if name.endswith((".hdf5", ".h5")):
+    return "hdf5"
+  if name.endswith(".json"):
+    return "json"
+  return None
 
 
 def _hdf5_problem(path: str | os.PathLike) -> str | None:

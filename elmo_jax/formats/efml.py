@@ -30,6 +30,7 @@ from elmo_jax.formats.weights import WeightFileError
 from elmo_jax.runtime import files
 from elmo_jax.runtime import json_bounded
 from elmo_jax.runtime import log
+from elmo_jax.runtime import outside_names
 
 FORMAT = "elmoformanylangs"
 CONFIG, CHAR_DIC, WORD_DIC, ENCODER, TOKEN_EMBEDDER = (
@@ -99,16 +100,16 @@ def architecture_names(folder: str) -> list[str]:
   out = []
   for name in (named, named.replace("\\", "/").rsplit("/", 1)[-1]):
     try:
-      out.append("/".join(files.name_parts(name)))
-    except files.OutsideNameError:
+      out.append("/".join(outside_names.name_parts(name)))
+    except outside_names.OutsideNameError:
       pass
   return list(dict.fromkeys(out))
 
 
 def architecture(folder: str) -> dict[str, Any]:
   """The architecture JSON that config.json's `config_path` names, looked for where elmoformanylangs looks
-  (beside config.json's path, then by file name in the folder) but never outside the folder (`files.inside`:
-  releases name `../configs/X.json`); missing: the published default."""
+  (beside config.json's path, then by file name in the folder) but never outside the folder
+  (`outside_names.inside`: releases name `../configs/X.json`); missing: the published default."""
   config_file = os.path.join(folder, CONFIG)
   try:
     config = json_bounded.load(config_file)
@@ -120,8 +121,8 @@ def architecture(folder: str) -> dict[str, Any]:
   candidates = []
   for name in (named, named.replace("\\", "/").rsplit("/", 1)[-1]):
     try:
-      candidates.append(files.inside(folder, name, f"{config_file}: config_path", links_into=_blobs(folder)))
-    except files.OutsideNameError as e:
+      candidates.append(outside_names.inside(folder, name, f"{config_file}: config_path", links_into=_blobs(folder)))
+    except outside_names.OutsideNameError as e:
       if name != named:
         raise EFMLError(str(e)) from None
   for path in candidates:

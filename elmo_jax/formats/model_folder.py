@@ -170,9 +170,10 @@ def check_tensors(tensors: dict[str, np.ndarray], options: dict[str, Any], where
   shape and nothing unknown, floats, finite (`weights.checked`); FolderError, one line naming the tensor."""
   expected = param_shapes(options)
   vocab = tensors["softmax/b"].shape[0] if "softmax/b" in tensors and tensors["softmax/b"].ndim == 1 else 0
-  proj, layers = options["lstm"]["projection_dim"], options["lstm"]["n_layers"]
+  proj = options["lstm"]["projection_dim"]
+  layers = options["lstm"]["n_layers"]
   optional = {"softmax": {"W": (vocab, proj), "b": (vocab,)}, "mix": {"weights": (layers + 1,), "scaling": ()}}
-  known = set(expected) | {f"{p}/{leaf}" for p, part in optional.items() for leaf in part}
+  known = set(expected) | {f"{prefix}/{leaf}" for prefix, part in optional.items() for leaf in part}
   unknown = sorted(set(tensors) - known)
   if unknown:
     raise FolderError(f"{where}: holds tensor '{unknown[0][:80]}', which is no parameter of the model its "

@@ -10,7 +10,7 @@ other key a tensor's `BundleEntryProto` (tensorflow/core/protobuf/tensor_bundle.
 offset, size and the masked crc32c of its bytes in the data file. The protos are decoded by the few lines of
 varint reading below: no protobuf or TensorFlow dependency. A string tensor's bytes are
 `[varint64 length]*n [masked crc32c of the lengths as uint32] [the strings]`, as `WriteStringTensor` writes them.
-crc32c: google-crc32c's C code where installed (the gcs extra), else a numpy table implementation (~50 MB/s).
+The checksums are `crc32c`'s (masked as TensorFlow stores them).
 
 Every error is a `BundleError`, one line naming the file (and the tensor or block).
 """
@@ -23,9 +23,10 @@ from typing import Iterator
 
 import numpy as np
 
+from elmo_jax.formats.crc32c import crc32c, mask
+
 _MAGIC = 0xdb4775248b80fb57
 _FOOTER = 48
-_MASK_DELTA = 0xa282ead8
 # tensorflow/core/framework/types.proto: the dtypes a checkpoint of ELMo (or its step counter) can hold.
 _DTYPES = {1: np.float32, 2: np.float64, 3: np.int32, 4: np.uint8, 5: np.int16, 6: np.int8, 9: np.int64,
            10: np.bool_, 19: np.float16}
@@ -34,85 +35,6 @@ _DT_STRING = 7
 
 class BundleError(ValueError):
   """A bundle that cannot be read as TensorFlow wrote it; the message is one line naming the file."""
-
-
-# --- crc32c (Castagnoli), masked as TensorFlow and LevelDB store it -------------------------------------
-def _table() -> list[int]:
-  out = []
-  for n in range(256):
-    c = n
-    for _ in range(8):
-      c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-    out.append(c)
-  return out
-
-
-_CRC_TABLE = _table()
-
-try:
-  import google_crc32c as _fast  # pylint: disable=g-import-not-at-top  (the gcs extra's C implementation)
-  if getattr(_fast, "implementation", "c") != "c":
-    _fast = None
-except ImportError:  # pragma: no cover - depends on the install
-  _fast = None
-
-
-def _update(reg: int, data: bytes) -> int:
-  """The crc register after `data`, byte by byte (pure Python, ~3 MB/s: for small inputs)."""
-  table = _CRC_TABLE
-  for b in data:
-    reg = table[(reg ^ b) & 0xFF] ^ (reg >> 8)
-  return reg
-
-
-def _apply(cols: np.ndarray, v: np.ndarray) -> np.ndarray:
-  """A linear map of crc registers (GF(2)), given by the images `cols` [32] of the 32 bits, applied to `v`."""
-  out = np.zeros_like(v)
-  for bit in range(32):
-    out ^= cols[bit] * ((v >> np.uint32(bit)) & np.uint32(1))
-  return out
-
-
-def _zeros(n: int) -> np.ndarray:
-  """The map of `n` zero bytes on the register (what a register becomes when n zero bytes follow)."""
-  cols = np.uint32(1) << np.arange(32, dtype=np.uint32)
-  table = np.asarray(_CRC_TABLE, np.uint32)
-  for _ in range(n):
-    cols = table[cols & np.uint32(0xFF)] ^ (cols >> np.uint32(8))
-  return cols
-
-
-def _update_lanes(reg: int, data: bytes, lanes: int = 1 << 16) -> int:
-  """`_update` for large inputs with numpy: `lanes` equal chunks side by side from a zero register, then
-  combined pairwise (the crc is linear: crc(A B) = zeros(len B)(crc(A)) ^ crc(B), zlib's crc32_combine);
-  the remainder byte by byte. ~50 MB/s (20x the pure-Python rate); `lanes` a power of 2."""
-  length = len(data) // lanes
-  head = np.frombuffer(data, np.uint8, count=lanes * length).reshape(lanes, length).T.copy()
-  table = np.asarray(_CRC_TABLE, np.uint32)
-  crcs = np.zeros(lanes, np.uint32)
-  for column in head:
-    crcs = table[(crcs ^ column) & np.uint32(0xFF)] ^ (crcs >> np.uint32(8))
-  shift = _zeros(length)
-  while len(crcs) > 1:  # pairs of neighbours: the left one shifted past the right one's bytes
-    crcs = _apply(shift, crcs[0::2]) ^ crcs[1::2]
-    shift = _apply(shift, shift)  # twice the length
-  reg = int(_apply(shift, np.asarray([reg], np.uint32))[0] ^ crcs[0])
-  return _update(reg, data[lanes * length:])
-
-
-def crc32c(data: bytes, crc: int = 0) -> int:
-  """crc32c of `data`, extending `crc` (the unmasked value of the bytes before)."""
-  if _fast is not None:
-    return _fast.extend(crc, bytes(data))
-  data = bytes(data)
-  reg = crc ^ 0xFFFFFFFF
-  reg = _update_lanes(reg, data) if len(data) >= 1 << 20 else _update(reg, data)
-  return reg ^ 0xFFFFFFFF
-
-
-def mask(crc: int) -> int:
-  """TensorFlow's `crc32c::Mask`: a crc stored next to the data it covers is rotated and offset."""
-  return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 # --- protobuf wire format ------------------------------------------------------------------------------
@@ -134,16 +56,20 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int | bytes]]:
   pos = 0
   while pos < len(buf):
     key, pos = _varint(buf, pos)
-    number, wire = key >> 3, key & 7
+    number = key >> 3
+    wire = key & 7
     if wire == 0:
       value, pos = _varint(buf, pos)
     elif wire == 1:
-      value, pos = int.from_bytes(buf[pos:pos + 8], "little"), pos + 8
+      value = int.from_bytes(buf[pos:pos + 8], "little")
+      pos += 8
     elif wire == 5:
-      value, pos = int.from_bytes(buf[pos:pos + 4], "little"), pos + 4
+      value = int.from_bytes(buf[pos:pos + 4], "little")
+      pos += 4
     elif wire == 2:
       n, pos = _varint(buf, pos)
-      value, pos = buf[pos:pos + n], pos + n
+      value = buf[pos:pos + n]
+      pos += n
     else:
       raise ValueError(f"unsupported wire type {wire}")
     if pos > len(buf):
@@ -163,34 +89,36 @@ class Entry:
   sliced: bool
 
 
-def _int(v) -> int:
+def _int(value) -> int:
   """A varint field's value as the int64 it encodes (-5 is stored as 2^64 - 5)."""
-  if not isinstance(v, int):
+  if not isinstance(value, int):
     raise ValueError("a length-delimited field where a number belongs")
-  return v - (1 << 64) if v >= 1 << 63 else v
+  return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _message(v) -> bytes:
-  if not isinstance(v, bytes):
+def _message(value) -> bytes:
+  """A length-delimited field's bytes: a nested message."""
+  if not isinstance(value, bytes):
     raise ValueError("a number where a message belongs")
-  return v
+  return value
 
 
-def _entry(value: bytes) -> Entry:
+def _entry(message: bytes) -> Entry:
+  """A serialized `BundleEntryProto` (fields absent: their proto defaults)."""
   got = {"dtype": 0, "shape": (), "shard_id": 0, "offset": 0, "size": 0, "crc32c": 0, "sliced": False}
-  for number, v in _fields(value):
+  for number, value in _fields(message):
     if number == 1:
-      got["dtype"] = _int(v)
+      got["dtype"] = _int(value)
     elif number == 2:  # TensorShapeProto: repeated Dim dim = 2 {int64 size = 1}
       dims = []
-      for n, dim in _fields(_message(v)):
-        if n == 2:
-          dims.append(_int(next((s for k, s in _fields(_message(dim)) if k == 1), 0)))
+      for dim_number, dim in _fields(_message(value)):
+        if dim_number == 2:
+          dims.append(_int(next((size for k, size in _fields(_message(dim)) if k == 1), 0)))
       got["shape"] = tuple(dims)
     elif number in (3, 4, 5):
-      got[("shard_id", "offset", "size")[number - 3]] = _int(v)
+      got[("shard_id", "offset", "size")[number - 3]] = _int(value)
     elif number == 6:
-      got["crc32c"] = v if isinstance(v, int) else _int(v)
+      got["crc32c"] = value if isinstance(value, int) else _int(value)
     elif number == 7:
       got["sliced"] = True
   return Entry(**got)
@@ -225,7 +153,8 @@ def _block(data: bytes, handle: bytes, where: str) -> list[tuple[bytes, bytes]]:
   size, _ = _varint(handle, pos)
   if offset + size + 5 > len(data):
     raise BundleError(f"{where}: a block runs past the end of the file (truncated?)")
-  contents, kind = data[offset:offset + size], data[offset + size]
+  contents = data[offset:offset + size]
+  kind = data[offset + size]  # the block's compression type
   stored = int.from_bytes(data[offset + size + 1:offset + size + 5], "little")
   if mask(crc32c(data[offset:offset + size + 1])) != stored:
     raise BundleError(f"{where}: the block at byte {offset} fails its crc32c (the file is corrupt)")
@@ -233,7 +162,10 @@ def _block(data: bytes, handle: bytes, where: str) -> list[tuple[bytes, bytes]]:
     raise BundleError(f"{where}: the block at byte {offset} is compressed (type {kind}); "
                       "TensorFlow writes bundles uncompressed")
   n_restarts = int.from_bytes(contents[-4:], "little")
-  end, pos, key, out = len(contents) - 4 * (n_restarts + 1), 0, b"", []
+  end = len(contents) - 4 * (n_restarts + 1)  # the entries, before the restart points
+  pos = 0
+  key = b""
+  out = []
   while pos < end:
     shared, pos = _varint(contents, pos)
     unshared, pos = _varint(contents, pos)
@@ -303,7 +235,9 @@ def _strings(raw: bytes, entry: Entry) -> tuple[np.ndarray, int]:
   """A string tensor's elements (object array of bytes) and its crc32c as `WriteStringTensor` computes it:
   over the lengths as uint32 (not their varint bytes), the masked length checksum, then the strings."""
   count = int(np.prod(entry.shape, dtype=np.int64))
-  lengths, pos, crc = [], 0, 0
+  lengths = []
+  pos = 0
+  crc = 0
   for _ in range(count):
     n, pos = _varint(raw, pos)
     lengths.append(n)
@@ -314,7 +248,8 @@ def _strings(raw: bytes, entry: Entry) -> tuple[np.ndarray, int]:
   pos += 4
   out = np.empty(count, dtype=object)
   for i, n in enumerate(lengths):
-    out[i], pos = raw[pos:pos + n], pos + n
+    out[i] = raw[pos:pos + n]
+    pos += n
     crc = crc32c(out[i], crc)
   if pos != len(raw):
     raise ValueError(f"{len(raw)} bytes, the strings need {pos}")
@@ -330,7 +265,8 @@ def _decode(raw: bytes, entry: Entry, name: str, where: str) -> np.ndarray:
     count = int(np.prod(entry.shape, dtype=np.int64))
     if len(raw) != count * dtype.itemsize:
       raise ValueError(f"{len(raw)} bytes; shape {list(entry.shape)} of {dtype.name} needs {count * dtype.itemsize}")
-    value, crc = np.frombuffer(raw, dtype).astype(dtype.newbyteorder("="), copy=True).reshape(entry.shape), None
+    value = np.frombuffer(raw, dtype).astype(dtype.newbyteorder("="), copy=True).reshape(entry.shape)
+    crc = None  # the bytes' own, taken below
   else:
     raise BundleError(f"{where}: tensor '{name}' has TensorFlow dtype {entry.dtype}, which is not read here")
   if mask(crc32c(raw) if crc is None else crc) != entry.crc32c:
@@ -350,7 +286,8 @@ def read_tensors(prefix: str | os.PathLike, names=None) -> dict[str, np.ndarray]
   for name in wanted:
     if name not in entries:
       raise BundleError(f"{_index_file(prefix)}: no tensor '{name}'")
-  out, shards = {}, {}
+  out = {}
+  shards = {}  # data file path -> its open file
   try:
     for name in wanted:
       entry = entries[name]

@@ -52,8 +52,10 @@ _REBUILDS = ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_parameter")
 ALLOWED = frozenset({("collections", "OrderedDict"), *(("torch._utils", n) for n in _REBUILDS),
                      *(("torch", n) for n in _STORAGE_DTYPES)})
 _KEY_TYPES = (str, bytes, int)  # what a state dict's (and its _metadata's) keys are; hashed in constant time
-_short = reprlib.Repr()
-_short.maxlevel, _short.maxstring, _short.maxother = 2, 40, 40
+_short = reprlib.Repr()  # what an error message quotes of a file's values: a few levels and characters
+_short.maxlevel = 2
+_short.maxstring = 40
+_short.maxother = 40
 
 
 class TorchPickleError(ValueError):
@@ -66,7 +68,8 @@ class _StorageType:
   __slots__ = ("name", "dtype")
 
   def __init__(self, name: str):
-    self.name, self.dtype = name, np.dtype(_STORAGE_DTYPES[name])
+    self.name = name
+    self.dtype = np.dtype(_STORAGE_DTYPES[name])
 
 
 class _Storage:
@@ -74,7 +77,9 @@ class _Storage:
   __slots__ = ("key", "dtype", "numel", "data")
 
   def __init__(self, key: str, dtype: np.dtype, numel: int):
-    self.key, self.dtype, self.numel = key, dtype, numel
+    self.key = key
+    self.dtype = dtype
+    self.numel = numel
     self.data: np.ndarray | None = None
 
 
@@ -90,7 +95,10 @@ class _Tensor:
       raise ValueError("a tensor whose offset, size or stride is not made of ints")
     if len(size) != len(stride) or len(size) > _MAX_RANK or offset < 0 or min(size, default=0) < 0:
       raise ValueError(f"a tensor of size {_short.repr(size)}, stride {_short.repr(stride)} at offset {offset}")
-    self.storage, self.offset, self.size, self.stride = storage, offset, tuple(size), tuple(stride)
+    self.storage = storage
+    self.offset = offset
+    self.size = tuple(size)
+    self.stride = tuple(stride)
 
   @property
   def nbytes(self) -> int:
@@ -98,16 +106,16 @@ class _Tensor:
 
   def array(self) -> np.ndarray:
     """A copy of the view (the arrays outlive the file's buffer); ValueError if it reaches outside."""
-    data, n = self.storage.data, self.storage.numel
+    data = self.storage.data
     if data is None:
       raise ValueError(f"storage {self.storage.key} is used but not stored (truncated file)")
     if 0 in self.size:
       return np.zeros(self.size, data.dtype)
     low = self.offset + sum((k - 1) * s for k, s in zip(self.size, self.stride) if s < 0)
     high = self.offset + sum((k - 1) * s for k, s in zip(self.size, self.stride) if s > 0)
-    if low < 0 or high >= n:
+    if low < 0 or high >= self.storage.numel:
       raise ValueError(f"a tensor of size {self.size}, stride {self.stride} at offset {self.offset} reaches "
-                       f"element {low if low < 0 else high}, outside its storage of {n} elements")
+                       f"element {low if low < 0 else high}, outside its storage of {self.storage.numel} elements")
     itemsize = data.dtype.itemsize
     view = np.lib.stride_tricks.as_strided(data[self.offset:], self.size, tuple(s * itemsize for s in self.stride))
     return np.array(view)
@@ -157,7 +165,8 @@ class _Unpickler(pickle._Unpickler):  # pylint: disable=protected-access  (the p
 
   def __init__(self, file, path: str, storages: dict[str, _Storage]):
     super().__init__(file, encoding="latin1")  # PyTorch 0.4's Python 2 pickles hold byte strings
-    self._path, self._storages = path, storages
+    self._path = path
+    self._storages = storages
     self._globals = {**_CALLABLES, **{("torch", n): _StorageType(n) for n in _STORAGE_DTYPES}}
 
   def find_class(self, module: str, name: str):
@@ -180,20 +189,22 @@ class _Unpickler(pickle._Unpickler):  # pylint: disable=protected-access  (the p
       raise TorchPickleError(f"{self._path}: holds a storage view (torch < 0.4 layout), which is not supported")
     if key not in self._storages:
       self._storages[key] = _Storage(key, storage_type.dtype, numel)
-    s = self._storages[key]
-    if s.dtype != storage_type.dtype or s.numel != numel:
+    storage = self._storages[key]
+    if storage.dtype != storage_type.dtype or storage.numel != numel:
       raise TorchPickleError(f"{self._path}: storage {_short.repr(key)} is named with two types or sizes")
-    return s
+    return storage
 
   def load_reduce(self):
-    args, func = self.stack.pop(), self.stack[-1]
+    args = self.stack.pop()
+    func = self.stack[-1]
     if not any(func is f for f in _CALLABLES.values()) or not isinstance(args, tuple):
       raise pickle.UnpicklingError(f"REDUCE of {_short.repr(func)}, not one of torch.save's rebuild functions")
     self.stack[-1] = func(*args)
   dispatch[pickle.REDUCE[0]] = load_reduce
 
   def load_build(self):
-    state, inst = self.stack.pop(), self.stack[-1]
+    state = self.stack.pop()
+    inst = self.stack[-1]
     if isinstance(state, tuple) and len(state) == 2 and state[1] is None:
       state = state[0]
     if type(inst) is not collections.OrderedDict or not isinstance(state, dict) or not all(
@@ -203,7 +214,8 @@ class _Unpickler(pickle._Unpickler):  # pylint: disable=protected-access  (the p
     inst.__dict__.update(state)
   dispatch[pickle.BUILD[0]] = load_build
 
-  def _keys(self, items) -> None:
+  def _check_keys(self, items) -> None:
+    """`items` alternates keys and values: every key a string or number (hashed in constant time)."""
     if not all(isinstance(k, _KEY_TYPES) for k in items[0::2]):
       raise pickle.UnpicklingError("a dict key that is not a string or number")
 
@@ -217,7 +229,7 @@ class _Unpickler(pickle._Unpickler):  # pylint: disable=protected-access  (the p
   dispatch[pickle.SETITEMS[0]] = load_setitems
 
   def load_setitems_of(self, items) -> None:
-    self._keys(items)
+    self._check_keys(items)
     target = self.stack[-1] if self.stack else None
     if type(target) not in (dict, collections.OrderedDict) or len(items) % 2:
       raise pickle.UnpicklingError(f"SETITEMS on {type(target).__name__}")
@@ -226,7 +238,7 @@ class _Unpickler(pickle._Unpickler):  # pylint: disable=protected-access  (the p
 
   def load_dict(self):
     items = self.pop_mark()
-    self._keys(items)
+    self._check_keys(items)
     self.append(dict(zip(items[0::2], items[1::2])))
   dispatch[pickle.DICT[0]] = load_dict
 
@@ -260,7 +272,7 @@ def load(path: str | os.PathLike, max_bytes: int | None = None) -> Any:
       raw = f.read()
   except OSError as e:
     raise TorchPickleError(f"{path}: cannot be read ({e.strerror or e})") from None
-  budget = [LIMIT_RATIO * len(raw) + LIMIT_SLACK if max_bytes is None else max_bytes]
+  budget = _Allowance(path, LIMIT_RATIO * len(raw) + LIMIT_SLACK if max_bytes is None else max_bytes)
   try:
     # A legacy file starts with a pickle's PROTO opcode; its tensor bytes may hold a zip's end signature.
     if not raw.startswith(b"\x80") and zipfile.is_zipfile(io.BytesIO(raw)):
@@ -278,50 +290,64 @@ def load(path: str | os.PathLike, max_bytes: int | None = None) -> Any:
     raise TorchPickleError(f"{path}: not a readable torch.save file ({type(e).__name__}: {why})") from None
 
 
-def _spend(budget: list[int], n: int, what: str, path: str) -> None:
-  """Takes `n` bytes from the load's allowance; refuses what would exceed it (a bomb, before it is built)."""
-  if n > budget[0]:
-    raise TorchPickleError(f"{path}: {what} would take {n:,} bytes, more than the {budget[0]:,} left of its "
-                           f"allowance ({LIMIT_RATIO}x the file's size; torch_pickle.load(max_bytes=...))")
-  budget[0] -= n
+class _Allowance:
+  """The bytes a load's tensors and inflated zip members may still take."""
+
+  def __init__(self, path: str, total: int):
+    self.path = path
+    self.left = total
+
+  def spend(self, n: int, what: str) -> None:
+    """Takes `n` bytes; refuses what would exceed the allowance (a bomb, before it is built)."""
+    if n > self.left:
+      raise TorchPickleError(f"{self.path}: {what} would take {n:,} bytes, more than the {self.left:,} left of its "
+                             f"allowance ({LIMIT_RATIO}x the file's size; torch_pickle.load(max_bytes=...))")
+    self.left -= n
 
 
-def _read_member(z: zipfile.ZipFile, name: str, n: int | None, budget: list[int], path: str) -> bytes:
+def _read_member(archive: zipfile.ZipFile, name: str, n: int | None, budget: _Allowance, path: str) -> bytes:
   """A zip member's bytes (its CRC checked), `n` of them if given, refused before inflating past `budget`."""
-  info = z.getinfo(name)
+  info = archive.getinfo(name)
   if n is not None and info.file_size != n:
     raise TorchPickleError(f"{path}: {name} holds {info.file_size:,} bytes, its tensors need {n:,}")
-  _spend(budget, info.file_size, name, path)
-  with z.open(info) as f:
+  budget.spend(info.file_size, name)
+  with archive.open(info) as f:
     data = f.read(info.file_size + 1)
   if len(data) != info.file_size:
     raise TorchPickleError(f"{path}: {name} inflates to {len(data):,} bytes, its header says {info.file_size:,}")
   return data
 
 
-def _load_zip(raw: bytes, path: str, budget: list[int]) -> Any:
-  with zipfile.ZipFile(io.BytesIO(raw)) as z:
-    names = z.namelist()
+def _load_zip(raw: bytes, path: str, budget: _Allowance) -> Any:
+  """The zip layout: `archive/data.pkl` beside one `archive/data/KEY` member per storage."""
+  with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+    names = archive.namelist()
     pickles = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
     if len(pickles) != 1:
       raise TorchPickleError(f"{path}: a zip file without one data.pkl (found {len(pickles)}); not torch.save's")
     prefix = pickles[0][:-len("data.pkl")]
     byteorder = prefix + "byteorder"
-    if byteorder in names and _read_member(z, byteorder, None, budget, path).strip() not in (b"little",):
+    if byteorder in names and _read_member(archive, byteorder, None, budget, path).strip() not in (b"little",):
       raise TorchPickleError(f"{path}: stored big-endian; only little-endian files are read")
     storages: dict[str, _Storage] = {}
-    obj = _Unpickler(io.BytesIO(_read_member(z, pickles[0], None, budget, path)), path, storages).load()
-    for key, s in storages.items():
+    obj = _Unpickler(io.BytesIO(_read_member(archive, pickles[0], None, budget, path)), path, storages).load()
+    for key, storage in storages.items():
       member = f"{prefix}data/{key}"
       if member not in names:
         raise TorchPickleError(f"{path}: storage {_short.repr(key)} is used but not stored ({member})")
-      s.data = _flat(_read_member(z, member, s.numel * s.dtype.itemsize, budget, path), s, path)
+      data = _read_member(archive, member, storage.numel * storage.dtype.itemsize, budget, path)
+      storage.data = _flat(data, storage, path)
   return obj
 
 
 def _load_legacy(raw: bytes, path: str) -> Any:
+  """The legacy layout: magic number, protocol version, system info, the object, its storage keys (each a
+  pickle), then each storage as an int64 element count and its bytes."""
   f = io.BytesIO(raw)
-  plain = lambda: _Unpickler(f, path, {}).load()  # noqa: E731  (the header pickles hold plain values)
+
+  def plain():  # the next of the pickles around the object: plain values, no storage
+    return _Unpickler(f, path, {}).load()
+
   try:
     magic = plain()
   except (pickle.UnpicklingError, EOFError, ValueError):
@@ -343,28 +369,30 @@ def _load_legacy(raw: bytes, path: str) -> Any:
   for key in keys:
     if key not in storages:
       raise TorchPickleError(f"{path}: storage {_short.repr(key)} is listed but no tensor uses it")
-    s = storages[key]
+    storage = storages[key]
     header = f.read(8)
     if len(header) != 8:
       raise TorchPickleError(f"{path}: ends inside storage {_short.repr(key)} (truncated file)")
     numel = int.from_bytes(header, "little", signed=True)
-    if numel != s.numel:
-      raise TorchPickleError(f"{path}: storage {_short.repr(key)} holds {numel} elements, its tensors say {s.numel}")
-    s.data = _flat(f.read(numel * s.dtype.itemsize), s, path)
-  missing = [k for k, s in storages.items() if s.data is None]
+    if numel != storage.numel:
+      raise TorchPickleError(f"{path}: storage {_short.repr(key)} holds {numel} elements, its tensors say "
+                             f"{storage.numel}")
+    storage.data = _flat(f.read(numel * storage.dtype.itemsize), storage, path)
+  missing = [key for key, storage in storages.items() if storage.data is None]
   if missing:
     raise TorchPickleError(f"{path}: storage {_short.repr(missing[0])} is used but not stored (truncated file)")
   return obj
 
 
-def _flat(data: bytes, s: _Storage, path: str) -> np.ndarray:
-  if len(data) != s.numel * s.dtype.itemsize:
-    raise TorchPickleError(f"{path}: storage {_short.repr(s.key)} holds {len(data)} bytes, expected {s.numel} x "
-                           f"{s.dtype.itemsize} (truncated file)")
-  return np.frombuffer(data, s.dtype, s.numel)
+def _flat(data: bytes, storage: _Storage, path: str) -> np.ndarray:
+  """A storage's bytes as its flat numpy array (no copy)."""
+  if len(data) != storage.numel * storage.dtype.itemsize:
+    raise TorchPickleError(f"{path}: storage {_short.repr(storage.key)} holds {len(data)} bytes, expected "
+                           f"{storage.numel} x {storage.dtype.itemsize} (truncated file)")
+  return np.frombuffer(data, storage.dtype, storage.numel)
 
 
-def _resolve(obj: Any, done: dict[int, Any], budget: list[int], path: str) -> Any:
+def _resolve(obj: Any, done: dict[int, Any], budget: _Allowance, path: str) -> Any:
   """The unpickled object with every tensor as a numpy array (containers rebuilt, their types kept); a
   tensor or tuple met twice is the same object twice (`done`, by id); a list or dict met twice is refused: a
   state dict shares none, and a tree of shared lists would be exponential for whatever walks it next."""
@@ -374,7 +402,7 @@ def _resolve(obj: Any, done: dict[int, Any], budget: list[int], path: str) -> An
                              "cyclic structure, which a state dict never holds)")
     return done[id(obj)][1]
   if isinstance(obj, _Tensor):
-    _spend(budget, obj.nbytes, f"a tensor of size {obj.size}", path)
+    budget.spend(obj.nbytes, f"a tensor of size {obj.size}")
     try:
       out = obj.array()
     except ValueError as e:
@@ -382,14 +410,14 @@ def _resolve(obj: Any, done: dict[int, Any], budget: list[int], path: str) -> An
   elif isinstance(obj, dict):
     out = type(obj)()
     done[id(obj)] = (obj, out)
-    for k, v in obj.items():
-      out[k] = _resolve(v, done, budget, path)
+    for key, value in obj.items():
+      out[key] = _resolve(value, done, budget, path)
   elif isinstance(obj, list):
     out = []
     done[id(obj)] = (obj, out)
-    out.extend(_resolve(v, done, budget, path) for v in obj)
+    out.extend(_resolve(value, done, budget, path) for value in obj)
   elif isinstance(obj, tuple):
-    out = tuple(_resolve(v, done, budget, path) for v in obj)
+    out = tuple(_resolve(value, done, budget, path) for value in obj)
   elif isinstance(obj, (_Storage, _StorageType)) or callable(obj):
     raise TorchPickleError(f"{path}: holds a bare {type(obj).__name__} outside a tensor")
   else:

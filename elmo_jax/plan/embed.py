@@ -18,6 +18,7 @@ from elmo_jax.embedding import embedder as embedder_lib
 from elmo_jax.embedding import step as embed_step
 from elmo_jax.model import BiLM, BiLMConfig
 from elmo_jax.plan import targets as targets_lib
+from elmo_jax.runtime.files import gigabytes
 
 _PROBE_ROWS = (64, 128)  # per device: the two compiles the linear memory model is fitted on
 
@@ -79,7 +80,8 @@ def _bucket(bilm_hbm, time: int, per_device_batch: int, capacity: int, budget: i
   `bilm_hbm(rows, time)` -> (HBM dict, fits) compiles the biLM step at `rows` per device."""
   entry: dict[str, Any] = {"time": int(time)}
   hbm, fits = bilm_hbm(per_device_batch, time)
-  entry["hbm_bytes_at_batch"], entry["fits_at_batch"] = hbm, fits
+  entry["hbm_bytes_at_batch"] = hbm
+  entry["fits_at_batch"] = fits
   (r0, r1) = _PROBE_ROWS
   h0, _ = bilm_hbm(r0, time)
   h1, _ = bilm_hbm(r1, time)
@@ -90,13 +92,20 @@ def _bucket(bilm_hbm, time: int, per_device_batch: int, capacity: int, budget: i
   fixed = h0["total"] - per_row * r0
   predicted = int((budget - fixed) // per_row) if per_row > 0 else 1 << 20
   rows = 1 << max(0, predicted.bit_length() - 1)
-  fit = lambda hbm, fits: fits and hbm.get("total", capacity) <= budget  # noqa: E731
+
+  def within_budget(hbm: dict[str, Any], fits: bool) -> bool:
+    return fits and hbm.get("total", capacity) <= budget
+
   hbm, fits = bilm_hbm(rows, time)
-  if fit(hbm, fits):  # the prediction fits: confirm that twice as many rows do not
-    while fit(*(bigger := bilm_hbm(2 * rows, time))):
-      rows, hbm = 2 * rows, bigger[0]
+  if within_budget(hbm, fits):  # the prediction fits: confirm that twice as many rows do not
+    while True:
+      bigger_hbm, bigger_fits = bilm_hbm(2 * rows, time)
+      if not within_budget(bigger_hbm, bigger_fits):
+        break
+      rows *= 2
+      hbm = bigger_hbm
   else:
-    while rows > 1 and not fit(hbm, fits):
+    while rows > 1 and not within_budget(hbm, fits):
       rows //= 2
       hbm, fits = bilm_hbm(rows, time)
   entry.update(largest_rows_per_device=rows, largest_tokens_per_device=rows * int(time),
@@ -105,18 +114,18 @@ def _bucket(bilm_hbm, time: int, per_device_batch: int, capacity: int, budget: i
 
 
 def render(r: dict[str, Any]) -> str:
-  gb = lambda x: f"{x / 1e9:.2f} GB"  # noqa: E731
+  """The report of `plan_embed` in a few lines."""
   lines = [f"{r['target']}: {r['devices']} x {r['chip']}, embed step of lstm {r['model']['lstm_dim']} -> "
            f"{r['model']['projection_dim']} x {r['model']['n_layers']} layers, {r['dtype']}; params "
-           f"{gb(r['param_bytes'])} and token table {gb(r['token_table_bytes'])} on every device "
-           f"(of {gb(r['hbm_capacity'])})",
-           f"char-CNN step: {gb(r['cnn_step_hbm_bytes'].get('total', 0))} per device"]
+           f"{gigabytes(r['param_bytes'])} and token table {gigabytes(r['token_table_bytes'])} on every device "
+           f"(of {gigabytes(r['hbm_capacity'])})",
+           f"char-CNN step: {gigabytes(r['cnn_step_hbm_bytes'].get('total', 0))} per device"]
   for b in r["buckets"]:
     at = b["hbm_bytes_at_batch"]
-    used = gb(at.get("total", at.get("temporaries", 0)))
+    used = gigabytes(at.get("total", at.get("temporaries", 0)))
     lines.append(f"time bucket {b['time']:>4}: {r['per_device_batch']} rows per device "
                  f"{'FIT' if b['fits_at_batch'] else 'DO NOT FIT'} in {used}; "
                  f"largest power of two that fits: {b['largest_rows_per_device']:,} rows per device "
                  f"({b.get('largest_tokens_per_device', 0):,} tokens, "
-                 f"{gb(b.get('hbm_bytes_at_largest', {}).get('total', 0))})")
+                 f"{gigabytes(b.get('hbm_bytes_at_largest', {}).get('total', 0))})")
   return "\n".join(lines)

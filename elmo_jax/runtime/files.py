@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader (or a crash) never sees a half-written file."""
+"""Local files: atomic writes (a reader, or a crash, never sees a half-written file), what a file is from its
+first bytes, whether an output path may be written (and has room), and content hashes."""
 from __future__ import annotations
 
 import contextlib
@@ -6,17 +7,16 @@ import gzip
 import hashlib
 import json
 import os
-import re
 import shutil
 import socket
 import stat
 import tempfile
-import urllib.parse
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from elmo_jax.runtime import cache
+from elmo_jax.runtime.outside_names import within
 from elmo_jax.runtime.run_layout import CONFIG_FILE, RUN_FOLDERS
 
 # The name prefix of the probes that check an output folder can be written (removed at once, here and in a
@@ -120,48 +120,6 @@ def _alive(pid: int) -> bool:
   return True
 
 
-class OutsideNameError(ValueError):
-  """A name that came from outside (a bucket object, an archive member, a config's path, a manifest entry)
-  that is not a plain name under its folder; one line naming it."""
-
-
-_DRIVE = re.compile(r"^[A-Za-z]:")
-
-
-def name_parts(name: Any, what: str = "a name") -> list[str]:
-  """The path parts of `name`, a name that came from outside (`/`-separated; empty and `.` parts dropped);
-  refuses (OutsideNameError, one line) whatever could leave the folder it is put under: `..`, an absolute
-  path, a drive letter (`C:`), a backslash, a control character, or any of them percent-encoded (`%2e%2e`)."""
-  if not isinstance(name, str) or not name.strip("/."):
-    raise OutsideNameError(f"{what} {name!r} is not a file name")
-  seen = [name]
-  while (step := urllib.parse.unquote(seen[-1])) not in seen:  # `%252e` is `%2e` is `.`
-    seen.append(step)
-  for text in seen:
-    problem = ("has an absolute path" if text.startswith(("/", "\\"))
-               else "has an absolute path (a drive letter)" if _DRIVE.match(text)
-               else "climbs out of its folder (..)" if ".." in re.split(r"[\\/]", text)
-               else "holds a backslash (a Windows path?)" if "\\" in text
-               else "holds a control character" if any(ord(c) < 32 or ord(c) == 127 for c in text) else None)
-    if problem is not None:
-      encoded = "" if text == name else f" (decoded: {text!r})"
-      raise OutsideNameError(f"{what} {name!r}{encoded} {problem}: a name from outside must stay in its folder")
-  return [p for p in name.split("/") if p not in ("", ".")]
-
-
-def inside(root: str | os.PathLike, name: Any, what: str = "a name", links_into: str | None = None) -> str:
-  """The path under `root` that the outside `name` means (`name_parts`' checks), also refused when a link
-  already under `root` would lead it out (`links_into`: the one other folder its links may lead into, e.g. a
-  Hugging Face cache snapshot's blobs/). The one way a name from a bucket, an archive, a config or a
-  manifest becomes a local path."""
-  root = os.fspath(root)
-  path = os.path.join(root, *name_parts(name, what))
-  real_root, real = os.path.realpath(root), os.path.realpath(path)
-  if not _within(real, real_root) and not (links_into is not None and _within(real, os.path.realpath(links_into))):
-    raise OutsideNameError(f"{what} {name!r} leads out of {root} through a link")
-  return path
-
-
 def write_text(path: str | os.PathLike, text: str) -> None:
   with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
     f.write(text)
@@ -242,10 +200,6 @@ class UnsafeOutputError(ValueError):
   """An output path that cannot be written, or whose writing would destroy an input; one line."""
 
 
-def _within(path: str, folder: str) -> bool:
-  return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
 def _nearest_existing(path: str) -> str:
   while not os.path.exists(path):
     path = os.path.dirname(path)
@@ -280,10 +234,10 @@ def check_output(path: str | os.PathLike, what: str, *, inputs: Any = (), direct
     source = os.path.realpath(item)
     if source == real or (os.path.exists(real) and os.path.samefile(source, real)):
       raise UnsafeOutputError(f"{what}={raw} is an input of this run ({item}); writing it would destroy it")
-    if replaces and _within(source, real):
+    if replaces and within(source, real):
       raise UnsafeOutputError(f"{what}={raw} holds an input of this run ({item}), and is replaced whole")
     for name in owns:
-      if _within(source, os.path.join(real, name)):
+      if within(source, os.path.join(real, name)):
         raise UnsafeOutputError(f"{what}={raw} holds an input of this run ({item}) where it writes its {name}; "
                                 f"writing it would destroy it: give another {what}")
   for folder in RUN_FOLDERS:  # a trained run's folder: WORKDIR/{checkpoints,export} beside config.json
@@ -326,23 +280,24 @@ def first_difference(saved: dict, wanted: dict, prefix: str = "") -> str:
   """'a.b is 1 there, 2 here' for the first key (nested dicts by dotted path) where two settings differ;
   "" if they agree. For refusing a run whose saved state was made with other settings."""
   for key in sorted(set(saved) | set(wanted)):
-    a, b = saved.get(key), wanted.get(key)
-    if isinstance(a, dict) and isinstance(b, dict):
-      found = first_difference(a, b, f"{prefix}{key}.")
+    was = saved.get(key)
+    now = wanted.get(key)
+    if isinstance(was, dict) and isinstance(now, dict):
+      found = first_difference(was, now, f"{prefix}{key}.")
       if found:
         return found
-    elif a != b:
-      return f"{prefix}{key} is {json.dumps(a)[:80]} there, {json.dumps(b)[:80]} here"
+    elif was != now:
+      return f"{prefix}{key} is {json.dumps(was)[:80]} there, {json.dumps(now)[:80]} here"
   return ""
 
 
 def sha256_arrays(*arrays: Any, extra: Any = None) -> str:
   """sha256 of JSON `extra` and the dtypes, shapes and bytes of `arrays` (e.g. a model's params)."""
   digest = hashlib.sha256(json.dumps(extra, sort_keys=True, default=str).encode())
-  for a in arrays:
-    a = np.ascontiguousarray(np.asarray(a))
-    digest.update(f"{a.dtype}{a.shape}".encode())
-    digest.update(a.tobytes())
+  for array in arrays:
+    array = np.ascontiguousarray(np.asarray(array))
+    digest.update(f"{array.dtype}{array.shape}".encode())
+    digest.update(array.tobytes())
   return digest.hexdigest()
 
 
@@ -354,12 +309,19 @@ def human_bytes(n: float) -> str:
   return f"{int(n)} bytes"
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-  """sha256 hex digest of a file's bytes, read in 4 MiB blocks."""
+def gigabytes(n: float | None) -> str:
+  """A size in one fixed unit, for reports whose rows are compared: '1.23 GB' ('?' for None)."""
+  return "?" if n is None else f"{n / 1e9:.2f} GB"
+
+
+def sha256_file(path: str | os.PathLike, on_block: Callable[[int], Any] | None = None) -> str:
+  """sha256 hex digest of a file's bytes, read in 4 MiB blocks; `on_block(n)` after each (a progress bar)."""
   digest = hashlib.sha256()
   with open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 22), b""):
       digest.update(block)
+      if on_block is not None:
+        on_block(len(block))
   return digest.hexdigest()
 
 

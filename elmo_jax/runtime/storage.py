@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 from elmo_jax.runtime import cache
 from elmo_jax.runtime import files
 from elmo_jax.runtime import gcs
+from elmo_jax.runtime import outside_names
 from elmo_jax.runtime.gcs import StorageError, check_url  # noqa: F401  (callers name them storage.X)
 from elmo_jax.runtime.run_layout import CONFIG_FILE, RUN_FOLDERS
 
@@ -189,8 +190,8 @@ def copy_path(url: str, area: str = "copies") -> str:
   """Where `local(url)` keeps its copy: `$ELMO_JAX_CACHE/bucket/copies/<bucket>/<object path>` (other areas:
   "workdirs" for a run's `Mirror`, "staged" for outputs on their way up)."""
   try:
-    return files.inside(os.path.join(cache_root(), area), gcs.key(url), f"the bucket path {url}")
-  except files.OutsideNameError as e:
+    return outside_names.inside(os.path.join(cache_root(), area), gcs.key(url), f"the bucket path {url}")
+  except outside_names.OutsideNameError as e:
     raise StorageError(str(e)) from None
 
 
@@ -249,8 +250,8 @@ def sync(folder: str, objects: dict[str, dict[str, Any]],
     if _unchanged(folder, rel, info.get("generation"), record):
       continue
     try:  # an object's name is a name: `corp/../../x` must not land outside the copy
-      target = files.inside(folder, rel, f"the bucket object {info['url']}:")
-    except files.OutsideNameError as e:
+      target = outside_names.inside(folder, rel, f"the bucket object {info['url']}:")
+    except outside_names.OutsideNameError as e:
       raise StorageError(str(e)) from None
     with files.atomic_path(target, suffix=".part") as tmp:
       gcs.call(info["url"], fs.get_file, gcs.key(info["url"]), tmp)

@@ -74,7 +74,8 @@ class Limits:
 
   def answer_bytes(self, lengths: Sequence[int], outputs: dict[str, bool]) -> int:
     """An upper bound of the answer's bytes: every element of each output, at `JSON_FLOAT_BYTES` in JSON."""
-    n, time = len(lengths), max(lengths, default=0)
+    n = len(lengths)
+    time = max(lengths, default=0)
     elements = {"layers": n * self.n_layers * time * self.dim, "top": n * time * self.dim,
                 "average": n * time * self.dim, "sentence_vector": n * self.dim, "lengths": n}
     return sum(elements[name] * (4 if binary else JSON_FLOAT_BYTES) for name, binary in outputs.items())
@@ -258,7 +259,8 @@ def output_arrays(per_sentence: Sequence[np.ndarray], names: Sequence[str], laye
     padded = np.zeros((n, n_layers, time, dim), np.float32)
     for i, x in enumerate(per_sentence):
       padded[i, :, :x.shape[1]] = x
-    out["layers"], out["top"] = padded, padded[:, -1]
+    out["layers"] = padded
+    out["top"] = padded[:, -1]
     out["average"] = padded.mean(axis=1) if n else np.zeros((0, 0, dim), np.float32)
   if "sentence_vector" in names:
     out["sentence_vector"] = sentence_means(per_sentence, layer, n_layers, dim) if n else np.zeros((0, 0), np.float32)
@@ -269,7 +271,8 @@ def output_arrays(per_sentence: Sequence[np.ndarray], names: Sequence[str], laye
 def _json_floats(array: np.ndarray) -> bytes:
   """The JSON array `json.dumps(array.ravel().tolist())` gives (compact), made `_JSON_CHUNK` elements at a
   time: never one Python list of a whole answer."""
-  flat, out = array.ravel(), [b"["]
+  flat = array.ravel()
+  out = [b"["]
   for at in range(0, len(flat), _JSON_CHUNK):
     out.append((b"," if at else b"") + json.dumps(flat[at:at + _JSON_CHUNK].tolist(),
                                                   separators=(",", ":"))[1:-1].encode())
@@ -280,10 +283,15 @@ def _json_floats(array: np.ndarray) -> bytes:
 def _dumps(head: dict[str, Any], data: list[np.ndarray | None]) -> bytes:
   """`head` as compact JSON, output k's entry with `"data"`: `data[k]` (None: an entry without data)."""
   compact = functools.partial(json.dumps, separators=(",", ":"))
-  entries = [compact(e).encode() if d is None else compact(e).encode()[:-1] + b',"data":' + _json_floats(d) + b"}"
-             for e, d in zip(head["outputs"], data)]
-  rest = compact({k: v for k, v in head.items() if k != "outputs"}).encode()
-  return rest[:-1] + (b"," if len(rest) > 2 else b"") + b'"outputs":[' + b",".join(entries) + b"]}"
+  entries = []
+  for entry, values in zip(head["outputs"], data):
+    text = compact(entry).encode()
+    if values is not None:  # "data" goes in before the entry's closing brace
+      text = text[:-1] + b',"data":' + _json_floats(values) + b"}"
+    entries.append(text)
+  rest = compact({key: value for key, value in head.items() if key != "outputs"}).encode()
+  separator = b"," if len(rest) > 2 else b""  # none after "{" when `head` holds only the outputs
+  return rest[:-1] + separator + b'"outputs":[' + b",".join(entries) + b"]}"
 
 
 def response(model_name: str, request_id: Any, arrays: dict[str, np.ndarray],

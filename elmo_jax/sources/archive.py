@@ -43,6 +43,7 @@ from typing import IO, Iterator
 
 from elmo_jax.formats import checks
 from elmo_jax.runtime import files
+from elmo_jax.runtime import outside_names
 from elmo_jax.runtime.cache import ARCHIVES, cache_dir
 from elmo_jax.sources import download
 
@@ -181,11 +182,11 @@ def _stem(path: str) -> str:
 
 
 def _member_path(archive: str, name: str) -> list[str]:
-  """The path parts a member `name` writes below the unpack folder (`files.name_parts`: the one check of a
+  """The path parts a member `name` writes below the unpack folder (`outside_names.name_parts`: the one check of a
   name from outside); refuses names that leave it."""
   try:
-    return files.name_parts(name, f"{archive}: member")
-  except files.OutsideNameError as e:
+    return outside_names.name_parts(name, f"{archive}: member")
+  except outside_names.OutsideNameError as e:
     raise ArchiveError(f"{e}; refusing to unpack the archive") from None
 
 

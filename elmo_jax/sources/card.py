@@ -9,7 +9,6 @@ converted from.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 
 import jax
@@ -17,6 +16,7 @@ import numpy as np
 
 from elmo_jax.data import chars
 from elmo_jax.model import make_model
+from elmo_jax.runtime import files
 from elmo_jax.sources import loaded
 
 # A fixed sentence set: ASCII words and punctuation, digits, Latin and CJK characters beyond ASCII, a token
@@ -52,14 +52,6 @@ def max_difference(a: loaded.LoadedModel, b: loaded.LoadedModel) -> float:
   return float(np.max(np.abs(np.asarray(run(a.params, ids)) - np.asarray(run(b.params, ids)))))
 
 
-def sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def text(spec: str, model: loaded.LoadedModel, diff: float) -> str:
   """The card's markdown for `model` (read from `spec`), converted with layers `diff` apart from it."""
   lstm, cnn = model.options["lstm"], model.options["char_cnn"]
@@ -67,7 +59,8 @@ def text(spec: str, model: loaded.LoadedModel, diff: float) -> str:
   parts = [p for p, has in (("the LM's softmax", model.softmax), ("a TF-Hub module's learned mix", model.mix),
                             ("its char and word lexicons", model.token_ids)) if has is not None]
   with_parts = "; with " + ", ".join(parts) if parts else ""
-  sources = "\n".join(f"| `{os.path.basename(p)}` | `{sha256(p)}` |" for p in model.files if os.path.isfile(p))
+  sources = "\n".join(f"| `{os.path.basename(path)}` | `{files.sha256_file(path)}` |"
+                      for path in model.files if os.path.isfile(path))
   checked = (f"max |difference| {diff:.3g} over every layer of the biLM on {len(SENTENCES)} fixed sentences "
              f"(`elmo_jax.sources.card.SENTENCES`), the source and this folder each loaded and run through the same "
              "code")

@@ -169,7 +169,8 @@ def _download(url: str, target: str, timeout: float, sha256: str | None,
   (default: `check_kind` by the name) and matching `sha256` if given); returns (sha256, bytes). An existing
   `target` is moved aside just before the rename, with the warning `replacing` (why it is replaced).
   Raises DownloadError."""
-  h, n = hashlib.sha256(), 0
+  digest = hashlib.sha256()
+  size = 0  # bytes received so far
   try:
     response = urllib.request.urlopen(url, timeout=timeout)  # noqa: S310 - http(s) only, checked by caller
   except urllib.error.HTTPError as e:
@@ -196,32 +197,34 @@ def _download(url: str, target: str, timeout: float, sha256: str | None,
             block = response.read(_CHUNK)
           except (OSError, http.client.HTTPException) as e:  # IncompleteRead: a chunked reply cut mid-way
             if isinstance(e, http.client.IncompleteRead):
-              got, why = n + len(e.partial or b""), "the connection closed mid-reply"
+              got = size + len(e.partial or b"")
+              why = "the connection closed mid-reply"
             else:
-              got, why = n, checks.one_line(repr(e))
+              got = size
+              why = checks.one_line(repr(e))
             raise DownloadError(f"{url}: download interrupted after {got} bytes ({why}); run again to retry"
                                 ) from None
           if not block:
             break
           out.write(block)
-          h.update(block)
-          n += len(block)
+          digest.update(block)
+          size += len(block)
           bar.update(len(block))
     finally:
       bar.close()
-    if total is not None and n != total:
-      raise DownloadError(f"{url}: download incomplete ({n} of {total} bytes); run again to retry")
+    if total is not None and size != total:
+      raise DownloadError(f"{url}: download incomplete ({size} of {total} bytes); run again to retry")
     problem = check(tmp) if check is not None else checks.check_kind(tmp, name=target)
     if problem is not None:
       unsized = "" if total is not None else " (the server sent no Content-Length, so a cut was not seen)"
-      raise DownloadError(f"{url}: the downloaded {n} bytes are {problem}{unsized}; not cached, run again "
+      raise DownloadError(f"{url}: the downloaded {size} bytes are {problem}{unsized}; not cached, run again "
                           "to retry")
-    if sha256 is not None and h.hexdigest() != sha256:
-      raise DownloadError(f"{url}: downloaded file fails its published sha256 (got {h.hexdigest()}); the "
+    if sha256 is not None and digest.hexdigest() != sha256:
+      raise DownloadError(f"{url}: downloaded file fails its published sha256 (got {digest.hexdigest()}); the "
                           "server's copy differs from the one this table knows")
     if replacing is not None and os.path.lexists(target):
       _move_aside(target, replacing, then="fetched it again")
-  return h.hexdigest(), n
+  return digest.hexdigest(), size
 
 
 def _record(manifest: dict[str, Any], url: str, target: str, sha256: str, n: int, source: str) -> None:

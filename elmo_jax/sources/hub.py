@@ -36,6 +36,7 @@ from elmo_jax.formats import tfhub
 from elmo_jax.formats.checks import one_line
 from elmo_jax.runtime import files as files_lib
 from elmo_jax.runtime import log
+from elmo_jax.runtime import outside_names
 from elmo_jax.runtime.run_layout import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE
 from elmo_jax.sources import download
 
@@ -209,7 +210,7 @@ def _download(hf, spec: str, repo: str, commit: str,
 def _remember(hf, repo: str, revision: str, commit: str) -> None:
   """Records `revision` -> `commit` in the cache's refs/ (as huggingface_hub does) once the files are there,
   so the revision is found offline and when the Hub is unreachable."""
-  path = os.path.join(_repo_cache(hf, repo), "refs", *files_lib.name_parts(revision, "a revision"))
+  path = os.path.join(_repo_cache(hf, repo), "refs", *outside_names.name_parts(revision, "a revision"))
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with files_lib.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
     f.write(commit)

@@ -184,7 +184,8 @@ def resolve_files(options_file: str | os.PathLike, weight_file: str | os.PathLik
   """An explicit (options, weights) pair as `resolve_model` would give it: local paths, `file://` or `http(s)://`
   URLs (downloaded once, each checked to be an options.json and a readable HDF5 file), or an EFML folder's
   config.json and a .pkl (what `resolve` gives for one)."""
-  options_file, weight_file = os.fspath(options_file), os.fspath(weight_file)
+  options_file = os.fspath(options_file)
+  weight_file = os.fspath(weight_file)
   folder = os.path.dirname(options_file)
   if weight_file.endswith(".pkl") and efml.is_efml_dir(folder):
     return ResolvedModel(options_file, weight_file, path=folder, efml_dir=folder)
@@ -209,12 +210,14 @@ def resolve(name_or_path: str) -> tuple[str, str]:
   return model.checked().files
 
 
-def _released(m: Released, fetch: bool) -> ResolvedModel:
+def _released(released: Released, fetch: bool) -> ResolvedModel:
   """The two files in the cache (downloaded once; checked against the recorded hash on every use)."""
   if not fetch:
-    return ResolvedModel(download.local_path(m.options_url), download.local_path(m.weight_url), path=m.name)
-  return ResolvedModel(download.cached_path(m.options_url, m.options_sha256, kind="options"),
-                       download.cached_path(m.weight_url, m.weights_sha256, kind="hdf5"), path=m.name)
+    return ResolvedModel(download.local_path(released.options_url), download.local_path(released.weight_url),
+                         path=released.name)
+  return ResolvedModel(download.cached_path(released.options_url, released.options_sha256, kind="options"),
+                       download.cached_path(released.weight_url, released.weights_sha256, kind="hdf5"),
+                       path=released.name)
 
 
 def _url_pair(url: str) -> tuple[str, str]:
@@ -242,13 +245,14 @@ def _from_bucket(url: str, use: str) -> ResolvedModel:
 
 def _one_model_in(folder: str) -> None:
   """Refuses a TF-Hub module folder that also holds another model's files, naming both (which one is meant?)."""
-  other = ("an ELMoForManyLangs model" if any(os.path.exists(os.path.join(folder, n)) for n in (efml.ENCODER,
-                                                                                              efml.CONFIG))
-           else "an options.json + weights.hdf5 pair" if glob.glob(os.path.join(glob.escape(folder), "*.hdf5"))
-           else None)
-  if other is not None:
-    raise download.DownloadError(f"{folder}: holds a TF-Hub module (variables/) and {other}; which one is meant "
-                                 "is ambiguous: give a folder that holds one model")
+  if any(os.path.exists(os.path.join(folder, name)) for name in (efml.ENCODER, efml.CONFIG)):
+    other = "an ELMoForManyLangs model"
+  elif glob.glob(os.path.join(glob.escape(folder), "*.hdf5")):
+    other = "an options.json + weights.hdf5 pair"
+  else:
+    return
+  raise download.DownloadError(f"{folder}: holds a TF-Hub module (variables/) and {other}; which one is meant "
+                               "is ambiguous: give a folder that holds one model")
 
 
 def _from_url(url: str) -> ResolvedModel:
@@ -263,10 +267,7 @@ def _from_url(url: str) -> ResolvedModel:
 def _from_archive(spec: str, use: str) -> ResolvedModel:
   """An archive, unpacked once into the cache (`archive.model_folder`), read as the local folder it holds."""
   folder = archive.model_folder(spec)
-  models = sorted(e.name + "/" for e in os.scandir(folder) if e.is_dir() and (
-      tfhub.is_module(e.path) or efml.is_efml_dir(e.path) or model_folder.is_folder(e.path)
-      or glob.glob(os.path.join(glob.escape(e.path), "*.json"))
-      and glob.glob(os.path.join(glob.escape(e.path), "*.hdf5"))))
+  models = sorted(entry.name + "/" for entry in os.scandir(folder) if entry.is_dir() and _holds_a_model(entry.path))
   if len(models) > 1:
     raise archive.ArchiveError(f"{spec}: holds {len(models)} model folders ({', '.join(models[:3])}); which one is "
                                f"meant is ambiguous: give one of them as the model, in {folder}")
@@ -276,6 +277,14 @@ def _from_archive(spec: str, use: str) -> ResolvedModel:
     raise archive.ArchiveError(f"{spec}: unpacked into {folder}, which holds no model it can read: "
                                f"{str(e).removeprefix(folder + ': ')}") from None
   return found if use == "init_from" else dataclasses.replace(found, path=spec)
+
+
+def _holds_a_model(folder: str) -> bool:
+  """A folder of any format `_local_folder` reads (options + weights: some .json and some .hdf5)."""
+  if tfhub.is_module(folder) or efml.is_efml_dir(folder) or model_folder.is_folder(folder):
+    return True
+  return bool(glob.glob(os.path.join(glob.escape(folder), "*.json"))
+              and glob.glob(os.path.join(glob.escape(folder), "*.hdf5")))
 
 
 def _run(workdir: str, fetch: bool) -> ResolvedModel:
@@ -355,7 +364,9 @@ def _elmo_files(path: str) -> tuple[str, str]:
   if path.endswith(".hdf5") or path.endswith(".h5"):
     options = os.path.join(folder, OPTIONS_FILE)
     candidates = sorted(glob.glob(os.path.join(folder, "*options*.json")))
-    return (options if os.path.exists(options) else (candidates[0] if len(candidates) == 1 else options)), path
+    if not os.path.exists(options) and len(candidates) == 1:
+      options = candidates[0]  # else options.json, which the load then says is missing
+    return options, path
   options = path if path.endswith(".json") else os.path.join(folder, OPTIONS_FILE)
   weights = sorted(glob.glob(os.path.join(folder, "*.hdf5")))
   if len(weights) != 1:

@@ -87,7 +87,8 @@ class Checkpointer:
     self.directory = directory if storage.is_remote(directory) else os.path.abspath(directory)
     self.checksum_dir = storage.join(self.directory, "checksums")
     self.bad_dir = storage.join(self.directory, "bad")
-    self.read_only, self.timeout_s = read_only, timeout_s
+    self.read_only = read_only
+    self.timeout_s = timeout_s
     self._lock = threading.Lock()
     self._unhashed: set[int] = set()  # steps this process saved whose checksum is not written yet
     self._finishing: list[threading.Thread] = []  # one per save: waits for its commit, writes its checksum

@@ -77,8 +77,11 @@ def released_source(path: str) -> ResolvedModel | None:
 
 def _kind(found: ResolvedModel) -> str:
   """What a `released_source` is, in words."""
-  return ("ELMoForManyLangs folder" if found.efml_dir is not None else "TF-Hub module" if found.tfhub_dir is not None
-          else "safetensors model folder")
+  if found.efml_dir is not None:
+    return "ELMoForManyLangs folder"
+  if found.tfhub_dir is not None:
+    return "TF-Hub module"
+  return "safetensors model folder"
 
 
 def source_files(path: str) -> tuple[str, ...]:

@@ -184,7 +184,8 @@ def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
   new_ids = _token_ids(config, run)
   workdir = run.local
   data = config.data
-  train_dir, eval_dir = data.prepared_dir, data.prepared_eval_dir
+  train_dir = data.prepared_dir
+  eval_dir = data.prepared_eval_dir
   if not train_dir:
     train_dir, eval_dir = _auto_prepare(config, run)
   common = dict(batch_size=local_rows, unroll_steps=config.unroll_steps, seed=config.seed)
@@ -201,14 +202,17 @@ def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
     types = corpus_types(corpus, vocab, ids)
     eval_types = None if eval_corpus is None else corpus_types(eval_corpus, vocab, ids)
     if ids is not None and jax.process_index() == 0:
-      for name, c in (("train", corpus), ("eval", eval_corpus)):
-        if c is not None:
-          _report_unknown(name, c, ids)
-    train = lambda dedupe_shards=None: make_prepared_iterator(corpus, vocab, shard=shard, types=types,
-                                                              dedupe_shards=dedupe_shards, **common)
-    evals = None if eval_corpus is None else (
-        lambda **kw: make_prepared_iterator(eval_corpus, vocab, types=eval_types, **once, **kw))
-    return TrainInput(vocab, train, evals, f"prepared corpus {train_dir}",
+      for name, split in (("train", corpus), ("eval", eval_corpus)):
+        if split is not None:
+          _report_unknown(name, split, ids)
+
+    def train(dedupe_shards=None):
+      return make_prepared_iterator(corpus, vocab, shard=shard, types=types, dedupe_shards=dedupe_shards, **common)
+
+    def evals(**kw):
+      return make_prepared_iterator(eval_corpus, vocab, types=eval_types, **once, **kw)
+
+    return TrainInput(vocab, train, None if eval_corpus is None else evals, f"prepared corpus {train_dir}",
                       len(eval_corpus) if eval_corpus is not None else 0)
 
   tokenizer = Tokenizer(pretokenized=data.pretokenized)
@@ -229,11 +233,14 @@ def make_input(config, workdir: str | Workdir, local_rows: int) -> TrainInput:
   vocab = _run_vocab(config, run, build)
   raw = dict(max_token_chars=data.max_token_chars, **common)
   # raw text: unknown words and chars are counted per token type as the text is read (`lexicon.TokenIds`)
-  train = lambda dedupe_shards=None: make_lm_iterator(train_source, vocab, tokenizer, shard=shard,
-                                                      dedupe_shards=dedupe_shards,
-                                                      token_ids=new_ids() if new_ids else None, **raw)
-  evals = None if eval_source is None else (
-      lambda **kw: make_lm_iterator(eval_source, vocab, tokenizer, max_token_chars=data.max_token_chars, **once,
-                                    token_ids=new_ids() if new_ids else None, **kw))
-  return TrainInput(vocab, train, evals, f"raw text {train_source!r}",
+
+  def train_raw(dedupe_shards=None):
+    return make_lm_iterator(train_source, vocab, tokenizer, shard=shard, dedupe_shards=dedupe_shards,
+                            token_ids=new_ids() if new_ids else None, **raw)
+
+  def evals_raw(**kw):
+    return make_lm_iterator(eval_source, vocab, tokenizer, max_token_chars=data.max_token_chars, **once,
+                            token_ids=new_ids() if new_ids else None, **kw)
+
+  return TrainInput(vocab, train_raw, None if eval_source is None else evals_raw, f"raw text {train_source!r}",
                     len(eval_source) if eval_source is not None else 0)

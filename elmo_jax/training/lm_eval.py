@@ -20,10 +20,6 @@ CONVENTION = ("each sentence is <S> w1..wn </S>; forward predicts w1..wn </S>, b
               "wn..w1 <S> (n+1 targets per direction, bilm-tf); LSTM state carried across windows")
 
 
-def _zero_like(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  return {k: np.zeros_like(v) for k, v in batch.items()}
-
-
 def perplexity(eval_step: Callable, params: Any, zero_lstm_state: Any, batches: Iterable[dict[str, np.ndarray]],
                to_global: Callable, max_batches: int = 0) -> dict[str, float]:
   """Runs `eval_step` over a finite stream of LM batches; returns perplexities and the token count.
@@ -47,7 +43,7 @@ def perplexity(eval_step: Callable, params: Any, zero_lstm_state: Any, batches: 
       if batch is None:
         if template is None:
           raise RuntimeError("this process's eval shard is empty; use fewer processes or more eval data")
-        batch = _zero_like(template)
+        batch = {key: np.zeros_like(value) for key, value in template.items()}  # all padding
     elif batch is None:
       break
     lstm_state, out = eval_step(params, lstm_state, to_global(batch))

@@ -90,7 +90,10 @@ def make_steps(config: ml_collections.ConfigDict, options: dict[str, Any], vocab
   model = make_model(options, dropout=config.dropout, dtype=config.dtype, unroll=config.scan_unroll)
   optimizer = optimizer_lib.make_optimizer(config)
   num_sampled = config.n_negative_samples if 0 < config.n_negative_samples < vocab_size - 1 else 0
-  create = lambda: step_lib.create_train_state(model, optimizer, vocab_size, config.batch_size, config.seed)
+
+  def create():
+    return step_lib.create_train_state(model, optimizer, vocab_size, config.batch_size, config.seed)
+
   shardings = step_lib.state_shardings(jax.eval_shape(create), mesh, bool(config.shard_softmax))
   train_step = step_lib.make_train_step(model, optimizer, mesh, shardings, num_sampled)
   steps = Steps(mesh, model, optimizer, shardings, train_step, step_lib.make_eval_step(model, mesh, shardings.params),
@@ -191,9 +194,11 @@ class Pacer:
   """
 
   def __init__(self, feed, ahead: int):
-    self.feed, self.ahead = feed, ahead
+    self.feed = feed
+    self.ahead = ahead
     self._in_flight: collections.deque = collections.deque()
-    self._waited, self._since = 0.0, time.time()
+    self._waited = 0.0  # the feed's wait_sec at the last `wait_share`
+    self._since = time.time()
 
   def next(self):
     if self._in_flight and not self.feed.ready():
@@ -214,7 +219,8 @@ class Pacer:
     """Share of the wall time since the last call that the devices waited for a batch."""
     now = time.time()
     share = (self.feed.wait_sec - self._waited) / max(now - self._since, 1e-9)
-    self._waited, self._since = self.feed.wait_sec, now
+    self._waited = self.feed.wait_sec
+    self._since = now
     return share
 
 
@@ -307,7 +313,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   config = variant.resolve(config, workdir)  # the model: options (from init_from), EFML lexicons, export format
   config = with_global_batch(config, jax.device_count())  # before anything is written; raises BatchSizeError
   run, options, data = open_run(config, workdir)
-  is_main, n_proc, vocab = jax.process_index() == 0, jax.process_count(), data.vocab
+  is_main = jax.process_index() == 0
+  n_proc = jax.process_count()
+  vocab = data.vocab
   steps, state = make_steps(config, options, len(vocab))
   train_iter = data.train(dedupe_shards=_dedupe_shards(config, steps))
 
@@ -317,12 +325,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   state, window_sums = restore_or_init(config, run, checkpointer, state, train_iter, compatible,
                                        steps.optimizer, options, vocab, steps.shardings)
   record_config(config, run)
-  start_step, last = int(state.step), config.num_train_steps
+  start_step = int(state.step)
+  last = config.num_train_steps
   data_state = train_iter.get_state()  # the position after the last batch a step consumed
-  train_source = input_lib.train_source(config.data)
   log_window = LogWindow(window_sums)
-
-  save = _saver(config, run, checkpointer, log_window, options, vocab.sha256(), train_source)
+  save = _saver(config, run, checkpointer, log_window, options, vocab.sha256(), input_lib.train_source(config.data))
   writer = MetricWriter(run.local, enabled=is_main, purge_step=start_step + 1, config=config.to_dict(),
                         uploaded=run.push_soon if run.remote else None)
   if is_main and data.eval is not None and start_step == 0:
@@ -330,10 +337,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   perf = Throughput(config, options, len(vocab))
   _log_start(config, data, steps, start_step, perf)
   eval_now = None if data.eval is None else (lambda: evaluate(config, data, steps, state.params))
-  flush = lambda: (checkpointer.wait(), run.flush())
+
+  def flush():  # for `after_step`: the pending save and the bucket's uploads finished
+    checkpointer.wait()
+    run.flush()
 
   # --- the step loop -------------------------------------------------------------------------------------
-  started, record = time.time(), {}
+  started = time.time()
+  record = {}
   stop_every = 1 if n_proc == 1 else max(int(config.stop_check_every_steps), 1)
   ahead = max(int(config.prefetch_batches), 1)
   profiler = Profiler(config, run.path, start_step, last)

@@ -142,11 +142,12 @@ class LogWindow:
   def record(self, step: int) -> dict[str, Any]:
     """Flushes, returns the averages of the window and starts a new one."""
     self.flush()
-    s, n = self.sums, max(self.sums["n"], 1)
-    record = {"step": step, "train_loss": s["loss"] / n, "train_ppl_forward": math.exp(s["loss_f"] / n),
-              "train_ppl_backward": math.exp(s["loss_b"] / n), "grad_norm": s["grad_norm"] / n}
-    if s["sec"] > 0:  # a window that timed no step (all paused, e.g. behind an eval) has no rate, not 0.0
-      record["tokens_per_sec"] = s["tok"] / s["sec"]
+    sums = self.sums
+    n = max(sums["n"], 1)  # steps in the window
+    record = {"step": step, "train_loss": sums["loss"] / n, "train_ppl_forward": math.exp(sums["loss_f"] / n),
+              "train_ppl_backward": math.exp(sums["loss_b"] / n), "grad_norm": sums["grad_norm"] / n}
+    if sums["sec"] > 0:  # a window that timed no step (all paused, e.g. behind an eval) has no rate, not 0.0
+      record["tokens_per_sec"] = sums["tok"] / sums["sec"]
     self.sums = self._zero()
     return record
 

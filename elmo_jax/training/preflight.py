@@ -13,6 +13,7 @@ Only then does the trainer lock the workdir and write `config.json`, `vocab.txt`
 """
 from __future__ import annotations
 
+import difflib
 import gzip
 import json
 import os
@@ -20,16 +21,23 @@ import sys
 
 import ml_collections
 
+from elmo_jax.data import manifest
+from elmo_jax.data import prepare_inputs
 from elmo_jax.data.sources import LIST_HINT, expand_paths, split_paths
+from elmo_jax.formats import options as options_lib
 from elmo_jax.runtime import files
 from elmo_jax.runtime import log
 from elmo_jax.runtime import storage
 from elmo_jax.runtime.run_layout import RUN_FOLDERS, TOP_FILES, TOP_FOLDERS, VOCAB_FILE
 from elmo_jax.sources.resolve import folder_files
+from elmo_jax.training import checkpoint
+from elmo_jax.training import derived
+from elmo_jax.training import init_from
+from elmo_jax.training import input as input_lib
+from elmo_jax.training import profile
+from elmo_jax.training import resume
+from elmo_jax.training.config import BatchSizeError, base_config, global_batch_size, with_global_batch
 from elmo_jax.training.workdir import Workdir
-from elmo_jax.data import manifest
-from elmo_jax.data import prepare_inputs
-from elmo_jax.formats import options as options_lib
 
 _BLOCK = 1 << 20
 
@@ -98,8 +106,8 @@ def _check_sources_kept(config: ml_collections.ConfigDict, workdir: str) -> None
   """Nothing the run reads is where it writes (`run_layout`'s names in the workdir): every file of its
   `init_from` source (an EFML folder as --workdir would get the run's config.json), its lexicon folder, its
   text and vocabulary. One line, before anything is written (`storage.check_output`'s `owns`)."""
-  from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
-  data, sources = config.data, []
+  data = config.data
+  sources = []
   for key in ("train_files", "eval_files"):
     try:
       sources += expand_paths(split_paths(data[key])) if data[key] and not data.tfds_name else []
@@ -142,8 +150,7 @@ def _check_run_entries(run: Workdir) -> None:
 
 def check_values(config: ml_collections.ConfigDict) -> None:
   """Ranges, choices and the model options (`config.options` as an options.json)."""
-  from elmo_jax.training.resume import flatten  # pylint: disable=g-import-not-at-top
-  flat = flatten(config.to_dict())
+  flat = resume.flatten(config.to_dict())
   _check_known_keys(flat)
   for key, value in flat.items():  # file names above all: config.json, TensorBoard and checkpoints hold them
     if isinstance(value, str):
@@ -171,8 +178,6 @@ def check_values(config: ml_collections.ConfigDict) -> None:
 def _check_batch_and_profile(flat: dict) -> None:
   """Exactly one of batch_size / per_device_batch_size (their split over the devices: `check_run`), and
   profile_steps naming steps of this run."""
-  from elmo_jax.training import profile  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training.config import BatchSizeError, global_batch_size  # pylint: disable=g-import-not-at-top
   try:
     global_batch_size(flat.get("batch_size", 0), flat.get("per_device_batch_size", 0), 1)
     steps = profile.parse_steps(flat.get("profile_steps", ""))
@@ -189,10 +194,7 @@ def _check_batch_and_profile(flat: dict) -> None:
 def _check_known_keys(flat: dict) -> None:
   """A key the trainer has no setting for is a typo in a config file (`c.learning_rat = 0.5`): refused, or the
   run would silently train with the default. (`--config.x` overrides are checked when parsed.)"""
-  import difflib  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training.config import base_config  # pylint: disable=g-import-not-at-top
-  from elmo_jax.training.resume import flatten  # pylint: disable=g-import-not-at-top
-  known = [k for k in flatten(base_config().to_dict()) if not k.startswith("options.")]
+  known = [k for k in resume.flatten(base_config().to_dict()) if not k.startswith("options.")]
   for key in flat:
     if not key.startswith("options.") and key not in known:
       close = difflib.get_close_matches(key, known, n=1)
@@ -212,12 +214,10 @@ def _check_number(key: str, value, integer: bool, low, inclusive: bool) -> None:
 
 def check_run(config: ml_collections.ConfigDict, workdir: str, n_devices: int, n_processes: int) -> None:
   """The batch splits over the devices, and the workdir's checkpoint (if any) is one this run resumes."""
-  from elmo_jax.training.config import BatchSizeError, with_global_batch  # pylint: disable=g-import-not-at-top
   try:
     config = with_global_batch(config, n_devices)  # what the run records and a resume compares
   except BatchSizeError as e:
     raise PreflightError(str(e)) from None
-  from elmo_jax.training import checkpoint, resume  # pylint: disable=g-import-not-at-top
   run = Workdir(workdir)
   found = checkpoint.newest_meta(run.checkpoints)
   if found is None:
@@ -241,7 +241,6 @@ def _changed_train_file(saved, config: ml_collections.ConfigDict) -> str:
   """'F changed since (...)' for a training file edited since the checkpoint; "" if none. Sizes, and the
   content (sha256) where the checkpoint recorded it, not mtimes: a file copied or touched unchanged still
   resumes; a same-size edit (a word's case, a typo fixed in place) does not."""
-  from elmo_jax.training import input as input_lib  # pylint: disable=g-import-not-at-top
   if not isinstance(saved, dict) or saved.get("kind") != "text":
     return ""  # TFDS, a prepared corpus, or a checkpoint written before this record
   try:
@@ -315,7 +314,8 @@ def check_prepared_dir(key: str, path: str, config: ml_collections.ConfigDict | 
                          f"token, config.options.char_cnn.max_characters_per_token is {width}; prepare it again")
   if key != "config.data.prepared_dir":
     return  # an eval split is read with the train split's vocabulary: its own settings do not matter
-  data, vocab = config.data, settings["vocab"]
+  data = config.data
+  vocab = settings["vocab"]
   made = {"pretokenized": settings["tokenizer"]["pretokenized"], "max_token_chars": settings["max_token_chars"]}
   if "max_size" in vocab:
     made.update(vocab_max_size=vocab["max_size"], vocab_min_count=vocab["min_count"])
@@ -341,7 +341,6 @@ def _blank(path: str) -> bool:
 
 def _check_saved_vocab(run: Workdir) -> None:
   """The vocab.txt a checkpoint was trained with must load (without a checkpoint it is built again)."""
-  from elmo_jax.training import derived  # pylint: disable=g-import-not-at-top
   saved = derived.kept(run.local, VOCAB_FILE, run.checkpoints)
   if saved:
     check_vocab(saved, "the workdir's vocabulary (resume)")
@@ -358,7 +357,6 @@ def check_vocab(path: str, what: str):
 
 def _check_init_from(config: ml_collections.ConfigDict) -> None:
   """The run to start from exists and has this config's model shape (released names: when loaded)."""
-  from elmo_jax.training import init_from  # pylint: disable=g-import-not-at-top
   try:
     init_from.check(config.init_from, options_lib.validate(config.options.to_dict(), "config.options"))
   except init_from.InitFromError as e:

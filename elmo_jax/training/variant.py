@@ -202,7 +202,9 @@ def _check_text(c: ml_collections.ConfigDict) -> None:
 @functools.lru_cache(maxsize=4)
 def _built(train_files: str, pretokenized: bool, max_chars: int, min_count: int, max_size: int,
            words: bool) -> lexicon_lib.Lexicon:
-  source, tokenizer = TextSource(split_paths(train_files)), Tokenizer(pretokenized=pretokenized)
+  """The lexicons built from the training text; cached: a start settles its model twice (train's checks, the loop)."""
+  source = TextSource(split_paths(train_files))
+  tokenizer = Tokenizer(pretokenized=pretokenized)
   return lexicon_lib.build((tokenizer(source[i]) for i in range(len(source))), max_chars, min_count, max_size, words)
 
 

@@ -71,7 +71,7 @@ def test_dictionary_and_architecture_errors_are_one_line_naming_file_and_line_or
 @pytest.mark.parametrize("config_path", ["../../../../../../etc/passwd", "/etc/passwd", "C:\\etc\\passwd",
                                          "%2e%2e/%2e%2e/%2e%2e/etc/passwd"])
 def test_config_path_never_opens_a_file_outside_the_folder(tmp_path, config_path, capsys):
-  """config_path is a name (`files.inside`): never /etc/passwd as the architecture; its file name in the folder
+  """config_path is a name (`outside_names.inside`): never /etc/passwd as the architecture; its file name in the folder
   or the published default."""
   folder = _folder(tmp_path, config={"config_path": config_path})
   os.remove(os.path.join(folder, "arch.json"))

@@ -18,6 +18,7 @@ import pytest
 from elmo_jax.embedding import writer
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.embedding.inputs import EmbedInputError
+from elmo_jax.formats import crc32c
 from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import tf_bundle
 from elmo_jax.formats import tfhub
@@ -37,15 +38,15 @@ def _leaves(tree):
 
 def test_crc32c_masked_as_tensorflow(monkeypatch):
   data = bytes(range(256)) * 3
-  fast = tf_bundle.crc32c(data)
-  monkeypatch.setattr(tf_bundle, "_fast", None)  # the pure-Python table, where google-crc32c is missing
-  assert tf_bundle.crc32c(b"123456789") == 0xE3069283  # RFC 3720's check value
-  assert tf_bundle.crc32c(data) == fast == tf_bundle.crc32c(data[100:], tf_bundle.crc32c(data[:100]))
+  fast = crc32c.crc32c(data)
+  monkeypatch.setattr(crc32c, "_fast", None)  # the pure-Python table, where google-crc32c is missing
+  assert crc32c.crc32c(b"123456789") == 0xE3069283  # RFC 3720's check value
+  assert crc32c.crc32c(data) == fast == crc32c.crc32c(data[100:], crc32c.crc32c(data[:100]))
   # the numpy lanes (large inputs) agree with the byte-by-byte register, remainder and all
   big = np.random.default_rng(0).integers(0, 256, 64 * 97 + 13, dtype=np.uint8).tobytes()
-  assert tf_bundle._update_lanes(0x1234567, big, lanes=64) == tf_bundle._update(0x1234567, big)
+  assert crc32c._update_lanes(0x1234567, big, lanes=64) == crc32c._update(0x1234567, big)
   # TF's Mask (crc32c.h): rotate right by 15, add 0xa282ead8; undone, it gives the crc back
-  rot = (tf_bundle.mask(0xE3069283) - 0xa282ead8) & 0xFFFFFFFF
+  rot = (crc32c.mask(0xE3069283) - 0xa282ead8) & 0xFFFFFFFF
   assert ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF == 0xE3069283
 
 

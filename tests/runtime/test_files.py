@@ -1,5 +1,5 @@
-"""runtime/files.py: a name from outside is a name (`name_parts` / `inside`, the one check every caller uses),
-and an atomic folder write takes no neighbour's name."""
+"""runtime/files.py and outside_names.py: a name from outside is a name (`name_parts` / `inside`, the one check
+every caller uses), and an atomic folder write takes no neighbour's name."""
 from __future__ import annotations
 
 import os
@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from elmo_jax.runtime import files
+from elmo_jax.runtime import outside_names
 
 BAD = {
     "..": "not a file name", "a/../../b": "climbs out", "/etc/passwd": "absolute path", "\\\\server\\x": "absolute path",
@@ -20,22 +21,22 @@ BAD = {
 
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_a_name_that_could_leave_its_folder_is_refused_in_one_line(tmp_path, name):
-  with pytest.raises(files.OutsideNameError, match=BAD[name]) as e:
-    files.inside(tmp_path, name, "a test name")
+  with pytest.raises(outside_names.OutsideNameError, match=BAD[name]) as e:
+    outside_names.inside(tmp_path, name, "a test name")
   assert "\n" not in str(e.value) and str(e.value).startswith("a test name ")
 
 
 @pytest.mark.parametrize("name,parts", [("a/b.txt", ["a", "b.txt"]), ("./a//b/", ["a", "b"]), ("100%.txt", ["100%.txt"]),
                                         ("a..b", ["a..b"]), ("é/中.json", ["é", "中.json"])])
 def test_plain_names_map_under_the_root(tmp_path, name, parts):
-  assert files.inside(tmp_path, name) == os.path.join(tmp_path, *parts)
+  assert outside_names.inside(tmp_path, name) == os.path.join(tmp_path, *parts)
 
 
 def test_a_link_under_the_root_does_not_lead_a_name_out(tmp_path):
   (tmp_path / "root").mkdir()
   os.symlink("/etc", tmp_path / "root" / "link")
-  with pytest.raises(files.OutsideNameError, match="leads out of .* through a link"):
-    files.inside(tmp_path / "root", "link/passwd")
+  with pytest.raises(outside_names.OutsideNameError, match="leads out of .* through a link"):
+    outside_names.inside(tmp_path / "root", "link/passwd")
 
 
 def test_atomic_dir_leaves_a_users_tmp_and_old_folders_alone(tmp_path):

@@ -200,7 +200,7 @@ def test_a_bucket_checkpoint_keeps_every_object_a_restore_reads_in_its_step_fold
                                   "corp/..\\..\\escaped.txt"])
 def test_a_bucket_object_named_out_of_its_folder_is_refused_not_written_outside_the_cache(
     gcs_server, bucket, tmp_path, name):
-  """An object's name is a name (`files.inside`): copying the folder `corp` refuses one whose name climbs
+  """An object's name is a name (`outside_names.inside`): copying the folder `corp` refuses one whose name climbs
   out, in one line, and writes nothing outside `$ELMO_JAX_CACHE`."""
   import urllib.parse
   import urllib.request

@@ -46,9 +46,9 @@ from elmo_jax.runtime import files
 from elmo_jax.runtime import storage
 from elmo_jax.runtime import log
 from elmo_jax.data.chars import BOS_TOKEN, EOS_TOKEN, MAX_CHARS, UNK_TOKEN, is_cut, token_to_ids
-from elmo_jax.data.manifest import (PARTIAL, PrepareError, describe_source, read_manifest, settings_difference,
-                                    settings_of, verify_files, write_manifest)
+from elmo_jax.data.manifest import PARTIAL, PrepareError, read_manifest, verify_files, write_manifest
 from elmo_jax.data.prepare_inputs import check_inputs, check_numbers, check_vocab_file, open_source, source_spec
+from elmo_jax.data.prepare_settings import describe_source, settings_difference, settings_of
 from elmo_jax.data.tokenize import Tokenizer
 from elmo_jax.data.vocab import Vocab
 from elmo_jax.runtime.progress import progress
@@ -197,10 +197,11 @@ def _merge(work: str, out: str, n_chunks: int, n_sentences: int, settings: dict,
     del tokens
   with files.atomic_path(os.path.join(out, "offsets.npy"), suffix=".tmp.npy") as tmp:
     np.save(tmp, offsets)
-  limit, max_chars = settings["max_token_chars"], settings["max_characters_per_token"]
+  limit = settings["max_token_chars"]
+  max_chars = settings["max_characters_per_token"]
   chars = np.zeros([len(types), max_chars], np.uint16)
-  for i, t in enumerate(progress(types, desc="type chars", unit="type")):
-    chars[i] = token_to_ids(t[:limit], max_chars)
+  for i, token in enumerate(progress(types, desc="type chars", unit="type")):
+    chars[i] = token_to_ids(token[:limit], max_chars)
   with files.atomic_path(os.path.join(out, "type_chars.npy"), suffix=".tmp.npy") as tmp:
     np.save(tmp, chars)
   with files.atomic_path(os.path.join(out, "type_counts.npy"), suffix=".tmp.npy") as tmp:
