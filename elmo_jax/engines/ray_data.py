@@ -37,6 +37,7 @@ from elmo_jax.engines import worker
 from elmo_jax.formats import options as options_lib
 from elmo_jax.formats import weights as weights_lib
 from elmo_jax.runtime import files
+from elmo_jax.runtime import storage
 from elmo_jax.sources import download
 from elmo_jax.sources import loaded
 from elmo_jax.sources import resolve
@@ -173,12 +174,20 @@ def embed_corpus(model: str, inputs: Sequence[str], output_dir: str, *, cluster:
   shard_lines = shard_lines or chunk
   if shard_lines % chunk:
     raise ValueError(f"shard_lines={shard_lines} must be a multiple of the chunk, {chunk} lines")
-  paths = corpus.expand(inputs)
+  # Ray's workers run in folders of their own: a local path is made absolute here, where the user named it (on a
+  # cluster of several nodes, local paths must be on a filesystem every node mounts; gs:// URLs need nothing).
+  paths = [p if storage.is_remote(p) else os.path.abspath(p) for p in corpus.expand(inputs)]
+  output_dir = output_dir if storage.is_remote(output_dir) else os.path.abspath(output_dir)
   start = time.perf_counter()
   identity = _model_identity(model, fmt)
   _init_ray(ray, cluster.address)
   scan = ray.remote(num_cpus=1)(corpus.scan)
-  files_ = corpus.input_files(ray.get([scan.remote(p, shard_lines) for p in paths]))
+  try:
+    files_ = corpus.input_files(ray.get([scan.remote(p, shard_lines) for p in paths]))
+  except ray.exceptions.RayTaskError as e:  # a missing or damaged file: its one line, not the task's traceback
+    if isinstance(e.cause, USER_ERRORS):
+      raise e.cause from None
+    raise
   bad_utf8 = [(f.path, line, why) for f in files_ for line, why in f.bad]
   if bad_utf8 and on_bad_line == "stop":
     path, line, why = bad_utf8[0]

@@ -82,6 +82,8 @@ RUN_BY = {
         "tests/interop/test_make_zoo.py::test_make_zoo_converts_every_released_model_from_a_mirror",
     r"^elmo-jax embed --model=elmo_small/ --input_file=sentences\.txt --output_file=out\.hdf5$":
         "tests/interop/test_make_zoo.py::test_make_zoo_converts_every_released_model_from_a_mirror",
+    r"^elmo-jax embed --engine=ray --model=small --input_file='corpus/\*\.txt\.gz' --output_dir=embedded/ --average$":
+        "tests/engines/test_ray_engine.py::test_the_pages_command_and_python_blocks_run",
     r"^elmo-jax push --to=hf://owner/elmo-small elmo_small/$":
         "tests/interop/test_hub.py::test_the_push_command_pushes_a_checked_folder",
 }
@@ -122,6 +124,9 @@ NOT_RUN = {
     r"^python -c \"from elmo_jax\.embedding\.embedder import Embedder; Embedder\.from_pretrained\('small'\)":
         "downloads the small model (internet); a warm load is tests/embedding/test_embed_latency.py's",
     r"^python -m pip install --no-deps --target /tmp/allennlp_pkg ": "internet; the AllenNLP baseline is optional",
+    r"^elmo-jax embed --engine=ray --ray_address=HEAD:6379 ": "a Ray cluster of several nodes, GPUs and a bucket; "
+        "tests/engines/test_ray_engine.py joins a local cluster by its address, tests/engines/test_ray_buckets.py "
+        "reads and writes a bucket (fake-gcs-server)",
     r"^elmo-jax serve --model=original": "downloads the original model (internet); "
         "tests/serving/test_serve_process.py serves bilm-tf's fixture folder the same way",
     r"^python benchmarks/embed_latency\.py ": "a latency benchmark (JSON, never asserted); its keys are "

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from elmo_jax.embedding.embedder import Embedder
+from cluster_page import page_python_blocks
 from paths import FIXTURE_DIR, REPO_ROOT
 
 beam = pytest.importorskip("apache_beam")
@@ -63,3 +64,17 @@ def test_batches_stay_within_the_warm_shapes_and_choices_are_checked():
   assert ElmoModelHandler(FIXTURE_DIR, large_model=True).share_model_across_processes()
   with pytest.raises(ValueError, match="output must be one of"):
     ElmoModelHandler(FIXTURE_DIR, output="elmo")
+
+
+def test_the_pages_beam_block_runs(lines, tmp_path, monkeypatch):
+  (tmp_path / "corpus").mkdir()
+  with gzip.open(tmp_path / "corpus" / "a.txt.gz", "wt", encoding="utf-8") as f:
+    f.write("\n".join(lines[:30]) + "\n")
+  monkeypatch.chdir(tmp_path)
+  blocks = page_python_blocks("apache_beam")
+  assert len(blocks) == 1 and "beam.Pipeline()" in blocks[0]
+  code = "from apache_beam.runners.portability.fn_api_runner import FnApiRunner\n" + blocks[0].replace(
+      "beam.Pipeline()", "beam.Pipeline(runner=FnApiRunner())")  # the default runner fetches a binary
+  exec(compile(code, "docs/cluster.md", "exec"), {})  # pylint: disable=exec-used
+  written = [line for path in glob.glob("vectors*") for line in open(path, encoding="utf-8")]
+  assert sorted(line.split("\t")[0] for line in written) == sorted(lines[:30])

@@ -22,6 +22,7 @@ import pytest
 from elmo_jax.embedding import writer
 from elmo_jax.embedding.embedder import Embedder
 from elmo_jax.engines import corpus
+from cluster_page import page_python_blocks
 from paths import FIXTURE_DIR, REPO_ROOT
 
 ray = pytest.importorskip("ray")
@@ -142,6 +143,7 @@ def test_an_actor_killed_mid_job_is_retried_and_the_output_is_complete(cluster, 
 
 
 def _command(out_dir: str, address: str, *extra: str) -> list[str]:
+  """The embed command on the fixture model, joining this file's cluster by its address."""
   return [sys.executable, "-m", "elmo_jax", "embed", "--engine=ray", f"--ray_address={address}",
           f"--model={FIXTURE_DIR}", f"--output_dir={out_dir}", "--top", f"--chunk_size={CHUNK}", "--actors=1",
           "--progress_every=0", *extra]
@@ -209,3 +211,25 @@ def test_a_model_that_cannot_load_is_one_line(cluster, corpus_files, tmp_path):
 def test_a_scan_task_names_a_missing_glob(cluster, tmp_path):
   with pytest.raises(corpus.CorpusError, match="matches no file"):
     _embed(str(tmp_path / "out"), [str(tmp_path / "*.none")])
+
+
+def test_the_pages_command_and_python_blocks_run(cluster, corpus_files, tmp_path, monkeypatch):
+  (tmp_path / "corpus").mkdir()
+  for name, path in zip(("a", "b"), corpus_files):
+    with open(path, "rb") as f:
+      data = f.read()
+    with gzip.open(tmp_path / "corpus" / f"{name}.txt.gz", "wb") as f:
+      f.write(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+  monkeypatch.chdir(tmp_path)
+  command = ["elmo-jax", "embed", "--engine=ray", "--model=small", "--input_file=corpus/*.txt.gz",
+             "--output_dir=embedded/", "--average"]  # the page's, on the fixture model and this file's cluster
+  command = [sys.executable, "-m", "elmo_jax", *command[1:]]
+  command[command.index("--model=small")] = f"--model={FIXTURE_DIR}"
+  done = subprocess.run(command + [f"--ray_address={cluster}"], capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr
+  assert done.stderr.strip().splitlines()[-1].startswith("wrote embedded/: 2 shards, 400 lines")
+  blocks = page_python_blocks("pyarrow") + page_python_blocks("import ray")
+  assert len(blocks) == 2
+  exec(compile("\n".join(blocks), "docs/cluster.md", "exec"), {})  # pylint: disable=exec-used
+  vectors = pq.read_table(sorted(glob.glob("vectors/*.parquet")))
+  assert vectors.num_rows == 400 and vectors.column("embedding")[0].to_numpy().shape == (32,)
