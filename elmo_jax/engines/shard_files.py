@@ -52,7 +52,9 @@ def record_name(number: int) -> str:
 
 def open_job(output_dir: str, settings: dict[str, Any]) -> None:
   """The job's folder for `settings`: created with its `job.json`, or an earlier run's with the same settings
-  (resumed); JobFolderError naming the first difference otherwise."""
+  (resumed); JobFolderError naming the first difference otherwise, or a folder that cannot be written
+  (`check_folder`)."""
+  check_folder(output_dir)
   path = storage.join(output_dir, JOB_FILE)
   if storage.exists(path):
     saved = _read_json(path)
@@ -64,6 +66,15 @@ def open_job(output_dir: str, settings: dict[str, Any]) -> None:
     raise JobFolderError(f"{output_dir} is not empty and holds no {JOB_FILE}; give a new or empty --output_dir")
   storage.makedirs(output_dir)
   storage.write_json(path, settings)
+
+
+def check_folder(output_dir: str) -> None:
+  """JobFolderError (one line) for an output folder that cannot be written: a file, a run's checkpoints, a bucket
+  that does not exist or refuses writes (`storage.check_output`: a probe object written and removed)."""
+  try:
+    storage.check_output(output_dir, "--output_dir", directory=True)
+  except files.UnsafeOutputError as e:
+    raise JobFolderError(str(e)) from None
 
 
 def written(output_dir: str, shards: Sequence[Shard], settings_sha: str, output_format: str,

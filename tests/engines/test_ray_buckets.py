@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from elmo_jax.engines import corpus
+from elmo_jax.engines import shard_files
 from elmo_jax.runtime import storage
 import gcs_util
 from paths import FIXTURE_DIR, REPO_ROOT
@@ -86,14 +87,22 @@ def test_inputs_and_shards_in_a_bucket_equal_a_local_run_and_a_rerun_skips_them(
       np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     assert json.loads(storage.read_bytes(f"{bucket}/out/shard-{got['shard']:05d}.json"))["sha256"] == got["sha256"]
 
+  damaged = bytearray(storage.read_bytes(f"{bucket}/out/shard-00001.parquet"))
+  damaged[len(damaged) // 2] ^= 1  # the same size: only its crc32c tells
+  storage.write_bytes(f"{bucket}/out/shard-00001.parquet", bytes(damaged))
   rerun = _embed([f"{bucket}/corpus/*.txt*"], out)
-  assert rerun["skipped_shards"] == 5 and rerun["embedded_shards"] == 0
+  assert rerun["skipped_shards"] == 4 and rerun["embedded_shards"] == 1  # the damaged one written again
   assert rerun["shards"] == remote["shards"]
 
 
-def test_a_glob_in_a_bucket_that_matches_nothing_is_one_line(bucket, tmp_path):
+def test_a_glob_that_matches_nothing_or_a_missing_bucket_is_one_line(bucket, tmp_path):
   storage.write_bytes(f"{bucket}/corpus/a.txt", b"one line\n")
-  for pattern in (f"{bucket}/corpus/*.gz", f"{bucket}/nothing/*.txt", f"{bucket}/*.txt"):
+  for pattern in (f"{bucket}/corpus/*.gz", f"{bucket}/nothing/*.txt", f"{bucket}/*.txt",  # `*` within a part
+                  "gs://no-such-bucket/corpus/*.txt"):
     with pytest.raises(corpus.CorpusError) as raised:
       _embed([pattern], str(tmp_path / "out"))
     assert str(raised.value) == f"--input_file={pattern} matches no file"
+  with pytest.raises(shard_files.JobFolderError) as raised:  # before anything is scanned
+    _embed([f"{bucket}/corpus/a.txt"], "gs://no-such-bucket/out")
+  assert str(raised.value) == ("--output_dir=gs://no-such-bucket/out: the bucket gs://no-such-bucket does not "
+                               "exist (or is not visible to these credentials)")
