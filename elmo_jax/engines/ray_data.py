@@ -174,7 +174,6 @@ def embed_corpus(model: str, inputs: Sequence[str], output_dir: str, *, cluster:
   if shard_lines % chunk:
     raise ValueError(f"shard_lines={shard_lines} must be a multiple of the chunk, {chunk} lines")
   paths = corpus.expand(inputs)
-  shard_files.check_folder(output_dir)  # before the scan, which reads every input once
   start = time.perf_counter()
   identity = _model_identity(model, fmt)
   _init_ray(ray, cluster.address)
