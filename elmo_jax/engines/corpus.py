@@ -57,8 +57,9 @@ def expand(patterns: Sequence[str]) -> list[str]:
     if not pattern:
       continue
     if not any(c in pattern for c in _GLOB_CHARS):
-      if not storage.exists(pattern):
-        raise CorpusError(f"{pattern}: input file not found")
+      if not storage.isfile(pattern):  # a folder (a bucket prefix) too: a file is read, never a tree
+        raise CorpusError(f"{pattern}: input file not found" if not storage.exists(pattern) else
+                          f"{pattern} is a folder, not a file; give a glob of its files (e.g. {pattern.rstrip('/')}/*)")
       matches = [pattern]
     elif storage.is_remote(pattern):
       matches = _bucket_glob(pattern)
@@ -77,6 +78,8 @@ def _bucket_glob(pattern: str) -> list[str]:
   matched part by part between slashes, as a local glob matches (`*` stays within a part)."""
   prefix = pattern[:min(pattern.index(c) for c in _GLOB_CHARS if c in pattern)].rsplit("/", 1)[0]
   parts = pattern.split("/")
+  if len(prefix.split("/")) < 3:  # "gs:", "", bucket
+    raise CorpusError(f"--input_file={pattern}: a wildcard in a bucket's name; name the bucket")
   try:
     objects = storage.list_objects(prefix)
   except FileNotFoundError:  # no such bucket or prefix

@@ -102,6 +102,10 @@ def test_a_glob_that_matches_nothing_or_a_missing_bucket_is_one_line(bucket, tmp
     with pytest.raises(corpus.CorpusError) as raised:
       _embed([pattern], str(tmp_path / "out"))
     assert str(raised.value) == f"--input_file={pattern} matches no file"
+  with pytest.raises(corpus.CorpusError, match=r"corpus is a folder, not a file; give a glob of its files"):
+    _embed([f"{bucket}/corpus"], str(tmp_path / "out"))
+  with pytest.raises(corpus.CorpusError, match="a wildcard in a bucket's name"):
+    _embed(["gs://b-*/corpus/a.txt"], str(tmp_path / "out"))
   with pytest.raises(shard_files.JobFolderError) as raised:  # before any shard is embedded
     _embed([f"{bucket}/corpus/a.txt"], "gs://no-such-bucket/out")
   assert str(raised.value) == ("--output_dir=gs://no-such-bucket/out: the bucket gs://no-such-bucket does not "
