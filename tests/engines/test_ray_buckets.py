@@ -95,7 +95,7 @@ def test_inputs_and_shards_in_a_bucket_equal_a_local_run_and_a_rerun_skips_them(
   assert rerun["shards"] == remote["shards"]
 
 
-def test_a_glob_that_matches_nothing_or_a_missing_bucket_is_one_line(bucket, tmp_path):
+def test_a_glob_that_matches_nothing_or_a_missing_bucket_is_one_line(cluster, bucket, tmp_path):
   storage.write_bytes(f"{bucket}/corpus/a.txt", b"one line\n")
   for pattern in (f"{bucket}/corpus/*.gz", f"{bucket}/nothing/*.txt", f"{bucket}/*.txt",  # `*` within a part
                   "gs://no-such-bucket/corpus/*.txt"):
