@@ -57,12 +57,12 @@ def expand(patterns: Sequence[str]) -> list[str]:
     if not pattern:
       continue
     if not any(c in pattern for c in _GLOB_CHARS):
-      if not storage.exists(pattern):
-        raise CorpusError(f"{pattern}: input file not found")
+      if not storage.isfile(pattern):  # a folder (a bucket prefix) too: a file is read, never a tree
+        raise CorpusError(f"{pattern}: input file not found" if not storage.exists(pattern) else
+                          f"{pattern} is a folder, not a file; give a glob of its files (e.g. {pattern.rstrip('/')}/*)")
       matches = [pattern]
     elif storage.is_remote(pattern):
-      prefix = pattern[:min(pattern.index(c) for c in _GLOB_CHARS if c in pattern)].rsplit("/", 1)[0]
-      matches = sorted(url for url in storage.list_objects(prefix) if fnmatch.fnmatchcase(url, pattern))
+      matches = _bucket_glob(pattern)
     else:
       matches = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
     if not matches:
@@ -71,6 +71,22 @@ def expand(patterns: Sequence[str]) -> list[str]:
   if not out:
     raise CorpusError("--input_file names no file")
   return out
+
+
+def _bucket_glob(pattern: str) -> list[str]:
+  """The objects a `gs://` glob matches, sorted: one listing of the prefix before its first wildcard, each URL
+  matched part by part between slashes, as a local glob matches (`*` stays within a part)."""
+  prefix = pattern[:min(pattern.index(c) for c in _GLOB_CHARS if c in pattern)].rsplit("/", 1)[0]
+  parts = pattern.split("/")
+  if len(prefix.split("/")) < 3:  # "gs:", "", bucket
+    raise CorpusError(f"--input_file={pattern}: a wildcard in a bucket's name; name the bucket")
+  try:
+    objects = storage.list_objects(prefix)
+  except FileNotFoundError:  # no such bucket or prefix
+    return []
+  urls = (info["url"] for info in objects.values())  # keyed by the path under `prefix`
+  return sorted(u for u in urls if len(u.split("/")) == len(parts)
+                and all(fnmatch.fnmatchcase(a, b) for a, b in zip(u.split("/"), parts)))
 
 
 def scan(path: str, shard_lines: int) -> dict:

@@ -7,8 +7,9 @@ record beside it, the job's settings, and at the end the manifest.
     OUTPUT_DIR/shard-00012.hdf5       the same lines in AllenNLP's `elmo` layout: dataset str(index) per line,
                                       sentence_to_index of its lines                     (--output_format=hdf5)
     OUTPUT_DIR/shard-00012.json       its record: the lines it holds (corpus indices first_index ..
-                                      first_index + lines - 1, less its bad lines), sha256 and size, tokens,
-                                      bad lines; written after the shard, so a record means a whole shard
+                                      first_index + lines - 1, less its bad lines), sha256 and size (in a
+                                      bucket also its crc32c, which the bucket keeps too), tokens, bad
+                                      lines; written after the shard, so a record means a whole shard
     OUTPUT_DIR/manifest.json          every shard's record, in corpus order, and every bad line: which shard
                                       holds a line index, and the checksums a reader can verify
 
@@ -18,7 +19,6 @@ ever sees half a shard; a rerun skips each shard whose record and file still agr
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import json
 import os
 import socket
@@ -52,7 +52,9 @@ def record_name(number: int) -> str:
 
 def open_job(output_dir: str, settings: dict[str, Any]) -> None:
   """The job's folder for `settings`: created with its `job.json`, or an earlier run's with the same settings
-  (resumed); JobFolderError naming the first difference otherwise."""
+  (resumed); JobFolderError naming the first difference otherwise, or a folder that cannot be written
+  (`check_folder`)."""
+  check_folder(output_dir)
   path = storage.join(output_dir, JOB_FILE)
   if storage.exists(path):
     saved = _read_json(path)
@@ -66,13 +68,26 @@ def open_job(output_dir: str, settings: dict[str, Any]) -> None:
   storage.write_json(path, settings)
 
 
+def check_folder(output_dir: str) -> None:
+  """JobFolderError (one line) for an output folder that cannot be written: a file, a run's checkpoints, a bucket
+  that does not exist or refuses writes (`storage.check_output`: a probe object written and removed)."""
+  try:
+    storage.check_output(output_dir, "--output_dir", directory=True)
+  except files.UnsafeOutputError as e:
+    raise JobFolderError(str(e)) from None
+
+
 def written(output_dir: str, shards: Sequence[Shard], settings_sha: str, output_format: str,
             threads: int = 8) -> dict[int, dict[str, Any]]:
   """{shard number: its record} of the shards an earlier run wrote and that still check: a record of these
-  settings, a file of its size and sha256 (read once each, on `threads` threads)."""
+  settings, a file of its size and checksum: a local file's sha256 (read once each, on `threads` threads), a
+  bucket object's crc32c as the bucket keeps it (one listing of the folder: nothing downloaded but records)."""
+  objects = storage.list_objects(output_dir) if storage.is_remote(output_dir) else None
+
   def check(shard: Shard) -> dict[str, Any] | None:
-    path = storage.join(output_dir, record_name(shard.number))
-    if not storage.exists(path):
+    name, data = record_name(shard.number), shard_name(shard.number, output_format)
+    path = storage.join(output_dir, name)
+    if (name not in objects) if objects is not None else not os.path.exists(path):
       return None
     try:
       record = _read_json(path)
@@ -80,19 +95,17 @@ def written(output_dir: str, shards: Sequence[Shard], settings_sha: str, output_
       return None  # a damaged record: its shard is written again
     if record.get("settings") != settings_sha or record.get("written") is not True:
       return None
-    data = storage.join(output_dir, shard_name(shard.number, output_format))
-    if not storage.exists(data) or _sha256(data) != record.get("sha256"):
-      return None
-    return record
+    if objects is not None:
+      info = objects.get(data)
+      same = (info is not None and int(info["size"]) == record.get("bytes")
+              and info.get("crc32c") is not None and info.get("crc32c") == record.get("crc32c"))
+    else:
+      path = os.path.join(output_dir, data)
+      same = os.path.isfile(path) and files.sha256_file(path) == record.get("sha256")
+    return record if same else None
   with concurrent.futures.ThreadPoolExecutor(threads) as pool:
     found = list(pool.map(check, shards))
   return {s.number: r for s, r in zip(shards, found) if r is not None}
-
-
-def _sha256(path: str) -> str:
-  if storage.is_remote(path):
-    return hashlib.sha256(storage.read_bytes(path)).hexdigest()
-  return files.sha256_file(path)
 
 
 def _read_json(path: str) -> Any:
@@ -116,6 +129,7 @@ class ShardWriter:
                                     suffix=".tmp")
     os.close(fd)
     self.lines = 0
+    self.crc32c: str | None = None  # a bucket object's, once closed (`written` checks it)
     self._rows: list[tuple[int, int, str, np.ndarray]] = []
     self._index: dict[str, str] = {}
     self._out: Any = None
@@ -161,6 +175,7 @@ class ShardWriter:
     digest, size = files.sha256_file(self.tmp), os.path.getsize(self.tmp)
     target = storage.join(self.output_dir, self.name)
     if storage.is_remote(target):
+      self.crc32c = storage.crc32c_file(self.tmp)  # what the bucket keeps: a rerun checks it, downloading nothing
       storage.upload(self.tmp, target)  # an object appears whole
       os.remove(self.tmp)
     else:

@@ -114,6 +114,7 @@ class ShardWorker:
       raise
     record = {**record, "written": True, "file": writer.name, "written_lines": len(lines),
               "tokens": sum(len(t) for _, _, t in lines), "sha256": digest, "bytes": size,
+              **({"crc32c": writer.crc32c} if writer.crc32c else {}),
               "seconds": time.perf_counter() - start}
     shard_files.write_record(self.output_dir, record)
     return record

@@ -168,11 +168,11 @@ def tree_digests(directory: str, algorithm: str) -> dict[str, str]:
     for name in names:
       path = os.path.join(root, name)
       out[os.path.relpath(path, directory)] = (files.sha256_file(path) if algorithm == "sha256" else
-                                               _crc32c_file(path))
+                                               crc32c_file(path))
   return dict(sorted(out.items()))
 
 
-def _crc32c_file(path: str) -> str:
+def crc32c_file(path: str) -> str:
   """A file's crc32c as GCS reports it (base64 of the big-endian 4 bytes)."""
   import google_crc32c  # pylint: disable=g-import-not-at-top
   checksum = google_crc32c.Checksum()
@@ -255,7 +255,7 @@ def sync(folder: str, objects: dict[str, dict[str, Any]],
       raise StorageError(str(e)) from None
     with files.atomic_path(target, suffix=".part") as tmp:
       gcs.call(info["url"], fs.get_file, gcs.key(info["url"]), tmp)
-      if "crc32c" in info and _crc32c_file(tmp) != info["crc32c"]:
+      if "crc32c" in info and crc32c_file(tmp) != info["crc32c"]:
         raise StorageError(f"{info['url']}: the download does not match the object's crc32c; run again")
       if isinstance(info.get("mtime"), datetime.datetime):  # the object's time: the same copy on every host
         stamp = int(info["mtime"].timestamp() * 1e9)
