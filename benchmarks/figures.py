@@ -10,7 +10,8 @@ forge and in the site), its options after the id, e.g. `<!--fig:RECORD:KEY .2f--
     bare            the number without its unit
     k               thousands: 651,757 -> 652k
     minsec          seconds as `13 min 11 s`
-    machine, commit, load   the record's machine in a few words, its commit, its load average before and after
+    machine, commit, date, load   the record's machine in a few words, its commit, its date, its load average
+                    before and after
     peak            the fraction of the machine's measured matmul peak the figure runs at (it carries `flops`,
                     per unit of a rate or per call of a time)
     floor           the fraction of the memory-bandwidth floor's speed (it carries `floor`, the same quantity at
@@ -19,7 +20,9 @@ forge and in the site), its options after the id, e.g. `<!--fig:RECORD:KEY .2f--
 A record whose sources changed since its commit (benchmarks/stale.py) gets a note in each block that shows it,
 `<!--stale:RECORD-->(measured at `abc1234`, N commits of its code since)<!--/stale-->`: after its last span in
 a paragraph, on a line of its own under a table. `docs/figures.md` ("Measured figures") is generated: one table
-per machine fingerprint, and the commit the notes count up to.
+per machine fingerprint, and the commit the notes count up to. A page's `<!--rows ... -->` spec is expanded
+first into tables of its figures, one per machine, with each row's command, commit and date
+(benchmarks/page_tables.py: docs/performance.md).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import page_tables  # pylint: disable=g-import-not-at-top,wrong-import-position
 import record  # pylint: disable=g-import-not-at-top,wrong-import-position
 import stale as stale_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -129,7 +133,11 @@ def render(rec: dict, fig: dict, opts: str = "") -> str:
     return machine_name(rec)
   if "commit" in words:
     return f"`{meta.get('commit')}`"
+  if "date" in words:
+    return str(meta.get("date") or "unknown")[:10]
   if "load" in words:
+    if not meta.get("load_before") and not meta.get("load_after"):
+      return "not recorded"
     before, after = meta.get("load_before") or ["?"], meta.get("load_after") or ["?"]
     return f"load average {before[0]} before, {after[0]} after"
   for how in ("peak", "floor"):
@@ -353,7 +361,7 @@ def run(repo: str = record.REPO, write: bool = False) -> list[str]:
     rel = os.path.relpath(path, repo)
     with open(path, encoding="utf-8") as f:
       text = f.read()
-    new = rewrite(text, store, stale, rel, problems)
+    new = rewrite(page_tables.expand(text, store, rel, problems), store, stale, rel, problems)
     if new != text:
       if write:
         _atomic_write(path, new)
