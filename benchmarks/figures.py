@@ -121,6 +121,8 @@ def machine_name(rec: dict) -> str:
   widest = next((name for flag, name in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"),
                                          ("neon", "NEON"), ("asimd", "NEON")) if flag in isa), None)
   parts = [static["cpu_model"], f"{static.get('cores')} cores"] + ([widest] if widest else [])
+  if static.get("compiled_for"):  # a compile analysis: the target is what the figures are about
+    return f"`{static['compiled_for']}`, compiled on " + ", ".join(parts) + " without the chips"
   return ", ".join(parts) + (f", {static['accelerator']}" if static.get("accelerator") else "")
 
 
@@ -163,6 +165,35 @@ def render(rec: dict, fig: dict, opts: str = "") -> str:
 def stale_note(s: dict) -> str:
   since = "a commit this clone lacks" if s["since"] is None else f"{s['since']} commits of its code since"
   return f"(measured at `{s['commit']}`, {since})"
+
+
+_HEAD = re.compile(r"(?P<open><!--fig:|\{)(?P<id>[^\s>{}:]+:[^\s>{}]+)(?P<opts>[^>{}]*?)(?P<close>-->|\})")
+
+
+def retaken(store: dict, fid: str, opts: str) -> tuple[str, str] | None:
+  """(figure id, options) of the record that retakes a legacy figure, where the store holds it: the legacy
+  figure's `retake` ({"figure": RECORD:KEY, "opts": options}, written where the benchmark that retakes it is
+  known: benchmarks/run_all.sh's line); None where it has none or its record is not yet measured."""
+  rid, _, key = fid.partition(":")
+  target = ((store.get(rid) or {}).get("figures", {}).get(key) or {}).get("retake")
+  if not target:
+    return None
+  new_rid, _, new_key = target["figure"].partition(":")
+  if new_key not in (store.get(new_rid) or {}).get("figures", {}):
+    return None
+  words = [w for w in opts.split() if w in ("machine", "commit", "date", "load", "peak", "floor")]
+  return target["figure"], " ".join([target.get("opts", "")] + words).strip()
+
+
+def switch_retaken(text: str, store: dict) -> str:
+  """`text` with each span and table placeholder of a legacy figure that a sweep has retaken naming the new
+  figure instead (`retaken`): once its record exists, the page shows the new measurement, not the old."""
+  def sub(m: re.Match) -> str:
+    new = retaken(store, m.group("id"), m.group("opts"))
+    if new is None:
+      return m.group(0)
+    return f"{m.group('open')}{new[0]}{' ' + new[1] if new[1] else ''}{m.group('close')}"
+  return _HEAD.sub(sub, text)
 
 
 def _render_spans(line: str, store: dict, errors: list[str], where: str) -> str:
@@ -282,6 +313,9 @@ def _machine_heading(machine: dict) -> list[str]:
     lines.append(f"{static.get('cpu_model')} ({static.get('cpu_family')}), ISA {isa}, {static.get('cores')} cores, "
                  f"{static.get('memory_gib')} GiB" + (f", {static['accelerator']}" if static.get("accelerator") else "")
                  + ".")
+  if static.get("compiled_for"):
+    lines.append(f"Compiled for `{static['compiled_for']}` on the CPU above, without the chips (XLA's own compiler for "
+                 "them): bytes, FLOPs and bounds, not timings, so the load does not move them.")
   if measured:
     lines.append(f"Measured in the run: matmul peak {measured.get('matmul_peak_flops', 0) / 1e9:.0f} GFLOP/s, "
                  f"memory bandwidth {measured.get('memory_bandwidth_bytes_per_s', 0) / 1e9:.1f} GB/s.")
@@ -361,7 +395,7 @@ def run(repo: str = record.REPO, write: bool = False) -> list[str]:
     rel = os.path.relpath(path, repo)
     with open(path, encoding="utf-8") as f:
       text = f.read()
-    new = rewrite(page_tables.expand(text, store, rel, problems), store, stale, rel, problems)
+    new = rewrite(page_tables.expand(switch_retaken(text, store), store, rel, problems), store, stale, rel, problems)
     if new != text:
       if write:
         _atomic_write(path, new)

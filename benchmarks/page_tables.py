@@ -39,8 +39,9 @@ def _machine(data: dict, fig: dict) -> tuple[tuple[int, str], str]:
   fp = machine.get("fingerprint", record.UNKNOWN)
   if fp != record.UNKNOWN:
     import figures  # pylint: disable=g-import-not-at-top,import-outside-toplevel  (figures imports this module)
-    return (0, fp), (f"On {figures.machine_name(data)} (fingerprint [`{fp}`](figures.md#machine-{fp}): its "
-                     "CPU, ISA flags, memory and the matmul peak and memory bandwidth measured in the run):")
+    what = ("the CPU and the target; a compile analysis, not a timing" if machine.get("static", {}).get("compiled_for")
+            else "its CPU, ISA flags, memory and the matmul peak and memory bandwidth measured in the run")
+    return (0, fp), f"On {figures.machine_name(data)} (fingerprint [`{fp}`](figures.md#machine-{fp}): {what}):"
   name = fig.get("machine") or machine.get("name") or "an unknown machine"
   label, _, words = name.partition(":")
   what = f"**{label}**" + (f", {words.strip()}" if words else "")

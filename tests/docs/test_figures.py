@@ -142,3 +142,14 @@ def test_a_rows_spec_gives_one_table_per_machine():
   page_tables.expand("<!--rows\n| what | p50 |\n| x | {a/x:p50_ms} vs {a/y:p50_ms} |\n-->\n<!--/rows-->", store,
                      "p", errors)
   assert errors and "one record" in errors[0]  # a ratio is never formed from two runs
+
+
+def test_a_retaken_legacy_figure_switches_once_its_record_exists():
+  legacy = {"record": {"machine": {"fingerprint": record.UNKNOWN}},
+            "figures": {"k": {"value": 0.83, "unit": "%", "text": "0.83%",
+                              "retake": {"figure": "pipeline/x:share", "opts": ".2%"}}}}
+  text = "waits <!--fig:legacy/a:k .2f-->0.83%<!--/fig--> | {legacy/a:k .2f} | {legacy/a:k commit} |"
+  assert figures.switch_retaken(text, {"legacy/a": legacy}) == text  # not yet measured: the legacy span stays
+  new = {"record": {"commit": "abc1234"}, "figures": {"share": {"value": 0.0034, "unit": ""}}}
+  assert figures.switch_retaken(text, {"legacy/a": legacy, "pipeline/x": new}) == (
+      "waits <!--fig:pipeline/x:share .2%-->0.83%<!--/fig--> | {pipeline/x:share .2%} | {pipeline/x:share .2% commit} |")
