@@ -9,6 +9,7 @@ forge and in the site), its options after the id, e.g. `<!--fig:RECORD:KEY .2f--
     .2f, +.1f ...   a format spec for the number (default: whole numbers from 100 up, 3 significant digits below)
     bare            the number without its unit
     k               thousands: 651,757 -> 652k
+    GB, MB          a figure in bytes in GB / MB (1e9 / 1e6 bytes)
     minsec          seconds as `13 min 11 s`
     machine, commit, date, load   the record's machine in a few words, its commit, its date, its load average
                     before and after
@@ -151,12 +152,14 @@ def render(rec: dict, fig: dict, opts: str = "") -> str:
   if "minsec" in words and fig["unit"] == "s":  # 791 s -> "13 min 11 s"
     minutes, seconds = divmod(round(fig["value"]), 60)
     return f"{seconds} s" if not minutes else f"{minutes} min" + (f" {seconds} s" if seconds else "")
-  spec = next((w for w in words if w not in ("bare", "k")), None)
-  value = fig["value"]
+  spec = next((w for w in words if w not in ("bare", "k", "GB", "MB")), None)
+  value, unit = fig["value"], fig["unit"]
+  for scale, factor in (("GB", 1e9), ("MB", 1e6)):  # a figure in bytes shown in GB / MB
+    if scale in words:
+      value, unit = value / factor, scale
   text = "-".join(number(v, spec) for v in value) if isinstance(value, list) else number(value, spec)
   if "k" in words:  # 651,757 -> 652k
     text = f"{round(value / 1e3):,}k"
-  unit = fig["unit"]
   if "bare" in words or not unit:
     return text
   return text + (unit if unit in ("x", "%") else " " + unit)
@@ -173,7 +176,8 @@ _HEAD = re.compile(r"(?P<open><!--fig:|\{)(?P<id>[^\s>{}:]+:[^\s>{}]+)(?P<opts>[
 def retaken(store: dict, fid: str, opts: str) -> tuple[str, str] | None:
   """(figure id, options) of the record that retakes a legacy figure, where the store holds it: the legacy
   figure's `retake` ({"figure": RECORD:KEY, "opts": options}, written where the benchmark that retakes it is
-  known: benchmarks/run_all.sh's line); None where it has none or its record is not yet measured."""
+  known: benchmarks/run_all.sh's line); None where it has none or its record is not yet measured. The span's
+  own options stay (`bare`, `k`, `commit`, ...), its number format replaced by `opts` where the retake has them."""
   rid, _, key = fid.partition(":")
   target = ((store.get(rid) or {}).get("figures", {}).get(key) or {}).get("retake")
   if not target:
@@ -181,8 +185,10 @@ def retaken(store: dict, fid: str, opts: str) -> tuple[str, str] | None:
   new_rid, _, new_key = target["figure"].partition(":")
   if new_key not in (store.get(new_rid) or {}).get("figures", {}):
     return None
-  words = [w for w in opts.split() if w in ("machine", "commit", "date", "load", "peak", "floor")]
-  return target["figure"], " ".join([target.get("opts", "")] + words).strip()
+  words = opts.split()
+  if "opts" in target:  # the new figure's own number format (a share as `.2%`, bytes as `GB`) replaces the span's
+    words = target["opts"].split() + [w for w in words if not re.match(r"[.+\d]", w) and w not in ("GB", "MB")]
+  return target["figure"], " ".join(words)
 
 
 def switch_retaken(text: str, store: dict) -> str:

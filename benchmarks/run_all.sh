@@ -105,7 +105,9 @@ extra_sweep() {
     input=(--seconds=0.3); cold=(--num_sentences=16 --allennlp_path=); resume=(--lines=300 --small_lines=50)
     few=(--num_sentences=32 --passes=1); steps=(--steps=1)
   fi
-  measure input pipeline/input_pipeline "$feed" -- benchmarks/input_pipeline.py "${input[@]}"
+  measure input pipeline/input_pipeline "$feed" \
+      --ratio=prepare_two_over_one=prepare_tokens_per_s.2/prepare_tokens_per_s.1 -- \
+      benchmarks/input_pipeline.py "${input[@]}"
   measure coldstart embedding/embed_cli_cold_start "$cli,benchmarks/embed_cli_cold_start.py" -- \
       benchmarks/embed_cli_cold_start.py "${cold[@]}"
   measure resume embedding/embed_resume_small "$cli,benchmarks/embed_resume.py" -- \
