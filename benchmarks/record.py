@@ -138,11 +138,13 @@ def machine_fingerprint(measure: bool = True, compiled_for: str | None = None) -
 
 
 def git_commit(repo: str = REPO) -> tuple[str, bool]:
-  """(short HEAD, whether the work tree differs from it); ("unknown", False) outside a clone."""
+  """(short HEAD, whether the work tree differs from it outside results/: a sweep's own records written so far
+  do not make the next one dirty); ("unknown", False) outside a clone."""
   def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
   try:
-    return git("rev-parse", "--short=7", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    return git("rev-parse", "--short=7", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no", "--",
+                                                          ".", ":(exclude)results"))
   except (OSError, subprocess.CalledProcessError):
     return "unknown", False
 
