@@ -123,7 +123,7 @@ def machine_name(rec: dict) -> str:
                                          ("neon", "NEON"), ("asimd", "NEON")) if flag in isa), None)
   parts = [static["cpu_model"], f"{static.get('cores')} cores"] + ([widest] if widest else [])
   if static.get("compiled_for"):  # a compile analysis: the target is what the figures are about
-    return f"`{static['compiled_for']}`, compiled on " + ", ".join(parts) + " without the chips"
+    return f"`{static['compiled_for']}`, compiled on " + ", ".join(parts) + ", without the chips"
   return ", ".join(parts) + (f", {static['accelerator']}" if static.get("accelerator") else "")
 
 
@@ -139,10 +139,13 @@ def render(rec: dict, fig: dict, opts: str = "") -> str:
   if "date" in words:
     return str(meta.get("date") or "unknown")[:10]
   if "load" in words:
+    if meta.get("kind") == "compile":
+      return "a compile analysis: any load"
     if not meta.get("load_before") and not meta.get("load_after"):
       return "not recorded"
-    before, after = meta.get("load_before") or ["?"], meta.get("load_after") or ["?"]
-    return f"load average {before[0]} before, {after[0]} after"
+    before, after = [(x or ["?"])[0] for x in (meta.get("load_before"), meta.get("load_after"))]
+    before, after = [round(x, 2) if isinstance(x, float) else x for x in (before, after)]
+    return f"load average {before} before, {after} after"
   for how in ("peak", "floor"):
     if how in words:
       return portable(rec, fig, how)

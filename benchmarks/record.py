@@ -43,7 +43,7 @@ RESULTS = os.path.join(REPO, "results")
 UNKNOWN = "unknown (before the store)"
 COMPILE_NOTE = ("a compile analysis for the target's chips on this CPU, without them (XLA's own TPU / GPU compiler): "
                 "bytes, FLOPs and bounds, not a timing, so the load average does not move it")
-LOAD_AT_START = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+LOAD_AT_START = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 # ISA flags worth naming: what XLA:CPU's matmuls and the LSTM kernels use.
 _ISA = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_bf16",
