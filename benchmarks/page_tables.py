@@ -12,8 +12,8 @@ tables after it, up to `<!--/rows-->` (do not edit between; docs/performance.md 
 A cell's `{RECORD:KEY opts}` is a figure (a span of benchmarks/figures.py, with its options: `.2f`, `bare`,
 `peak`, `floor`, ...). Every figure of a row comes from one record (a ratio is never formed from two runs); the
 rows are grouped by the machine their record was measured on (its fingerprint; a record from before the store by
-the machine its page named), one table each, the machines with a fingerprint first, each table in the order of
-the spec. Each table's columns are the spec's and the row's command, commit, date and load average before and
+the machine its page named), one table each, the machines with a fingerprint first, in the order the spec
+names them, each table's rows in the spec's order. Each table's columns are the spec's and the row's command, commit, date and load average before and
 after, taken from its record.
 """
 from __future__ import annotations
@@ -89,7 +89,7 @@ def tables(spec: str, store: dict, where: str = "", errors: list[str] | None = N
       key, caption, text = row
       groups.setdefault(key, (caption, []))[1].append(text)
   out = []
-  for key in sorted(groups):
+  for key in sorted(groups, key=lambda k: k[0]):  # measured machines first, each in the order the spec meets it
     caption, rows = groups[key]
     out += ["", caption, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header), *rows]
   return "\n".join(out + ["", ""])

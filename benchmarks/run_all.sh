@@ -115,9 +115,12 @@ extra_sweep() {
   measure devices embedding/embed_devices_small "$EMB,benchmarks/embed_throughput.py" \
       --env=XLA_FLAGS=--xla_force_host_platform_device_count=8 -- \
       benchmarks/embed_throughput.py --devices=8 --nosplit --noembed_file --notoken_cache "${few[@]}"
-  measure tokencache embedding/embed_token_cache_small "$EMB,benchmarks/embed_throughput.py" -- \
+  measure tokencache embedding/embed_token_cache_small "$EMB,benchmarks/embed_throughput.py" \
+      --ratio=token_cache_speedup=small.token_cache.cached.tokens_per_s/small.token_cache.char_path.tokens_per_s -- \
       benchmarks/embed_throughput.py --nosplit --noembed_file "${few[@]}"
-  measure dedupe training/train_dedupe_small "$train" -- \
+  measure dedupe training/train_dedupe_small "$train" \
+      --ratio=dedupe_speedup=train.small.tokens_per_s/train.small.dedupe.tokens_per_s_plain \
+      --flops=train.small.tokens_per_s=train.small.train_flops_per_token -- \
       benchmarks/train_throughput.py --configs=small --nolstm_compare --nosplit "${steps[@]}"
 }
 
