@@ -106,7 +106,7 @@ def write_record(report: dict, args, root: str) -> dict:
   """One target's report as a record (`lm1b_<target>_rows<R>.json` under --record_dir): `row.*` its table's
   columns (GB, MB, TFLOP, tokens/s per device, the bound), `report.*` every number of the planner's JSON."""
   summary = row(report)
-  payload = {"row": summary, "report": report}
+  payload = {"row": summary, "report": report, "stack": _stack()}
   figures = record.flatten(payload)
   for key, unit in _UNITS.items():
     if f"row.{key}" in figures:
@@ -114,12 +114,26 @@ def write_record(report: dict, args, root: str) -> dict:
   if summary.get("bound_by"):  # the term that binds, by name; its value the step's bound in ms
     figures["row.bound_by"] = {"value": summary["step_ms"], "unit": "ms", "text": summary["bound_by"]}
   flags = " ".join(args.flag)
-  command = (f"python benchmarks/plan_sweep.py --config={args.config} --rows={args.rows} "
+  python = os.path.relpath(sys.executable, _ROOT) if not os.path.relpath(sys.executable, _ROOT).startswith("..") \
+      else "python"  # the venv names the compilers (.venv-plan: jax 0.10.2, .venv-plan-py312: 0.12)
+  command = (f"{python} benchmarks/plan_sweep.py --config={args.config} --rows={args.rows} "
              f"--targets={report['target']}" + (f" --flag={flags}" if flags else ""))
   path = os.path.join(args.record_dir, f"lm1b_{_name(report['target'])}_rows{args.rows}.json")
   return record.write_record(path, figures, command, SOURCES, payload, kind="compile",
                              machine=record.machine_fingerprint(False, report["target"]), root=root,
                              note=record.COMPILE_NOTE)
+
+
+def _stack() -> dict:
+  """The compilers' versions: jax, jaxlib, libtpu and the CUDA plugin where installed."""
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  out = {}
+  for name in ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin"):
+    try:
+      out[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+      pass
+  return out
 
 
 def markdown(rows: list[dict]) -> str:

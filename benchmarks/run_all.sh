@@ -75,7 +75,8 @@ measure() {
 # plan: the planner's compile analyses (elmo-jax plan under XLA's TPU / GPU compilers on this CPU, no device:
 # bytes, FLOPs and bounds, not timings, so no wait for a quiet machine); one record per target, its machine
 # this CPU and the target (benchmarks/plan_sweep.py --record_dir). PLAN_PYTHON: a Python with libtpu and the
-# CUDA plugin of the pinned jax (scripts/plan.sh sets up .venv-plan).
+# CUDA plugin of the pinned jax (scripts/plan.sh sets up .venv-plan); PLAN_PYTHON312, where it exists, the same
+# for Python 3.12's jax (PYTHON=python3.12 bash scripts/plan.sh: .venv-plan-py312) into plan/jax-0.12/.
 plan() {
   wants plan || return 0
   local py="${PLAN_PYTHON:-.venv-plan/bin/python}" hlo="${PLAN_HLO:-/tmp/elmo_plan_hlo}"
@@ -86,6 +87,14 @@ plan() {
     PYTHONPATH=. "$py" benchmarks/plan_sweep.py --out="$hlo/rows_$rows" --rows="$rows" --targets="$targets" \
         --flag=--eval=false --record_dir="$OUT/plan" --record_root="$OUT" > /dev/null
   done
+  local py312="${PLAN_PYTHON312:-.venv-plan-py312/bin/python}"  # the newer stack (docs/accelerator-stacks.md)
+  if [ -x "$py312" ]; then
+    for spec in "512:h200:1x1x8" "256:v5e:2x2"; do
+      rows="${spec%%:*}"; targets="${spec#*:}"
+      PYTHONPATH=. "$py312" benchmarks/plan_sweep.py --out="$hlo/py312_rows_$rows" --rows="$rows" \
+          --targets="$targets" --flag=--eval=false --record_dir="$OUT/plan/jax-0.12" --record_root="$OUT" > /dev/null
+    done
+  fi
   for target in h200:1x1x8 v5e:2x2; do
     measure plan "plan/embed_original_${target/:/_}" "elmo_jax/plan,elmo_jax/measure,elmo_jax/embedding" \
         --python="$py" --compiled_for="$target" -- -m elmo_jax plan --step=embed --model=original --target="$target" --json
