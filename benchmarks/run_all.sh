@@ -99,6 +99,9 @@ plan() {
     measure plan "plan/embed_original_${target/:/_}" "elmo_jax/plan,elmo_jax/measure,elmo_jax/embedding" \
         --python="$py" --compiled_for="$target" -- -m elmo_jax plan --step=embed --model=original --target="$target" --json
   done
+  measure plan plan/lm1b_eval_h200_1x1x8_rows128 "elmo_jax/plan,elmo_jax/measure,elmo_jax/training,elmo_jax/model,configs/lm1b.py" \
+      --python="$py" --compiled_for=h200:1x1x8 -- \
+      -m elmo_jax plan --config=configs/lm1b.py --target=h200:1x1x8 --per_device_batch=128 --json   # the eval step
   measure plan plan/traffic_check_v5e_2x2 "elmo_jax/plan,elmo_jax/measure,benchmarks/plan_traffic_check.py" \
       --python="$py" --compiled_for=v5e:2x2 -- benchmarks/plan_traffic_check.py --target=v5e:2x2 --rows=128
 }
