@@ -2,8 +2,8 @@
 # Re-measures every measured figure of the docs and the README on this machine, writes each run as a record of
 # the results store (benchmarks/record.py: the machine's fingerprint, commit, load before and after), then
 # renders the pages from the store (python benchmarks/figures.py --write). The default sweep: under 45 minutes
-# on 2 cores (latency 5, original 15, portable 3, serving 4, long 3, embedding 5, training 6, tests 8 minutes:
-# about 42, with the waits for a quiet machine on top).
+# on 2 cores (the last one: serving 4, latency 4, portable 1, long 1, embedding 2, original 4, tests 8, training
+# 6 minutes, about 30, with the waits for a quiet machine on top).
 #
 #   bash benchmarks/run_all.sh                              # all: latency, original, portable, serving, long,
 #                                                           #      embedding, training, tests
@@ -32,8 +32,9 @@ done
 QUIET="${QUIET:-1.5}"; WAIT_S="${WAIT_S:-1800}"
 EMB="elmo_jax/embedding,elmo_jax/model,elmo_jax/runtime,benchmarks/bench_util.py"
 
-# the default sweep (under 45 minutes on 2 cores); the rest only when --only names them: input (3 min),
-# coldstart (10 min with AllenNLP), resume (8 min), devices (4 min), tokencache (5 min), dedupe (4 min), plan
+# the default sweep (about 30 minutes on 2 cores); the rest only when --only names them (about 35 minutes more):
+# input (3 min), coldstart (10 min with AllenNLP), resume (8 min), devices (4 min), tokencache (4 min), dedupe
+# (5 min); plan (compiles, no timing: about 15 min, any load)
 DEFAULT="latency,original,portable,serving,long,embedding,training,tests"
 wants() { [[ ",${ONLY/#all/$DEFAULT}," == *",$1,"* ]]; }
 
@@ -67,7 +68,8 @@ measure() {
   echo "[run_all] $name: ${envs[*]} $* (load $load)" >&2
   local json; json="$(mktemp)"
   env PYTHONPATH=. "${envs[@]}" "$py" "$@" > "$json"
-  "$PY" benchmarks/record.py --out="$OUT/$rec.json" --root="$OUT" --command="${envs[*]:+${envs[*]} }python $*" \
+  local shown=python; [ "$py" = "$PY" ] || shown="$py"  # another interpreter: its venv names the stack
+  "$PY" benchmarks/record.py --out="$OUT/$rec.json" --root="$OUT" --command="${envs[*]:+${envs[*]} }$shown $*" \
       --sources="$sources" --load_before="$load" "${extra[@]}" < "$json"
   rm -f "$json"
 }
