@@ -393,11 +393,11 @@ def figures_page(store: dict, on_pages: dict[str, list[str]], stale: dict, as_of
   return "\n".join(out)
 
 
-def run(repo: str = record.REPO, write: bool = False) -> list[str]:
+def run(repo: str = record.REPO, write: bool = False, as_of: str | None = None) -> list[str]:
   """The pages' differences from the store (write=False) or the pages rewritten (write=True): the problems
   left, one line each (a span naming a figure the store lacks; with write=False a span or page that differs)."""
   store = record.read_store(os.path.join(repo, "results"))
-  as_of = record.git_commit(repo)[0] if write else pages_as_of(repo)
+  as_of = as_of or (record.git_commit(repo)[0] if write else pages_as_of(repo))
   stale = stale_lib.stale_records(store, repo, as_of if as_of != "unknown" else "HEAD")
   problems: list[str] = []
   for path in pages(repo):
@@ -438,8 +438,10 @@ def main(argv: list[str] | None = None) -> int:
   mode.add_argument("--write", action="store_true", help="rewrite the spans and docs/figures.md from the store")
   mode.add_argument("--check", action="store_true", help="exit 1 where a span or page differs from the store")
   parser.add_argument("--repo", default=record.REPO, help="the clone whose pages and results/ to read")
+  parser.add_argument("--as_of", default=None, help="with --write: count the stale notes up to this commit "
+                      "(default HEAD; a branch keeps its base's so pages it does not change stay as they are)")
   args = parser.parse_args(argv)
-  problems = run(args.repo, write=args.write)
+  problems = run(args.repo, write=args.write, as_of=args.as_of)
   for p in problems:
     print(p, file=sys.stderr)
   return 1 if problems else 0
