@@ -8,7 +8,7 @@
 #   bash benchmarks/run_all.sh                              # all: latency, original, portable, serving, long,
 #                                                           #      embedding, training, tests
 #   bash benchmarks/run_all.sh --only=latency,serving       # some of them
-#   bash benchmarks/run_all.sh --only=input,coldstart,resume,devices,tokencache,dedupe
+#   bash benchmarks/run_all.sh --only=input,coldstart,resume,devices,tokencache,dedupe,bucket
 #                                                           # figures outside the default sweep (~35 min more)
 #   bash benchmarks/run_all.sh --only=plan                  # the planner's compile analyses for TPU / GPU
 #                                                           # targets (no timing: any load; .venv-plan)
@@ -32,9 +32,9 @@ done
 QUIET="${QUIET:-1.5}"; WAIT_S="${WAIT_S:-1800}"
 EMB="elmo_jax/embedding,elmo_jax/model,elmo_jax/runtime,benchmarks/bench_util.py"
 
-# the default sweep (about 30 minutes on 2 cores); the rest only when --only names them (about 35 minutes more):
+# the default sweep (about 30 minutes on 2 cores); the rest only when --only names them (about 40 minutes more):
 # input (3 min), coldstart (10 min with AllenNLP), resume (8 min), devices (4 min), tokencache (4 min), dedupe
-# (5 min); plan (compiles, no timing: about 15 min, any load)
+# (5 min), bucket (3 min: fake-gcs-server); plan (compiles, no timing: about 15 min, any load)
 DEFAULT="latency,original,portable,serving,long,embedding,training,tests"
 wants() { [[ ",${ONLY/#all/$DEFAULT}," == *",$1,"* ]]; }
 
@@ -114,10 +114,10 @@ extra_sweep() {
   local feed="elmo_jax/data,elmo_jax/training/feed.py,benchmarks/input_pipeline.py"
   local cli="$EMB,elmo_jax/cli/embed.py"
   local train="elmo_jax/training,elmo_jax/model,elmo_jax/data,benchmarks/train_throughput.py"
-  local input=() cold=() resume=() few=() steps=()
+  local input=() cold=() resume=() few=() steps=() bucket=(--rounds=3)
   if [ -n "$SMOKE" ]; then
     input=(--seconds=0.3); cold=(--num_sentences=16 --allennlp_path=); resume=(--lines=300 --small_lines=50)
-    few=(--num_sentences=32 --passes=1); steps=(--steps=1)
+    few=(--num_sentences=32 --passes=1); steps=(--steps=1); bucket=(--steps=4 --log_every=2 --checkpoint_every=4 --rounds=1)
   fi
   measure input pipeline/input_pipeline "$feed" \
       --ratio=prepare_two_over_one=prepare_tokens_per_s.2/prepare_tokens_per_s.1 -- \
@@ -136,6 +136,8 @@ extra_sweep() {
       --ratio=dedupe_speedup=train.small.tokens_per_s/train.small.dedupe.tokens_per_s_plain \
       --flops=train.small.tokens_per_s=train.small.train_flops_per_token -- \
       benchmarks/train_throughput.py --configs=small --nolstm_compare --nosplit "${steps[@]}"
+  measure bucket training/bucket_ops "elmo_jax/runtime,elmo_jax/training,benchmarks/bucket_ops.py" -- \
+      benchmarks/bucket_ops.py "${bucket[@]}"
 }
 
 if [ -n "$SMOKE" ]; then  # a tiny model and a few calls of the four benchmarks that take --options_file
