@@ -9,8 +9,10 @@ forge and in the site), its options after the id, e.g. `<!--fig:RECORD:KEY .2f--
     .2f, +.1f ...   a format spec for the number (default: whole numbers from 100 up, 3 significant digits below)
     bare            the number without its unit
     k               thousands: 651,757 -> 652k
+    GB, MB          a figure in bytes in GB / MB (1e9 / 1e6 bytes)
     minsec          seconds as `13 min 11 s`
-    machine, commit, load   the record's machine in a few words, its commit, its load average before and after
+    machine, commit, date, load   the record's machine in a few words, its commit, its date, its load average
+                    before and after
     peak            the fraction of the machine's measured matmul peak the figure runs at (it carries `flops`,
                     per unit of a rate or per call of a time)
     floor           the fraction of the memory-bandwidth floor's speed (it carries `floor`, the same quantity at
@@ -19,7 +21,9 @@ forge and in the site), its options after the id, e.g. `<!--fig:RECORD:KEY .2f--
 A record whose sources changed since its commit (benchmarks/stale.py) gets a note in each block that shows it,
 `<!--stale:RECORD-->(measured at `abc1234`, N commits of its code since)<!--/stale-->`: after its last span in
 a paragraph, on a line of its own under a table. `docs/figures.md` ("Measured figures") is generated: one table
-per machine fingerprint, and the commit the notes count up to.
+per machine fingerprint, and the commit the notes count up to. A page's `<!--rows ... -->` spec is expanded
+first into tables of its figures, one per machine, with each row's command, commit and date
+(benchmarks/page_tables.py: docs/performance.md).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import page_tables  # pylint: disable=g-import-not-at-top,wrong-import-position
 import record  # pylint: disable=g-import-not-at-top,wrong-import-position
 import stale as stale_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -117,6 +122,8 @@ def machine_name(rec: dict) -> str:
   widest = next((name for flag, name in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"),
                                          ("neon", "NEON"), ("asimd", "NEON")) if flag in isa), None)
   parts = [static["cpu_model"], f"{static.get('cores')} cores"] + ([widest] if widest else [])
+  if static.get("compiled_for"):  # a compile analysis: the target is what the figures are about
+    return f"`{static['compiled_for']}`, compiled on " + ", ".join(parts) + ", without the chips"
   return ", ".join(parts) + (f", {static['accelerator']}" if static.get("accelerator") else "")
 
 
@@ -129,9 +136,16 @@ def render(rec: dict, fig: dict, opts: str = "") -> str:
     return machine_name(rec)
   if "commit" in words:
     return f"`{meta.get('commit')}`"
+  if "date" in words:
+    return str(meta.get("date") or "unknown")[:10]
   if "load" in words:
-    before, after = meta.get("load_before") or ["?"], meta.get("load_after") or ["?"]
-    return f"load average {before[0]} before, {after[0]} after"
+    if meta.get("kind") == "compile":
+      return "a compile analysis: any load"
+    if not meta.get("load_before") and not meta.get("load_after"):
+      return "not recorded"
+    before, after = [(x or ["?"])[0] for x in (meta.get("load_before"), meta.get("load_after"))]
+    before, after = [round(x, 2) if isinstance(x, float) else x for x in (before, after)]
+    return f"load average {before} before, {after} after"
   for how in ("peak", "floor"):
     if how in words:
       return portable(rec, fig, how)
@@ -141,12 +155,14 @@ def render(rec: dict, fig: dict, opts: str = "") -> str:
   if "minsec" in words and fig["unit"] == "s":  # 791 s -> "13 min 11 s"
     minutes, seconds = divmod(round(fig["value"]), 60)
     return f"{seconds} s" if not minutes else f"{minutes} min" + (f" {seconds} s" if seconds else "")
-  spec = next((w for w in words if w not in ("bare", "k")), None)
-  value = fig["value"]
+  spec = next((w for w in words if w not in ("bare", "k", "GB", "MB")), None)
+  value, unit = fig["value"], fig["unit"]
+  for scale, factor in (("GB", 1e9), ("MB", 1e6)):  # a figure in bytes shown in GB / MB
+    if scale in words:
+      value, unit = value / factor, scale
   text = "-".join(number(v, spec) for v in value) if isinstance(value, list) else number(value, spec)
   if "k" in words:  # 651,757 -> 652k
     text = f"{round(value / 1e3):,}k"
-  unit = fig["unit"]
   if "bare" in words or not unit:
     return text
   return text + (unit if unit in ("x", "%") else " " + unit)
@@ -155,6 +171,38 @@ def render(rec: dict, fig: dict, opts: str = "") -> str:
 def stale_note(s: dict) -> str:
   since = "a commit this clone lacks" if s["since"] is None else f"{s['since']} commits of its code since"
   return f"(measured at `{s['commit']}`, {since})"
+
+
+_HEAD = re.compile(r"(?P<open><!--fig:|\{)(?P<id>[^\s>{}:]+:[^\s>{}]+)(?P<opts>[^>{}]*?)(?P<close>-->|\})")
+
+
+def retaken(store: dict, fid: str, opts: str) -> tuple[str, str] | None:
+  """(figure id, options) of the record that retakes a legacy figure, where the store holds it: the legacy
+  figure's `retake` ({"figure": RECORD:KEY, "opts": options}, written where the benchmark that retakes it is
+  known: benchmarks/run_all.sh's line); None where it has none or its record is not yet measured. The span's
+  own options stay (`bare`, `k`, `commit`, ...), its number format replaced by `opts` where the retake has them."""
+  rid, _, key = fid.partition(":")
+  target = ((store.get(rid) or {}).get("figures", {}).get(key) or {}).get("retake")
+  if not target:
+    return None
+  new_rid, _, new_key = target["figure"].partition(":")
+  if new_key not in (store.get(new_rid) or {}).get("figures", {}):
+    return None
+  words = opts.split()
+  if "opts" in target:  # the new figure's own number format (a share as `.2%`, bytes as `GB`) replaces the span's
+    words = target["opts"].split() + [w for w in words if not re.match(r"[.+\d]", w) and w not in ("GB", "MB")]
+  return target["figure"], " ".join(words)
+
+
+def switch_retaken(text: str, store: dict) -> str:
+  """`text` with each span and table placeholder of a legacy figure that a sweep has retaken naming the new
+  figure instead (`retaken`): once its record exists, the page shows the new measurement, not the old."""
+  def sub(m: re.Match) -> str:
+    new = retaken(store, m.group("id"), m.group("opts"))
+    if new is None:
+      return m.group(0)
+    return f"{m.group('open')}{new[0]}{' ' + new[1] if new[1] else ''}{m.group('close')}"
+  return _HEAD.sub(sub, text)
 
 
 def _render_spans(line: str, store: dict, errors: list[str], where: str) -> str:
@@ -274,6 +322,9 @@ def _machine_heading(machine: dict) -> list[str]:
     lines.append(f"{static.get('cpu_model')} ({static.get('cpu_family')}), ISA {isa}, {static.get('cores')} cores, "
                  f"{static.get('memory_gib')} GiB" + (f", {static['accelerator']}" if static.get("accelerator") else "")
                  + ".")
+  if static.get("compiled_for"):
+    lines.append(f"Compiled for `{static['compiled_for']}` on the CPU above, without the chips (XLA's own compiler for "
+                 "them): bytes, FLOPs and bounds, not timings, so the load does not move them.")
   if measured:
     lines.append(f"Measured in the run: matmul peak {measured.get('matmul_peak_flops', 0) / 1e9:.0f} GFLOP/s, "
                  f"memory bandwidth {measured.get('memory_bandwidth_bytes_per_s', 0) / 1e9:.1f} GB/s.")
@@ -342,18 +393,18 @@ def figures_page(store: dict, on_pages: dict[str, list[str]], stale: dict, as_of
   return "\n".join(out)
 
 
-def run(repo: str = record.REPO, write: bool = False) -> list[str]:
+def run(repo: str = record.REPO, write: bool = False, as_of: str | None = None) -> list[str]:
   """The pages' differences from the store (write=False) or the pages rewritten (write=True): the problems
   left, one line each (a span naming a figure the store lacks; with write=False a span or page that differs)."""
   store = record.read_store(os.path.join(repo, "results"))
-  as_of = record.git_commit(repo)[0] if write else pages_as_of(repo)
+  as_of = as_of or (record.git_commit(repo)[0] if write else pages_as_of(repo))
   stale = stale_lib.stale_records(store, repo, as_of if as_of != "unknown" else "HEAD")
   problems: list[str] = []
   for path in pages(repo):
     rel = os.path.relpath(path, repo)
     with open(path, encoding="utf-8") as f:
       text = f.read()
-    new = rewrite(text, store, stale, rel, problems)
+    new = rewrite(page_tables.expand(switch_retaken(text, store), store, rel, problems), store, stale, rel, problems)
     if new != text:
       if write:
         _atomic_write(path, new)
@@ -387,8 +438,10 @@ def main(argv: list[str] | None = None) -> int:
   mode.add_argument("--write", action="store_true", help="rewrite the spans and docs/figures.md from the store")
   mode.add_argument("--check", action="store_true", help="exit 1 where a span or page differs from the store")
   parser.add_argument("--repo", default=record.REPO, help="the clone whose pages and results/ to read")
+  parser.add_argument("--as_of", default=None, help="with --write: count the stale notes up to this commit "
+                      "(default HEAD; a branch keeps its base's so pages it does not change stay as they are)")
   args = parser.parse_args(argv)
-  problems = run(args.repo, write=args.write)
+  problems = run(args.repo, write=args.write, as_of=args.as_of)
   for p in problems:
     print(p, file=sys.stderr)
   return 1 if problems else 0

@@ -2,7 +2,7 @@
 
 A record is a JSON file under `results/` (`results/<folder>/<name>.json`; its id is `<folder>/<name>`):
 
-    {"record": {"id", "kind": "benchmark" | "legacy", "command", "commit", "dirty", "date",
+    {"record": {"id", "kind": "benchmark" | "compile" | "legacy", "command", "commit", "dirty", "date",
                 "load_before", "load_after", "sources": [paths the measurement depends on],
                 "machine": {"fingerprint": id | "unknown (before the store)", "name", "static", "measured"}},
      "figures": {key: {"value": number, "unit": str, ...}},
@@ -41,7 +41,9 @@ from typing import Any, Iterable, Mapping
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "results")
 UNKNOWN = "unknown (before the store)"
-LOAD_AT_START = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+COMPILE_NOTE = ("a compile analysis for the target's chips on this CPU, without them (XLA's own TPU / GPU compiler): "
+                "bytes, FLOPs and bounds, not a timing, so the load average does not move it")
+LOAD_AT_START = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 # ISA flags worth naming: what XLA:CPU's matmuls and the LSTM kernels use.
 _ISA = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_bf16",
@@ -116,10 +118,14 @@ def fingerprint_id(static: Mapping[str, Any]) -> str:
   return hashlib.sha256(json.dumps(static, sort_keys=True).encode()).hexdigest()[:8]
 
 
-def machine_fingerprint(measure: bool = True) -> dict[str, Any]:
+def machine_fingerprint(measure: bool = True, compiled_for: str | None = None) -> dict[str, Any]:
   """The machine: `fingerprint` (id), `static` (CPU, ISA, cores, memory, accelerator) and, with `measure`,
-  `measured` (the matmul peak and the memory bandwidth, a few seconds of micro-benchmark now)."""
+  `measured` (the matmul peak and the memory bandwidth, a few seconds of micro-benchmark now). `compiled_for`:
+  a compile analysis for a target's chips without them (`v5e:2x2`): the target is part of the static part,
+  so each target has a fingerprint of its own."""
   static = static_machine()
+  if compiled_for:
+    static["compiled_for"] = compiled_for
   out: dict[str, Any] = {"fingerprint": fingerprint_id(static), "static": static}
   if measure:
     try:  # jax only when measuring; `python benchmarks/x.py` has benchmarks/ on the path, a test the clone
@@ -132,11 +138,13 @@ def machine_fingerprint(measure: bool = True) -> dict[str, Any]:
 
 
 def git_commit(repo: str = REPO) -> tuple[str, bool]:
-  """(short HEAD, whether the work tree differs from it); ("unknown", False) outside a clone."""
+  """(short HEAD, whether the work tree differs from it outside results/: a sweep's own records written so far
+  do not make the next one dirty); ("unknown", False) outside a clone."""
   def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
   try:
-    return git("rev-parse", "--short=7", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    return git("rev-parse", "--short=7", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no", "--",
+                                                          ".", ":(exclude)results"))
   except (OSError, subprocess.CalledProcessError):
     return "unknown", False
 
@@ -153,7 +161,7 @@ def unit_of(key: str) -> str:
   `floor_ms_p50` -> ms, `max_over_p50` -> x); "" for a count."""
   for part in reversed(key.split(".")):
     words = part.split("_")
-    per_s = len(words) > 2 and words[-2:] == ["per", "s"]
+    per_s = any(words[i:i + 2] == ["per", "s"] for i in range(1, len(words) - 1))  # tokens_per_s_per_device
     for word, unit in _UNITS:
       if word in words and (unit.endswith("/s") == per_s or unit in ("x", "GFLOP/s", "FLOP/s")):
         return unit
@@ -201,11 +209,11 @@ def record_id(path: str, root: str = RESULTS) -> str:
 def write_record(path: str, figures: Mapping[str, Mapping[str, Any]], command: str, sources: Iterable[str],
                  payload: Mapping[str, Any] | None = None, kind: str = "benchmark",
                  machine: Mapping[str, Any] | None = None, measure_machine: bool = True,
-                 root: str = RESULTS) -> dict:
+                 root: str = RESULTS, note: str | None = None) -> dict:
   """Writes one record atomically to `path` (under results/) and returns it: `figures` ({key: {value, unit}}),
   the `command` that measured them, the `sources` (repository paths) they depend on, the commit, date, the load
   average at import of this module and now, the machine's fingerprint (measured now unless `machine` is given)
-  and the benchmark's `payload` beside them."""
+  and the benchmark's `payload` beside them; `note`, a line on what kind of figure it is (a compile analysis)."""
   for key, fig in figures.items():
     if ":" in key or "value" not in fig or "unit" not in fig:
       raise ValueError(f"{path}: figure {key!r} needs a value and a unit and no ':' in its key")
@@ -215,6 +223,8 @@ def write_record(path: str, figures: Mapping[str, Mapping[str, Any]], command: s
           "load_before": LOAD_AT_START, "load_after": None, "sources": sorted(set(sources)),
           "machine": dict(machine) if machine is not None else machine_fingerprint(measure_machine)}
   meta["load_after"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+  if note:
+    meta["note"] = note
   data = {"record": meta, "figures": {k: dict(v) for k, v in figures.items()}}
   data.update({k: v for k, v in (payload or {}).items() if k not in ("record", "figures")})
   _atomic_json(path, data)
@@ -257,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--floor", action="append", default=[],
                       help="FIGURE=OTHER: OTHER is FIGURE at the run's memory-bandwidth floor (same unit)")
   parser.add_argument("--nomeasure", action="store_true", help="no matmul peak / bandwidth micro-benchmark")
+  parser.add_argument("--compiled_for", default=None,
+                      help="TARGET: a compile analysis for TARGET's chips on this CPU without them (bytes, FLOPs, "
+                           "bounds; no timing, so the load does not matter): kind `compile`, the machine this "
+                           "CPU and TARGET, no micro-benchmark")
   args = parser.parse_args(argv)
   text = sys.stdin.read()
   try:  # a benchmark may print lines before its JSON object: read from the first line that opens one
@@ -282,8 +296,13 @@ def main(argv: list[str] | None = None) -> int:
   if args.load_before:
     global LOAD_AT_START  # pylint: disable=global-statement  (the run began before this process)
     LOAD_AT_START = [float(x) for x in args.load_before.split()]
-  out = write_record(args.out, figures, args.command, [s for s in args.sources.split(",") if s], payload,
-                     measure_machine=not args.nomeasure, root=args.root)
+  sources = [s for s in args.sources.split(",") if s]
+  if args.compiled_for:
+    out = write_record(args.out, figures, args.command, sources, payload, kind="compile",
+                       machine=machine_fingerprint(False, args.compiled_for), root=args.root, note=COMPILE_NOTE)
+  else:
+    out = write_record(args.out, figures, args.command, sources, payload, measure_machine=not args.nomeasure,
+                       root=args.root)
   print(f"{args.out}: {len(figures)} figures, machine {out['record']['machine']['fingerprint']}, "
         f"commit {out['record']['commit']}", file=sys.stderr)
   return 0

@@ -14,6 +14,7 @@ from paths import REPO_ROOT
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 import figures  # pylint: disable=g-import-not-at-top,wrong-import-position
+import page_tables  # pylint: disable=g-import-not-at-top,wrong-import-position
 import record  # pylint: disable=g-import-not-at-top,wrong-import-position
 import stale  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -30,13 +31,14 @@ def _pages() -> dict[str, str]:
 
 
 def unspanned(text: str) -> list[tuple[int, str]]:
-  """(line, figure) of each measured figure of a page outside a span, a code block and a fact line."""
-  out, code = [], False
+  """(line, figure) of each measured figure of a page outside a span, a code block, a fact line and a table
+  spec (`<!--rows ... -->`, benchmarks/page_tables.py: its cells are spans once written)."""
+  out, code, spec = [], False, page_tables.spec_lines(text)
   for i, line in enumerate(text.split("\n"), 1):
     if line.lstrip().startswith("```"):
       code = not code
       continue
-    if code or figures.FACT in line:
+    if code or figures.FACT in line or i in spec:
       continue
     prose = _NOT_PROSE.sub(" ", figures.STALE.sub(" ", figures.SPAN.sub(" ", line)))
     out += [(i, m.group(0)) for m in figures.MEASURED.finditer(prose)]
@@ -120,3 +122,34 @@ def test_a_record_has_its_machine_commit_and_load(tmp_path):
   static = record.static_machine()
   assert static["cores"] and record.fingerprint_id(static) == record.fingerprint_id(dict(static))
   assert record.unit_of("batch_1.ms.p50") == "ms" and record.unit_of("onnx.p50_over_embedder") == "x"
+
+
+def test_a_rows_spec_gives_one_table_per_machine():
+  def rec(fp, value):
+    machine = {"fingerprint": fp, "static": {"cpu_model": f"CPU {fp}", "cores": 2}}
+    return {"record": {"command": f"python b_{fp}.py", "commit": "abc1234", "date": "2026-01-02T00:00:00Z",
+                       "load_before": [0.5], "load_after": [0.7], "machine": machine},
+            "figures": {"p50_ms": {"value": value, "unit": "ms"}, "ratio": {"value": 0.5, "unit": "x"}}}
+  store = {"a/x": rec("f1", 1.5), "a/y": rec("f2", 2.5)}
+  spec = "| what | p50 |\n| x | {a/x:p50_ms} ({a/x:ratio .2f}) |\n| y | {a/y:p50_ms} |"
+  errors: list[str] = []
+  page = figures.rewrite(page_tables.expand(f"<!--rows\n{spec}\n-->\n<!--/rows-->\n", store, "p", errors), store, {})
+  assert errors == []
+  assert page.count("| what | p50 | command | commit | date | load before / after |") == 2  # one per machine
+  assert "On CPU f1, 2 cores (fingerprint [`f1`]" in page and "On CPU f2, 2 cores" in page
+  assert "| x | <!--fig:a/x:p50_ms-->1.50 ms<!--/fig--> (<!--fig:a/x:ratio .2f-->0.50x<!--/fig-->) | `python b_f1.py` |" in page
+  assert page == figures.rewrite(page_tables.expand(page, store, "p", errors), store, {})  # written once
+  page_tables.expand("<!--rows\n| what | p50 |\n| x | {a/x:p50_ms} vs {a/y:p50_ms} |\n-->\n<!--/rows-->", store,
+                     "p", errors)
+  assert errors and "one record" in errors[0]  # a ratio is never formed from two runs
+
+
+def test_a_retaken_legacy_figure_switches_once_its_record_exists():
+  legacy = {"record": {"machine": {"fingerprint": record.UNKNOWN}},
+            "figures": {"k": {"value": 0.83, "unit": "%", "text": "0.83%",
+                              "retake": {"figure": "pipeline/x:share", "opts": ".2%"}}}}
+  text = "waits <!--fig:legacy/a:k .2f-->0.83%<!--/fig--> | {legacy/a:k .2f} | {legacy/a:k commit} |"
+  assert figures.switch_retaken(text, {"legacy/a": legacy}) == text  # not yet measured: the legacy span stays
+  new = {"record": {"commit": "abc1234"}, "figures": {"share": {"value": 0.0034, "unit": ""}}}
+  assert figures.switch_retaken(text, {"legacy/a": legacy, "pipeline/x": new}) == (
+      "waits <!--fig:pipeline/x:share .2%-->0.83%<!--/fig--> | {pipeline/x:share .2%} | {pipeline/x:share .2% commit} |")
