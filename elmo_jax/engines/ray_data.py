@@ -178,20 +178,11 @@ def embed_corpus(model: str, inputs: Sequence[str], output_dir: str, *, cluster:
   # cluster of several nodes, local paths must be on a filesystem every node mounts; gs:// URLs need nothing).
   paths = [p if storage.is_remote(p) else os.path.abspath(p) for p in corpus.expand(inputs)]
   output_dir = output_dir if storage.is_remote(output_dir) else os.path.abspath(output_dir)
+  shard_files.check_folder(output_dir, paths)  # before anything is scanned
   start = time.perf_counter()
   identity = _model_identity(model, fmt)
   _init_ray(ray, cluster.address)
-  scan = ray.remote(num_cpus=1)(corpus.scan)
-  try:
-    files_ = corpus.input_files(ray.get([scan.remote(p, shard_lines) for p in paths]))
-  except ray.exceptions.RayTaskError as e:  # a missing or damaged file: its one line, not the task's traceback
-    if isinstance(e.cause, USER_ERRORS):
-      raise e.cause from None
-    raise
-  bad_utf8 = [(f.path, line, why) for f in files_ for line, why in f.bad]
-  if bad_utf8 and on_bad_line == "stop":
-    path, line, why = bad_utf8[0]
-    raise corpus.CorpusError(f"{path}:{line + 1}: {why} (--on_bad_line=skip leaves such lines out and lists them)")
+  files_ = _scan(ray, paths, shard_lines, on_bad_line)
   settings = _settings(identity, fmt, output_format, batch, chunk, shard_lines, tokenize, max_tokens, on_bad_line,
                        files_)
   settings_sha = files.sha256_arrays(extra=settings)
@@ -199,31 +190,19 @@ def embed_corpus(model: str, inputs: Sequence[str], output_dir: str, *, cluster:
   shards = corpus.shards(files_, shard_lines)
   done = shard_files.written(output_dir, shards, settings_sha, output_format)
   todo = [s for s in shards if s.number not in done]
-  total = sum(f.lines for f in files_)
-  progress = embed_job.Progress(total, progress_every, stream,
+  progress = embed_job.Progress(sum(f.lines for f in files_), progress_every, stream,
                                 done=(sum(r["lines"] for r in done.values()), sum(r["tokens"] for r in done.values())))
   if done:
     stream.write(f"{output_dir}: resuming; {len(done)} of {len(shards)} shards are already written and checked\n")
   records = dict(done)
   if todo:
-    ds = ray.data.from_items([{"shard": json.dumps(dataclasses.asdict(s))} for s in todo],
-                             override_num_blocks=len(todo))
-    ds = ds.map_batches(EmbedShards, batch_size=1, batch_format="numpy",
-                        compute=ray.data.ActorPoolStrategy(size=cluster.actors),
-                        num_cpus=cluster.actor_cpus, num_gpus=cluster.actor_gpus,
-                        fn_constructor_kwargs={
-                            "model": model, "fmt": dataclasses.asdict(fmt), "output_dir": output_dir,
-                            "output_format": output_format, "settings_sha": settings_sha, "chunk_size": chunk,
-                            "batch_size": batch, "tokenize": tokenize, "max_tokens": max_tokens,
-                            "on_bad_line": on_bad_line})
-    for row in ds.iter_rows():
-      record = json.loads(row["record"])
-      if "error" in record:
-        raise WorkerError(record["error"])
+    actor = {"model": model, "fmt": dataclasses.asdict(fmt), "output_dir": output_dir, "output_format": output_format,
+             "settings_sha": settings_sha, "chunk_size": chunk, "batch_size": batch, "tokenize": tokenize,
+             "max_tokens": max_tokens, "on_bad_line": on_bad_line}
+    for record in _embed_shards(ray, todo, cluster, actor):
       for index, path, line, why in record["bad_lines"]:
         if on_bad_line == "stop":
-          raise corpus.CorpusError(f"{path}:{line + 1}: {why} (--on_bad_line=skip leaves such lines out and "
-                                   "lists them)")
+          raise corpus.CorpusError(f"{path}:{line + 1}: {why} ({_SKIP_HINT})")
         stream.write(f"{path}:{line + 1}: skipped line {index}: {why}\n")
       records[record["shard"]] = record
       progress.update(record["lines"], record["tokens"])
@@ -231,6 +210,40 @@ def embed_corpus(model: str, inputs: Sequence[str], output_dir: str, *, cluster:
   manifest = shard_files.write_manifest(output_dir, settings, list(records.values()))
   return {**manifest, "seconds": time.perf_counter() - start, "embedded_shards": len(todo),
           "skipped_shards": len(done), "embedded_tokens": progress.tokens}
+
+
+_SKIP_HINT = "--on_bad_line=skip leaves such lines out and lists them"
+
+
+def _scan(ray, paths: Sequence[str], shard_lines: int, on_bad_line: str) -> list[corpus.InputFile]:
+  """Every input scanned once, a Ray task a file (`corpus.scan`); with `stop`, CorpusError at the first line that
+  is not UTF-8, before anything is embedded."""
+  scan = ray.remote(num_cpus=1)(corpus.scan)
+  try:
+    files_ = corpus.input_files(ray.get([scan.remote(p, shard_lines) for p in paths]))
+  except ray.exceptions.RayTaskError as e:  # a missing or damaged file: its one line, not the task's traceback
+    if isinstance(e.cause, USER_ERRORS):
+      raise e.cause from None
+    raise
+  bad = [(f.path, line, why) for f in files_ for line, why in f.bad]
+  if bad and on_bad_line == "stop":
+    path, line, why = bad[0]
+    raise corpus.CorpusError(f"{path}:{line + 1}: {why} ({_SKIP_HINT})")
+  return files_
+
+
+def _embed_shards(ray, todo: Sequence[corpus.Shard], cluster: Cluster, actor: dict[str, Any]):
+  """Yields each shard's record as the actor pool (`EmbedShards(**actor)`) finishes it; WorkerError for the one
+  line of an actor's error."""
+  ds = ray.data.from_items([{"shard": json.dumps(dataclasses.asdict(s))} for s in todo], override_num_blocks=len(todo))
+  ds = ds.map_batches(EmbedShards, batch_size=1, batch_format="numpy", fn_constructor_kwargs=actor,
+                      compute=ray.data.ActorPoolStrategy(size=cluster.actors), num_cpus=cluster.actor_cpus,
+                      num_gpus=cluster.actor_gpus)
+  for row in ds.iter_rows():
+    record = json.loads(row["record"])
+    if "error" in record:
+      raise WorkerError(record["error"])
+    yield record
 
 
 def _model_identity(model: str, fmt: parts.Format) -> dict[str, Any]:

@@ -68,11 +68,12 @@ def open_job(output_dir: str, settings: dict[str, Any]) -> None:
   storage.write_json(path, settings)
 
 
-def check_folder(output_dir: str) -> None:
-  """JobFolderError (one line) for an output folder that cannot be written: a file, a run's checkpoints, a bucket
-  that does not exist or refuses writes (`storage.check_output`: a probe object written and removed)."""
+def check_folder(output_dir: str, inputs: Sequence[str] = ()) -> None:
+  """JobFolderError (one line) for an output folder that cannot be written: a file, a run's checkpoints, one that
+  holds an input, a bucket that does not exist or refuses writes (`storage.check_output`: a probe object written
+  and removed)."""
   try:
-    storage.check_output(output_dir, "--output_dir", directory=True)
+    storage.check_output(output_dir, "--output_dir", inputs=inputs, directory=True)
   except files.UnsafeOutputError as e:
     raise JobFolderError(str(e)) from None
 
