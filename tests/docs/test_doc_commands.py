@@ -82,7 +82,8 @@ RUN_BY = {
         "tests/interop/test_make_zoo.py::test_make_zoo_converts_every_released_model_from_a_mirror",
     r"^elmo-jax embed --model=elmo_small/ --input_file=sentences\.txt --output_file=out\.hdf5$":
         "tests/interop/test_make_zoo.py::test_make_zoo_converts_every_released_model_from_a_mirror",
-    r"^elmo-jax embed --engine=ray --model=small --input_file='corpus/\*\.txt\.gz' --output_dir=embedded/ --average$":
+    r"^(pip install -e \"\.\[ray\]\" && )?elmo-jax embed --engine=ray --model=small --input_file='corpus/\*\.txt\.gz' "
+    r"--output_dir=embedded/ --average$":
         "tests/engines/test_ray_engine.py::test_the_pages_command_and_python_blocks_run",
     r"^elmo-jax push --to=hf://owner/elmo-small elmo_small/$":
         "tests/interop/test_hub.py::test_the_push_command_pushes_a_checked_folder",
@@ -124,6 +125,8 @@ NOT_RUN = {
     r"^python -c \"from elmo_jax\.embedding\.embedder import Embedder; Embedder\.from_pretrained\('small'\)":
         "downloads the small model (internet); a warm load is tests/embedding/test_embed_latency.py's",
     r"^python -m pip install --no-deps --target /tmp/allennlp_pkg ": "internet; the AllenNLP baseline is optional",
+    r"^ray start --(head --port=6379|address=HEAD:6379)$": "a Ray cluster's nodes (several machines); the tests "
+        "start a local cluster with ray.init and join it by its address",
     r"^elmo-jax embed --engine=ray --ray_address=HEAD:6379 ": "a Ray cluster of several nodes, GPUs and a bucket; "
         "tests/engines/test_ray_engine.py joins a local cluster by its address, tests/engines/test_ray_buckets.py "
         "reads and writes a bucket (fake-gcs-server)",
