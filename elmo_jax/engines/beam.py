@@ -37,7 +37,10 @@ class ElmoModelHandler(ModelHandler[Element, PredictionResult, Embedder]):
 
   Args:
     model: any spec `elmo-jax embed --model` takes (a released name, hf://, a folder, a run).
-    output, mix, sentence_vectors, dtype: the output (`worker.output_format`).
+    output: `layers`, `top`, `average` or `mix` (`worker.output_format`).
+    mix: with `output="mix"`, one weight per layer.
+    sentence_vectors: the mean of the output over the tokens instead.
+    dtype: float32 or float16.
     tokenize: tokenize raw text with the trainer's Moses tokenizer.
     batch_size: the most elements Beam puts in one batch (default: the Embedder's batch, 64 per device, so a
       batch is one device batch of a warm shape).

@@ -64,11 +64,13 @@ class EmbedBatches:
 
   Args:
     model: any spec `elmo-jax embed --model` takes.
-    output, mix, sentence_vectors, dtype: the output (`worker.output_format`): `layers`
-      `[n_layers + 1, n_tokens, 2P]`, `top` / `average` / `mix` `[n_tokens, 2P]`, or with `sentence_vectors`
-      their mean over the tokens; float32 or float16.
-    text_column, output_column: the column of lines (whitespace-tokenized, or raw with `tokenize`) and the
-      column added.
+    output: `layers` `[n_layers + 1, n_tokens, 2P]`, `top`, `average` or `mix` `[n_tokens, 2P]`
+      (`worker.output_format`).
+    mix: with `output="mix"`, one weight per layer.
+    sentence_vectors: the mean of the output over the tokens instead.
+    dtype: float32 or float16.
+    text_column: the column of lines (whitespace-tokenized, or raw with `tokenize`).
+    output_column: the column added.
     tokenize: tokenize raw text with the trainer's Moses tokenizer.
     batch_size: sentences per device batch inside the actor (default: the Embedder's, 64 per device).
     devices: the actor's local devices to use (default all that Ray gave it); warm: compile every shape at load.
