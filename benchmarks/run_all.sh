@@ -6,7 +6,7 @@
 # 6 minutes, about 30, with the waits for a quiet machine on top).
 #
 #   bash benchmarks/run_all.sh                              # all: latency, original, portable, serving, long,
-#                                                           #      embedding, training, tests
+#                                                           #      embedding, cluster, training, tests
 #   bash benchmarks/run_all.sh --only=latency,serving       # some of them
 #   bash benchmarks/run_all.sh --only=input,coldstart,resume,devices,tokencache,dedupe,bucket
 #                                                           # figures outside the default sweep (~35 min more)
@@ -32,10 +32,10 @@ done
 QUIET="${QUIET:-1.5}"; WAIT_S="${WAIT_S:-1800}"
 EMB="elmo_jax/embedding,elmo_jax/model,elmo_jax/runtime,benchmarks/bench_util.py"
 
-# the default sweep (about 30 minutes on 2 cores); the rest only when --only names them (about 40 minutes more):
+# the default sweep (about 40 minutes on 2 cores; cluster: about 10); the rest only when --only names them (about 40 minutes more):
 # input (3 min), coldstart (10 min with AllenNLP), resume (8 min), devices (4 min), tokencache (4 min), dedupe
 # (5 min), bucket (3 min: fake-gcs-server); plan (compiles, no timing: about 15 min, any load)
-DEFAULT="latency,original,portable,serving,long,embedding,training,tests"
+DEFAULT="latency,original,portable,serving,long,embedding,cluster,training,tests"
 wants() { [[ ",${ONLY/#all/$DEFAULT}," == *",$1,"* ]]; }
 
 wait_quiet() {
@@ -154,6 +154,8 @@ if [ -n "$SMOKE" ]; then  # a tiny model and a few calls of the four benchmarks 
       benchmarks/long_sentence.py "$T" --lengths=600
   # the benchmarks without --options_file: the small preset on a few lines (a minute or two each)
   extra_sweep
+  measure cluster cluster/ray_embed_small "$EMB,elmo_jax/engines,benchmarks/ray_embed.py" -- \
+      benchmarks/ray_embed.py "$T" --lines=200 --rounds=1 --original_lines=0 --beam_lines=0
   exit 0
 fi
 
@@ -173,6 +175,8 @@ measure embedding embedding/embed_throughput_small "$EMB,benchmarks/embed_throug
     --flops=small.batch_64.steady.tokens_per_s=small.useful_flops_per_token \
     --flops=small.batch_64.embed_file.tokens_per_s=small.useful_flops_per_token -- \
     benchmarks/embed_throughput.py --nosplit --notoken_cache
+CLUSTER="$EMB,elmo_jax/engines,elmo_jax/cli/embed.py,elmo_jax/cli/embed_ray.py,benchmarks/ray_embed.py"
+measure cluster cluster/ray_embed_small "$CLUSTER" -- benchmarks/ray_embed.py   # .venv-beam: scripts/test_beam.sh
 measure training training/train_throughput_small "elmo_jax/training,elmo_jax/model,elmo_jax/data,benchmarks/train_throughput.py" \
     --flops=train.small.tokens_per_s=train.small.train_flops_per_token -- \
     benchmarks/train_throughput.py --configs=small --nosplit --nodedupe_compare --lstm_rounds=3
