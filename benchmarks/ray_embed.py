@@ -5,7 +5,7 @@ prints one JSON object (bash benchmarks/run_all.sh --only=cluster records it).
         [--beam_python=.venv-beam/bin/python]
 
 Random weights of each preset's released shape in a temporary model folder (speed does not depend on the
-values); the shipped corpus's lines (data/pd-small). Each run is the command a person types, in a fresh process,
+values); the shipped corpus's lines (data/pd-mix). Each run is the command a person types, in a fresh process,
 timed from its start to its exit (Python, JAX, the model, the compiled shapes from the persistent cache, and for
 Ray a local cluster started by the command):
   * `throughput`: `elmo-jax embed` (local) and `elmo-jax embed --engine=ray` with 1 and 2 actors (`--actor_cpus=1`),
@@ -46,14 +46,15 @@ import numpy as np
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "small", "options preset of the throughput runs.")
-flags.DEFINE_integer("lines", 20000, "Lines of the corpus in the throughput runs.")
+flags.DEFINE_integer("lines", 20000, "Lines of the corpus in the throughput runs (all it has, if fewer).")
 flags.DEFINE_integer("rounds", 2, "Interleaved rounds of the throughput runs.")
 flags.DEFINE_integer("original_lines", 600, "Lines of the original preset's runs (0: none).")
 flags.DEFINE_integer("bytes_lines", 200, "Lines whose shards measure the bytes per token.")
 flags.DEFINE_string("beam_python", os.path.join(_ROOT, ".venv-beam", "bin", "python"),
                     "A Python with the beam extra (scripts/test_beam.sh makes .venv-beam); missing: no Beam run.")
 flags.DEFINE_integer("beam_lines", 2000, "Lines of the Beam run.")
-flags.DEFINE_string("corpus", os.path.join(_ROOT, "data", "pd-small", "train.txt.gz"), "one sentence per line.")
+flags.DEFINE_string("corpus", os.path.join(_ROOT, "data", "pd-mix", "train.txt.gz"), "one sentence per line "
+                    "(the shipped pd-mix corpus: 133,601 lines).")
 flags.DEFINE_string("options_file", None, "an options.json instead of the presets (a smoke test).")
 
 TOKENS = (10e6, 1e9, 10e9)
@@ -77,18 +78,17 @@ def write_model(folder: str, preset: str) -> dict[str, Any]:
   return options
 
 
-def write_lines(path: str, n: int) -> int:
-  """The corpus's first `n` non-empty lines into `path`; returns their tokens."""
-  tokens = 0
+def write_lines(path: str, n: int) -> tuple[int, int]:
+  """The corpus's first `n` non-empty lines (all it has, if fewer) into `path`; returns their (lines, tokens)."""
+  lines = tokens = 0
   with gzip.open(FLAGS.corpus, "rt", encoding="utf-8") as f, open(path, "w", encoding="utf-8") as out:
     for line in f:
       if line.split():
         out.write(line)
-        tokens += len(line.split())
-        n -= 1
-        if not n:
+        lines, tokens = lines + 1, tokens + len(line.split())
+        if lines == n:
           break
-  return tokens
+  return lines, tokens
 
 
 class PeakMemory:
@@ -103,8 +103,8 @@ class PeakMemory:
     while not self._stop.is_set():
       for path in glob.glob("/proc/[0-9]*/cmdline"):
         try:
-          with open(path, "rb") as f:
-            if not self.pattern.search(f.read().decode(errors="replace")):
+          with open(path, "rb") as f:  # arguments are NUL-separated
+            if not self.pattern.search(f.read().replace(b"\0", b" ").decode(errors="replace")):
               continue
           with open(path.replace("cmdline", "status")) as f:
             rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
@@ -138,7 +138,10 @@ def run_command(kind: str, model: str, text: str, work: str, tokens: int) -> dic
   if done.returncode:
     raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
   result = {"wall_s": round(wall, 2), "tokens_per_s": round(tokens / wall, 1), "peak_rss_mb": peaks}
-  if kind != "local":
+  if kind == "local":  # its own last line: "... N tokens in S s (...)": the embedding alone, without start-up
+    seconds = float(re.search(r"tokens in ([\d.]+) s", done.stderr).group(1))
+    result.update({"embed_s": seconds, "tokens_per_s_embedding": round(tokens / seconds, 1)})
+  else:
     records = [json.load(open(p)) for p in glob.glob(os.path.join(out, "shard-*.json"))]
     busy = sum(r["seconds"] for r in records)
     actors = int(kind[-1])
@@ -149,19 +152,23 @@ def run_command(kind: str, model: str, text: str, work: str, tokens: int) -> dic
   return result
 
 
-def throughput(model: str, text: str, work: str, tokens: int, kinds: Sequence[str], rounds: int) -> dict[str, Any]:
+def throughput(model: str, text: str, work: str, counts: tuple[int, int], kinds: Sequence[str],
+               rounds: int) -> dict[str, Any]:
   """`kinds` interleaved over `rounds` (in order, then reversed); each kind's median round and the ratios."""
+  lines, tokens = counts
   runs: dict[str, list[dict]] = {k: [] for k in kinds}
   for r in range(rounds):
     for kind in (kinds if r % 2 == 0 else kinds[::-1]):
       runs[kind].append(run_command(kind, model, text, work, tokens))
       print(f"[ray_embed] round {r} {kind}: {runs[kind][-1]['tokens_per_s']} tokens/s", file=sys.stderr)
-  out: dict[str, Any] = {"tokens": tokens}
+  out: dict[str, Any] = {"lines": lines, "tokens": tokens}
   for kind, results in runs.items():
     median = sorted(results, key=lambda x: x["tokens_per_s"])[len(results) // 2]
     out[kind] = {**median, "rounds_tokens_per_s": [x["tokens_per_s"] for x in results]}
-  for kind in kinds[1:]:
+  for kind in kinds[1:]:  # start to exit; and an actor at work against the embed command at work
     out[kind]["over_local"] = round(out[kind]["tokens_per_s"] / out["local"]["tokens_per_s"], 3)
+    out[kind]["busy_over_local_embedding"] = round(
+        out[kind]["tokens_per_s_per_actor_busy"] / out["local"]["tokens_per_s_embedding"], 3)
   return out
 
 
@@ -244,27 +251,25 @@ def cost(rates: dict[str, float], options: dict[str, dict]) -> dict[str, Any]:
 
 def main(argv: Sequence[str]) -> None:
   del argv
-  result: dict[str, Any] = {"preset": "custom" if FLAGS.options_file else FLAGS.preset, "lines": FLAGS.lines}
+  result: dict[str, Any] = {"preset": "custom" if FLAGS.options_file else FLAGS.preset}
   with tempfile.TemporaryDirectory() as work:
     options = {FLAGS.preset: write_model(os.path.join(work, "model"), FLAGS.preset)}
     text = os.path.join(work, "corpus.txt")
-    tokens = write_lines(text, FLAGS.lines)
-    result["throughput"] = throughput(os.path.join(work, "model"), text, work, tokens, ("local", "ray1", "ray2"),
-                                      FLAGS.rounds)
+    result["throughput"] = throughput(os.path.join(work, "model"), text, work, write_lines(text, FLAGS.lines),
+                                      ("local", "ray1", "ray2"), FLAGS.rounds)
     rates = {FLAGS.preset: result["throughput"]["ray1"]["tokens_per_s_per_actor_busy"]}
     if FLAGS.original_lines and not FLAGS.options_file:
       options["original"] = write_model(os.path.join(work, "original"), "original")
       small_text = os.path.join(work, "original.txt")
-      original_tokens = write_lines(small_text, FLAGS.original_lines)
-      result["original"] = throughput(os.path.join(work, "original"), small_text, work, original_tokens,
-                                      ("local", "ray1"), FLAGS.rounds)
+      result["original"] = throughput(os.path.join(work, "original"), small_text, work,
+                                      write_lines(small_text, FLAGS.original_lines), ("local", "ray1"), FLAGS.rounds)
       rates["original"] = result["original"]["ray1"]["tokens_per_s_per_actor_busy"]
       bytes_text = os.path.join(work, "bytes.txt")
       write_lines(bytes_text, FLAGS.bytes_lines)
       result["bytes_per_token"] = bytes_per_token(os.path.join(work, "original"), bytes_text, work)
     if FLAGS.beam_lines:
       beam_text = os.path.join(work, "beam.txt")
-      beam = beam_run(os.path.join(work, "model"), beam_text, write_lines(beam_text, FLAGS.beam_lines))
+      beam = beam_run(os.path.join(work, "model"), beam_text, write_lines(beam_text, FLAGS.beam_lines)[1])
       if beam is not None:
         result["beam"] = beam
     result["cost"] = cost(rates, options)

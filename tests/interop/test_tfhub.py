@@ -157,7 +157,8 @@ def test_embed_command_writes_the_module_outputs(hub, ref, tmp_path):
                           capture_output=True, text=True, timeout=300)
   proc = embed("--module_output=elmo", "--top")
   assert proc.returncode == 1 and proc.stderr.splitlines() == [
-      "elmo_jax embed: error: --module_output=elmo is the output; drop --all/--top/--average (--help for usage)"]
+      "elmo_jax embed: error: --module_output=elmo is the output; drop --all/--top/--average/--mix_weights "
+      "(--help for usage)"]
   proc = embed("--module_output=elmo")
   assert proc.returncode == 0, proc.stderr
   assert f"{TFHUB_MODULE}: {tfhub.ASSUMED}" in proc.stderr
