@@ -82,7 +82,7 @@ RUN_BY = {
         "tests/interop/test_make_zoo.py::test_make_zoo_converts_every_released_model_from_a_mirror",
     r"^elmo-jax embed --model=elmo_small/ --input_file=sentences\.txt --output_file=out\.hdf5$":
         "tests/interop/test_make_zoo.py::test_make_zoo_converts_every_released_model_from_a_mirror",
-    r"^(pip install -e \"\.\[ray\]\" && )?elmo-jax embed --engine=ray --model=small --input_file='corpus/\*\.txt\.gz' "
+    r"^(pip install -e \"\.\[ray\]\" && )?elmo-jax embed --engine=ray --model=small --input_file='(corpus|data/pd-small)/\*\.txt\.gz' "
     r"--output_dir=embedded/ --average$":
         "tests/engines/test_ray_engine.py::test_the_pages_command_and_python_blocks_run",
     r"^elmo-jax push --to=hf://owner/elmo-small elmo_small/$":
