@@ -79,22 +79,28 @@ def fixture_expected():
   return out
 
 
-@pytest.fixture
-def parsed_flags():
-  """Parses evaluate.py's absl flags from the given args (defined as the command defines them: `define_flags`);
-  unparses and removes them afterwards, so that another command's flags of the same names can be defined."""
-  from elmo_jax.cli import evaluate  # pylint: disable=g-import-not-at-top
+def command_flags(define_flags, prog: str):
+  """Yields a parser of a command's absl flags from given args (defined as the command defines them:
+  `define_flags`); unparses and removes them afterwards, so that another command's flags of the same names can
+  be defined. For a fixture: `yield from command_flags(embed.define_flags, "embed")`."""
   before = set(flags.FLAGS)
-  evaluate.define_flags()
+  define_flags()
   added = set(flags.FLAGS) - before
 
   def parse(*args):
     flags.FLAGS.unparse_flags()
-    flags.FLAGS(["evaluate.py", *args])
+    flags.FLAGS([prog, *args])
   yield parse
   flags.FLAGS.unparse_flags()
   for name in added:
     delattr(flags.FLAGS, name)
+
+
+@pytest.fixture
+def parsed_flags():
+  """evaluate.py's flags parsed from the given args (`command_flags`)."""
+  from elmo_jax.cli import evaluate  # pylint: disable=g-import-not-at-top
+  yield from command_flags(evaluate.define_flags, "evaluate.py")
 
 
 

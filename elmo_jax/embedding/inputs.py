@@ -85,6 +85,15 @@ class CountedDigest:
     return self._sha.hexdigest()
 
 
+def decode_line(raw: bytes) -> tuple[str | None, str | None]:
+  """A line's bytes -> (its stripped text, None), or (None, why) where they are not UTF-8: the one reading of a
+  line, for the embed command (`read_lines`, which stops there) and the engines (which may skip it)."""
+  try:
+    return raw.decode("utf-8").strip(), None
+  except UnicodeDecodeError as e:
+    return None, f"invalid UTF-8 at byte {e.start} of the line ({e.reason})"
+
+
 def read_lines(path: str | os.PathLike, name: str | None = None) -> Iterator[tuple[int, str]]:
   """Yields (0-based line index, stripped text); stops with `EmbedInputError` at invalid UTF-8, naming the line
   of `name` (default `path`: a spooled input is named as the user gave it).
@@ -104,12 +113,10 @@ def read_lines(path: str | os.PathLike, name: str | None = None) -> Iterator[tup
       if not raw:
         break
       i += 1
-      try:
-        text = raw.decode("utf-8")
-      except UnicodeDecodeError as e:
-        raise EmbedInputError(
-            f"{path}:{i + 1}: invalid UTF-8 at byte {e.start} of the line ({e.reason})") from None
-      yield i, text.strip()
+      text, why = decode_line(raw)
+      if why is not None:
+        raise EmbedInputError(f"{path}:{i + 1}: {why}")
+      yield i, text
 
 
 STDIN = "-"  # --input_file=- : the standard input

@@ -107,10 +107,9 @@ def scan(path: str, shard_lines: int) -> dict:
         break
       if line % shard_lines == 0:
         offsets.append(offset)
-      try:
-        raw.decode("utf-8")
-      except UnicodeDecodeError as e:
-        bad.append((line, f"invalid UTF-8 at byte {e.start} of the line ({e.reason})"))
+      why = embed_inputs.decode_line(raw)[1]
+      if why is not None:
+        bad.append((line, why))
       digest.update(raw)
       offset += len(raw)
       line += 1
@@ -158,7 +157,4 @@ def read_shard(shard: Shard) -> Iterator[tuple[int, str | None, str | None]]:
       if not raw:
         raise CorpusError(f"{shard.path}: it ends at line {line} but was scanned with more lines; it changed "
                           "during the job")
-      try:
-        yield line, raw.decode("utf-8").strip(), None
-      except UnicodeDecodeError as e:
-        yield line, None, f"invalid UTF-8 at byte {e.start} of the line ({e.reason})"
+      yield (line, *embed_inputs.decode_line(raw))

@@ -6,25 +6,15 @@ import h5py
 import numpy as np
 import pytest
 from absl import app
-from absl import flags
 
+from conftest import command_flags
 from elmo_jax.cli import embed
 from paths import FIXTURE_DIR
 
 
 @pytest.fixture
 def embed_flags():
-  before = set(flags.FLAGS)
-  embed.define_flags()
-  added = set(flags.FLAGS) - before
-
-  def parse(*args):
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["embed", *args])
-  yield parse
-  flags.FLAGS.unparse_flags()
-  for name in added:
-    delattr(flags.FLAGS, name)
+  yield from command_flags(embed.define_flags, "embed")
 
 
 @pytest.mark.parametrize("args,message", [
